@@ -1,0 +1,232 @@
+"""Builders for the operators fastdlight tunes out of the box (CLI, tests, benchmarks).
+
+Each builder returns an :class:`Op`: the TIR PrimFunc, a float64 numpy reference, and the
+work it does (FLOPs, minimal bytes moved) so results can be reported as TFLOPS or GB/s.
+The last parameter of every PrimFunc is its output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from tvm import te, tirx
+
+DTYPES = ("float16", "bfloat16", "float32", "int8", "int32")
+
+
+@dataclass
+class Op:
+    name: str
+    func: tirx.PrimFunc
+    reference: Callable[..., np.ndarray]  # float64 result from the numpy inputs
+    flops: float
+    bytes: float
+
+    @property
+    def memory_bound(self) -> bool:
+        # Arithmetic intensity below ~20 FLOP/byte cannot be compute bound on any modern GPU.
+        return self.flops < 20 * self.bytes
+
+
+def _check_dtype(dtype: str, allowed=DTYPES) -> str:
+    if dtype not in allowed:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(allowed)}")
+    return dtype
+
+
+def _check_shape(*dims: int) -> None:
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or d <= 0:
+            raise ValueError(f"shape dimensions must be positive integers, got {dims}")
+
+
+def _nbytes(dtype: str) -> int:
+    return {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}[dtype]
+
+
+def _prim_func(tensors, name: str) -> tirx.PrimFunc:
+    return te.create_prim_func(tensors).with_attr("global_symbol", name)
+
+
+def default_out_dtype(dtype: str) -> str:
+    return {"int8": "int32", "float16": "float16", "bfloat16": "float32"}.get(dtype, dtype)
+
+
+def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None) -> Op:
+    """C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]; layout letters say whether A / B are transposed
+    in memory (N: A is M×K, B is K×N; T: A is K×M, B is N×K)."""
+    _check_shape(m, n, k, *(() if batch is None else (batch,)))
+    _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8"))
+    out_dtype = _check_dtype(out_dtype or default_out_dtype(dtype))
+    layout = layout.upper()
+    if layout not in ("NN", "NT", "TN", "TT"):
+        raise ValueError(f"unsupported matmul layout {layout!r}; use NN, NT, TN or TT")
+    pre = () if batch is None else (batch,)
+    a_shape = pre + ((k, m) if layout[0] == "T" else (m, k))
+    b_shape = pre + ((n, k) if layout[1] == "T" else (k, n))
+    A = te.placeholder(a_shape, dtype, name="A")
+    B = te.placeholder(b_shape, dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+
+    def a_at(b, i, kk):
+        idx = (kk, i) if layout[0] == "T" else (i, kk)
+        return A[b + idx] if b else A[idx]
+
+    def b_at(b, j, kk):
+        idx = (j, kk) if layout[1] == "T" else (kk, j)
+        return B[b + idx] if b else B[idx]
+
+    def body(*ax):
+        b, (i, j) = ax[:-2], ax[-2:]
+        return te.sum(a_at(b, i, r).astype(out_dtype) * b_at(b, j, r).astype(out_dtype), axis=r)
+
+    C = te.compute(pre + (m, n), body, name="C")
+
+    def ref(a, b):
+        a = a.astype(np.float64)
+        b = b.astype(np.float64)
+        if layout[0] == "T":
+            a = np.swapaxes(a, -1, -2)
+        if layout[1] == "T":
+            b = np.swapaxes(b, -1, -2)
+        return a @ b
+
+    nb = batch or 1
+    nbytes = nb * ((m * k + k * n) * _nbytes(dtype) + m * n * _nbytes(out_dtype))
+    return Op(f"matmul_{layout}", _prim_func([A, B, C], "matmul"), ref, 2.0 * nb * m * n * k, nbytes)
+
+
+def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:
+    """Y[m, n] = sum_k X[m, k] * W[n, k] (weights stored N×K as in linear layers); m <= 16 is
+    the low-batch case."""
+    _check_shape(m, n, k)
+    _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8"))
+    out_dtype = _check_dtype(out_dtype or default_out_dtype(dtype))
+    X = te.placeholder((m, k), dtype, name="X")
+    W = te.placeholder((n, k), dtype, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    Y = te.compute(
+        (m, n), lambda i, j: te.sum(X[i, r].astype(out_dtype) * W[j, r].astype(out_dtype), axis=r), name="Y"
+    )
+    ref = lambda x, w: x.astype(np.float64) @ w.astype(np.float64).T  # noqa: E731
+    nbytes = (m * k + n * k) * _nbytes(dtype) + m * n * _nbytes(out_dtype)
+    return Op("gemv", _prim_func([X, W, Y], "gemv"), ref, 2.0 * m * n * k, nbytes)
+
+
+def elementwise(shape, dtype="float16", op="add") -> Op:
+    """add: C = A + B; copy: B = A; bias_relu: C = max(A + bias[last axis], 0)."""
+    shape = tuple(shape)
+    _check_shape(*shape)
+    _check_dtype(dtype)
+    A = te.placeholder(shape, dtype, name="A")
+    n = math.prod(shape) * _nbytes(dtype)
+    if op == "copy":
+        B = te.compute(shape, lambda *i: A[i], name="B")
+        return Op("copy", _prim_func([A, B], "copy"), lambda a: a.astype(np.float64), 0.0, 2 * n)
+    if op == "add":
+        B = te.placeholder(shape, dtype, name="B")
+        C = te.compute(shape, lambda *i: A[i] + B[i], name="C")
+        ref = lambda a, b: a.astype(np.float64) + b.astype(np.float64)  # noqa: E731
+        return Op("add", _prim_func([A, B, C], "add"), ref, float(math.prod(shape)), 3 * n)
+    if op == "bias_relu":
+        bias = te.placeholder((shape[-1],), dtype, name="bias")
+        zero = tirx.const(0, dtype)
+        C = te.compute(shape, lambda *i: tirx.max(A[i] + bias[i[-1]], zero), name="C")
+        ref = lambda a, b: np.maximum(a.astype(np.float64) + b.astype(np.float64), 0)  # noqa: E731
+        return Op("bias_relu", _prim_func([A, bias, C], "bias_relu"), ref, 2.0 * math.prod(shape), 2 * n)
+    raise ValueError(f"unknown elementwise op {op!r}; use add, copy or bias_relu")
+
+
+def reduce(shape, dtype="float16", op="sum", axis=-1) -> Op:
+    """Sum or max of a 2-D tensor over its last (axis=-1) or first (axis=0) axis."""
+    rows, cols = shape
+    _check_shape(rows, cols)
+    _check_dtype(dtype, ("float16", "bfloat16", "float32"))
+    if op not in ("sum", "max"):
+        raise ValueError(f"unknown reduction {op!r}; use sum or max")
+    if axis not in (-1, 1, 0):
+        raise ValueError("reduce axis must be -1 (last) or 0 (first)")
+    A = te.placeholder((rows, cols), dtype, name="A")
+    inner = axis in (-1, 1)
+    r = te.reduce_axis((0, cols if inner else rows), name="k")
+    fn = te.sum if op == "sum" else te.max
+    if inner:
+        B = te.compute((rows,), lambda i: fn(A[i, r], axis=r), name="B")
+    else:
+        B = te.compute((cols,), lambda j: fn(A[r, j], axis=r), name="B")
+    npfn = np.sum if op == "sum" else np.max
+    ref = lambda a: npfn(a.astype(np.float64), axis=1 if inner else 0)  # noqa: E731
+    out = rows if inner else cols
+    nbytes = (rows * cols + out) * _nbytes(dtype)
+    return Op(f"reduce_{op}", _prim_func([A, B], f"reduce_{op}"), ref, float(rows * cols), nbytes)
+
+
+def softmax(rows, cols, dtype="float16") -> Op:
+    """Numerically stable softmax over the last axis (max, exp-sum, normalize), fp32 inside."""
+    _check_shape(rows, cols)
+    _check_dtype(dtype, ("float16", "bfloat16", "float32"))
+    A = te.placeholder((rows, cols), dtype, name="A")
+    k1 = te.reduce_axis((0, cols), name="k1")
+    k2 = te.reduce_axis((0, cols), name="k2")
+    mx = te.compute((rows,), lambda i: te.max(A[i, k1].astype("float32"), axis=k1), name="row_max")
+    ex = te.compute((rows, cols), lambda i, j: te.exp(A[i, j].astype("float32") - mx[i]), name="row_exp")
+    sm = te.compute((rows,), lambda i: te.sum(ex[i, k2], axis=k2), name="row_sum")
+    out = te.compute((rows, cols), lambda i, j: (ex[i, j] / sm[i]).astype(dtype), name="softmax")
+
+    def ref(a):
+        a = a.astype(np.float64)
+        e = np.exp(a - a.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    return Op("softmax", _prim_func([A, out], "softmax"), ref, 5.0 * rows * cols, 2 * rows * cols * _nbytes(dtype))
+
+
+def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:
+    """Out[n, p, q, k] = sum_{r, s, c} In[n, p*stride + r - pad, q*stride + s - pad, c] * W[r, s, c, k]."""
+    _check_shape(n, h, w, c, k, r, s, stride)
+    if pad < 0:
+        raise ValueError("padding must be >= 0")
+    _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8"))
+    out_dtype = _check_dtype(out_dtype or default_out_dtype(dtype))
+    p = (h + 2 * pad - r) // stride + 1
+    q = (w + 2 * pad - s) // stride + 1
+    if p <= 0 or q <= 0:
+        raise ValueError("conv2d: kernel larger than the padded input")
+    I = te.placeholder((n, h, w, c), dtype, name="data")
+    W = te.placeholder((r, s, c, k), dtype, name="W")
+    zero = tirx.const(0, dtype)
+    P = te.compute(
+        (n, h + 2 * pad, w + 2 * pad, c),
+        lambda b, y, x, ci: tirx.if_then_else(
+            tirx.all(y >= pad, y < h + pad, x >= pad, x < w + pad), I[b, y - pad, x - pad, ci], zero
+        ),
+        name="pad",
+    )
+    rr = te.reduce_axis((0, r), name="rr")
+    rs = te.reduce_axis((0, s), name="rs")
+    rc = te.reduce_axis((0, c), name="rc")
+    O = te.compute(
+        (n, p, q, k),
+        lambda b, y, x, co: te.sum(
+            P[b, y * stride + rr, x * stride + rs, rc].astype(out_dtype) * W[rr, rs, rc, co].astype(out_dtype),
+            axis=[rr, rs, rc],
+        ),
+        name="conv",
+    )
+
+    def ref(i, wt):
+        i = np.pad(i.astype(np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        wt = wt.astype(np.float64)
+        out = np.zeros((n, p, q, k))
+        for y in range(r):
+            for x in range(s):
+                patch = i[:, y : y + stride * p : stride, x : x + stride * q : stride, :]
+                out += patch @ wt[y, x]
+        return out
+
+    flops = 2.0 * n * p * q * k * r * s * c
+    nbytes = (n * h * w * c + r * s * c * k) * _nbytes(dtype) + n * p * q * k * _nbytes(out_dtype)
+    return Op("conv2d_nhwc", _prim_func([I, W, O], "conv2d_nhwc"), ref, flops, nbytes)

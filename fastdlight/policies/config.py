@@ -1,0 +1,146 @@
+"""The tile config ("hint") a policy emits and a schedule template consumes.
+
+Axis conventions (the contract between policies and templates):
+
+* ``block``, ``thread`` and ``warp`` have one entry per *spatial* axis of the function's
+  output-defining block (its iter vars in order, see ``analysis.FuncInfo.spatial_axes``).
+  For ``kind == "matmul_tc"`` they are instead over the normalized matmul view
+  ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` and have exactly two entries ``(I, J)``;
+  one block always covers one batch index ``S``.
+* ``block[i]``  – output elements one thread block computes along axis ``i``.
+* ``thread[i]`` – output elements one thread computes along axis ``i`` (its micro tile), so
+  the block has ``block[i] // thread[i]`` threads along axis ``i``.
+* ``warp[i]``   – tensor-core only: output elements one warp computes along axis ``i``.
+* ``rstep[r]``  – reduction elements per main-loop step along reduction axis ``r``
+  (the shared-memory stage for matmul-like kernels).
+* ``reduce_thread[r]`` – threads cooperating on reduction axis ``r`` (cross-thread reduction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+#: Template families a config can be for; each maps to one module in ``fastdlight.schedules``.
+KINDS = (
+    "elementwise",  # injective / broadcast, no reduction
+    "reduction",  # one reduction block (+ optional elementwise around it)
+    "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
+    "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
+    "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
+    "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search space. Immutable, hashable, JSON-friendly."""
+
+    kind: str
+    block: tuple[int, ...]
+    thread: tuple[int, ...] = ()
+    rstep: tuple[int, ...] = ()
+    reduce_thread: tuple[int, ...] = ()
+    warp: tuple[int, ...] = ()
+    #: widest vector (elements) used to load each input / store the output, by buffer name
+    vectorize: tuple[tuple[str, int], ...] = ()
+    pipeline_stages: int = 1
+    use_async_copy: bool = False
+    #: panel width of blockIdx swizzling (0 = plain row-major launch order)
+    rasterization: int = 0
+    #: the policy's predicted cost (lower is better); not part of the config's identity
+    cost: float = field(default=0.0, compare=False)
+
+    def __post_init__(self):
+        # Normalize lists from JSON into tuples so equality/hash work after a round trip.
+        for name in ("block", "thread", "rstep", "reduce_thread", "warp"):
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+        vec = self.vectorize
+        if isinstance(vec, dict):
+            vec = vec.items()
+        object.__setattr__(self, "vectorize", tuple(sorted((str(k), int(v)) for k, v in vec)))
+        self.validate()
+
+    # -- derived quantities -------------------------------------------------------------
+    @property
+    def threads_per_axis(self) -> tuple[int, ...]:
+        if self.kind == "matmul_tc":
+            return tuple(b // w for b, w in zip(self.block, self.warp))
+        return tuple(b // t for b, t in zip(self.block, self.thread))
+
+    @property
+    def num_threads(self) -> int:
+        """Threads in one block (for tensor-core configs: warps × 32)."""
+        if self.kind == "matmul_tc":
+            return math.prod(self.threads_per_axis) * 32
+        return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
+
+    @property
+    def num_warps(self) -> int:
+        return max(1, self.num_threads // 32)
+
+    def vector_width(self, buffer_name: str, default: int = 1) -> int:
+        return dict(self.vectorize).get(buffer_name, default)
+
+    # -- checks and (de)serialization ---------------------------------------------------
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown config kind {self.kind!r}; expected one of {KINDS}")
+        if not self.block or any(b <= 0 for b in self.block):
+            raise ValueError(f"block tile must be positive, got {self.block}")
+        if self.kind == "matmul_tc":
+            if len(self.block) != 2 or len(self.warp) != 2:
+                raise ValueError("tensor-core configs need block=(I, J) and warp=(I, J)")
+            for b, w in zip(self.block, self.warp):
+                if w <= 0 or b % w:
+                    raise ValueError(f"warp tile {self.warp} must divide block tile {self.block}")
+            if len(self.rstep) != 1:
+                raise ValueError("tensor-core configs need exactly one rstep (K)")
+        else:
+            if len(self.thread) != len(self.block):
+                raise ValueError(f"thread tile {self.thread} must have the rank of block {self.block}")
+            for b, t in zip(self.block, self.thread):
+                if t <= 0 or b % t:
+                    raise ValueError(f"thread tile {self.thread} must divide block tile {self.block}")
+        if self.reduce_thread and len(self.reduce_thread) != len(self.rstep):
+            raise ValueError("reduce_thread needs one entry per reduction axis (rstep)")
+        if any(r <= 0 for r in self.rstep + self.reduce_thread):
+            raise ValueError("rstep and reduce_thread must be positive")
+        if self.pipeline_stages < 1:
+            raise ValueError("pipeline_stages must be >= 1")
+        for name, width in self.vectorize:
+            if width <= 0 or width & (width - 1):
+                raise ValueError(f"vector width of {name} must be a power of two, got {width}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["vectorize"] = dict(self.vectorize)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Config":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown Config fields: {sorted(unknown)}")
+        return cls(**data)
+
+    def __repr__(self) -> str:
+        parts = [f"block={list(self.block)}"]
+        if self.kind == "matmul_tc":
+            parts.append(f"warp={list(self.warp)}")
+        elif self.thread:
+            parts.append(f"thread={list(self.thread)}")
+        if self.rstep:
+            parts.append(f"rstep={list(self.rstep)}")
+        if any(r > 1 for r in self.reduce_thread):
+            parts.append(f"rthread={list(self.reduce_thread)}")
+        if self.vectorize:
+            parts.append("vec={" + ", ".join(f"{k}:{v}" for k, v in self.vectorize) + "}")
+        if self.pipeline_stages > 1:
+            parts.append(f"stages={self.pipeline_stages}")
+        if self.use_async_copy:
+            parts.append("async")
+        if self.rasterization:
+            parts.append(f"raster={self.rasterization}")
+        return f"Config[{self.kind}]({', '.join(parts)})"

@@ -1,0 +1,109 @@
+"""Turning a scheduled IRModule into CUDA source and a real cubin.
+
+Without a GPU driver, ``tvm.compile`` silently returns a module holding only CUDA *source*
+(nothing went through nvcc), so "it compiled" must be checked by compiling that source
+ourselves. :func:`compile_cubin` is the one place that does it; tests and the compile-only
+mode of ``apply_and_build`` both use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import tvm
+from tvm.target import Target
+
+#: PassContext options every fastdlight build uses (cp.async lowering needs the first one).
+PASS_CONFIG = {"tirx.use_async_copy": True}
+
+
+class CompileError(RuntimeError):
+    """nvcc/ptxas rejected a kernel; the message carries the compiler's log."""
+
+
+@dataclass
+class Cubin:
+    binary: bytes
+    registers: int  # per thread, max over kernels
+    spill_bytes: int  # spill stores + loads, summed over kernels
+    shared_bytes: int  # static shared memory, max over kernels
+    log: str
+
+
+def as_target(target) -> Target:
+    return target if isinstance(target, Target) else Target(target)
+
+
+def nvcc_arch(target) -> str:
+    """The ``sm_XY[a]`` string nvcc should build for."""
+    arch = str(as_target(target).attrs.get("arch", ""))
+    if not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise ValueError(f"target {target} has no usable CUDA arch (got {arch!r})")
+    return arch
+
+
+def build(mod: tvm.IRModule, target) -> tvm.runtime.Module:
+    """``tvm.compile`` with fastdlight's pass config. On a machine with a GPU driver the result
+    is runnable; without one it only carries CUDA source (see module docstring)."""
+    target = as_target(target)
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        return tvm.compile(mod, target=target)
+
+
+def cuda_source(built) -> str:
+    """The CUDA source of a module returned by :func:`build`."""
+    mod = getattr(built, "mod", built)
+    for m in [mod, *mod.imports]:
+        try:
+            src = m.inspect_source()
+        except Exception:  # noqa: BLE001 - host/LLVM modules carry no CUDA source
+            continue
+        if "__global__" in src:
+            return src
+    raise ValueError("built module carries no CUDA source")
+
+
+def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
+    """Compile CUDA ``source`` with nvcc to a cubin for ``target``'s arch, parse ptxas' resource
+    report, and raise :class:`CompileError` (with the log) when nvcc fails."""
+    arch = nvcc_arch(target)
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    digits = arch[3:]
+    with tempfile.TemporaryDirectory(prefix="fastdlight_") as tmp:
+        src_path = os.path.join(tmp, "kernel.cu")
+        out_path = os.path.join(tmp, "kernel.cubin")
+        with open(src_path, "w") as f:
+            f.write(source)
+        cmd = [
+            nvcc, "--cubin", "-O3", f"-gencode=arch=compute_{digits},code=sm_{digits}",
+            "-Xptxas=-v", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+            "--use_fast_math", "-diag-suppress=177,550", "-o", out_path, src_path,
+        ]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError as e:
+            raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME") from e
+        except subprocess.TimeoutExpired as e:
+            raise CompileError(f"nvcc timed out after {timeout:.0f} s") from e
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed for {arch}:\n{log[-4000:]}")
+        with open(out_path, "rb") as f:
+            binary = f.read()
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", log)]
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    return Cubin(binary, max(regs, default=0), sum(spills), max(smem, default=0), log)
+
+
+def compile_mod_to_cubin(mod: tvm.IRModule, target) -> tuple[str, Cubin]:
+    """Schedule → CUDA source → cubin, with no GPU needed. Returns (source, cubin)."""
+    src = cuda_source(build(mod, target))
+    return src, compile_cubin(src, target)
