@@ -1,0 +1,333 @@
+"""``fastdlight``: tune one operator from the command line, or show the hardware model.
+
+    fastdlight tune matmul 4096 4096 4096 --dtype float32
+    fastdlight tune add 1024 1024 --no-measure --topk 3
+    fastdlight tune --file kernel.py [--func NAME]
+    fastdlight arch [--target nvidia/nvidia-a100]
+
+Bad input (unknown op, bad shape or dtype, missing or unparsable file) exits with status 2
+and one line on stderr; a tuning run where no candidate works exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+DEFAULT_TARGET = "nvidia/nvidia-h100"
+
+#: op name -> (number of shape dims or None for "any rank >= 1", the dims' names for help/errors)
+OPS = {
+    "matmul": (3, "M N K"),
+    "gemv": (2, "N K"),
+    "add": (None, "D0 [D1 ...]"),
+    "copy": (None, "D0 [D1 ...]"),
+    "bias_relu": (None, "D0 [D1 ...]"),
+    "sum": (2, "R C"),
+    "max": (2, "R C"),
+    "softmax": (2, "R C"),
+    "conv2d": (5, "N H W C K"),
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    first = lines[0].removeprefix("error: ")
+    where = next((ln.removeprefix("--> ") for ln in lines[1:] if ln.startswith("-->")), "")
+    return f"{first} (at {where})" if where else first
+
+
+# -- argument parsing ---------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fastdlight",
+        description="Hardware-aware, seconds-fast GPU kernel tuning for Apache TVM (Roller-style).",
+        epilog="Run 'fastdlight tune --help' for the operators and tuning options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{tune,arch}", parser_class=_Parser)
+
+    ops_help = "; ".join(f"{name} {dims}" for name, (_, dims) in OPS.items())
+    tune = sub.add_parser(
+        "tune", help="tune one operator (or a TVMScript PrimFunc) and print the ranked candidates",
+        description=f"Emit configs with the Roller-style policy, compile them in parallel, time them on the "
+        f"GPU (L2 flushed, CUDA events, median), check the winner, print the ranking. Operators: {ops_help}. "
+        "Without a GPU every candidate is still compiled to a cubin and ranked by predicted cost.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    tune.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
+    tune.add_argument("shape", nargs="*", help="dimensions, e.g. 'matmul 4096 4096 4096'")
+    tune.add_argument("--file", help="tune the first TVMScript PrimFunc in this Python file instead of OP")
+    tune.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to tune")
+    tune.add_argument("--dtype", default="float16", help="input dtype")
+    tune.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
+    tune.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
+    tune.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
+    tune.add_argument("--m", type=int, default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
+    tune.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
+    tune.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
+    tune.add_argument("--stride", type=int, default=1, help="conv2d: stride")
+    tune.add_argument("--pad", type=int, default=1, help="conv2d: padding")
+    tune.add_argument("--topk", type=int, default=20, help="candidates to build and time")
+    tune.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
+    tune.add_argument("--workers", type=int, help="build processes (default: one per CPU)")
+    tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
+    tune.add_argument("--timeout", type=float, default=120.0, help="seconds one candidate may take to build")
+    tune.add_argument("--budget-ms", type=float, default=100.0, help="timing budget per candidate")
+    tune.add_argument("--check", default="winner", choices=("winner", "all", "none"),
+                      help="check the winner (then the next fastest until one is right), every candidate, or none")
+    tune.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    tune.add_argument("--show-source", action="store_true", help="print the winner's CUDA source")
+    tune.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    arch = sub.add_parser("arch", help="print the hardware model fastdlight tunes for",
+                          description="Print the hardware model (SMs, registers, shared memory, L2, bandwidth, "
+                          "tensor-core shapes) for a target, the live GPU, or the H100 model.")
+    arch.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    return parser
+
+
+def _parse_dims(op: str, shape: list[str]) -> list[int]:
+    rank, names = OPS[op]
+    dims = []
+    for s in shape:
+        try:
+            d = int(s)
+        except ValueError:
+            raise UsageError(f"bad shape for {op}: {s!r} is not an integer (expected {op} {names})") from None
+        if d <= 0:
+            raise UsageError(f"bad shape for {op}: dimensions must be positive, got {d}")
+        dims.append(d)
+    if (rank is None and not dims) or (rank is not None and len(dims) != rank):
+        raise UsageError(f"bad shape for {op}: expected {op} {names}, got {len(dims)} dimension(s)")
+    return dims
+
+
+def make_op(args):
+    """The :class:`fastdlight.ops.Op` the arguments describe (UsageError on bad input)."""
+    from fastdlight import ops
+
+    if args.op not in OPS:
+        raise UsageError(f"unknown op {args.op!r}; choose one of: {', '.join(OPS)} (or --file kernel.py)")
+    d = _parse_dims(args.op, args.shape)
+    try:
+        if args.op == "matmul":
+            return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout, batch=args.batch)
+        if args.op == "gemv":
+            return ops.gemv(d[0], d[1], m=args.m, dtype=args.dtype, out_dtype=args.out_dtype)
+        if args.op in ("add", "copy", "bias_relu"):
+            return ops.elementwise(d, args.dtype, args.op)
+        if args.op in ("sum", "max"):
+            return ops.reduce(d, args.dtype, args.op, axis=args.axis)
+        if args.op == "softmax":
+            return ops.softmax(*d, dtype=args.dtype)
+        return ops.conv2d_nhwc(*d, r=args.kernel, s=args.kernel, stride=args.stride, pad=args.pad,
+                               dtype=args.dtype, out_dtype=args.out_dtype)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{args.op}: {_one_line(e)}") from None
+
+
+def load_primfunc(path: str, name: str | None = None):
+    """The first TVMScript PrimFunc defined in ``path`` (or the one called ``name``)."""
+    import runpy
+
+    import tvm
+
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file: {path}")
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            namespace = runpy.run_path(path, run_name="__fastdlight_kernel__")
+    except SyntaxError as e:
+        raise UsageError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
+    except BaseException as e:  # noqa: BLE001 - TVMScript DiagnosticError, NameError, ... in the user's file
+        raise UsageError(f"cannot parse {path}: {_one_line(e)}") from None
+    found = []
+    for key, value in namespace.items():
+        if isinstance(value, tvm.tirx.PrimFunc):
+            found.append((key, value))
+        elif isinstance(value, tvm.IRModule):
+            found += [(gv.name_hint, f) for gv, f in value.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if not found:
+        raise UsageError(f"no TVMScript PrimFunc found in {path} (decorate one with @T.prim_func(s_tir=True))")
+    if name is None:
+        return found[0]
+    for key, func in found:
+        if key == name:
+            return key, func
+    raise UsageError(f"no PrimFunc named {name!r} in {path}; found: {', '.join(k for k, _ in found)}")
+
+
+def resolve_arch(target: str | None):
+    """(arch, can_measure, notice) for --target / the live GPU / the H100 model."""
+    from fastdlight.arch import CUDA, auto_arch, has_gpu
+
+    gpu = has_gpu()
+    if target is None:
+        if gpu:
+            return auto_arch(), True, None
+        return CUDA(DEFAULT_TARGET), False, (
+            f"No GPU was found: tuning for the {DEFAULT_TARGET} hardware model; nothing will be timed.")
+    try:
+        arch = CUDA(target)
+    except Exception as e:  # noqa: BLE001 - unknown tag, not CUDA, unparsable
+        raise UsageError(f"bad --target {target!r}: {_one_line(e)}") from None
+    if not gpu:
+        return arch, False, f"No GPU was found: nothing will be timed (target {target})."
+    live = auto_arch()
+    if tuple(live.compute_capability) != tuple(arch.compute_capability):
+        return arch, False, (f"--target {target} ({arch.arch}) is not the GPU in this machine ({live.name}, "
+                             f"{live.arch}): kernels are compiled for it but not timed.")
+    return arch, True, None
+
+
+# -- commands -------------------------------------------------------------------------------
+def cmd_arch(args) -> int:
+    arch, _, notice = resolve_arch(args.target)
+    if notice:
+        print(notice.replace("; nothing will be timed", "").replace(": nothing will be timed", ""))
+    print(arch)
+    return 0
+
+
+def _describe(args, op, fname) -> str:
+    if args.file:
+        return f"{fname} from {args.file}"
+    extra = ""
+    if args.op == "matmul":
+        extra = f" {args.layout.upper()}" + (f" batch {args.batch}" if args.batch else "")
+    return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
+
+
+def cmd_tune(args) -> int:
+    if args.topk <= 0:
+        raise UsageError("--topk must be positive")
+    if args.workers is not None and args.workers <= 0:
+        raise UsageError("--workers must be positive")
+    if args.file and args.op:
+        raise UsageError("give either OP SHAPE... or --file, not both")
+    if not args.file and not args.op:
+        raise UsageError(f"missing OP: one of {', '.join(OPS)} (or --file kernel.py)")
+
+    if args.file:
+        fname, func = load_primfunc(args.file, args.func)
+        op, ref, flops, nbytes, memory_bound = None, None, None, None, True
+    else:
+        op = make_op(args)
+        fname, func, ref = op.name, op.func, op.reference
+        flops, nbytes, memory_bound = op.flops, op.bytes, op.memory_bound
+    arch, can_measure, notice = resolve_arch(args.target)
+    measure = can_measure and not args.no_measure
+    if notice:
+        print(notice)
+    if nbytes is None:
+        from fastdlight.tune.measure import param_buffers, static_shape
+
+        try:
+            import tvm
+
+            nbytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+        except ValueError as e:
+            raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+
+    from fastdlight.tune.apply_and_build import TuningError, apply_and_build, format_table
+    from fastdlight.tune.tuner import emit_configs
+
+    print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
+          + ("" if measure else ", compile-only"))
+    t0 = time.perf_counter()
+    failures, outcome = [], None
+    try:
+        for sched_func, configs, policy in emit_configs(func, arch, args.topk):
+            print(f"{policy}: {len(configs)} configs")
+            try:
+                outcome = apply_and_build(
+                    sched_func, configs, arch, parallel_build=not args.serial, measure=measure,
+                    max_workers=args.workers, timeout=args.timeout, budget_ms=args.budget_ms, check=args.check,
+                    ref=ref, progress=not args.quiet and sys.stderr.isatty(),
+                )  # fmt: skip
+                break
+            except TuningError as e:
+                failures.append(f"{policy}: {e}")
+                if policy != "DefaultPolicy":
+                    print(f"{policy}: every candidate failed; falling back to DefaultPolicy")
+    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
+        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+    wall = time.perf_counter() - t0
+    if outcome is None:
+        print("\n".join(failures) or "no candidates", file=sys.stderr)
+        print(f"fastdlight: tuning failed after {wall:.1f} s", file=sys.stderr)
+        return 1
+    results, best = outcome
+    print(format_table(results, flops=flops, nbytes=nbytes, memory_bound=memory_bound, best=best))
+    print()
+    if measure:
+        from fastdlight.tune.apply_and_build import perf_text
+
+        check = {True: "verified against the reference", None: "NOT checked", False: "WRONG"}[best.verified]
+        print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms "
+              f"({perf_text(best, flops, nbytes, memory_bound)}), {check}"
+              + (f" ({best.check_message})" if best.check_message else ""))
+    else:
+        n_ok = sum(r.compiled for r in results)
+        why = "no GPU was found" if not can_measure else "--no-measure was given"
+        print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
+              f"for {arch.arch}; ranked by the policy's predicted cost.")
+        print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
+    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
+    if args.show_source:
+        print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
+    if args.json:
+        doc = {
+            "op": fname, "description": _describe(args, op, fname), "target": str(arch.target),
+            "arch": arch.name, "measured": measure, "wall_s": round(wall, 3), "best": best.index,
+            "flops": flops, "bytes": nbytes,
+            "results": [dict(rank=i, perf=perf_text(r, flops, nbytes, memory_bound), **r.to_dict())
+                        for i, r in enumerate(results, 1)],
+        }  # fmt: skip
+        try:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        except OSError as e:
+            raise UsageError(f"cannot write --json {args.json}: {e.strerror}") from None
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    warnings.formatwarning = lambda msg, *a, **k: f"{msg}\n"
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return cmd_tune(args) if args.command == "tune" else cmd_arch(args)
+    except UsageError as e:
+        print(f"fastdlight: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fastdlight: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

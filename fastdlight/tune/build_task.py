@@ -1,0 +1,267 @@
+"""What a build worker does for one candidate: schedule → lower → nvcc → (exported library).
+
+Runs inside a :mod:`fastdlight.tune.workers` process (or in-process for serial builds). Only
+plain data crosses the process boundary: the PrimFunc as ``tvm.ir.save_json`` text, the target
+as its JSON string, the config as a dict, and back a dict of source, ptxas numbers, and the path
+of the exported ``.so`` (a runtime module cannot be pickled).
+
+On a machine with the CUDA runtime, ``tvm.compile`` calls the global
+``tvm_callback_cuda_compile`` to turn CUDA source into a binary. We override it with our own
+nvcc call (:func:`fastdlight.tune.compile.compile_cubin`) so each kernel goes through nvcc
+once and we keep ptxas' register/spill report. Without the CUDA runtime ``tvm.compile`` only
+emits source; we then compile that source to a cubin ourselves, which is what "compiled"
+means in compile-only mode.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import tvm
+
+from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source
+
+#: PrimFuncs already parsed in this process, by their JSON text (one func, many candidates).
+_FUNCS: dict[int, tuple[str, object]] = {}
+#: The cubin our compile callback produced during the current build (one build at a time).
+_LAST_CUBIN: list[Cubin] = []
+#: A prebuilt cubin the callback should return instead of running nvcc (parent-side rebuild).
+_FORCED_CUBIN: list[bytes] = []
+_CALLBACK_INSTALLED = [False]
+
+
+class StageError(RuntimeError):
+    """A candidate failed in one stage; ``stage`` is the short reason shown in summaries."""
+
+    def __init__(self, stage: str, message: str, log: str = ""):
+        first = (message.strip().splitlines() or [""])[0]
+        super().__init__(f"{stage}: {first}")
+        #: what the worker pool reports as the one-line reason, and the full log kept with it
+        self.one_line, self.stage, self.log = f"{stage}: {first}", stage, log or message
+
+
+# -- worker setup ---------------------------------------------------------------------------
+def _cuda_compile_callback(code, *_):
+    """``tvm_callback_cuda_compile`` replacement: nvcc once, keep ptxas' report."""
+    if _FORCED_CUBIN:
+        return bytearray(_FORCED_CUBIN[-1])
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None:
+        raise RuntimeError("tvm_callback_cuda_compile called outside a target scope")
+    cubin = compile_cubin(code, target)
+    _LAST_CUBIN.append(cubin)
+    return bytearray(cubin.binary)
+
+
+def install_compile_callback() -> None:
+    if _CALLBACK_INSTALLED[0]:
+        return
+    import tvm_ffi
+    import tvm.support.nvcc  # noqa: F401 - registers the stock callback first; we override it
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", _cuda_compile_callback, override=True)
+    _CALLBACK_INSTALLED[0] = True
+
+
+def uninstall_compile_callback() -> None:
+    """Put TVM's stock nvcc/nvrtc callback back (used when ours is rejected by the runtime)."""
+    import tvm_ffi
+    import tvm.support.nvcc as nvcc
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", nvcc.tvm_callback_cuda_compile, override=True)
+    _CALLBACK_INSTALLED[0] = False
+
+
+def init_worker() -> int:
+    """Per-worker one-time setup: TVM, the templates, our compile callback."""
+    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    install_compile_callback()
+    try:  # the templates may pull in Dlight etc.; import them once, here
+        import fastdlight.schedules  # noqa: F401
+    except Exception:  # noqa: BLE001 - a template-import bug shows up per candidate instead
+        pass
+    return os.getpid()
+
+
+def import_tensor_intrinsics() -> bool:
+    """Registers ldmatrix/mma TensorIntrins (~20 s on 2 cores): once per process."""
+    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
+
+    return True
+
+
+# -- helpers --------------------------------------------------------------------------------
+def load_func(func_json: str):
+    key = hash(func_json)
+    hit = _FUNCS.get(key)
+    if hit is not None and hit[0] == func_json:
+        return hit[1]
+    func = tvm.ir.load_json(func_json)
+    _FUNCS[key] = (func_json, func)
+    return func
+
+
+def as_module(scheduled) -> tvm.IRModule:
+    """A template's result (Schedule, IRModule or PrimFunc) as an IRModule."""
+    if scheduled is None:
+        raise StageError("schedule", "template returned None (config does not apply to this function)")
+    if isinstance(scheduled, tvm.IRModule):
+        return scheduled
+    mod = getattr(scheduled, "mod", None)
+    if isinstance(mod, tvm.IRModule):
+        return mod
+    if isinstance(scheduled, tvm.tirx.PrimFunc):
+        return tvm.IRModule({"main": scheduled})
+    raise StageError("schedule", f"template returned {type(scheduled).__name__}, not a Schedule")
+
+
+def resolve_template(template):
+    if template is not None:
+        return template
+    try:
+        from fastdlight.schedules import apply_config
+    except ImportError as e:
+        raise StageError("schedule", f"fastdlight.schedules.apply_config unavailable ({e})") from e
+    return apply_config
+
+
+def default_schedule_module(func, target) -> tvm.IRModule:
+    """Stock Dlight's schedule of ``func`` (the reference build)."""
+    try:
+        from fastdlight.schedules import default_schedule
+    except ImportError:
+        default_schedule = None
+    if default_schedule is not None:
+        return as_module(default_schedule(func, target))
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(tvm.IRModule({"main": func}))
+
+
+def _runtime_has_cuda() -> bool:
+    try:
+        return bool(tvm.runtime.enabled("cuda"))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def first_error_line(text: str) -> str:
+    """The line of a compiler log that says what went wrong."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() and not ln.startswith("nvcc failed"):
+            return ln
+    return lines[0] if lines else "unknown error"
+
+
+def _compile(mod, target):
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        try:
+            return tvm.compile(mod, target=target)
+        except CompileError as e:
+            raise StageError("nvcc", first_error_line(str(e)), str(e)) from e
+        except Exception as e:
+            # Our nvcc errors may come back wrapped by the FFI; anything else is a lowering failure.
+            text = str(e)
+            if "nvcc failed" in text or "nvcc timed out" in text:
+                raise StageError("nvcc", first_error_line(text), text) from e
+            raise StageError("lower", f"{type(e).__name__}: {first_error_line(text)}", traceback.format_exc()) from e
+
+
+def lower_and_compile(mod: tvm.IRModule, target) -> tuple[object, str, Cubin]:
+    """``tvm.compile`` + nvcc. Returns (executable, CUDA source, cubin report)."""
+    _LAST_CUBIN.clear()
+    try:
+        ex = _compile(mod, target)
+    except StageError:
+        if not _LAST_CUBIN:
+            raise
+        # nvcc succeeded but TVM failed afterwards: the runtime may not accept our callback's
+        # cubin. Retry once with TVM's stock callback (ptxas numbers then come from our own run).
+        uninstall_compile_callback()
+        _LAST_CUBIN.clear()
+        ex = _compile(mod, target)
+    try:
+        source = cuda_source(ex)
+    except ValueError as e:
+        raise StageError("lower", str(e)) from e
+    cubin = _LAST_CUBIN[-1] if _LAST_CUBIN else None
+    if cubin is None:  # no CUDA runtime here (or TVM's own callback ran): compile it ourselves
+        try:
+            cubin = compile_cubin(source, target)
+        except CompileError as e:
+            raise StageError("nvcc", first_error_line(str(e)), str(e)) from e
+    return ex, source, cubin
+
+
+# -- the task -------------------------------------------------------------------------------
+def build_candidate(task: dict) -> dict:
+    """Build one candidate. ``task`` keys: index, func_json, target, config (dict or None for the
+    reference build), template (callable or None), want_module, out_dir, hook (callable or None).
+
+    Returns a dict; failures raise :class:`StageError` (recorded by the caller)."""
+    from fastdlight.policies.config import Config
+
+    t0 = time.perf_counter()
+    func = load_func(task["func_json"])
+    target = as_target(task["target"])
+    config = Config.from_dict(task["config"]) if task.get("config") is not None else None
+    if task.get("hook") is not None:
+        task["hook"](task["index"], config)
+    try:
+        if config is None:
+            mod = default_schedule_module(func, target)
+        else:
+            mod = as_module(resolve_template(task.get("template"))(func, config))
+    except StageError:
+        raise
+    except Exception as e:  # ScheduleError and template bugs alike: the config is not buildable
+        raise StageError("schedule", f"{type(e).__name__}: {e}", traceback.format_exc()) from e
+    t_sched = time.perf_counter()
+    ex, source, cubin = lower_and_compile(mod, target)
+    t_build = time.perf_counter()
+    result = {
+        "index": task["index"],
+        "source": source,
+        "registers": cubin.registers,
+        "spill_bytes": cubin.spill_bytes,
+        "shared_bytes": cubin.shared_bytes,
+        "ptxas_log": cubin.log,
+        "cubin": cubin.binary,
+        "so_path": None,
+        "mod_json": None,
+        "export_error": None,
+        "schedule_s": t_sched - t0,
+        "compile_s": t_build - t_sched,
+    }
+    if task.get("want_module"):
+        if not _runtime_has_cuda():
+            raise StageError("export", "no CUDA runtime in the build worker: cannot make a runnable module")
+        path = os.path.join(task["out_dir"], f"candidate{task['index']}.so")
+        try:
+            ex.export_library(path)
+            result["so_path"] = path
+        except Exception as e:  # noqa: BLE001 - e.g. no host C compiler: parent rebuilds from the cubin
+            result["export_error"] = f"{type(e).__name__}: {e}"
+            result["mod_json"] = tvm.ir.save_json(mod)
+    result["build_time_s"] = time.perf_counter() - t0
+    return result
+
+
+def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
+    """Parent-side fallback when a worker could not export a library: lower the scheduled
+    module again, but hand TVM the worker's cubin instead of running nvcc."""
+    install_compile_callback()
+    mod = tvm.ir.load_json(mod_json)
+    target = as_target(target)
+    _FORCED_CUBIN.append(cubin)
+    try:
+        with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+            return tvm.compile(mod, target=target).mod
+    finally:
+        _FORCED_CUBIN.pop()

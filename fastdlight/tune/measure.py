@@ -1,0 +1,315 @@
+"""Timing and checking built kernels on the GPU, fairly.
+
+* Inputs are random (floats in [-1, 1], integers never zero), generated once per tuning run
+  and shared by every candidate and the reference.
+* Timing uses TVM's ``time_evaluator`` with ``number=1``: every timed launch is preceded by a
+  device-to-device copy of a buffer larger than the L2 cache (``cache_flush_bytes``), a
+  synchronize, and is bracketed by CUDA events; the first launch is a discarded warm-up. We
+  repeat for a time budget (100 ms by default) and take the median.
+* Checking poisons the outputs (NaN, or a sentinel for integers), runs once, and compares with
+  the expected outputs by relative norm; the tolerance comes from the dtypes (fp32 1e-5,
+  fp16/bf16 1e-2, integers exact), widened by sqrt(reduction length / 1024) for long
+  reductions since accumulation error grows with it.
+* :func:`time_torch` times a torch callable the same way (torch is optional).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+#: relative-norm tolerance per dtype before the reduction-length allowance
+BASE_TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "float64": 1e-9}
+#: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
+INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms) if self.samples_ms else self.median_ms
+
+
+# -- function signature analysis -------------------------------------------------------------
+def output_indices(func: tirx.PrimFunc) -> list[int]:
+    """Parameters the function writes (its outputs); the last parameter if none is found."""
+    written = []
+    try:
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        stack = [sch.get_sblock("root")] if _has_root(sch) else []
+        while stack:
+            rv = stack.pop()
+            written += [_region_tensor(region) for region in sch.get(rv).writes]
+            stack += list(sch.get_child_blocks(rv))
+    except Exception:  # noqa: BLE001 - not in block form: fall back to "last parameter"
+        written = []
+    outs = [i for i, p in enumerate(param_buffers(func)) if any(p.same_as(b) for b in written)]
+    return outs or [len(func.params) - 1]
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _region_tensor(region):
+    return region.source if hasattr(region, "source") else region.buffer
+
+
+def param_buffers(func: tirx.PrimFunc) -> list:
+    """The tensor parameters (in TVM 0.27 the parameters themselves carry shape and dtype)."""
+    bufs = []
+    buffer_map = getattr(func, "buffer_map", None) or {}
+    for p in func.params:
+        buf = buffer_map[p] if p in buffer_map else p
+        if not getattr(buf, "shape", None):
+            raise ValueError(f"parameter {p} is not a tensor; only tensor arguments are supported")
+        bufs.append(buf)
+    return bufs
+
+
+def static_shape(buf: tirx.Buffer) -> tuple[int, ...]:
+    shape = []
+    for d in buf.shape:
+        if not isinstance(d, (int, tirx.IntImm)):
+            raise ValueError(f"buffer {buf.name} has a symbolic shape {list(buf.shape)}; specialize it first")
+        shape.append(int(d))
+    return tuple(shape)
+
+
+def reduction_length(func: tirx.PrimFunc) -> int:
+    """Product of the reduction extents of the output-defining block (1 when unknown)."""
+    try:
+        from tvm import s_tir
+
+        from fastdlight.policies.analysis import block_axes, output_block
+
+        _, anchor = output_block(s_tir.Schedule(func))
+        _, reduce = block_axes(anchor)
+        return max(1, math.prod(a.extent for a in reduce))
+    except Exception:  # noqa: BLE001 - only used to widen a tolerance
+        return 1
+
+
+def tolerance(func: tirx.PrimFunc) -> float | None:
+    """Relative-norm tolerance for ``func``'s outputs; None means "must match exactly"."""
+    dtypes = {str(b.dtype) for b in param_buffers(func)}
+    floats = [BASE_TOLERANCE.get(d, 1e-2) for d in dtypes if d.startswith(("float", "bfloat"))]
+    if not floats:
+        return None
+    return max(floats) * max(1.0, math.sqrt(reduction_length(func) / 1024))
+
+
+# -- host data --------------------------------------------------------------------------------
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit pattern (round to nearest even)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _bf16_values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Random host data in ``dtype`` (bfloat16: float32 values exactly representable in bf16)."""
+    dtype = str(dtype)
+    if dtype.startswith(("int", "uint")):
+        hi = {"int8": 4, "uint8": 4}.get(dtype, 100)
+        mag = rng.integers(1, hi + 1, size=shape)  # never zero
+        if dtype.startswith("uint"):
+            return mag.astype(dtype)
+        return (mag * rng.choice(np.array([-1, 1]), size=shape)).astype(dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    vals = rng.random(shape, dtype=np.float32) * 2 - 1
+    if dtype == "bfloat16":
+        return _bf16_values(_bf16_bits(vals)).reshape(shape)
+    return vals.astype(dtype)
+
+
+def to_device(arr: np.ndarray, dtype: str, dev) -> tvm.runtime.Tensor:
+    if str(dtype) == "bfloat16":
+        t = tvm.runtime.empty(arr.shape, "bfloat16", dev)
+        t.copyfrom(_bf16_bits(arr))
+        return t
+    return tvm.runtime.tensor(np.ascontiguousarray(arr), dev)
+
+
+def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
+    """Device tensor -> numpy (bfloat16 comes back as float32 values)."""
+    if str(t.dtype) == "bfloat16":
+        bits = t._create_view(t.shape, "uint16").numpy()
+        return _bf16_values(bits).reshape(t.shape)
+    return t.numpy()
+
+
+def poison_value(dtype: str):
+    dtype = str(dtype)
+    if dtype.startswith(("float", "bfloat")):
+        return np.nan
+    return INT_SENTINEL.get(dtype, 77)
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    error: float  # relative norm error (0 for an exact integer match, inf when NaN/sentinel left)
+    message: str
+
+
+def compare(out: np.ndarray, expected: np.ndarray, tol: float | None) -> CheckResult:
+    if out.shape != expected.shape:
+        return CheckResult(False, math.inf, f"shape {out.shape} != expected {expected.shape}")
+    out64 = out.astype(np.float64)
+    exp64 = np.asarray(expected, dtype=np.float64)
+    if tol is None:
+        bad = int(np.count_nonzero(out64 != exp64))
+        return CheckResult(bad == 0, 0.0 if bad == 0 else math.inf,
+                           "exact match" if bad == 0 else f"{bad} of {out.size} elements differ")
+    if not np.all(np.isfinite(out64[np.isfinite(exp64)])):
+        return CheckResult(False, math.inf, "output has NaN/Inf (unwritten or overflowed elements)")
+    denom = float(np.linalg.norm(exp64))
+    num = float(np.linalg.norm(out64 - exp64))
+    err = num / denom if denom > 0 else num
+    return CheckResult(err <= tol, err, f"relative error {err:.2e} (tolerance {tol:.1e})")
+
+
+# -- the workload every candidate runs on ------------------------------------------------------
+class Workload:
+    """Device arguments for ``func`` (random inputs, outputs poisoned before every check)."""
+
+    def __init__(self, func: tirx.PrimFunc, dev=None, seed: int = 0):
+        self.func = func
+        self.dev = dev if dev is not None else tvm.cuda(0)
+        self.buffers = param_buffers(func)
+        self.out_idx = output_indices(func)
+        rng = np.random.default_rng(seed)
+        self.host_inputs: list[np.ndarray] = []
+        self.args = []
+        for i, buf in enumerate(self.buffers):
+            shape, dtype = static_shape(buf), str(buf.dtype)
+            if i in self.out_idx:
+                self.args.append(tvm.runtime.empty(shape, dtype, self.dev))
+            else:
+                arr = random_array(shape, dtype, rng)
+                self.host_inputs.append(arr)
+                self.args.append(to_device(arr, dtype, self.dev))
+        self.tol = tolerance(func)
+        self.bytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in self.buffers)
+
+    def poison(self) -> None:
+        for i in self.out_idx:
+            t = self.args[i]
+            host = np.full(t.shape, poison_value(t.dtype), dtype=np.float32 if str(t.dtype) == "bfloat16" else t.dtype)
+            if str(t.dtype) == "bfloat16":
+                t.copyfrom(_bf16_bits(host))
+            else:
+                t.copyfrom(host)
+
+    def run_outputs(self, fn) -> list[np.ndarray]:
+        """Poison the outputs, run ``fn(*args)`` once, return the outputs on the host."""
+        self.poison()
+        fn(*self.args)
+        self.dev.sync()
+        return [to_host(self.args[i]) for i in self.out_idx]
+
+    def reference_outputs(self, ref) -> list[np.ndarray]:
+        """Expected outputs from a numpy reference (float64), as a list."""
+        out = ref(*self.host_inputs)
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        return [np.asarray(o) for o in outs]
+
+    def check(self, outputs: list[np.ndarray], expected: list[np.ndarray]) -> CheckResult:
+        if len(outputs) != len(expected):
+            return CheckResult(False, math.inf, f"{len(outputs)} outputs, reference gave {len(expected)}")
+        worst = CheckResult(True, 0.0, "no outputs")
+        for out, exp in zip(outputs, expected):
+            res = compare(out, exp, self.tol)
+            if not res.ok:
+                return res
+            if res.error >= worst.error:
+                worst = res
+        return worst
+
+
+# -- timing -----------------------------------------------------------------------------------
+def flush_bytes_for(l2_bytes: int) -> int:
+    """A copy of this many bytes evicts the whole L2 (copy reads + writes it, > L2 each)."""
+    return int(max(l2_bytes, 8 << 20) * 1.5) // 4 * 4
+
+
+def _repeats(per_call_s: float, budget_ms: float, lo: int = 10, hi: int = 20000) -> int:
+    return int(min(hi, max(lo, budget_ms / 1e3 / max(per_call_s, 1e-7))))
+
+
+def time_module(mod, fname: str, args, dev, budget_ms: float = 100.0, flush_bytes: int = 0) -> Timing:
+    """Median latency of ``mod[fname](*args)`` over about ``budget_ms`` of repeated launches,
+    each after an L2 flush, measured with CUDA events (see module docstring)."""
+    probe = mod.time_evaluator(fname, dev, number=1, repeat=3, cache_flush_bytes=flush_bytes)
+    t0 = time.perf_counter()
+    probe(*args)  # warm-up + 3 timed launches
+    per_call = (time.perf_counter() - t0) / 4
+    repeat = _repeats(per_call, budget_ms)
+    ftimer = mod.time_evaluator(fname, dev, number=1, repeat=repeat, cache_flush_bytes=flush_bytes)
+    samples = [s * 1e3 for s in ftimer(*args).results]
+    return Timing(float(np.median(samples)), samples)
+
+
+def time_torch(fn, budget_ms: float = 100.0, flush_bytes: int = 0) -> Timing:
+    """Time a torch callable like :func:`time_module`: flush L2, synchronize, one launch between
+    two CUDA events; median over ``budget_ms``. torch is only imported here."""
+    import torch
+
+    flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.int32, device="cuda") if flush_bytes else None
+
+    def once() -> float:
+        if flush is not None:
+            flush.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    once()  # warm-up (cuBLAS heuristics, lazy module loading)
+    t0 = time.perf_counter()
+    probe = [once() for _ in range(3)]
+    per_call = (time.perf_counter() - t0) / 3
+    samples = probe + [once() for _ in range(_repeats(per_call, budget_ms) - 3)]
+    return Timing(float(np.median(samples)), samples)
+
+
+def function_name(mod, func: tirx.PrimFunc) -> str:
+    """The name to call in a built module: the PrimFunc's global_symbol, else "main"."""
+    names = []
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        names.append(str(func.attrs["global_symbol"]))
+    names.append("main")
+    for name in names:
+        try:
+            if mod.implements_function(name, query_imports=True):
+                return name
+        except Exception:  # noqa: BLE001 - older API: try to fetch it instead
+            try:
+                mod.get_function(name)
+                return name
+            except Exception:  # noqa: BLE001
+                continue
+    return names[0]

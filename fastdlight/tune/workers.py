@@ -1,0 +1,348 @@
+"""A pool of worker processes that survive what a kernel candidate can do to them.
+
+Compiling a candidate runs TVM lowering and nvcc; either can crash (segfault, abort), hang, or
+raise. Each worker is a separate Python process (``python -m fastdlight.tune.workers``, so the
+caller's ``__main__`` is never re-imported, unlike multiprocessing's spawn). The parent talks
+to it over a private pipe pair and enforces the timeout itself (``select`` with a deadline), so
+even a hang that holds the worker's GIL is caught. A dead or timed-out worker is killed with
+its whole process group (nvcc children included) and a fresh one is started for the next task.
+
+Heavy imports (TVM, the tensor-core intrinsics) happen once per worker: ``initializer`` runs
+when a worker starts, and a task may name extra ``features`` (name -> (fn, args)) that are set
+up the first time a worker receives a task needing them, outside the task's timeout.
+
+Results are :class:`Outcome` objects carrying the caller's ``key``, so completion order never
+matters.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+_HEADER = struct.Struct("<Q")
+#: Seconds a worker may take to start and run its initializer / a feature setup.
+INIT_TIMEOUT = 600.0
+
+
+@dataclass
+class Task:
+    key: Any
+    fn: Callable  # module-level function (pickled by reference)
+    args: tuple = ()
+    features: tuple[str, ...] = ()  # names in the pool's ``features`` this task needs
+
+
+@dataclass
+class Outcome:
+    key: Any
+    ok: bool
+    value: Any = None  # fn's return value when ok
+    error: str | None = None  # one line: why it failed
+    log: str = ""  # the full story: traceback, worker stderr tail
+    seconds: float = 0.0  # wall time of the task in the worker (incl. restart if any)
+
+
+class WorkerError(RuntimeError):
+    def __init__(self, error: str, log: str = ""):
+        super().__init__(error)
+        self.error, self.log = error, log
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "worker died"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"worker crashed ({name})"
+    return f"worker exited with code {returncode}"
+
+
+class _Worker:
+    """One child process and the parent's end of its pipes."""
+
+    def __init__(self, slot: int, log_dir: str, initializer, initargs, env):
+        self.slot = slot
+        self.log_path = os.path.join(log_dir, f"worker{slot}.log")
+        self.initializer, self.initargs, self.env = initializer, initargs, env
+        self.proc: subprocess.Popen | None = None
+        self.features: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        self.log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fastdlight.tune.workers", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=self.log,
+                stderr=self.log, env=self.env, start_new_session=True,  # own process group: killpg
+            )  # fmt: skip
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self.writer = os.fdopen(to_child_w, "wb")
+        self.reader_fd = from_child_r
+        self.features = set()
+        if self.initializer is not None:
+            self.call(self.initializer, self.initargs, INIT_TIMEOUT)
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._reap()
+
+    def close(self) -> None:
+        """Ask the worker to exit (EOF on its pipe); kill it if it does not."""
+        if self.proc is None:
+            return
+        try:
+            self.writer.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def _reap(self) -> None:
+        proc, self.proc = self.proc, None
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.writer,):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            os.close(self.reader_fd)
+        except OSError:
+            pass
+        self.log.close()
+
+    # -- one call -------------------------------------------------------------------------
+    def _log_tail(self, offset: int, limit: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return ""
+        return data[-limit:].decode(errors="replace")
+
+    def _read_exact(self, n: int, deadline: float | None) -> bytes | None:
+        """n bytes from the worker, None on EOF; raises TimeoutError past the deadline."""
+        chunks, got = [], 0
+        while got < n:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.reader_fd], [], [], wait)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(self.reader_fd, min(n - got, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def call(self, fn, args, timeout: float | None):
+        """Run fn(*args) in the worker. Returns its value; raises WorkerError on an exception in
+        the task, a crash, or a timeout (the worker is then killed)."""
+        if self.proc is None:
+            self.start()
+        offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self.writer.write(_HEADER.pack(len(data)) + data)
+            self.writer.flush()
+            header = self._read_exact(_HEADER.size, deadline)
+            payload = None if header is None else self._read_exact(_HEADER.unpack(header)[0], deadline)
+        except TimeoutError:
+            self.kill()
+            raise WorkerError(f"timeout after {timeout:g} s (worker killed)", self._log_tail(offset)) from None
+        except (BrokenPipeError, OSError):
+            payload = None
+        if payload is None:  # EOF: the worker died under us
+            proc = self.proc
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+            reason = _describe_exit(proc.poll())
+            self.kill()
+            raise WorkerError(reason, self._log_tail(offset))
+        status, value, log = pickle.loads(payload)
+        if status != "ok":
+            raise WorkerError(value, log)
+        return value
+
+
+class WorkerPool:
+    """``max_workers`` crash-proof worker processes; see the module docstring.
+
+    ``features`` maps a name to ``(fn, args)``: a one-time per-worker setup (e.g. importing the
+    tensor-core intrinsics) run before the first task that lists the name in ``Task.features``.
+    """
+
+    def __init__(self, max_workers: int | None = None, initializer=None, initargs=(),
+                 features: dict[str, tuple[Callable, tuple]] | None = None, log_dir: str | None = None):
+        self.max_workers = max(1, max_workers or os.cpu_count() or 1)
+        self.features = dict(features or {})
+        self._tmp = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fastdlight_workers_")
+            log_dir = self._tmp.name
+        # The child must import exactly what the parent imports (fastdlight from a checkout,
+        # test modules holding hook functions): hand it the parent's sys.path.
+        env = dict(os.environ)
+        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        self._workers = [_Worker(i, log_dir, initializer, initargs, env) for i in range(self.max_workers)]
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- running tasks --------------------------------------------------------------------
+    def _run_one(self, worker: _Worker, task: Task, timeout: float | None) -> Outcome:
+        t0 = time.monotonic()
+        try:
+            if worker.proc is None:
+                worker.start()
+            for name in task.features:
+                if name not in worker.features:
+                    fn, args = self.features[name]
+                    worker.call(fn, args, INIT_TIMEOUT)
+                    worker.features.add(name)
+            t_task = time.monotonic()
+            value = worker.call(task.fn, task.args, timeout)
+            return Outcome(task.key, True, value, seconds=time.monotonic() - t_task)
+        except WorkerError as e:
+            return Outcome(task.key, False, None, e.error, e.log, time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - e.g. unpicklable task: record it, keep going
+            return Outcome(task.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                           time.monotonic() - t0)
+
+    def imap_unordered(self, tasks: Iterable[Task], timeout: float | None = None) -> Iterator[Outcome]:
+        """Run tasks on the workers; yield one :class:`Outcome` per task as each finishes."""
+        if self._closed:
+            raise RuntimeError("WorkerPool is closed")
+        tasks = list(tasks)
+        todo: queue.Queue = queue.Queue()
+        for t in tasks:
+            todo.put(t)
+        done: queue.Queue = queue.Queue()
+        n_threads = min(len(self._workers), len(tasks))
+
+        def drive(worker: _Worker):
+            while True:
+                try:
+                    task = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.put(self._run_one(worker, task, timeout))
+
+        threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in self._workers[:n_threads]]
+        for th in threads:
+            th.start()
+        def drop_pending():
+            while True:
+                try:
+                    todo.get_nowait()
+                except queue.Empty:
+                    return
+
+        try:
+            for _ in range(len(tasks)):
+                yield done.get()
+        except GeneratorExit:
+            # The caller stopped early: start nothing new, let in-flight tasks finish.
+            drop_pending()
+            for th in threads:
+                th.join()
+            raise
+        except BaseException:
+            # Interrupted (Ctrl-C): stop the workers so the driving threads unblock.
+            drop_pending()
+            self.close()
+            raise
+        for th in threads:
+            th.join()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for w in self._workers:
+            w.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# -- the child side -----------------------------------------------------------------------
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its own ``one_line`` if it has one, else "Type: first line"."""
+    if getattr(e, "one_line", None):
+        return e.one_line
+    first = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {first[0]}" if first else type(e).__name__
+
+
+def _child_main(read_fd: int, write_fd: int) -> None:
+    reader = os.fdopen(read_fd, "rb")
+    writer = os.fdopen(write_fd, "wb")
+    while True:
+        header = reader.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return  # parent closed the pipe: exit quietly
+        data = reader.read(_HEADER.unpack(header)[0])
+        try:
+            fn, args = pickle.loads(data)
+            reply = ("ok", fn(*args), "")
+        except BaseException as e:  # noqa: BLE001 - report everything, keep serving
+            reply = ("error", one_line(e), "\n".join(filter(None, [getattr(e, "log", ""), traceback.format_exc()])))
+        try:
+            payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - unpicklable return value
+            payload = pickle.dumps(("error", f"result not picklable: {e}", traceback.format_exc()))
+        writer.write(_HEADER.pack(len(payload)) + payload)
+        writer.flush()
+
+
+if __name__ == "__main__":
+    _child_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,180 @@
+"""The build-measure-pick loop: matching, crash/timeout isolation, errors, compile-only ranking."""
+
+import warnings
+
+import pytest
+import standins
+
+from fastdlight import ops
+from fastdlight.arch import CUDA, has_gpu
+from fastdlight.policies.config import Config
+from fastdlight.tune.apply_and_build import (
+    TuningError,
+    apply_and_build,
+    format_table,
+    rank,
+)
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+def flat_configs(threads=(64, 128, 256, 512)):
+    # Different thread counts give different sources (__launch_bounds__), so a mismatch shows.
+    return [Config("elementwise", (1024, t), (1, 1), cost=float(i)) for i, t in enumerate(threads)]
+
+
+def quiet(**kw):
+    kw.setdefault("measure", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return apply_and_build(kw.pop("func"), kw.pop("configs"), H100, max_workers=2, **kw)
+
+
+def test_results_match_configs_under_out_of_order_completion():
+    configs = flat_configs()
+    results, best = quiet(func=standins.add_op().func, configs=configs, template=standins.flat_template,
+                          hook=standins.delay_early_ones)
+    assert sorted(r.index for r in results) == [0, 1, 2, 3]
+    for r in results:
+        assert r.config == configs[r.index]
+        assert r.compiled, r.error
+        assert f"__launch_bounds__({r.config.num_threads})" in r.source
+    assert best.index == 0  # lowest predicted cost
+
+
+def test_crashing_candidates_are_recorded_and_the_run_completes():
+    configs = flat_configs()
+    results, best = quiet(func=standins.add_op().func, configs=configs, template=standins.flat_template,
+                          hook=standins.abort_on_odd)
+    by_index = {r.index: r for r in results}
+    for i in (1, 3):
+        assert by_index[i].error == "worker crashed (SIGABRT)"
+        assert not by_index[i].compiled
+    for i in (0, 2):
+        assert by_index[i].compiled and by_index[i].error is None
+    assert best.index == 0
+    assert [r.index for r in results][-2:] == [1, 3]  # failures rank last
+
+
+def test_hanging_candidate_times_out_and_others_build():
+    configs = flat_configs((64, 128))
+    results, best = quiet(func=standins.add_op().func, configs=configs, template=standins.flat_template,
+                          hook=standins.sleep_on_first, timeout=4)
+    by_index = {r.index: r for r in results}
+    assert by_index[0].error.startswith("timeout after 4 s")
+    assert by_index[1].compiled
+    assert best.index == 1
+
+
+def test_all_failing_raises_tuning_error_with_reasons():
+    with pytest.raises(TuningError) as info:
+        quiet(func=standins.add_op().func, configs=flat_configs((64, 128, 256)), template=standins.failing_template)
+    msg = str(info.value)
+    assert "3 × schedule" in msg
+    assert "rejects every config" in msg
+
+
+def test_no_configs_raises():
+    with pytest.raises(TuningError, match="no candidate configs"):
+        quiet(func=standins.add_op().func, configs=[])
+
+
+def test_bad_check_value():
+    with pytest.raises(ValueError, match="check must be"):
+        quiet(func=standins.add_op().func, configs=flat_configs((64,)), check="sometimes")
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the no-GPU default")
+def test_default_without_gpu_warns_and_compiles_only():
+    with pytest.warns(UserWarning, match="no GPU was found: nothing was timed"):
+        results, best = apply_and_build(standins.add_op().func, flat_configs((64, 128)), H100,
+                                        template=standins.flat_template, max_workers=2)
+    assert all(r.latency_ms is None for r in results)
+    assert best.compiled
+
+
+@pytest.mark.parametrize("make_op", [lambda: ops.elementwise((1024, 1024), "float16", "add"),
+                                     lambda: ops.matmul(256, 256, 256, "float32")], ids=["add", "matmul"])
+def test_compile_only_ranks_by_predicted_cost_with_real_cubins(make_op):
+    from fastdlight.policies.default import DefaultPolicy
+
+    op = make_op()
+    configs = DefaultPolicy(op.func, H100).emit_config(4)
+    results, best = quiet(func=op.func, configs=configs)
+    compiled = [r for r in results if r.compiled]
+    assert compiled, format_table(results)
+    costs = [r.predicted_cost for r in compiled]
+    assert costs == sorted(costs)
+    assert results[: len(compiled)] == compiled  # failures after every compiled candidate
+    assert best is compiled[0]
+    assert best.registers > 0 and "__global__" in best.source
+    for r in results:
+        assert r.config == configs[r.index]
+
+
+def test_parallel_and_serial_give_the_same_ranking():
+    from fastdlight.policies.default import DefaultPolicy
+
+    op = ops.reduce((1024, 1024), "float16", "sum")
+    configs = DefaultPolicy(op.func, H100).emit_config(3)
+    par, _ = quiet(func=op.func, configs=configs)
+    ser, _ = quiet(func=op.func, configs=configs, parallel_build=False)
+    assert [r.index for r in par] == [r.index for r in ser]
+    assert [r.compiled for r in par] == [r.compiled for r in ser]
+    assert [r.registers for r in par] == [r.registers for r in ser]
+
+
+def test_rank_puts_timed_first_then_wrong_then_untimed():
+    from fastdlight.tune.apply_and_build import CompileResult
+
+    cfg = flat_configs((64,))[0]
+    fast_wrong = CompileResult(cfg, 0, source="x", registers=1, latency_ms=1.0, verified=False)
+    slow_ok = CompileResult(cfg, 1, source="x", registers=1, latency_ms=2.0, verified=True)
+    untimed = CompileResult(cfg, 2, source="x", registers=1)
+    failed = CompileResult(cfg, 3, error="nvcc: boom")
+    assert [r.index for r in rank([failed, untimed, fast_wrong, slow_ok])] == [1, 0, 2, 3]
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("make_op", [lambda: ops.elementwise((2048, 2048), "float16", "add"),
+                                     lambda: ops.matmul(512, 512, 512, "float32")], ids=["add", "matmul"])
+def test_gpu_measures_verifies_and_picks_fastest_verified(make_op):
+    from fastdlight.arch import auto_arch
+    from fastdlight.policies.default import DefaultPolicy
+
+    op = make_op()
+    arch = auto_arch()
+    configs = DefaultPolicy(op.func, arch).emit_config(6)
+    results, best = apply_and_build(op.func, configs, arch, ref=op.reference, check="all", budget_ms=30)
+    timed = [r for r in results if r.latency_ms is not None]
+    assert timed
+    assert best.verified is True and best.latency_ms > 0
+    assert best.latency_ms == min(r.latency_ms for r in timed if r.verified)
+    assert best.module is not None and "__global__" in best.source
+
+
+@pytest.mark.gpu
+def test_gpu_wrong_candidate_is_never_best():
+    from fastdlight.arch import auto_arch
+
+    op = standins.add_op(2048)
+    configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1)),
+               Config("elementwise", (4, 64), (1, 1))]
+    for check in ("winner", "all"):
+        results, best = apply_and_build(op.func, configs, auto_arch(), template=standins.wrong_add_template,
+                                        check=check, budget_ms=20)
+        wrong = next(r for r in results if r.index == 0)
+        assert best.index != 0 and best.verified is True
+        if check == "all" or wrong.latency_ms < best.latency_ms:
+            assert wrong.verified is False
+
+
+@pytest.mark.gpu
+def test_gpu_stock_dlight_reference_is_used_without_ref():
+    from fastdlight.arch import auto_arch
+
+    op = standins.add_op(1024)
+    results, best = apply_and_build(op.func, flat_configs((128, 256)), auto_arch(),
+                                    template=standins.flat_template, budget_ms=20)
+    assert best.verified is True

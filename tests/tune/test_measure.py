@@ -1,0 +1,82 @@
+"""Inputs, poisoning, checking and timing, exercised on the CPU (llvm) so CI can run them."""
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.tune import measure
+
+
+def cpu_build(func):
+    return tvm.compile(tvm.IRModule({"main": func}), target="llvm").mod
+
+
+def test_output_indices():
+    assert measure.output_indices(ops.matmul(32, 32, 32, "float32").func) == [2]
+    assert measure.output_indices(ops.softmax(8, 16).func) == [1]
+    assert measure.output_indices(ops.elementwise((4, 4), "float16", "copy").func) == [1]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint8"])
+def test_integer_inputs_are_never_zero(dtype):
+    arr = measure.random_array((64, 64), dtype, np.random.default_rng(0))
+    assert arr.dtype == np.dtype(dtype) and np.all(arr != 0)
+    assert len(np.unique(arr)) > 2
+
+
+def test_float_and_bf16_inputs():
+    rng = np.random.default_rng(0)
+    a = measure.random_array((128,), "float16", rng)
+    assert a.dtype == np.float16 and np.all(np.abs(a) <= 1) and np.std(a) > 0.3
+    b = measure.random_array((128,), "bfloat16", rng)
+    # bf16 values: the low 16 bits of the float32 pattern are zero
+    assert np.all(b.view(np.uint32) & 0xFFFF == 0)
+
+
+def test_tolerances_from_dtype_and_reduction_length():
+    assert measure.tolerance(ops.elementwise((8, 8), "float32", "add").func) == pytest.approx(1e-5)
+    assert measure.tolerance(ops.elementwise((8, 8), "float16", "add").func) == pytest.approx(1e-2)
+    assert measure.tolerance(ops.elementwise((8, 8), "int32", "add").func) is None
+    assert measure.tolerance(ops.matmul(64, 64, 4096, "float16").func) == pytest.approx(2e-2)
+
+
+def test_compare():
+    ref = np.linspace(1, 2, 100)
+    assert measure.compare(ref.astype(np.float32), ref, 1e-5).ok
+    assert not measure.compare(ref.astype(np.float32) * 1.01, ref, 1e-3).ok
+    nan = ref.copy()
+    nan[3] = np.nan
+    assert not measure.compare(nan, ref, 1e-2).ok
+    assert measure.compare(np.array([1, 2], np.int32), np.array([1.0, 2.0]), None).ok
+    assert not measure.compare(np.array([1, 3], np.int32), np.array([1.0, 2.0]), None).ok
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_workload_checks_a_built_kernel_and_catches_poison(dtype):
+    op = ops.elementwise((64, 64), dtype, "add")
+    mod = cpu_build(op.func)
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    expected = wl.reference_outputs(op.reference)
+    name = measure.function_name(mod, op.func)
+    assert wl.check(wl.run_outputs(mod[name]), expected).ok
+    # A kernel that writes nothing leaves the poison in place: the check must fail.
+    res = wl.check(wl.run_outputs(lambda *args: None), expected)
+    assert not res.ok
+
+
+def test_time_module_budget_and_median():
+    op = ops.elementwise((256, 256), "float32", "add")
+    mod = cpu_build(op.func)
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    t = measure.time_module(mod, measure.function_name(mod, op.func), wl.args, tvm.cpu(0), budget_ms=20,
+                            flush_bytes=1 << 20)
+    assert len(t.samples_ms) >= 10
+    assert t.median_ms > 0 and math.isfinite(t.median_ms)
+    assert t.min_ms <= t.median_ms
+
+
+def test_flush_is_larger_than_l2():
+    assert measure.flush_bytes_for(50 << 20) > 50 << 20

@@ -1,0 +1,68 @@
+"""The crash-proof worker pool on its own."""
+
+import ctypes
+import os
+import time
+
+import pytest
+
+from fastdlight.tune.workers import Task, WorkerPool
+
+
+def square(x):
+    return x * x
+
+
+def fail(x):
+    raise ValueError(f"bad input {x}")
+
+
+def abort(x):
+    os.abort()
+
+
+def hold_gil(x):
+    # PyDLL does not release the GIL: a hang the worker's own threads could not interrupt.
+    ctypes.PyDLL(None).sleep(600)
+
+
+def pid(x):
+    return os.getpid()
+
+
+@pytest.fixture
+def pool():
+    with WorkerPool(2) as p:
+        yield p
+
+
+def test_results_keyed_and_complete(pool):
+    outs = {o.key: o for o in pool.imap_unordered([Task(i, square, (i,)) for i in range(6)])}
+    assert {k: o.value for k, o in outs.items()} == {i: i * i for i in range(6)}
+
+
+def test_exception_crash_and_hang_are_isolated(pool):
+    tasks = [Task("ok", square, (3,)), Task("raise", fail, (1,)), Task("abort", abort, (0,)),
+             Task("hang", hold_gil, (0,)), Task("after", square, (4,))]
+    t0 = time.monotonic()
+    outs = {o.key: o for o in pool.imap_unordered(tasks, timeout=3)}
+    assert time.monotonic() - t0 < 60
+    assert outs["ok"].value == 9 and outs["after"].value == 16
+    assert outs["raise"].error == "ValueError: bad input 1" and "Traceback" in outs["raise"].log
+    assert outs["abort"].error == "worker crashed (SIGABRT)"
+    assert outs["hang"].error.startswith("timeout after 3 s")
+
+
+def test_dead_worker_is_replaced():
+    with WorkerPool(1) as p:
+        before = next(iter(p.imap_unordered([Task(0, pid, (0,))]))).value
+        list(p.imap_unordered([Task(1, abort, (0,))]))
+        after = next(iter(p.imap_unordered([Task(2, pid, (0,))]))).value
+    assert before != after
+
+
+def test_features_set_up_once_per_worker():
+    with WorkerPool(1, features={"f": (pid, (0,))}) as p:
+        outs = list(p.imap_unordered([Task(i, pid, (0,), features=("f",)) for i in range(3)]))
+        assert all(o.ok for o in outs)
+        assert p._workers[0].features == {"f"}
