@@ -1,0 +1,171 @@
+"""Config → schedule: pick the templates serving ``config.kind`` and apply the first that fits.
+
+Templates register per kind (:func:`register`); the built-in memory-bound ones are registered
+here, the matmul modules are imported guarded (a missing or broken module is recorded in
+:data:`IMPORT_ERRORS` and only disables its own kinds). :func:`dispatch` tries, in order, the
+templates of ``config.kind`` and then the fallback; a template returning ``None`` or raising
+does not stop the others. If none produces a schedule, :class:`ScheduleError` lists each
+template's reason.
+
+:func:`default_schedule` applies TVM's stock Dlight GPU rules (the reference baseline).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from ..policies.config import KINDS, Config
+from .base import ScheduleTemplate
+from .elementwise import ElementwiseTemplate
+from .fallback import FallbackTemplate
+from .gemv import GemvTemplate
+from .general_reduction import GeneralReductionTemplate
+from .reduction import ReductionTemplate
+
+#: kind -> templates, tried in registration order
+_REGISTRY: dict[str, list[ScheduleTemplate]] = {}
+#: templates serving any kind (``kinds == ("*",)``), tried after the kind's own templates
+_FALLBACKS: list[ScheduleTemplate] = []
+#: module name -> error text, for template modules that failed to import
+IMPORT_ERRORS: dict[str, str] = {}
+
+
+class ScheduleError(RuntimeError):
+    """No template could schedule the function with the config; ``failures`` holds
+    ``(template name, reason)`` per template tried."""
+
+    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None):
+        self.failures = list(failures or [])
+        lines = [message] + [f"  - {name}: {reason}" for name, reason in self.failures]
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class ScheduleResult:
+    schedule: s_tir.Schedule
+    template: str  # name of the template that produced it
+    failures: list[tuple[str, str]] = field(default_factory=list)  # templates tried before it
+
+    @property
+    def used_fallback(self) -> bool:
+        return self.template == FallbackTemplate.name
+
+
+def register(template: ScheduleTemplate, first: bool = False) -> ScheduleTemplate:
+    """Make ``template`` serve its ``kinds`` (``first``: try it before those registered so far).
+    Registering a second instance of the same class replaces the first."""
+    targets = [_FALLBACKS] if "*" in template.kinds else [_REGISTRY.setdefault(k, []) for k in template.kinds]
+    for lst in targets:
+        lst[:] = [t for t in lst if type(t) is not type(template)]
+        lst.insert(0, template) if first else lst.append(template)
+    return template
+
+
+def templates_for(kind: str, with_fallback: bool = True) -> list[ScheduleTemplate]:
+    return list(_REGISTRY.get(kind, [])) + (list(_FALLBACKS) if with_fallback else [])
+
+
+def _name(t: ScheduleTemplate) -> str:
+    return getattr(t, "name", None) or type(t).__name__
+
+
+def dispatch(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> ScheduleResult:
+    """Apply the first template (of ``config.kind``, then the fallback) that schedules ``func``."""
+    kind = getattr(config, "kind", None)
+    if kind not in _REGISTRY and kind not in KINDS:
+        raise ScheduleError(f"unknown config kind {kind!r}; known: {sorted(set(_REGISTRY) | set(KINDS))}")
+    failures: list[tuple[str, str]] = []
+    if kind not in _REGISTRY:
+        mods = [m for m in IMPORT_ERRORS if kind in _MODULE_KINDS.get(m, ())]
+        why = f"; module {mods[0]} failed to import: {IMPORT_ERRORS[mods[0]]}" if mods else ""
+        failures.append(("<registry>", f"no template registered for kind {kind!r}{why}"))
+    for template in templates_for(kind, allow_fallback):
+        try:
+            sch = template.apply_config(func, config)
+        except Exception as e:  # noqa: BLE001 - one template's bug must not stop the others
+            failures.append((_name(template), f"{type(e).__name__}: {_first_line(e)}"))
+            continue
+        if sch is None:
+            failures.append((_name(template), "not applicable (op family or config does not fit)"))
+            continue
+        return ScheduleResult(sch, _name(template), failures)
+    raise ScheduleError(f"no template could schedule {_func_name(func)} with {config!r}", failures)
+
+
+def apply_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> s_tir.Schedule:
+    """The schedule for ``func`` under ``config`` (see :func:`dispatch`); raises ScheduleError."""
+    return dispatch(func, config, allow_fallback).schedule
+
+
+def default_schedule(func: tirx.PrimFunc, target) -> s_tir.Schedule:
+    """Schedule ``func`` with TVM's stock Dlight GPU rules (Matmul, GEMV, LowBatchGEMV,
+    Reduction, GeneralReduction, Fallback; first that applies), the tuning baseline.
+    Note: with the ``nvidia/nvidia-h100`` tag (``sm_90a``) Dlight's Matmul uses no tensor cores."""
+    from tvm.s_tir import dlight
+
+    target = target if isinstance(target, Target) else Target(target)
+    rules = [
+        dlight.gpu.Matmul(),
+        dlight.gpu.GEMV(),
+        dlight.gpu.LowBatchGEMV(),
+        dlight.gpu.Reduction(),
+        dlight.gpu.GeneralReduction(),
+        dlight.gpu.Fallback(),
+    ]
+    failures = []
+    with target:
+        for rule in rules:
+            try:
+                space = rule.apply(func, target, False)
+            except Exception as e:  # noqa: BLE001 - same policy as dispatch: try the next rule
+                failures.append((type(rule).__name__, f"{type(e).__name__}: {_first_line(e)}"))
+                continue
+            if space is None:
+                continue
+            return space[0] if isinstance(space, list) else space
+    raise ScheduleError(f"no Dlight rule applies to {_func_name(func)}", failures)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    # TVM errors put the useful line last (after the IR dump); keep it short either way.
+    msg = next((ln for ln in reversed(text) if ln.strip()), type(e).__name__) if text else ""
+    return msg[:300]
+
+
+def _func_name(func) -> str:
+    try:
+        return str(func.attrs["global_symbol"])
+    except Exception:  # noqa: BLE001
+        return "<PrimFunc>"
+
+
+# -- registration ----------------------------------------------------------------------------
+
+#: optional template modules (owned by other parts of the project) and the kinds they serve
+_OPTIONAL = {
+    "fastdlight.schedules.matmul": ("MatmulTemplate", ("matmul",)),
+    "fastdlight.schedules.matmul_tensorcore": ("TensorCoreMatmulTemplate", ("matmul_tc",)),
+}
+_MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
+
+
+def _register_builtin() -> None:
+    register(ElementwiseTemplate())
+    register(ReductionTemplate())
+    register(GeneralReductionTemplate())  # serves general_reduction and reduction (epilogues)
+    register(GemvTemplate())
+    register(FallbackTemplate())
+    for mod_name, (cls_name, _) in _OPTIONAL.items():
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name)
+            register(cls())
+        except Exception as e:  # noqa: BLE001 - a broken optional module only disables itself
+            IMPORT_ERRORS[mod_name] = f"{type(e).__name__}: {e}"
+
+
+_register_builtin()

@@ -1,0 +1,175 @@
+"""Reduction-chain template (``kind == "general_reduction"``; also tried for ``"reduction"``):
+softmax, layer/RMS norm and a reduction followed by an elementwise epilogue — several blocks
+that all reduce (or map) the same rows — fused into one kernel.
+
+Layout: the rows of the config's spatial axes are tiled ``[grid, threads (threadIdx.y),
+serial]`` (``block`` rows per block, ``thread`` rows per thread); ``reduce_thread`` threads
+(``threadIdx.x``) split each row. Every reduction is ``compute_at`` the per-thread row loop of
+the last block and combined across ``threadIdx.x`` by TVM's allreduce; its per-row result lives
+in shared memory. When the block's rows of the input fit in shared memory (``smem_limit``),
+they are fetched once with 128-bit cooperative loads and every block of the chain reads them
+from there, so the input crosses DRAM once. The last (elementwise) block stores 128-bit vectors.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir, tirx
+
+from ..policies.config import Config
+from .base import (
+    MAX_THREADS,
+    buffers_indexed_innermost_by,
+    ScheduleTemplate,
+    config_fits_axes,
+    cooperative_fetch,
+    dtype_bits,
+    inline_injective,
+    largest_pow2_divisor,
+    prepare,
+    tile_spatial,
+    unroll,
+    vector_width,
+)
+
+#: default shared-memory budget for the cached rows (bytes): the 48 KB every CUDA GPU allows
+#: without opt-in, minus room for the per-row results and the allreduce scratch.
+SMEM_LIMIT = 40 * 1024
+
+
+class GeneralReductionTemplate(ScheduleTemplate):
+    kinds = ("general_reduction", "reduction")
+    name = "general_reduction"
+
+    def __init__(self, smem_limit: int = SMEM_LIMIT):
+        self.smem_limit = smem_limit
+
+    def apply_config(self, func: tirx.PrimFunc, config: Config) -> s_tir.Schedule | None:
+        sch, blocks, anchor, spatial, reduce = prepare(func)
+        if not reduce or not config_fits_axes(config, spatial, reduce):
+            return None
+        threads_y = math.prod(config.threads_per_axis)
+        rt = min(math.prod(config.reduce_thread or (1,)), MAX_THREADS)
+        if threads_y * rt > MAX_THREADS:
+            return None
+        reductions = [b for b in blocks if b.is_reduction()]
+        inline_injective(sch, blocks, keep=reductions)
+        chain = _chain(sch, blocks, spatial, reduce)
+        if chain is None:
+            return None
+        reductions, last = chain
+        n_s = len(spatial)
+        r_extent = math.prod(a.extent for a in reduce)
+
+        # 1. Tile the last block: rows -> [grid, threadIdx.y, serial], the row -> [serial, threadIdx.x, vec].
+        last_rv = last.block_rv
+        loops = sch.get_loops(last_rv)
+        row_loops, col_loops = loops[:n_s], loops[n_s:]
+        last_stmt = sch.get(last_rv)
+        last_buffers = buffers_indexed_innermost_by(last_stmt, last_stmt.iter_vars[-1].var)
+        last_buffers = last_buffers or [w.source for w in last_stmt.writes]
+        per_thread_cols = math.prod(config.rstep or (rt * 8,)) // max(rt, 1)
+        vec = vector_width(config, last_buffers, max(per_thread_cols, 1), r_extent, last_stmt)
+        grids, thr, ser = [], [], []
+        for i, (loop, axis) in enumerate(zip(row_loops, spatial)):
+            g, s, t, _ = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], 1, interleave=False)
+            grids.append(g)
+            thr.append(t)
+            ser.append(s)
+        col = sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]
+        co, tx, lane = sch.split(col, [None, rt, vec], preserve_unit_iters=True)
+        sch.reorder(*grids, *thr, *ser, co, tx, lane)
+        bx = sch.fuse(*grids) if n_s > 1 else grids[0]
+        ty = sch.fuse(*thr) if n_s > 1 else thr[0]
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        if not last.is_reduction() and vec > 1:
+            sch.vectorize(lane)
+        unroll(sch, co)
+
+        # 2. Every other reduction runs for the block's rows with the same (threadIdx.y, serial)
+        #    row split, each row combined across threadIdx.x; results stay in shared memory.
+        #    (compute_at the block loop, not the per-thread row loop: compute_at relaxes
+        #    thread-bound loops for shared buffers and would make every thread compute all rows.)
+        for info in reversed(reductions):
+            if info.block_rv.same_as(last_rv):
+                continue
+            blk = info.block_rv
+            sch.set_scope(blk, 0, "shared")
+            sch.compute_at(blk, bx, preserve_unit_loops=True)
+            loops = sch.get_loops(blk)[1:]
+            b_rows, b_cols = loops[:n_s], loops[n_s:]
+            thr, ser = [], []
+            for i, loop in enumerate(b_rows):
+                t, s_ = sch.split(loop, [config.block[i] // config.thread[i], config.thread[i]], preserve_unit_iters=True)
+                thr.append(t)
+                ser.append(s_)
+            r = sch.fuse(*b_cols) if len(b_cols) > 1 else b_cols[0]
+            ro, rtx = sch.split(r, [None, rt], preserve_unit_iters=True)
+            sch.reorder(*thr, *ser, rtx, ro)
+            sch.bind(sch.fuse(*thr) if n_s > 1 else thr[0], "threadIdx.y")
+            sch.bind(rtx, "threadIdx.x")
+            unroll(sch, ro)
+
+        # 3. Cache the block's rows of the big input(s) in shared memory when they fit.
+        self._cache_rows(sch, [i.block_rv for i in reductions] + [last_rv], bx, config, threads_y, rt, r_extent)
+        return sch
+
+    def _cache_rows(self, sch, readers, bx, config: Config, threads_y: int, rt: int, r_extent: int) -> None:
+        """Read each input that is read whole-row by several blocks of the chain into shared
+        memory once per thread block (if the block's rows fit ``smem_limit``)."""
+        rows = math.prod(config.block)
+        counts: dict = {}
+        for blk in readers:
+            for region in sch.get(blk).reads:
+                buf = region.source
+                if buf.scope() == "global" and _numel(buf) >= r_extent:
+                    entry = counts.setdefault(buf.name, [buf, []])
+                    if not any(b.same_as(blk) for b in entry[1]):
+                        entry[1].append(blk)
+        used = 0
+        for name, (buf, consumers) in counts.items():
+            if len(consumers) < 2:
+                continue  # read once anyway: caching would only add a copy
+            size = rows * r_extent * dtype_bits(buf.dtype) // 8
+            if used + size > self.smem_limit:
+                continue
+            used += size
+            idx = [r.source.name for r in sch.get(consumers[0]).reads].index(name)
+            cache = sch.cache_read(consumers[0], idx, "shared", consumer_blocks=consumers)
+            sch.compute_at(cache, bx, preserve_unit_loops=True)
+            bits = dtype_bits(buf.dtype)
+            vec = largest_pow2_divisor(r_extent, max(1, 128 // bits))
+            cooperative_fetch(sch, cache, [threads_y, rt], vec)
+
+
+def _numel(buf) -> int:
+    return math.prod(int(d) for d in buf.shape)
+
+
+def _chain(sch, blocks, spatial, reduce):
+    """Check the remaining blocks form a row-wise chain: reductions over the same rows (leading
+    spatial iters equal to the anchor's) followed by at most one injective block whose leading
+    loops are those rows. Returns (reductions, last block) or None."""
+    n_s = len(spatial)
+    extents = [a.extent for a in spatial]
+    r_total = math.prod(a.extent for a in reduce)
+    reductions = [b for b in blocks if b.is_reduction()]
+    if not reductions or len(blocks) - len(reductions) > 1:
+        return None
+    last = blocks[-1]
+    if not last.is_reduction() and not last.is_injective():
+        return None
+    for info in blocks:
+        loops = sch.get_loops(info.block_rv)
+        lead = [int(sch.get(lp).extent) for lp in loops[:n_s]]
+        rest = math.prod(int(sch.get(lp).extent) for lp in loops[n_s:])
+        if lead != extents or rest != r_total:
+            return None
+        if info.is_reduction() and any(it.kind != "S" for it in info.iters[:n_s]):
+            return None
+    if any(not b.is_reduction() for b in blocks[:-1]):
+        return None
+    return reductions, last

@@ -1,0 +1,81 @@
+"""Memory-bound test cases shared by the CPU (compile) and GPU (run) tests: each case is an op
+(incl. shapes the tiles do not divide), the template expected to schedule it, and hand-written
+configs covering the template's code paths (vectorized / scalar, several rows per thread,
+cross-thread reductions on x and y, shared-memory row cache on / off)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import te
+
+from fastdlight import ops
+from fastdlight.policies.config import Config
+
+
+def gemv_acc32(n: int, k: int, m: int = 1) -> ops.Op:
+    """fp16 GEMV accumulating in float32, then cast to fp16 (what cuBLAS does)."""
+    X = te.placeholder((m, k), "float16", name="X")
+    W = te.placeholder((n, k), "float16", name="W")
+    r = te.reduce_axis((0, k), name="k")
+    acc = te.compute(
+        (m, n), lambda i, j: te.sum(X[i, r].astype("float32") * W[j, r].astype("float32"), axis=r), name="Y32"
+    )
+    Y = te.compute((m, n), lambda i, j: acc[i, j].astype("float16"), name="Y")
+    func = te.create_prim_func([X, W, Y]).with_attr("global_symbol", "gemv_acc32")
+    ref = lambda x, w: x.astype(np.float64) @ w.astype(np.float64).T  # noqa: E731
+    return ops.Op("gemv_acc32", func, ref, 2.0 * m * n * k, (m * k + n * k + m * n) * 2)
+
+
+def ew(block, thread, **vec):
+    return Config("elementwise", block=block, thread=thread, vectorize=vec)
+
+
+def red(kind, block, thread, rstep, rthread, **vec):
+    return Config(kind, block=block, thread=thread, rstep=rstep, reduce_thread=rthread, vectorize=vec)
+
+
+@dataclass
+class Case:
+    id: str
+    make: object  # () -> Op
+    template: str  # expected template name
+    configs: list = field(default_factory=list)
+    #: the family's signature in the CUDA source (proves the intended code path was taken)
+    marker: str = ""
+
+
+CASES = [
+    Case("add_1000x3000", lambda: ops.elementwise((1000, 3000), op="add"), "elementwise",
+         [ew((4, 512), (1, 8)), ew((2, 1024), (1, 16)), ew((1, 256), (1, 8), A=4, B=4, C=4)], "uint4"),
+    Case("copy_4095_f32", lambda: ops.elementwise((4095,), op="copy", dtype="float32"), "elementwise",
+         [ew((1024,), (4,)), ew((256,), (1,))]),
+    Case("bias_relu_33x1000", lambda: ops.elementwise((33, 1000), op="bias_relu"), "elementwise",
+         [ew((2, 256), (1, 8)), ew((4, 64), (2, 4))]),
+    Case("sum_inner_1000x4096", lambda: ops.reduce((1000, 4096)), "reduction",
+         [red("reduction", (4,), (1,), (1024,), (128,)), red("reduction", (8,), (2,), (256,), (32,))], "__shfl"),
+    Case("max_inner_999x4095", lambda: ops.reduce((999, 4095), op="max"), "reduction",
+         [red("reduction", (4,), (2,), (256,), (32,)), red("reduction", (1,), (1,), (128,), (128,))], "__shfl"),
+    Case("sum_outer_1000x4096", lambda: ops.reduce((1000, 4096), axis=0), "reduction",
+         [red("reduction", (256,), (8,), (16,), (8,)), red("reduction", (128,), (8,), (4,), (1,))], "uint4"),
+    Case("max_outer_999x1000_f32", lambda: ops.reduce((999, 1000), op="max", axis=0, dtype="float32"), "reduction",
+         [red("reduction", (128,), (4,), (4,), (1,)), red("reduction", (96,), (4,), (8,), (4,))]),
+    Case("softmax_512x4096", lambda: ops.softmax(512, 4096), "general_reduction",
+         [red("general_reduction", (1,), (1,), (4096,), (512,)), red("general_reduction", (2,), (1,), (1024,), (128,))],
+         "A_shared"),
+    Case("softmax_37x4095_f32", lambda: ops.softmax(37, 4095, dtype="float32"), "general_reduction",
+         [red("general_reduction", (4,), (2,), (256,), (64,)), red("general_reduction", (1,), (1,), (512,), (256,))]),
+    Case("gemv_1x4096x4096", lambda: ops.gemv(4096, 4096), "gemv",
+         [red("gemv", (8,), (2,), (512,), (32,)), red("gemv", (2,), (1,), (256,), (32,))], "__shfl"),
+    Case("gemv_8x1000x4096", lambda: ops.gemv(1000, 4096, m=8), "gemv",
+         [red("gemv", (8, 4), (8, 1), (256,), (32,)), red("gemv", (8, 8), (8, 2), (512,), (64,))], "uint4"),
+    Case("gemv_3x1000x4095", lambda: ops.gemv(1000, 4095, m=3), "gemv",
+         [red("gemv", (3, 4), (3, 1), (64,), (64,))]),
+    Case("gemv_acc32_1x4096x4096", lambda: gemv_acc32(4096, 4096), "gemv",
+         [red("gemv", (8,), (2,), (512,), (32,)), red("gemv", (4, ), (4,), (1024,), (128,))], "__shfl"),
+]  # fmt: skip
+
+
+def case_ids():
+    return [c.id for c in CASES]
