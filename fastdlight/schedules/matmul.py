@@ -1,0 +1,409 @@
+"""CUDA-core tiled matmul template (config kind ``"matmul"``): matmul, batch matmul and
+conv2d (implicit GEMM through its own loop nest), any dtype the CUDA cores handle.
+
+The template works on the *original* loop nest of the output-defining block, so one code path
+covers every matmul-like reduction: each spatial axis i (``(b, i, j)``, ``(n, p, q, k)``, ...)
+is tiled as ``[grid, chunk, thread, per-thread]`` and each reduction axis r as
+``[outer, rstep[r]]``::
+
+    blockIdx.x   = fused grid loops
+    vthread.x    = fused chunk loops   (micro tile split in strided chunks, see below)
+    threadIdx.x  = fused thread loops
+      init C_local
+      for ko (fused reduction outer loops)      <- A, B copied to shared memory (cooperative,
+        for ki (reduction inner loops)              vectorized, optionally double-buffered)
+          A_local, B_local <- shared            <- register fragments (vector loads)
+          for per-thread tile: C_local += A_local * B_local
+      C <- C_local (+ inlined elementwise epilogue)
+
+Strided chunks: a thread's micro tile along an axis with ``thread[i] >= 8`` is split into
+``thread[i] // 4`` chunks of 4 elements, the chunks lying ``block[i] / chunks`` apart. A warp
+then reads consecutive 16-byte words of shared memory (no bank conflicts) and stores rows of
+C in 16-byte words. Chunks are bound to a virtual thread, so TVM's vthread injection
+replicates the per-thread code per chunk while shared-memory copies stay shared.
+
+Shared layout: dims of an input indexed only by reduction axes are moved outermost (A[m, k]
+is stored as [k, m]), so a thread's fragment along a spatial axis is contiguous and can be
+read with vector loads; rows are padded to avoid bank conflicts on the transposing stores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import s_tir, tirx
+
+from fastdlight.policies.analysis import block_axes, output_block
+from fastdlight.policies.config import Config
+
+from fastdlight.schedules.base import ScheduleTemplate
+
+
+#: Auto-unroll budget below threadIdx: unrolls the small copy loops, never the k-outer loop
+#: (the ki and micro-tile loops are unrolled explicitly).
+UNROLL_MAX_STEP = 256
+#: Static shared memory a kernel may declare; larger tiles use dynamic shared memory.
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+class MatmulTemplate(ScheduleTemplate):
+    """Shared-memory tiled GEMM on CUDA cores, all sizes from the config."""
+
+    kinds = ("matmul",)
+    name = "matmul"
+
+    def __init__(
+        self,
+        strided_chunks: bool = True,
+        transpose_shared: bool = True,
+        pad_shared: bool = True,
+        register_stage: bool = True,
+    ):
+        self.strided_chunks = strided_chunks
+        self.register_stage = register_stage
+        self.transpose_shared = transpose_shared
+        self.pad_shared = pad_shared
+
+    # ------------------------------------------------------------------------------------
+    def apply_config(self, func: tirx.PrimFunc, config: Config) -> s_tir.Schedule | None:
+        if config.kind not in self.kinds:
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            _, info = output_block(sch)
+            spatial, reduce = block_axes(info)
+        except ValueError:
+            return None
+        if not info.is_reduction() or not spatial or not reduce:
+            return None
+        main = info.block_rv
+        if len(sch.get(main).reads) < 2 or not _is_multiply_add(sch.get(main)):
+            return None
+        if len(config.block) != len(spatial) or len(config.rstep) != len(reduce):
+            return None  # the config was made for other axes
+        padded = _pad_to_tiles(sch, main, spatial + reduce, config.block + config.rstep)
+        if padded:
+            _, info = output_block(sch)
+            main = info.block_rv
+            spatial, reduce = block_axes(info)
+        return _Builder(sch, main, spatial, reduce, config, self).build()
+
+
+def _is_multiply_add(block: tirx.SBlock) -> bool:
+    """C = C + f(A) * g(B): the body of a matmul / conv reduction."""
+    body = block.body
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+        return False
+    value = body.value
+    terms = (value.a, value.b)
+    # In TVM 0.27 a buffer load is an ``ir.TensorLoad`` whose ``source`` is the buffer.
+    return any(isinstance(t, tirx.Mul) for t in terms) and any(
+        isinstance(t, tvm.ir.TensorLoad) and t.source.same_as(body.buffer) for t in terms
+    )
+
+
+def _pad_to_tiles(sch, main, axes, tiles) -> bool:
+    """Pad the iteration space up to whole tiles (``pad_einsum``) when a tile does not divide
+    its axis, so the main loop runs without predicates; the zero padding is applied while
+    loading shared memory and the output store is guarded. Returns whether it padded; conv
+    loops (not an einsum) keep TVM's predicated splits instead."""
+    padding = [tile if axis.extent % tile else 1 for axis, tile in zip(axes, tiles)]
+    if all(p == 1 for p in padding):
+        return False
+    try:
+        sch.pad_einsum(main, padding)
+    except Exception:  # noqa: BLE001 - not an einsum: fall back to predication
+        return False
+    return True
+
+
+class _Builder:
+    """One application of the template: holds the schedule and the loops it creates."""
+
+    def __init__(self, sch, main, spatial, reduce, config: Config, opts: MatmulTemplate):
+        self.sch, self.main, self.config, self.opts = sch, main, config, opts
+        self.spatial, self.reduce = spatial, reduce
+        self.num_threads = math.prod(config.threads_per_axis)
+        block = sch.get(main)
+        self.iter_kinds = {
+            iv.var: ("R" if iv.iter_type == tirx.IterVar.CommReduce else "S") for iv in block.iter_vars
+        }
+        self.param_names = _param_names_by_buffer(sch)
+        in_bytes = max(_dtype_bytes(r.source.dtype) for r in block.reads[:2])
+        self.chunk = max(1, 16 // in_bytes)  # elements per 16-byte vector of the inputs
+
+    def build(self) -> s_tir.Schedule:
+        sch, cfg = self.sch, self.config
+        loops = sch.get_loops(self.main)
+        s_loops, r_loops = loops[: len(self.spatial)], loops[len(self.spatial) :]
+
+        # 1. Tile spatial axes [grid, chunk, thread, inner] and reduction axes [outer, rstep].
+        grids, chunks, threads, inners = [], [], [], []
+        for loop, b, t in zip(s_loops, cfg.block, cfg.thread):
+            n_chunk = self._num_chunks(t)
+            g, c, th, inner = sch.split(loop, [None, n_chunk, b // t, t // n_chunk])
+            grids.append(g), chunks.append(c), threads.append(th), inners.append(inner)
+        outers, steps = [], []
+        for loop, step, axis in zip(r_loops, cfg.rstep, self.reduce):
+            o, i = sch.split(loop, [None, min(step, axis.extent)])
+            outers.append(o), steps.append(i)
+        sch.reorder(*grids, *chunks, *threads, *outers, *steps, *inners)
+        sch.bind(sch.fuse(*grids), "blockIdx.x")
+        vt = sch.fuse(*chunks)
+        if int(sch.get(vt).extent) > 1:
+            sch.bind(vt, "vthread.x")
+        tx = sch.fuse(*threads)
+        sch.bind(tx, "threadIdx.x")
+        ko = sch.fuse(*outers)
+
+        # 2. Accumulate in registers; write back (and run the epilogue) per thread.
+        c_local = sch.cache_write(self.main, 0, "local")
+        sch.reverse_compute_at(c_local, tx, preserve_unit_loops=True)
+        _inline_consumers(sch, c_local)
+        for consumer in sch.get_consumers(c_local):
+            # an epilogue that cannot be inlined still runs per thread, right after the tile
+            sch.reverse_compute_at(consumer, tx, preserve_unit_loops=True)
+        self._vectorize_store(c_local)
+
+        # 3. Inputs: global -> shared at ko, shared -> register fragments at the innermost ki.
+        pipelined = cfg.pipeline_stages > 1 and int(sch.get(ko).extent) > 1
+        use_async = pipelined and cfg.use_async_copy
+        # Without cp.async, double buffering stages the next tile through registers: global
+        # loads are issued before the compute and stored to shared memory after it.
+        staged = pipelined and not use_async and self.opts.register_stage
+        fills = [self._cache_shared(idx, ko) for idx in range(2)]
+        copies = 1 if (staged or not pipelined) else cfg.pipeline_stages
+        if copies * sum(self._shared_bytes(fill, ko) for fill in fills) > STATIC_SHARED_LIMIT:
+            # beyond the static limit: dynamic shared memory (TVM's runtime raises the
+            # kernel's opt-in limit at launch)
+            for block, _, _ in fills:
+                sch.set_scope(block, 0, "shared.dyn")
+        frag_lanes = [self._fetch_to_registers(idx, steps[-1]) for idx in range(2)]
+        for fill, lanes in zip(fills, frag_lanes):
+            self._cooperative_copy(fill, ko, lanes, use_async, staged)
+
+        for loop in (*steps, *inners):
+            sch.unroll(loop)
+        sch.annotate(tx, "pragma_auto_unroll_max_step", UNROLL_MAX_STEP)
+        sch.annotate(tx, "pragma_unroll_explicit", 1)
+        sch.decompose_reduction(self.main, ko)
+        if pipelined:
+            self._annotate_pipeline(ko, staged, use_async)
+        return sch
+
+    def _num_chunks(self, t: int) -> int:
+        if self.opts.strided_chunks and t > self.chunk and t % self.chunk == 0:
+            return t // self.chunk
+        return 1
+
+    def _annotate_pipeline(self, ko, staged: bool, use_async: bool) -> None:
+        sch = self.sch
+        # Direct children of ko: each copy's loop nest, then the compute's ki nest.
+        children, scopes = [], []
+        main = sch.get(self.main)
+        for block in sch.get_child_blocks(ko):
+            top = sch.get(_loops_below(sch, block, ko)[0])
+            stmt = sch.get(block)
+            scope = "compute" if stmt.same_as(main) else stmt.writes[0].source.scope()
+            found = [i for i, c in enumerate(children) if top.same_as(c)]
+            if not found:
+                children.append(top)
+                scopes.append(scope)
+            elif scope == "compute":
+                scopes[found[0]] = scope
+        compute = [i for i, sc in enumerate(scopes) if sc == "compute"]
+        if staged:
+            # Iteration i: global -> registers for tile i+1; compute tile i from shared memory;
+            # registers -> shared for tile i+1 (TVM inserts the barriers between them).
+            loads = [i for i, sc in enumerate(scopes) if sc == "local"]
+            stages = [1 if i in compute else 0 for i in range(len(children))]
+            ordered = loads + compute + [i for i in range(len(children)) if i not in loads + compute]
+        else:
+            stages = [self.config.pipeline_stages - 1 if i in compute else 0 for i in range(len(children))]
+            ordered = list(range(len(children)))
+        order = [ordered.index(i) for i in range(len(children))]
+        sch.annotate(ko, "software_pipeline_stage", stages)
+        sch.annotate(ko, "software_pipeline_order", order)
+        if use_async:
+            sch.annotate(ko, "software_pipeline_async_stages", [0])
+
+    def _cache_shared(self, idx: int, ko):
+        """Shared-memory copy of input ``idx``'s tile at the ko loop, in a layout where the
+        per-thread fragments along spatial axes are contiguous; returns (block, read, transposed)."""
+        sch = self.sch
+        read = sch.get(self.main).reads[idx]
+        dims = [_index_kind(r.min, self.iter_kinds) for r in read.region]
+        ndim = len(dims)
+        order = list(range(ndim))
+        if self.opts.transpose_shared:
+            # reduction-only dims outermost: A[m, k] is stored as [k, m]
+            order = [d for d in range(ndim) if dims[d] == "R"] + [d for d in range(ndim) if dims[d] != "R"]
+        transposed = order != list(range(ndim))
+
+        block = sch.cache_read(self.main, idx, "shared")
+        sch.compute_at(block, ko, preserve_unit_loops=True)
+        _inline_producers(sch, block)
+        if transposed:
+            sch.transform_layout(block, ("write", 0), lambda *i: [i[d] for d in order])
+        if self.opts.pad_shared and ndim >= 2:
+            nbytes = _dtype_bytes(read.source.dtype)
+            # rows of k * 32 banks + 16 bytes: the transposing stores of consecutive rows hit
+            # different banks, and 16-byte vector accesses stay aligned
+            sch.storage_align(block, 0, axis=ndim - 2, factor=128 // nbytes, offset=16 // nbytes)
+        return block, read, transposed
+
+    def _shared_bytes(self, fill, ko) -> int:
+        """Bytes of one copy of a shared tile, rows padded as ``storage_align`` will pad them."""
+        block, read, transposed = fill
+        extents = [int(self.sch.get(lp).extent) for lp in _loops_below(self.sch, block, ko)]
+        if transposed:
+            dims = [_index_kind(r.min, self.iter_kinds) for r in read.region]
+            extents = [e for e, d in zip(extents, dims) if d == "R"] + [e for e, d in zip(extents, dims) if d != "R"]
+        nbytes = _dtype_bytes(read.source.dtype)
+        row = extents[-1]
+        if self.opts.pad_shared and len(extents) >= 2:
+            factor, offset = 128 // nbytes, 16 // nbytes
+            row = -(-(row - offset) // factor) * factor + offset if row > offset else offset
+        return math.prod(extents[:-1]) * row * nbytes
+
+    def _cooperative_copy(self, fill, ko, frag_lanes: int, use_async: bool, staged: bool) -> None:
+        """All threads copy the tile, vectorized along the global layout's last dim."""
+        sch = self.sch
+        block, read, transposed = fill
+        loops = _loops_below(sch, block, ko)
+        extents = [int(sch.get(lp).extent) for lp in loops]
+        vec = self._load_vector_width(read, extents)
+        if use_async:
+            if transposed:
+                vec = 1  # cp.async copies equal widths: a transposing copy goes element-wise
+            elif vec == frag_lanes and vec > 1:
+                # TVM's StorageRewrite retypes a buffer whose accesses all share one vector
+                # width (float4 elements), which InjectPTXAsyncCopy then rejects; copying in
+                # half-width vectors keeps the buffer scalar-typed.
+                vec //= 2
+        if staged:
+            # registers hold the thread's share of the next tile between load and store
+            reg = sch.cache_read(block, 0, "local")
+            sch.compute_at(reg, ko, preserve_unit_loops=True)
+            self._split_cooperative(_loops_below(sch, reg, ko), vec)
+        self._split_cooperative(loops, vec)
+
+    def _split_cooperative(self, loops, vec: int) -> None:
+        sch = self.sch
+        fused = sch.fuse(*loops)
+        if vec > 1:
+            _, t, v = sch.split(fused, [None, self.num_threads, vec])
+            sch.vectorize(v)
+        else:
+            _, t = sch.split(fused, [None, self.num_threads])
+        sch.bind(t, "threadIdx.x")
+
+    def _load_vector_width(self, read, extents) -> int:
+        """Widest legal vector for the global loads of one input: the config's width, reduced
+        until it divides the tile row, the global row and the per-step thread sweep."""
+        buf = read.source
+        names = {buf.name, *self.param_names.get(buf.name, ())}
+        vec = max((self.config.vector_width(n, 1) for n in names), default=1)
+        vec = min(vec, 16 // _dtype_bytes(buf.dtype))
+        # The last index must be a plain iterator, so a tile row starts at a multiple of its step.
+        if not isinstance(read.region[-1].min, tirx.Var):
+            return 1
+        rows = [int(self.sch.mod["main"].params[i].shape[-1]) for i in self._params_of(buf.name)]
+        row = math.gcd(int(buf.shape[-1]), *rows)
+        while vec > 1 and (extents[-1] % vec or row % vec or math.prod(extents) % (self.num_threads * vec)):
+            vec //= 2
+        return max(vec, 1)
+
+    def _params_of(self, name: str) -> list[int]:
+        params = self.sch.mod["main"].params
+        srcs = self.param_names.get(name, ())
+        return [i for i, p in enumerate(params) if str(p.name) in srcs]
+
+    def _fetch_to_registers(self, idx: int, ki) -> int:
+        """Per-thread fragment of input ``idx`` read from shared memory at the innermost ki;
+        returns its vector width (1 if scalar)."""
+        sch = self.sch
+        block = sch.cache_read(self.main, idx, "local")
+        sch.compute_at(block, ki, preserve_unit_loops=True)
+        inner = sch.get_loops(block)[-1]
+        extent = int(sch.get(inner).extent)
+        nbytes = _dtype_bytes(sch.get(block).reads[0].source.dtype)
+        if extent > 1 and extent * nbytes in (4, 8, 16):
+            sch.vectorize(inner)
+            return extent
+        return 1
+
+    def _vectorize_store(self, block) -> None:
+        """Vector stores of each thread's contiguous output chunk, when every vector lies fully
+        inside or fully outside the output (the row length is a multiple of the width)."""
+        sch = self.sch
+        inner = sch.get_loops(block)[-1]
+        extent = int(sch.get(inner).extent)
+        out = sch.get(block).writes[0].source
+        if extent > 1 and extent * _dtype_bytes(out.dtype) in (4, 8, 16) and int(out.shape[-1]) % extent == 0:
+            sch.vectorize(inner)
+
+
+def _inline_producers(sch, block) -> None:
+    for producer in sch.get_producers(block):
+        try:
+            sch.compute_inline(producer)
+        except Exception:  # noqa: BLE001 - a producer that cannot be inlined stays a stage
+            continue
+        _inline_producers(sch, block)
+        return
+
+
+def _inline_consumers(sch, block) -> None:
+    for consumer in sch.get_consumers(block):
+        try:
+            sch.reverse_compute_inline(consumer)
+        except Exception:  # noqa: BLE001
+            continue
+        _inline_consumers(sch, block)
+        return
+
+
+def _loops_below(sch, block, loop) -> list:
+    """The loops of ``block`` nested inside ``loop``."""
+    loops = sch.get_loops(block)
+    target = sch.get(loop)
+    for i, lp in enumerate(loops):
+        if sch.get(lp).same_as(target):
+            return loops[i + 1 :]
+    raise ValueError("block is not under the given loop")
+
+
+def _dtype_bytes(dtype) -> int:
+    return max(1, tvm.runtime.DataType(str(dtype)).bits // 8)
+
+
+def _index_kind(expr, iter_kinds) -> str:
+    """'R' if the index uses reduction iterators only, 'S' if it uses any spatial one, '' if none."""
+    kinds = {iter_kinds[v] for v in tirx.analysis.undefined_vars(expr) if v in iter_kinds}
+    if "S" in kinds:
+        return "S"
+    return "R" if kinds else ""
+
+
+def _param_names_by_buffer(sch) -> dict:
+    """Intermediate buffer name -> names of the function parameters it is computed from
+    (conv: pad -> {data}), so a config's ``vectorize`` can name either."""
+    func = sch.mod["main"]
+    params = {str(p.name) for p in func.params}
+    result = {}
+    for rv in sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []:
+        block = sch.get(rv)
+        srcs = {r.source.name for r in block.reads} & params
+        if srcs and len(block.writes) == 1:
+            result[block.writes[0].source.name] = srcs
+    return result
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
