@@ -249,7 +249,7 @@ def cmd_tune(args) -> int:
         except ValueError as e:
             raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
 
-    from fastdlight.tune.apply_and_build import TuningError, apply_and_build, format_table
+    from fastdlight.tune.apply_and_build import TuningError, apply_and_build, format_table, perf_text
     from fastdlight.tune.tuner import emit_configs
 
     print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
@@ -281,8 +281,6 @@ def cmd_tune(args) -> int:
     print(format_table(results, flops=flops, nbytes=nbytes, memory_bound=memory_bound, best=best))
     print()
     if measure:
-        from fastdlight.tune.apply_and_build import perf_text
-
         check = {True: "verified against the reference", None: "NOT checked", False: "WRONG"}[best.verified]
         print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms "
               f"({perf_text(best, flops, nbytes, memory_bound)}), {check}"

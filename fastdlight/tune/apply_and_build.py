@@ -369,6 +369,7 @@ def apply_and_build(
     hook: Callable | None = None,
     progress: bool | None = None,
     pool: WorkerPool | None = None,
+    workload: Workload | None = None,
     seed: int = 0,
 ) -> tuple[list[CompileResult], CompileResult]:
     """Build, time, check ``configs`` for ``func`` on ``arch``; return ``(ranked results, best)``.
@@ -387,6 +388,8 @@ def apply_and_build(
     template : ``template(func, config) -> Schedule``; default ``fastdlight.schedules.apply_config``.
         Must be picklable (a module-level function) for parallel builds.
     hook : test-only: ``hook(index, config)`` called in the worker before scheduling.
+    workload : the device inputs/outputs to time and check on (default: random, from ``seed``);
+        pass one to share inputs with other measurements (benchmarks).
     """
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
@@ -408,7 +411,7 @@ def apply_and_build(
 
     def prepare_expected():
         try:
-            workload_box.append(Workload(func, tvm.cuda(0), seed))
+            workload_box.append(workload if workload is not None else Workload(func, tvm.cuda(0), seed))
             if ref is not None and check != "none":
                 expected.outputs = workload_box[0].reference_outputs(ref)
         except Exception as e:  # noqa: BLE001 - reported when checking

@@ -1,0 +1,110 @@
+"""The ``fastdlight`` command line: an end-to-end compile-only run and clean bad-input errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fastdlight.arch import has_gpu
+from fastdlight.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "fastdlight.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_tune_add_compile_only_end_to_end(tmp_path):
+    out = tmp_path / "res.json"
+    proc = run_cli("tune", "add", "1024", "1024", "--no-measure", "--topk", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "Nothing was timed because" in text
+    if not has_gpu():
+        assert "no GPU was found" in text
+    assert "compiled to cubin for sm_90a" in text
+    table = [ln for ln in text.splitlines() if ln[:1].isdigit()]
+    assert len(table) == 3 and "Config[elementwise]" in table[0]
+    assert "Tuning wall time" in text
+    doc = json.loads(out.read_text())
+    assert doc["measured"] is False and len(doc["results"]) == 3
+    assert all(r["registers"] for r in doc["results"] if r["error"] is None)
+
+
+def test_tune_file_compile_only(tmp_path):
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(
+        "from tvm.script import tirx as T\n\n"
+        "@T.prim_func(s_tir=True)\n"
+        "def scale(A: T.Buffer((512, 512), 'float32'), B: T.Buffer((512, 512), 'float32')):\n"
+        "    for i, j in T.grid(512, 512):\n"
+        "        with T.sblock('B'):\n"
+        "            vi, vj = T.axis.remap('SS', [i, j])\n"
+        "            B[vi, vj] = A[vi, vj] * T.float32(2)\n"
+    )
+    proc = run_cli("tune", "--file", str(kernel), "--no-measure", "--topk", "2", "--show-source")
+    assert proc.returncode == 0, proc.stderr
+    assert "scale from" in proc.stdout and "__global__" in proc.stdout
+
+
+def one_error_line(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1, err
+    assert err[0].startswith("fastdlight: error:")
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["tune", "conv3d", "1", "2"], "unknown op 'conv3d'"),
+    (["tune", "matmul", "1024", "1024"], "expected matmul M N K"),
+    (["tune", "matmul", "1024", "x", "8"], "'x' is not an integer"),
+    (["tune", "matmul", "1024", "0", "8"], "must be positive"),
+    (["tune", "add", "64", "64", "--dtype", "float64"], "unsupported dtype 'float64'"),
+    (["tune", "--file", "/no/such/kernel.py"], "no such file"),
+    (["tune"], "missing OP"),
+    (["tune", "add", "64", "--bogus"], "unrecognized arguments"),
+    (["arch", "--target", "no-such-gpu"], "bad --target"),
+])  # fmt: skip
+def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
+    assert needle in one_error_line(capsys, argv)
+
+
+def test_unparsable_tvmscript_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from tvm.script import tirx as T\n\n"
+        "@T.prim_func(s_tir=True)\n"
+        "def f(A: T.Buffer((8,), 'float32'), B: T.Buffer((8,), 'float32')):\n"
+        "    for i in range(8):\n"
+        "        with T.sblock('B'):\n"
+        "            vi = T.axis.spatial(8, i)\n"
+        "            B[vi] = A[vi] + not_defined\n"
+    )
+    line = one_error_line(capsys, ["tune", "--file", str(bad)])
+    assert "cannot parse" in line and "not_defined" in line
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def oops(:\n")
+    assert "cannot parse" in one_error_line(capsys, ["tune", "--file", str(syntax)])
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    assert "no TVMScript PrimFunc" in one_error_line(capsys, ["tune", "--file", str(empty)])
+
+
+def test_help_and_arch(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for word in ("matmul M N K", "--no-measure", "--topk", "--layout", "--file"):
+        assert word in help_text
+    assert main(["arch", "--target", "nvidia/nvidia-a100"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_80" in out and "108 SMs" in out
