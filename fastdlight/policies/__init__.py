@@ -1,0 +1,36 @@
+"""Policies: turn a PrimFunc + hardware model into ranked tile configs.
+
+* :class:`Config` – the contract with the schedule templates (:mod:`.config`).
+* :class:`DefaultPolicy` – Roller on CUDA cores (:mod:`.default`), for every family.
+* :class:`TensorCorePolicy`, :func:`get_tensorized_func_and_tags` – tensor-core matmul
+  (:mod:`.tensorcore`, imported lazily: a missing or broken module only disables those two).
+* :func:`analyze` / :class:`FuncInfo` – the PrimFunc analysis both policies share.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .analysis import FuncInfo, analyze
+from .config import KINDS, Config
+from .default import DefaultPolicy
+
+_TENSORCORE_NAMES = ("TensorCorePolicy", "get_tensorized_func_and_tags")
+
+
+def __getattr__(name: str):
+    # Lazy: the tensor-core module is optional (and heavier); import it on first use.
+    if name in _TENSORCORE_NAMES:
+        try:
+            module = importlib.import_module(".tensorcore", __name__)
+        except ImportError as err:
+            raise AttributeError(f"fastdlight.policies.{name} is unavailable: {err}") from err
+        value = getattr(module, name, None)
+        if value is None:
+            raise AttributeError(f"fastdlight.policies.tensorcore does not define {name}")
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["KINDS", "Config", "DefaultPolicy", "FuncInfo", "TensorCorePolicy", "analyze", "get_tensorized_func_and_tags"]

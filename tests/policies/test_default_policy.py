@@ -1,0 +1,265 @@
+"""DefaultPolicy (Roller on CUDA cores): valid, limited, deterministic, fast, family-sane configs."""
+
+import copy
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+from tvm import te, tirx
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies import Config, DefaultPolicy
+from fastdlight.policies.analysis import analyze
+from fastdlight.policies.roller import candidate_sizes
+
+H100 = CUDA("nvidia/nvidia-h100")
+A100 = CUDA("nvidia/nvidia-a100")
+
+CASES = {
+    "add": lambda: ops.elementwise((4096, 4096), "float16", "add"),
+    "copy_odd": lambda: ops.elementwise((1000, 1000), "float32", "copy"),
+    "bias_relu": lambda: ops.elementwise((64, 128, 768), "float16", "bias_relu"),
+    "sum_inner": lambda: ops.reduce((16384, 1024), "float16", "sum", -1),
+    "max_inner": lambda: ops.reduce((4096, 1000), "float32", "max", -1),
+    "sum_outer": lambda: ops.reduce((4096, 1024), "float16", "sum", 0),
+    "max_outer": lambda: ops.reduce((2048, 512), "float32", "max", 0),
+    "softmax": lambda: ops.softmax(4096, 1024),
+    "gemv_1": lambda: ops.gemv(16384, 4096, m=1),
+    "gemv_8": lambda: ops.gemv(4096, 4096, m=8),
+    "matmul_nn": lambda: ops.matmul(2048, 2048, 2048, "float32", layout="NN"),
+    "matmul_nt_batch": lambda: ops.matmul(512, 512, 256, "float16", layout="NT", batch=8),
+    "matmul_tn_batch": lambda: ops.matmul(512, 384, 256, "float32", layout="TN", batch=4),
+    "matmul_odd": lambda: ops.matmul(1000, 1000, 1000, "float32"),
+    "conv2d": lambda: ops.conv2d_nhwc(8, 56, 56, 64, 64, dtype="float32"),
+    "conv2d_s2": lambda: ops.conv2d_nhwc(8, 28, 28, 64, 128, stride=2, dtype="float16"),
+}
+_CONFIGS = {}
+
+
+def configs(name, arch=H100, topk=20):
+    key = (name, arch.name, topk)
+    if key not in _CONFIGS:
+        op = CASES[name]()
+        policy = DefaultPolicy(op.func, arch)
+        _CONFIGS[key] = (op, policy, policy.emit_config(topk))
+    return _CONFIGS[key]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_configs_are_valid_distinct_and_ranked(name):
+    op, policy, cfgs = configs(name)
+    info = policy.info
+    assert 10 <= len(cfgs) <= 20
+    assert len(set(cfgs)) == len(cfgs)
+    assert [c.cost for c in cfgs] == sorted(c.cost for c in cfgs)
+    for c in cfgs:
+        assert c.kind == info.kind and c.cost > 0
+        assert len(c.block) == len(c.thread) == len(info.spatial_axes)
+        assert len(c.rstep) == len(info.reduce_axes)
+        assert not c.reduce_thread or len(c.reduce_thread) == len(info.reduce_axes)
+        assert Config.from_dict(c.to_dict()) == c
+        for name_, width in c.vectorize:
+            assert name_ in {t.name for t in info.inputs + info.outputs}
+            bits = next(t.bits for t in info.inputs + info.outputs if t.name == name_)
+            assert width * bits <= 128
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_limits_of_the_arch_are_respected(name):
+    op, policy, cfgs = configs(name)
+    arch = policy.arch
+    for c in cfgs:
+        res = policy.resources(c)
+        assert res["threads"] == c.num_threads <= arch.max_threads_per_block
+        assert c.num_threads % arch.warp_size == 0
+        assert res["smem"] <= arch.smem_per_block
+        assert res["regs"] <= arch.max_regs_per_thread and res["regs"] * c.num_threads <= arch.regs_per_block
+        assert 1 <= res["blocks_per_sm"] <= arch.max_blocks_per_sm
+        if c.kind == "matmul":  # shared memory holds at least one stage of every input tile
+            assert sum(policy.info.footprint_bytes(c.block, c.rstep).values()) <= arch.smem_per_block
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tiles_divide_or_pad(name):
+    op, policy, cfgs = configs(name)
+    for c in cfgs:
+        for axis, b, t in zip(policy.info.spatial_axes, c.block, c.thread):
+            # a factor of the extent, or a (padded) power of two below it
+            assert b in candidate_sizes(axis.extent), (axis, c)
+            assert b % t == 0
+        for axis, r in zip(policy.info.reduce_axes, c.rstep):
+            assert r <= axis.extent
+
+
+def test_small_shared_memory_budget_is_honored():
+    small = copy.copy(H100)
+    small.smem_per_block = 8 * 1024
+    policy = DefaultPolicy(ops.matmul(2048, 2048, 2048, "float32").func, small)
+    cfgs = policy.emit_config(20)
+    assert cfgs
+    for c in cfgs:
+        assert sum(policy.info.footprint_bytes(c.block, c.rstep).values()) <= 8 * 1024
+        assert policy.resources(c)["smem"] <= 8 * 1024
+    big = {c.block for c in configs("matmul_nn")[2]}
+    assert max(math.prod(b) for b in big) > max(math.prod(c.block) for c in cfgs)
+
+
+def test_deterministic():
+    for name in ("matmul_tn_batch", "softmax", "bias_relu"):
+        op = CASES[name]()
+        a = DefaultPolicy(op.func, H100).emit_config(15)
+        b = DefaultPolicy(CASES[name]().func, H100).emit_config(15)
+        assert [repr(c) for c in a] == [repr(c) for c in b]
+        assert [c.cost for c in a] == [c.cost for c in b]
+    assert DefaultPolicy(op.func, H100).emit_config(0) == []
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ops.matmul(4096, 4096, 4096, "float32"),
+        lambda: ops.reduce((16384, 1024), "float16"),
+        lambda: ops.elementwise((16384, 16384), "float16", "add"),
+    ],
+    ids=["matmul4096", "rowsum", "add16384"],
+)
+def test_policy_is_fast(build):
+    func = build().func
+    start = time.perf_counter()
+    cfgs = DefaultPolicy(func, H100).emit_config(20)
+    elapsed = time.perf_counter() - start
+    assert len(set(cfgs)) == 20
+    assert elapsed < 2.0, elapsed
+
+
+def test_hardware_changes_the_ranking():
+    _, _, h100 = configs("sum_inner", H100)
+    _, _, a100 = configs("sum_inner", A100)
+    assert h100[0] != a100[0] or [c.cost for c in h100] != [c.cost for c in a100]
+
+
+# -- family-specific sanity -----------------------------------------------------------------------
+
+
+def test_elementwise_configs():
+    _, policy, cfgs = configs("add")
+    for c in cfgs:
+        assert c.thread[0] == 1 and c.thread[1] % 8 == 0  # whole 128-bit fp16 vectors
+        assert 256 <= c.num_threads <= 1024
+        assert dict(c.vectorize) == {"A": 8, "B": 8, "C": 8}
+    _, _, bias = configs("bias_relu")
+    assert all(c.vector_width("bias") == 8 and c.thread[:2] == (1, 1) for c in bias)
+
+
+def test_inner_reduction_configs():
+    for name in ("sum_inner", "max_inner"):
+        _, policy, cfgs = configs(name)
+        for c in cfgs:
+            (rt,), (step,) = c.reduce_thread, c.rstep
+            assert rt > 1 and step % rt == 0  # threads split the row, each a vector per step
+            assert c.block[0] <= 64 and 128 <= c.num_threads <= 1024
+    assert any(c.vector_width("A") == 8 for c in configs("sum_inner")[2])
+
+
+def test_outer_reduction_configs():
+    _, policy, cfgs = configs("sum_outer")  # B[j] = sum_k A[k, j]: j contiguous
+    for c in cfgs:
+        assert c.block[0] % 8 == 0 and c.thread[0] % 8 == 0  # whole fp16 vectors of j per thread
+        assert c.rstep[0] % c.reduce_thread[0] == 0
+        assert c.vector_width("A") == 8
+
+
+def test_general_reduction_configs():
+    _, policy, cfgs = configs("softmax")
+    assert policy.info.output_block == "row_sum"
+    for c in cfgs:
+        assert c.block[0] <= 16 and c.reduce_thread[0] >= 8
+        assert c.rstep[0] % c.reduce_thread[0] == 0
+
+
+def test_gemv_configs():
+    for name, m in (("gemv_1", 1), ("gemv_8", 8)):
+        _, policy, cfgs = configs(name)
+        for c in cfgs:
+            assert 32 <= c.reduce_thread[0] <= 256
+            assert c.vector_width("W") == 8
+            if m > 1:
+                assert c.block[0] == c.thread[0] == m  # every block and thread holds all M rows
+            assert c.block[-1] <= 16
+
+
+def test_matmul_configs():
+    _, policy, cfgs = configs("matmul_nn")
+    assert any(c.block == (128, 128) and c.thread == (8, 8) for c in cfgs)
+    for c in cfgs:
+        assert all(t in (4, 8) for t in c.thread)
+        assert 8 <= c.rstep[0] <= 32 and c.pipeline_stages in (1, 2)
+        # 128-bit loads unless the tile is too small to give every thread a whole vector
+        a, b = policy.info.footprint(c.block, c.rstep).values()
+        for name_, region in (("A", a), ("B", b)):
+            w = c.vector_width(name_)
+            assert w in (2, 4) and math.prod(region) % (w * c.num_threads) == 0
+            assert w == 4 or math.prod(region) % (4 * c.num_threads)
+    assert {c.pipeline_stages for c in cfgs} == {1, 2}
+    _, _, batched = configs("matmul_nt_batch")
+    assert all(c.thread[0] == 1 for c in batched)  # batch axis: no micro tile
+
+
+def test_conv_configs():
+    _, policy, cfgs = configs("conv2d")
+    for c in cfgs:
+        assert c.thread[0] == c.thread[1] == 1 and c.thread[2] >= 2 and c.thread[3] >= 4
+        assert math.prod(c.rstep) >= 8 and c.rstep[2] > 1  # channels: the contiguous reduction
+        w_tile = math.prod(policy.info.footprint(c.block, c.rstep)["W"])
+        assert c.vector_width("W") == (4 if w_tile % (4 * c.num_threads) == 0 else 1)
+
+
+def test_non_divisible_shapes_pad():
+    _, policy, cfgs = configs("matmul_odd")
+    assert any(1000 % b for c in cfgs for b in c.block)  # padded tiles are allowed
+    _, _, copy_cfgs = configs("copy_odd")
+    assert all(c.vector_width("A") in (1, 2, 4, 8) and 1000 % c.thread[-1] == 0 for c in copy_cfgs)
+
+
+# -- errors and package surface -------------------------------------------------------------------
+
+
+def test_symbolic_shapes_need_opt_shapes():
+    n = tirx.Var("n", "int64")
+    A = te.placeholder((n, 4096), "float16", name="A")
+    k = te.reduce_axis((0, 4096), name="k")
+    func = te.create_prim_func([A, te.compute((n,), lambda i: te.sum(A[i, k], axis=k), name="B")])
+    with pytest.raises(ValueError, match="n"):
+        DefaultPolicy(func, H100)
+    cfgs = DefaultPolicy(func, H100, opt_shapes={"n": 8192}).emit_config(5)
+    assert len(cfgs) == 5 and all(c.kind == "reduction" for c in cfgs)
+
+
+def test_unhandled_function_raises():
+    from test_analysis import _opaque  # noqa: PLC0415 - reuse the TVMScript fixture
+
+    with pytest.raises(ValueError, match="cannot be normalized"):
+        DefaultPolicy(_opaque, H100)
+
+
+def test_accepts_a_func_info():
+    info = analyze(CASES["softmax"]().func)
+    from_info = DefaultPolicy(info, H100).emit_config(3)
+    assert from_info == DefaultPolicy(CASES["softmax"]().func, H100).emit_config(3)
+    assert set(from_info) <= set(configs("softmax")[2])
+
+
+def test_package_imports_without_the_tensorcore_module():
+    code = (
+        "import sys; sys.modules['fastdlight.policies.tensorcore'] = None\n"
+        "import fastdlight.policies as p\n"
+        "assert p.Config and p.DefaultPolicy\n"
+        "assert not hasattr(p, 'TensorCorePolicy')\n"
+        "try:\n    from fastdlight.policies import get_tensorized_func_and_tags\nexcept ImportError: print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=".")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
