@@ -466,15 +466,16 @@ def apply_and_build(
             if (r.verified is None and _verify(r, workload, expected.outputs)) or r.verified:
                 best = r
                 break
-    return _finish(rank(results), best, verbose, t_start, "verified" if check != "none" else "measured")
+    return _finish(rank(results), best, verbose, t_start, "verified" if check != "none" else "measured",
+                   workload.bytes)
 
 
-def _finish(ranked, best, verbose, t_start, what):
+def _finish(ranked, best, verbose, t_start, what, nbytes=None):
     if best is None:
         raise TuningError(
             f"no candidate could be used ({len(ranked)} tried, none {what}):\n{failure_summary(ranked)}"
         )
     if verbose:
-        print(format_table(ranked, best=best))
+        print(format_table(ranked, nbytes=nbytes, best=best))
         print(f"{len(ranked)} candidates in {time.perf_counter() - t_start:.1f} s")
     return ranked, best
