@@ -57,12 +57,19 @@ def kernel_name(func) -> str:
     return str(func.attrs["global_symbol"])
 
 
+def get_function(built, name: str):
+    """The callable for ``name`` in what ``fastdlight.tune.compile.build`` returned (an
+    Executable: its ``.mod``) or in a plain runtime Module."""
+    mod = built.mod if hasattr(built, "mod") and not callable(getattr(built, "get_function", None)) else built
+    return mod[name]
+
+
 def run(built, func, inputs: list[np.ndarray], dev=None) -> np.ndarray:
     """Call the built module's function (by the PrimFunc's global symbol) on ``inputs``."""
     dev = dev or tvm.cuda(0)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     out = tvm.runtime.tensor(poisoned_output(func), dev)
-    built[kernel_name(func)](*args, out)
+    get_function(built, kernel_name(func))(*args, out)
     dev.sync()
     return out.numpy()
 

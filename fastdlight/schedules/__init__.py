@@ -11,7 +11,7 @@ from .dispatch import (
     ScheduleResult,
     apply_config,
     default_schedule,
-    dispatch,
+    dispatch_config,
     register,
     templates_for,
 )
@@ -23,7 +23,7 @@ __all__ = [
     "ScheduleTemplate",
     "apply_config",
     "default_schedule",
-    "dispatch",
+    "dispatch_config",
     "register",
     "templates_for",
 ]

@@ -2,7 +2,7 @@
 
 Templates register per kind (:func:`register`); the built-in memory-bound ones are registered
 here, the matmul modules are imported guarded (a missing or broken module is recorded in
-:data:`IMPORT_ERRORS` and only disables its own kinds). :func:`dispatch` tries, in order, the
+:data:`IMPORT_ERRORS` and only disables its own kinds). :func:`dispatch_config` tries, in order, the
 templates of ``config.kind`` and then the fallback; a template returning ``None`` or raising
 does not stop the others. If none produces a schedule, :class:`ScheduleError` lists each
 template's reason.
@@ -73,7 +73,7 @@ def _name(t: ScheduleTemplate) -> str:
     return getattr(t, "name", None) or type(t).__name__
 
 
-def dispatch(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> ScheduleResult:
+def dispatch_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> ScheduleResult:
     """Apply the first template (of ``config.kind``, then the fallback) that schedules ``func``."""
     kind = getattr(config, "kind", None)
     if kind not in _REGISTRY and kind not in KINDS:
@@ -97,8 +97,8 @@ def dispatch(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -
 
 
 def apply_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> s_tir.Schedule:
-    """The schedule for ``func`` under ``config`` (see :func:`dispatch`); raises ScheduleError."""
-    return dispatch(func, config, allow_fallback).schedule
+    """The schedule for ``func`` under ``config`` (see :func:`dispatch_config`); raises ScheduleError."""
+    return dispatch_config(func, config, allow_fallback).schedule
 
 
 def default_schedule(func: tirx.PrimFunc, target) -> s_tir.Schedule:

@@ -11,7 +11,7 @@ from mb_cases import CASES, Case, case_ids
 from tvm import tirx
 
 from fastdlight import ops
-from fastdlight.schedules import dispatch
+from fastdlight.schedules import dispatch_config
 from fastdlight.schedules.base import legal_vector, prepare, tile_spatial
 from fastdlight.tune.compile import build, compile_cubin, compile_mod_to_cubin, cuda_source
 
@@ -41,7 +41,7 @@ def check_case(case: Case, target: str, configs, marker: str = "") -> None:
     out_elems = math.prod(a.extent for a in spatial)  # the config's tiled output space
     sources = []
     for cfg in configs:
-        res = dispatch(op.func, cfg, allow_fallback=False)
+        res = dispatch_config(op.func, cfg, allow_fallback=False)
         assert res.template == case.template, (cfg, res.failures)
         ext = launch_extents(res.schedule.mod)
         threads = math.prod(v for k, v in ext.items() if k.startswith("threadIdx"))
@@ -90,7 +90,7 @@ def test_vector_width_only_where_legal():
     assert legal_vector(4, 1002, 8) == 2
     # copy of 4095 floats with 4 per thread: no float4 anywhere, yet it compiles
     op = ops.elementwise((4095,), op="copy", dtype="float32")
-    sch = dispatch(op.func, CASES[1].configs[0]).schedule
+    sch = dispatch_config(op.func, CASES[1].configs[0]).schedule
     src, _ = compile_mod_to_cubin(sch.mod, TARGETS[0])
     body = kernel_body(src)
     assert "float4" not in body and "uint4" not in body and "float2" not in body
@@ -102,7 +102,7 @@ def test_float32_values_cap_vector_lanes():
     op = ops.softmax(64, 1024)
     cfg = CASES[7].configs[0].__class__("general_reduction", block=(1,), thread=(1,), rstep=(1024,),
                                         reduce_thread=(128,))  # fmt: skip
-    sch = dispatch(op.func, cfg).schedule
+    sch = dispatch_config(op.func, cfg).schedule
     lanes = [int(f.extent) for f in _loops(sch.mod) if f.kind == tirx.ForKind.VECTORIZED]
     assert lanes and max(lanes) <= 8 and 4 in lanes
 
