@@ -268,8 +268,8 @@ def func_name(func: tirx.PrimFunc) -> str:
 class FuncInfo:
     """What policies need to know about one PrimFunc (see module docstring)."""
 
-    func: tirx.PrimFunc  # specialized (static shapes), not normalized
-    normalized: tirx.PrimFunc  # after dlight normalization (unit loops dropped)
+    func: tirx.PrimFunc = field(repr=False)  # specialized (static shapes), not normalized
+    normalized: tirx.PrimFunc = field(repr=False)  # after dlight normalization (unit loops dropped)
     blocks: tuple[str, ...]  # normalized block names, in order
     reduction_blocks: tuple[str, ...]
     output_block: str
@@ -278,14 +278,13 @@ class FuncInfo:
     reduce_axes: tuple[Axis, ...]
     inputs: tuple[TensorInfo, ...]  # parameters only read
     outputs: tuple[TensorInfo, ...]  # parameters written
-    reads: tuple[Access, ...]  # loads of the output block (injective producers inlined)
-    write: Access  # the output block's store
+    reads: tuple[Access, ...] = field(repr=False)  # loads of the output block (producers inlined)
+    write: Access = field(repr=False)  # the output block's store
     kind: str
     #: gemv only: the name of the large operand ("W", contiguous along the reduction)
     gemv_weight: str | None = None
     #: the read whose innermost index drives contiguity (largest read), for reductions
     dominant_read: str | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
 
     # axis bookkeeping
     @cached_property

@@ -18,6 +18,10 @@ Stable API (keep signatures; everything takes plain ints/tuples plus ``FuncInfo`
 * ``num_blocks(extents, tile)``, ``waves(arch, blocks, per_sm)``.
 * ``roller_score(traffic, waves)`` – ``(traffic + 1) * waves``, lower is better.
 * ``best_first(start, neighbors, evaluate, limit)`` – the tile search driver.
+
+Footprints themselves live on the analysis result: ``analyze(func).footprint(tile, rstep)`` /
+``.footprint_bytes(...)`` (per input, closed form) and ``.iter_extents(tile, rstep)`` (what
+``Access.region`` takes).
 """
 
 from __future__ import annotations
