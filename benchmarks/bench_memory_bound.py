@@ -57,7 +57,7 @@ BENCH = {
             [ew((1, 2048), (1, 8)), ew((1, 4096), (1, 16)), ew((2, 1024), (1, 8)), ew((1, 1024), (1, 8))], 2500),
     "row_sum": (lambda: ops.reduce((16384, 1024)), lambda a: a.sum(1),
                 [red("reduction", (4,), (1,), (1024,), (128,)), red("reduction", (8,), (1,), (256,), (32,)),
-                 red("reduction", (2,), (1,), (1024,), (128,)), red("reduction", (16,), (2,), (256,), (32,))], 2300),
+                 red("reduction", (8,), (1,), (1024,), (32,)), red("reduction", (16,), (2,), (512,), (32,))], 2300),
     "softmax": (lambda: ops.softmax(4096, 4096), lambda a: torch.softmax(a, -1),
                 [red("general_reduction", (1,), (1,), (4096,), (512,)),
                  red("general_reduction", (1,), (1,), (2048,), (256,)),
@@ -67,6 +67,9 @@ BENCH = {
                    gemv_hand(), 2400),
     "copy": (lambda: ops.elementwise((16384, 16384), op="copy"), lambda a: a.clone(),
              [ew((1, 2048), (1, 8)), ew((1, 4096), (1, 16))], 2969),
+    "row_sum_64k": (lambda: ops.reduce((65536, 1024)), lambda a: a.sum(1),
+                    [red("reduction", (8,), (1,), (256,), (32,)), red("reduction", (8,), (1,), (1024,), (32,)),
+                     red("reduction", (16,), (2,), (512,), (32,))], 2300),
     "col_sum": (lambda: ops.reduce((16384, 1024), axis=0), lambda a: a.sum(0),
                 [red("reduction", (64,), (8,), (64,), (32,)), red("reduction", (128,), (8,), (32,), (16,))], 0),
 }  # fmt: skip

@@ -2,13 +2,14 @@
 softmax, layer/RMS norm and a reduction followed by an elementwise epilogue — several blocks
 that all reduce (or map) the same rows — fused into one kernel.
 
-Layout: the rows of the config's spatial axes are tiled ``[grid, threads (threadIdx.y),
-serial]`` (``block`` rows per block, ``thread`` rows per thread); ``reduce_thread`` threads
-(``threadIdx.x``) split each row. Every reduction is ``compute_at`` the per-thread row loop of
-the last block and combined across ``threadIdx.x`` by TVM's allreduce; its per-row result lives
-in shared memory. When the block's rows of the input fit in shared memory (``smem_limit``),
-they are fetched once with 128-bit cooperative loads and every block of the chain reads them
-from there, so the input crosses DRAM once. The last (elementwise) block stores 128-bit vectors.
+Layout: the rows of the config's spatial axes are tiled ``[grid, threads (threadIdx.y), serial]``
+(``block`` rows per block, ``thread`` rows per thread); ``reduce_thread`` threads
+(``threadIdx.x``) split each row. Every reduction is ``compute_at`` the block loop with the same
+row split and combined across ``threadIdx.x`` by TVM's allreduce; its per-row result lives in
+registers of the threads of that row. When the block's rows of the input fit in shared memory
+(``smem_limit``), they are fetched once with 128-bit cooperative loads and every block of the
+chain reads them from there, so the input crosses DRAM once. The last (elementwise) block
+stores vectors (up to 128 bit, fewer lanes when it computes in float32).
 """
 
 from __future__ import annotations
@@ -90,14 +91,17 @@ class GeneralReductionTemplate(ScheduleTemplate):
         unroll(sch, co)
 
         # 2. Every other reduction runs for the block's rows with the same (threadIdx.y, serial)
-        #    row split, each row combined across threadIdx.x; results stay in shared memory.
-        #    (compute_at the block loop, not the per-thread row loop: compute_at relaxes
-        #    thread-bound loops for shared buffers and would make every thread compute all rows.)
+        #    row split as the last block, each row combined across threadIdx.x. Its per-row result
+        #    is "local": TVM's allreduce then hands the result to every thread of the row (read
+        #    back from its shared scratch after a barrier), which is exactly the threads that
+        #    consume it. (A "shared" result is written by threadIdx.x == 0 only, and TVM 0.27's
+        #    barrier insertion misses the write→read hazard when both index by threadIdx.y alone:
+        #    wrong results with several rows per block and several warps per row.)
         for info in reversed(reductions):
             if info.block_rv.same_as(last_rv):
                 continue
             blk = info.block_rv
-            sch.set_scope(blk, 0, "shared")
+            sch.set_scope(blk, 0, "local")
             sch.compute_at(blk, bx, preserve_unit_loops=True)
             loops = sch.get_loops(blk)[1:]
             b_rows, b_cols = loops[:n_s], loops[n_s:]
