@@ -148,6 +148,7 @@ class _Builder:
         for loop, step, axis in zip(r_loops, cfg.rstep, self.reduce):
             o, i = sch.split(loop, [None, min(step, axis.extent)])
             outers.append(o), steps.append(i)
+        grids = self._rasterize(grids)
         sch.reorder(*grids, *chunks, *threads, *outers, *steps, *inners)
         sch.bind(sch.fuse(*grids), "blockIdx.x")
         vt = sch.fuse(*chunks)
@@ -179,7 +180,7 @@ class _Builder:
             # kernel's opt-in limit at launch)
             for block, _, _ in fills:
                 sch.set_scope(block, 0, "shared.dyn")
-        frag_lanes = [self._fetch_to_registers(idx, steps[-1]) for idx in range(2)]
+        frag_lanes = [self._fetch_to_registers(idx, steps[-1], fill) for idx, fill in enumerate(fills)]
         for fill, lanes in zip(fills, frag_lanes):
             self._cooperative_copy(fill, ko, lanes, use_async, staged)
 
@@ -191,6 +192,18 @@ class _Builder:
         if pipelined:
             self._annotate_pipeline(ko, staged, use_async)
         return sch
+
+    def _rasterize(self, grids):
+        """Launch order in panels of ``rasterization`` block rows: consecutive blocks walk down a
+        panel (column by column), so the A rows and B columns they share stay in L2."""
+        panel = self.config.rasterization
+        if panel <= 1 or len(grids) < 2:
+            return grids
+        rows = int(self.sch.get(grids[-2]).extent)
+        if rows <= panel or rows % panel:
+            return grids  # a partial panel would need a predicate on the whole block
+        outer, inner = self.sch.split(grids[-2], [None, panel])
+        return [*grids[:-2], outer, grids[-1], inner]
 
     def _num_chunks(self, t: int) -> int:
         if self.opts.strided_chunks and t > self.chunk and t % self.chunk == 0:
@@ -205,24 +218,28 @@ class _Builder:
         for block in sch.get_child_blocks(ko):
             top = sch.get(_loops_below(sch, block, ko)[0])
             stmt = sch.get(block)
-            scope = "compute" if stmt.same_as(main) else stmt.writes[0].source.scope()
+            scope = "compute" if stmt.same_as(main) else "copy"
             found = [i for i, c in enumerate(children) if top.same_as(c)]
             if not found:
                 children.append(top)
                 scopes.append(scope)
             elif scope == "compute":
                 scopes[found[0]] = scope
+        if staged:
+            # each copy becomes (global -> registers, registers -> shared) when lowered
+            scopes = [x for sc in scopes for x in ((("load", "store") if sc == "copy" else (sc,)))]
+        n = len(scopes)
         compute = [i for i, sc in enumerate(scopes) if sc == "compute"]
         if staged:
             # Iteration i: global -> registers for tile i+1; compute tile i from shared memory;
             # registers -> shared for tile i+1 (TVM inserts the barriers between them).
-            loads = [i for i, sc in enumerate(scopes) if sc == "local"]
-            stages = [1 if i in compute else 0 for i in range(len(children))]
-            ordered = loads + compute + [i for i in range(len(children)) if i not in loads + compute]
+            loads = [i for i, sc in enumerate(scopes) if sc == "load"]
+            stages = [1 if sc == "compute" else 0 for sc in scopes]
+            ordered = loads + compute + [i for i in range(n) if i not in loads + compute]
         else:
-            stages = [self.config.pipeline_stages - 1 if i in compute else 0 for i in range(len(children))]
-            ordered = list(range(len(children)))
-        order = [ordered.index(i) for i in range(len(children))]
+            stages = [self.config.pipeline_stages - 1 if sc == "compute" else 0 for sc in scopes]
+            ordered = list(range(n))
+        order = [ordered.index(i) for i in range(n)]
         sch.annotate(ko, "software_pipeline_stage", stages)
         sch.annotate(ko, "software_pipeline_order", order)
         if use_async:
@@ -282,12 +299,11 @@ class _Builder:
                 # width (float4 elements), which InjectPTXAsyncCopy then rejects; copying in
                 # half-width vectors keeps the buffer scalar-typed.
                 vec //= 2
-        if staged:
-            # registers hold the thread's share of the next tile between load and store
-            reg = sch.cache_read(block, 0, "local")
-            sch.compute_at(reg, ko, preserve_unit_loops=True)
-            self._split_cooperative(_loops_below(sch, reg, ko), vec)
         self._split_cooperative(loops, vec)
+        if staged:
+            # TVM splits the copy into global -> per-thread registers -> shared memory
+            # (ManifestSharedMemoryLocalStage), two statements the pipeline can separate
+            sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
 
     def _split_cooperative(self, loops, vec: int) -> None:
         sch = self.sch
@@ -320,16 +336,24 @@ class _Builder:
         srcs = self.param_names.get(name, ())
         return [i for i, p in enumerate(params) if str(p.name) in srcs]
 
-    def _fetch_to_registers(self, idx: int, ki) -> int:
+    def _fetch_to_registers(self, idx: int, ki, fill) -> int:
         """Per-thread fragment of input ``idx`` read from shared memory at the innermost ki;
         returns its vector width (1 if scalar)."""
         sch = self.sch
+        _, read, transposed = fill
         block = sch.cache_read(self.main, idx, "local")
         sch.compute_at(block, ki, preserve_unit_loops=True)
         inner = sch.get_loops(block)[-1]
         extent = int(sch.get(inner).extent)
         nbytes = _dtype_bytes(sch.get(block).reads[0].source.dtype)
-        if extent > 1 and extent * nbytes in (4, 8, 16):
+        # A vector load needs an aligned start: only when the shared row is indexed by one
+        # spatial iterator (whose per-thread chunks start at multiples of their length), not
+        # by e.g. the conv window q * stride + s.
+        dims = [_index_kind(r.min, self.iter_kinds) for r in read.region]
+        inner_dim = [d for d in range(len(dims)) if dims[d] != "R"][-1] if transposed else len(dims) - 1
+        index = read.region[inner_dim].min
+        aligned = isinstance(index, tirx.Var) and self.iter_kinds.get(index) == "S"
+        if aligned and extent > 1 and extent * nbytes in (4, 8, 16):
             sch.vectorize(inner)
             return extent
         return 1

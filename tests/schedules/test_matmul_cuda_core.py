@@ -21,6 +21,11 @@ def mm(**kw) -> Config:
     return Config("matmul", **kw)
 
 
+def stack_bytes(cubin) -> int:
+    """Local-memory stack of the kernel: register arrays indexed dynamically end up there."""
+    return sum(int(x) for x in re.findall(r"(\d+) bytes stack frame", cubin.log))
+
+
 #: the main fp32 GEMM configs (128x128 / 8x8 micro tile): must not spill
 BIG = dict(block=(128, 128), thread=(8, 8), vectorize={"A": 4, "B": 4})
 
@@ -97,6 +102,7 @@ def test_compiles_to_cubin(name, target):
     assert cubin.binary and cubin.registers > 0
     assert f"__launch_bounds__({config.num_threads})" in src
     assert cubin.spill_bytes == 0, f"{name}: {cubin.spill_bytes} bytes spilled\n{cubin.log[-800:]}"
+    assert stack_bytes(cubin) == 0, f"{name}: local arrays in local memory\n{cubin.log[-800:]}"
     if config.pipeline_stages > 1 and config.use_async_copy:
         assert "cp.async" in src  # double buffering really uses cp.async
     if name.startswith("nondivisible"):
@@ -105,6 +111,15 @@ def test_compiles_to_cubin(name, target):
     if config.block == (128, 128):
         # the main GEMM reads its register fragments with 16-byte shared loads
         assert "*(float4*)(" in src
+
+
+def test_rasterization_walks_panels_of_block_rows():
+    op = ops.matmul(1024, 1024, 1024, "float32")
+    sch = MatmulTemplate().apply_config(op.func, mm(**BIG, rstep=(8,), rasterization=4))
+    src, cubin = compile_mod_to_cubin(sch.mod, H100)
+    assert cubin.spill_bytes == 0
+    # 8 x 8 blocks in panels of 4 rows: the row block is (bx >> 5) * 4 + (bx & 3)
+    assert "(((int)blockIdx.x) & 3)" in src and "(((int)blockIdx.x) >> 5)" in src
 
 
 def test_main_gemm_fits_registers_and_static_smem():
@@ -171,4 +186,4 @@ def test_default_policy_configs_schedule_and_compile():
             sch = MatmulTemplate().apply_config(op.func, config)
             assert sch is not None, config
             _, cubin = compile_mod_to_cubin(sch.mod, H100)
-            assert cubin.spill_bytes == 0, config
+            assert cubin.spill_bytes == 0 and stack_bytes(cubin) == 0, config

@@ -1,0 +1,227 @@
+"""fp32 CUDA-core matmul: fastdlight's "matmul" template vs cuBLAS (torch, TF32 off).
+
+For each size (default 4096³ and 1024³) a sweep of hand configs and template variants, plus
+DefaultPolicy's top configs when the policy module exists, is built in parallel worker
+processes, checked against a float64 product, and timed the same way as cuBLAS: CUDA-event
+time of single launches with the L2 cache flushed before each one, median over >= 100 ms.
+
+    python benchmarks/bench_matmul_fp32.py [--sizes 4096 1024] [--log out.txt] [--dry-run]
+
+``--dry-run`` only schedules and compiles (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TARGET = "nvidia/nvidia-h100"  # sm_90a code runs on H100 and H200
+FLUSH_BYTES = 256 << 20
+MIN_TIME_S = 0.1
+
+
+def mm(block, thread, rstep, stages=1, async_copy=False, raster=0):
+    return dict(
+        kind="matmul", block=block, thread=thread, rstep=rstep, vectorize={"A": 4, "B": 4},
+        pipeline_stages=stages, use_async_copy=async_copy, rasterization=raster,
+    )  # fmt: skip
+
+
+#: (label, config dict, template options) per size class
+BIG = [
+    ("128x128/8x8 r8", mm((128, 128), (8, 8), (8,)), {}),
+    ("128x128/8x8 r8 staged", mm((128, 128), (8, 8), (8,), 2), {}),
+    ("128x128/8x8 r8 staged no-pad", mm((128, 128), (8, 8), (8,), 2), {"pad_shared": False}),
+    ("128x128/8x8 r16 staged", mm((128, 128), (8, 8), (16,), 2), {}),
+    ("128x128/8x8 r16 staged no-pad", mm((128, 128), (8, 8), (16,), 2), {"pad_shared": False}),
+    ("128x128/8x8 r16 staged raster8", mm((128, 128), (8, 8), (16,), 2, raster=8), {}),
+    ("128x128/8x8 r16 staged raster16", mm((128, 128), (8, 8), (16,), 2, raster=16), {}),
+    ("128x128/8x8 r16 staged no-pad raster8", mm((128, 128), (8, 8), (16,), 2, raster=8), {"pad_shared": False}),
+    ("128x128/8x8 r32 staged", mm((128, 128), (8, 8), (32,), 2), {}),
+    ("128x128/8x8 r32 staged no-pad", mm((128, 128), (8, 8), (32,), 2), {"pad_shared": False}),
+    ("128x128/8x8 r16 async2", mm((128, 128), (8, 8), (16,), 2, True), {}),
+    ("128x128/8x8 r16 async2 raster8", mm((128, 128), (8, 8), (16,), 2, True, raster=8), {}),
+    ("128x128/8x8 r16 async3", mm((128, 128), (8, 8), (16,), 3, True), {}),
+    ("128x128/8x8 r8 staged no-chunks", mm((128, 128), (8, 8), (8,), 2), {"strided_chunks": False}),
+    ("128x64/8x8 r16 staged", mm((128, 64), (8, 8), (16,), 2), {}),
+    ("128x64/8x8 r16 staged raster8", mm((128, 64), (8, 8), (16,), 2, raster=8), {}),
+    ("64x128/8x8 r16 staged", mm((64, 128), (8, 8), (16,), 2), {}),
+    ("64x64/4x8 r16 staged", mm((64, 64), (4, 8), (16,), 2), {}),
+]
+SMALL = [
+    ("128x64/8x8 r16 staged", mm((128, 64), (8, 8), (16,), 2), {}),
+    ("64x128/4x8 r16 staged", mm((64, 128), (4, 8), (16,), 2), {}),
+    ("128x64/8x4 r16 async2", mm((128, 64), (8, 4), (16,), 2, True), {}),
+    ("64x64/4x4 r16 staged", mm((64, 64), (4, 4), (16,), 2), {}),
+    ("64x64/4x4 r16 staged no-pad", mm((64, 64), (4, 4), (16,), 2), {"pad_shared": False}),
+    ("64x64/4x8 r8 staged", mm((64, 64), (4, 8), (8,), 2), {}),
+    ("64x64/4x8 r16 staged", mm((64, 64), (4, 8), (16,), 2), {}),
+    ("64x64/4x8 r32 staged", mm((64, 64), (4, 8), (32,), 2), {}),
+    ("64x64/4x8 r8 async2", mm((64, 64), (4, 8), (8,), 2, True), {}),
+    ("64x64/4x8 r16 async2", mm((64, 64), (4, 8), (16,), 2, True), {}),
+    ("64x64/4x8 r16 async2 no-pad", mm((64, 64), (4, 8), (16,), 2, True), {"pad_shared": False}),
+    ("64x64/4x8 r32 async2", mm((64, 64), (4, 8), (32,), 2, True), {}),
+    ("64x64/4x8 r16 async3", mm((64, 64), (4, 8), (16,), 3, True), {}),
+    ("64x64/8x4 r16 async2", mm((64, 64), (8, 4), (16,), 2, True), {}),
+    ("32x128/4x8 r16 async2", mm((32, 128), (4, 8), (16,), 2, True), {}),
+    ("64x64/4x4 r32 async2", mm((64, 64), (4, 4), (32,), 2, True), {}),
+]
+
+
+def policy_configs(n: int, topk: int) -> list:
+    try:
+        from fastdlight import ops
+        from fastdlight.arch import CUDA
+        from fastdlight.policies.default import DefaultPolicy
+    except ImportError:
+        return []
+    try:
+        configs = DefaultPolicy(ops.matmul(n, n, n, "float32").func, CUDA(TARGET)).emit_config(topk)
+    except Exception as e:  # noqa: BLE001 - the policy is optional here
+        print(f"DefaultPolicy failed: {e!r}")
+        return []
+    return [(f"policy#{i} {c!r}", c.to_dict(), {}) for i, c in enumerate(configs)]
+
+
+def build_one(job):
+    """Worker: schedule + build one config, export it; returns (label, path | None, error)."""
+    n, label, cfg, opts, out_dir = job
+    try:
+        from fastdlight import ops
+        from fastdlight.policies.config import Config
+        from fastdlight.schedules.matmul import MatmulTemplate
+        from fastdlight.tune.compile import build
+
+        op = ops.matmul(n, n, n, "float32")
+        sch = MatmulTemplate(**opts).apply_config(op.func, Config.from_dict(dict(cfg)))
+        if sch is None:
+            return label, None, "template returned None"
+        ex = build(sch.mod, TARGET)
+        path = os.path.join(out_dir, f"k{abs(hash((n, label))) % 10**12}.so")
+        ex.export_library(path)
+        return label, path, None
+    except Exception as e:  # noqa: BLE001 - report, keep the sweep going
+        return label, None, f"{type(e).__name__}: {str(e)[-300:]}"
+
+
+def time_cuda(launch, est_s: float, torch) -> float:
+    """Median CUDA-event time (s) of single launches, L2 flushed before each, >= MIN_TIME_S total."""
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    reps = max(20, min(2000, math.ceil(MIN_TIME_S / max(est_s, 1e-6))))
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bench_size(n, entries, pool, log, dry_run):
+    out_dir = tempfile.mkdtemp(prefix=f"bench_mm{n}_")
+    t0 = time.time()
+    built = list(pool.map(build_one, [(n, lab, cfg, opts, out_dir) for lab, cfg, opts in entries]))
+    log(f"\n== fp32 matmul {n}^3: built {sum(p is not None for _, p, _ in built)}/{len(built)} in {time.time() - t0:.0f} s")
+    if dry_run:
+        for label, path, err in built:
+            log(f"  {label:48s} {'ok' if path else 'FAILED ' + err}")
+        return
+    import numpy as np
+    import torch
+    import tvm
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = tvm.cuda(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.rand(n, n, device="cuda", generator=gen) * 2 - 1
+    b = torch.rand(n, n, device="cuda", generator=gen) * 2 - 1
+    ref = (a.double() @ b.double()).cpu().numpy()
+    flops = 2.0 * n**3
+
+    c = torch.empty(n, n, device="cuda")
+    torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    t = time.time()
+    torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    cublas = time_cuda(lambda: torch.matmul(a, b, out=c), time.time() - t, torch)
+    cublas_tflops = flops / cublas / 1e12
+    log(f"  {'cuBLAS (torch.matmul, tf32 off)':48s} {cublas * 1e3:8.3f} ms {cublas_tflops:7.2f} TFLOPS  1.000")
+
+    A = tvm.runtime.tensor(a.cpu().numpy(), dev)
+    B = tvm.runtime.tensor(b.cpu().numpy(), dev)
+    rows = []
+    for label, path, err in built:
+        if path is None:
+            log(f"  {label:48s} BUILD FAILED {err}")
+            continue
+        try:
+            f = tvm.runtime.load_module(path)["matmul"]
+            C = tvm.runtime.tensor(np.full((n, n), np.nan, "float32"), dev)
+            f(A, B, C)
+            dev.sync()
+            out = C.numpy().astype(np.float64)
+            rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else float("inf")
+            t = time.time()
+            f(A, B, C)
+            dev.sync()
+            sec = time_cuda(lambda: f(A, B, C), time.time() - t, torch)
+        except Exception as e:  # noqa: BLE001
+            log(f"  {label:48s} RUN FAILED {type(e).__name__}: {str(e)[-200:]}")
+            continue
+        tflops = flops / sec / 1e12
+        ok = "" if rel <= 1e-5 else f"  WRONG (rel err {rel:.2g})"
+        rows.append((tflops, label))
+        log(f"  {label:48s} {sec * 1e3:8.3f} ms {tflops:7.2f} TFLOPS  {tflops / cublas_tflops:5.3f}{ok}")
+    again = time_cuda(lambda: torch.matmul(a, b, out=c), cublas, torch)
+    log(f"  {'cuBLAS again (run-to-run spread)':48s} {again * 1e3:8.3f} ms {flops / again / 1e12:7.2f} TFLOPS")
+    if rows:
+        best = max(rows)
+        log(f"  BEST {best[1]}: {best[0]:.2f} TFLOPS = {best[0] / cublas_tflops:.3f} x cuBLAS ({cublas_tflops:.2f})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 1024])
+    parser.add_argument("--policy-topk", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 2))
+    parser.add_argument("--log", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="schedule and compile only")
+    args = parser.parse_args()
+    logf = open(args.log, "w") if args.log else None
+
+    def log(msg):
+        print(msg, flush=True)
+        if logf:
+            logf.write(msg + "\n")
+            logf.flush()
+
+    if not args.dry_run:
+        import torch
+
+        log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        for n in args.sizes:
+            entries = (BIG if n >= 2048 else SMALL) + policy_configs(n, args.policy_topk)
+            try:
+                bench_size(n, entries, pool, log, args.dry_run)
+            except Exception:  # noqa: BLE001 - keep the other sizes
+                log(traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()
