@@ -141,3 +141,9 @@ def test_chain_results_stay_with_their_row_threads():
     assert 'row_max_local = T.sblock_alloc_buffer((512,), scope="local")' in script
     body = kernel_body(cuda_source(build(sch.mod, TARGETS[0])))
     assert "row_max_shared" not in body and "A_shared" in body
+    # one row per block: shared result, and the barrier between its write and the reads exists
+    one = Config("general_reduction", block=(1,), thread=(1,), rstep=(1024,), reduce_thread=(128,))
+    body = kernel_body(cuda_source(build(dispatch_config(op.func, one).schedule.mod, TARGETS[0])))
+    write = body.find("row_max_shared_ptr[0] = ")
+    first_read = body.find("row_max_shared_ptr[0])", write)
+    assert 0 < write < first_read and "__syncthreads()" in body[write:first_read]
