@@ -1,0 +1,472 @@
+"""Tensor-core matmul: eligibility (``get_tensorized_func_and_tags``) and the Roller-style tile
+search over MMA-aligned tiles (``TensorCorePolicy``).
+
+Every matmul-like PrimFunc is viewed as ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (S: fused batch
+axes). The function itself is returned unchanged: the schedule template re-does the (cheap)
+normalization with ``reindex`` + ``transform_layout`` so that shared memory keeps the operands'
+*stored* layout (128-bit global loads for every layout; ldmatrix ``.trans`` does the transpose).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from ..arch import CUDA
+from .config import Config
+
+#: (in dtype, accumulator dtype) pairs TVM 0.27 has ldmatrix + mma.sync intrinsics for.
+#: bfloat16 is missing: ``tvm.s_tir.tensor_intrin.cuda`` registers no bf16 mma intrinsic, so bf16
+#: matmuls go to the CUDA-core path (reason "no bf16 mma intrinsic in TVM").
+SUPPORTED_MMA = {("float16", "float32"), ("float16", "float16"), ("int8", "int32")}
+DTYPE_ABBR = {"float16": "f16", "float32": "f32", "int8": "i8", "int32": "i32"}
+NBYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}
+
+
+@dataclass(frozen=True)
+class MatmulMatch:
+    """What the template and the policy need to know about a matmul-like function."""
+
+    block: str  # name of the reduction block
+    in_dtype: str
+    acc_dtype: str  # the reduction block's output dtype (= mma accumulator)
+    out_dtype: str  # the function's final output dtype (after any epilogue)
+    batch: int
+    m: int
+    n: int
+    k: int
+    a_k_inner: bool  # A stored [.., M, K] (layout letter N) rather than [.., K, M] (T)
+    b_k_inner: bool  # B stored [.., N, K] (layout letter T) rather than [.., K, N] (N)
+    num_epilogue: int  # spatial blocks after the matmul (bias, cast, relu, ...)
+
+    @property
+    def layout(self) -> str:
+        return ("N" if self.a_k_inner else "T") + ("T" if self.b_k_inner else "N")
+
+
+def _load_of(expr):
+    """The BufferLoad under optional casts, else None."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, ir.TensorLoad) else None
+
+
+class _Zero:
+    """Marker for a constant-zero index (a unit dimension)."""
+
+
+def _index_var(index, block_vars):
+    """The block iter var an access index is, ``_Zero`` for a constant 0, else None."""
+    if isinstance(index, tirx.Var):
+        return next((v for v in block_vars if v.same_as(index)), None)
+    if isinstance(index, tirx.IntImm) and index.value == 0:
+        return _Zero
+    return None
+
+
+def _has(var, seq) -> bool:
+    # identity test: ``==`` on TIR vars builds an expression
+    return any(var.same_as(x) for x in seq)
+
+
+def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
+    """Detect ``C[s.., i, j] += cast(A[.., i/k, k/i]) * cast(B[.., k/j, j/k])`` (one reduction
+    block, injective blocks around it). Returns ``(match, "")`` or ``(None, reason)``."""
+    if not isinstance(func, tirx.PrimFunc):
+        return None, "not a PrimFunc"
+    sch = s_tir.Schedule(func)
+    blocks = normalize_prim_func(sch)
+    if not blocks:
+        return None, "cannot be normalized"
+    reductions = [b for b in blocks if b.is_reduction()]
+    if len(reductions) != 1:
+        return None, f"{len(reductions)} reduction blocks (need exactly 1)"
+    red = reductions[0]
+    if not all(b.is_injective() for b in blocks if b is not red):
+        return None, "non-injective blocks besides the matmul"
+    block = sch.get(red.block_rv)
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or len(block.writes) != 1:
+        return None, "reduction body is not a single store"
+    value = store.value
+    if not (isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
+        return None, "reduction is not a sum of products"
+    acc = value.a
+    if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)):
+        return None, "reduction does not accumulate into its output"
+    load_a, load_b = _load_of(value.b.a), _load_of(value.b.b)
+    if load_a is None or load_b is None or load_a.source.same_as(load_b.source):
+        return None, "product operands are not two distinct buffer loads"
+    if len(block.reads) != 2:
+        return None, "matmul block must read exactly two buffers"
+    # "A" is the block's first read region (what reindex / the template call read 0)
+    if load_b.source.same_as(block.reads[0].source):
+        load_a, load_b = load_b, load_a
+
+    iter_vars = list(block.iter_vars)
+    block_vars = [iv.var for iv in iter_vars]
+    for iv in iter_vars:
+        if iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
+            return None, "unsupported iterator type"
+        if not isinstance(iv.dom.extent, tirx.IntImm):
+            return None, "symbolic extent (specialize the shape first)"
+
+    def access_vars(access):
+        out = []
+        for idx in access.indices:
+            v = _index_var(idx, block_vars)
+            if v is None:
+                return None
+            if v is not _Zero:
+                out.append(v)
+        return out
+
+    a_vars, b_vars, c_vars = access_vars(load_a), access_vars(load_b), access_vars(store)
+    if a_vars is None or b_vars is None or c_vars is None:
+        return None, "non-trivial index expressions"
+    roles: dict[str, list] = {r: [] for r in "SIJK"}
+    for iv in iter_vars:
+        v = iv.var
+        if int(iv.dom.extent) == 1:
+            continue
+        spatial = iv.iter_type == tirx.IterVar.DataPar
+        in_a, in_b, in_c = _has(v, a_vars), _has(v, b_vars), _has(v, c_vars)
+        if not spatial and in_a and in_b and not in_c:
+            roles["K"].append(iv)
+        elif spatial and in_a and in_b and in_c:
+            roles["S"].append(iv)
+        elif spatial and in_a and in_c and not in_b:
+            roles["I"].append(iv)
+        elif spatial and in_b and in_c and not in_a:
+            roles["J"].append(iv)
+        else:
+            return None, f"iterator {v.name} is not a batch/M/N/K axis"
+    if any(len(roles[r]) != 1 for r in "IJK"):
+        return None, "need exactly one M, one N and one K axis"
+    (ii,), (ij,), (ik,) = roles["I"], roles["J"], roles["K"]
+    vi, vj, vk = ii.var, ij.var, ik.var
+
+    def innermost_two(vars_):
+        return [v for v in vars_ if not _has(v, [x.var for x in roles["S"]])][-2:]
+
+    a2, b2, c2 = innermost_two(a_vars), innermost_two(b_vars), innermost_two(c_vars)
+    # the matrix axes must be the two innermost (batch axes outside: row-major batches)
+    if not (len(a2) == len(b2) == len(c2) == 2) or any(
+        _has(v, [x.var for x in roles["S"]]) for v in (a_vars[-2:] + b_vars[-2:] + c_vars[-2:])
+    ):
+        return None, "matrix axes are not the two innermost dimensions"
+    if not (c2[0].same_as(vi) and c2[1].same_as(vj)):
+        return None, "output is not stored [.., M, N]"
+    out_buf = func.params[-1] if func.params else store.buffer
+    in_a, in_b = str(load_a.source.dtype), str(load_b.source.dtype)
+    match = MatmulMatch(
+        block=block.name_hint,
+        in_dtype=in_a if in_a == in_b else f"{in_a}x{in_b}",
+        acc_dtype=str(store.buffer.dtype),
+        out_dtype=str(out_buf.dtype),
+        batch=math.prod(int(x.dom.extent) for x in roles["S"]),
+        m=int(ii.dom.extent),
+        n=int(ij.dom.extent),
+        k=int(ik.dom.extent),
+        a_k_inner=a2[-1].same_as(vk),
+        b_k_inner=b2[-1].same_as(vk),
+        num_epilogue=len(blocks) - 1 - blocks.index(red),
+    )
+    return match, ""
+
+
+def intrin_group(match: MatmulMatch, smem_a_k_inner: bool, smem_b_k_inner: bool) -> dict[str, str]:
+    """Names of the TVM tensor intrinsics for this matmul (registered by
+    ``tvm.s_tir.tensor_intrin.cuda``; the int32 shared-memory store is registered by the
+    template). ``smem_*_k_inner`` say how the operands sit in shared memory."""
+    a, acc = DTYPE_ABBR[match.in_dtype], DTYPE_ABBR[match.acc_dtype]
+    trans_a, trans_b = not smem_a_k_inner, smem_b_k_inner
+    return {
+        "init": f"mma_fill_16x16_{acc}",
+        "load_a": f"mma_ldmatrix_{a}_a{'_trans' if trans_a else ''}_dyn",
+        "load_b": f"mma_ldmatrix_{a}_b{'_trans' if trans_b else ''}_dyn",
+        "compute": f"mma_{a}{a}{acc}{'_trans_a' if trans_a else ''}{'_trans_b' if trans_b else ''}",
+        "store": f"mma_store_16x16_{acc}_shared_dyn_simple_",
+    }
+
+
+def _as_arch(target) -> CUDA:
+    return target if isinstance(target, CUDA) else CUDA(target)
+
+
+def get_tensorized_func_and_tags(func: tirx.PrimFunc, target, opt_shapes=None):
+    """``(func, tags)`` when ``func`` is a (batched) matmul the tensor-core template can take on
+    ``target`` (a Target, tag string or :class:`fastdlight.arch.CUDA`), else ``(func, None)``.
+
+    The function is returned unchanged (the template normalizes it); ``tags`` describe the
+    normalized view ``C[S, I, J] += A[S, I, K] * B[S, J, K]``."""
+    tags, _reason = tensorcore_tags(func, target)
+    return func, tags
+
+
+def tensorcore_tags(func, target) -> tuple[dict | None, str]:
+    """Like :func:`get_tensorized_func_and_tags` but also says *why* a function is ineligible."""
+    try:
+        arch = _as_arch(target)
+    except ValueError as e:
+        return None, str(e)
+    # mma.sync.m16n8k16 (f16) and m16n8k32 (s8) need sm_80; never compare arch strings.
+    if tuple(arch.compute_capability) < (8, 0):
+        return None, f"compute capability {arch.compute_capability} < 8.0: no m16n8k16 mma.sync"
+    match, reason = match_matmul(func)
+    if match is None:
+        return None, reason
+    pair = (match.in_dtype, match.acc_dtype)
+    if match.in_dtype == "bfloat16":
+        return None, "no bf16 mma intrinsic in TVM 0.27 (tvm.s_tir.tensor_intrin.cuda): CUDA cores"
+    if pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
+        return None, f"dtypes {pair} have no tensor-core path"
+    if min(match.m, match.n, match.k) < 16:
+        return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
+    smem_a_k_inner, smem_b_k_inner = smem_layout(match)
+    tags = {
+        "in_dtype": match.in_dtype,
+        "acc_dtype": match.acc_dtype,
+        "out_dtype": match.out_dtype,
+        "layout": match.layout,
+        "smem_layout": ("N" if smem_a_k_inner else "T") + ("T" if smem_b_k_inner else "N"),
+        "batch": match.batch,
+        "M": match.m,
+        "N": match.n,
+        "K": match.k,
+        "mma_shape": tuple(arch.mma_shapes[pair]),
+        "intrin_group": intrin_group(match, smem_a_k_inner, smem_b_k_inner),
+        "block": match.block,
+        "epilogue": match.num_epilogue,
+    }
+    return tags, ""
+
+
+def smem_layout(match: MatmulMatch) -> tuple[bool, bool]:
+    """Shared-memory layout of A and B as ``(a_k_inner, b_k_inner)``. fp16 keeps the stored
+    layout (ldmatrix .trans handles the rest). TVM's int8 ldmatrix needs A and B K-inner
+    (no int8 A-trans intrinsic, and its int8 B non-trans path is not a real ldmatrix), so int8
+    transposes NN/TN operands while copying them to shared memory (slower, correct)."""
+    if match.in_dtype == "int8":
+        return True, True
+    return match.a_k_inner, match.b_k_inner
+
+
+# -- the policy ------------------------------------------------------------------------------
+
+#: cycles a cp.async load takes to land in shared memory under load (what the pipeline hides)
+LOAD_LATENCY_CYCLES = 700
+#: shared-memory bandwidth of one SM (32 banks x 4 bytes per clock)
+SMEM_BYTES_PER_CYCLE = 128
+#: assumed SM clock; only converts the datasheet's TFLOPS and GB/s into per-cycle rates
+CLOCK_HZ = 1.5e9
+#: bytes one ldmatrix.x4 moves (four 8x8 matrices of 16-bit elements / a 16x32 int8 tile)
+LDMATRIX_BYTES = 512
+#: registers per thread beyond accumulators and fragments (addresses, loop counters)
+REG_OVERHEAD = 24
+#: fraction of the datasheet tensor peak mma.sync reaches on Hopper (wgmma gets the rest)
+HOPPER_MMA_SYNC_EFFICIENCY = 0.62
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+WARP_SIZES = (16, 32, 64, 128)
+MAX_WARPS = 8
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    bk: int
+    stages: int
+
+    @property
+    def warps(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn)
+
+
+class TensorCorePolicy:
+    """Roller search over MMA-aligned tiles for ``C[S, I, J] += A[S, I, K] * B[S, J, K]``.
+
+    Every (block tile, warp tile, K step, pipeline depth) that the template builds and the SM
+    can hold (shared memory x stages up to the opt-in limit, registers, threads) is scored by an
+    estimated run time: waves x K-steps x the slowest of tensor-core issue, shared-memory traffic
+    (ldmatrix + cp.async writes) and L2 traffic per step, but no faster than the pipeline can
+    hide load latency. Padding waste is included (tiles need not divide the shape)."""
+
+    def __init__(self, func, arch, tags: dict | None = None, opt_shapes: dict | None = None):
+        self.func = func
+        self.arch = _as_arch(arch)
+        if tags is None:
+            tags, reason = tensorcore_tags(func, self.arch)
+            if tags is None:
+                raise ValueError(f"function is not tensor-core eligible: {reason}")
+        self.tags = dict(tags)
+        for key in ("M", "N", "K", "batch"):  # symbolic dims specialized by the caller
+            if opt_shapes and key in opt_shapes:
+                self.tags[key] = int(opt_shapes[key])
+        self.in_bytes = NBYTES[self.tags["in_dtype"]]
+        self.acc_bytes = NBYTES[self.tags["acc_dtype"]]
+        self.mma_k = int(self.tags["mma_shape"][2])
+
+    # -- search space --------------------------------------------------------------------------
+    def candidates(self) -> list[_Candidate]:
+        t, arch = self.tags, self.arch
+        m_cap, n_cap = _pow2_at_least(t["M"]), _pow2_at_least(t["N"])
+        k_padded = -(-t["K"] // self.mma_k) * self.mma_k
+        bks = [self.mma_k * f for f in (1, 2, 4) if self.mma_k * f <= max(k_padded, self.mma_k)]
+        # >= 64-byte rows keep every load a full 128-bit vector and allow the swizzled layout
+        wide = [bk for bk in bks if bk * self.in_bytes >= 64]
+        bks = wide or bks[-1:]
+        stages_opts = (2, 3, 4) if arch.has_async_copy else (1, 2)
+        out = []
+        for bm in (b for b in BLOCK_SIZES if b <= m_cap):
+            for bn in (b for b in BLOCK_SIZES if b <= n_cap):
+                for wm in (w for w in WARP_SIZES if w <= bm and bm % w == 0):
+                    for wn in (w for w in WARP_SIZES if w <= bn and bn % w == 0):
+                        warps = (bm // wm) * (bn // wn)
+                        if not 1 <= warps <= MAX_WARPS:
+                            continue
+                        for bk in bks:
+                            for stages in stages_opts:
+                                cand = _Candidate(bm, bn, wm, wn, bk, stages)
+                                if self.fits(cand):
+                                    out.append(cand)
+        # 2-8 warps per block (latency hiding); single-warp blocks only when nothing else fits
+        multi = [c for c in out if c.warps >= 2]
+        return multi or out
+
+    def smem_bytes(self, c: _Candidate) -> int:
+        """Dynamic shared memory: the pipelined A/B tiles, or the accumulator staging tile of the
+        epilogue, whichever is larger (TVM merges the two allocations; they are never live at
+        the same time)."""
+        pad = 16 if self.tags["in_dtype"] == "int8" else 0  # int8 is padded, fp16 swizzled
+        row_a = (c.bk if self.tags["smem_layout"][0] == "N" else c.bm) * self.in_bytes + pad
+        row_b = (c.bk if self.tags["smem_layout"][1] == "T" else c.bn) * self.in_bytes + pad
+        rows_a = c.bm if self.tags["smem_layout"][0] == "N" else c.bk
+        rows_b = c.bn if self.tags["smem_layout"][1] == "T" else c.bk
+        pipeline = c.stages * (rows_a * row_a + rows_b * row_b)
+        staging = c.bm * (c.bn + 8) * self.acc_bytes
+        return max(pipeline, staging)
+
+    def registers(self, c: _Candidate) -> int:
+        """Registers per thread: accumulators + the K-step's A/B fragments + overhead."""
+        acc = c.wm * c.wn * self.acc_bytes // (32 * 4)
+        frags = (c.wm + c.wn) * c.bk * self.in_bytes // (32 * 4)
+        return acc + frags + REG_OVERHEAD
+
+    def fits(self, c: _Candidate) -> bool:
+        arch = self.arch
+        threads = c.warps * 32
+        regs = self.registers(c)
+        return (
+            threads <= arch.max_threads_per_block
+            and regs <= arch.max_regs_per_thread
+            and regs * threads <= arch.regs_per_block
+            and self.smem_bytes(c) <= arch.smem_per_block_optin
+            and self.blocks_per_sm(c) >= 1
+        )
+
+    def blocks_per_sm(self, c: _Candidate) -> int:
+        arch = self.arch
+        threads = c.warps * 32
+        regs = -(-self.registers(c) // 8) * 8  # allocation granularity
+        return max(0, min(
+            arch.max_blocks_per_sm,
+            arch.max_threads_per_sm // threads,
+            arch.regs_per_sm // (regs * threads),
+            arch.smem_per_sm // max(self.smem_bytes(c) + 1024, 1),  # + per-block reservation
+        ))  # fmt: skip
+
+    # -- cost ----------------------------------------------------------------------------------
+    def cost(self, c: _Candidate) -> float:
+        """Estimated kernel time in seconds (for ranking; absolute values are rough)."""
+        t, arch = self.tags, self.arch
+        grid_m, grid_n = -(-t["M"] // c.bm), -(-t["N"] // c.bn)
+        grid = t["batch"] * grid_m * grid_n
+        steps = -(-t["K"] // c.bk)
+        per_sm = self.blocks_per_sm(c)
+        waves = -(-grid // (per_sm * arch.sm_count))
+        resident = min(per_sm, -(-grid // arch.sm_count))  # blocks sharing an SM in a wave
+
+        peak = arch.peak_tc_tflops.get(t["in_dtype"], max(arch.peak_tc_tflops.values())) * 1e12
+        if getattr(arch, "has_wgmma", False):
+            peak *= HOPPER_MMA_SYNC_EFFICIENCY
+        mma_flops = 2 * 16 * 8 * self.mma_k
+        mma_per_cycle = peak / (arch.sm_count * CLOCK_HZ * mma_flops)
+        # each of the SM's 4 schedulers needs a warp to keep its tensor core busy
+        busy = min(1.0, resident * c.warps / 4)
+        k_sub = c.bk // self.mma_k
+        mma = (c.bm // 16) * (c.bn // 8) * k_sub / (mma_per_cycle * busy)
+        tile_bytes = (c.bm + c.bn) * c.bk * self.in_bytes
+        ldmatrix = c.warps * (c.wm // 16 + c.wn // 16) * k_sub * LDMATRIX_BYTES
+        smem = (ldmatrix + tile_bytes) / SMEM_BYTES_PER_CYCLE
+        l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
+        l2 = tile_bytes / l2_per_cycle
+        if self.tags["smem_layout"] != _stored_layout(t["layout"]):
+            l2 *= 8  # operands transposed while copied: uncoalesced, unvectorized loads
+        step = max(mma, smem, l2)
+        # `stages - 1` loads in flight per block must cover the load latency
+        sm_step = max(resident * step, LOAD_LATENCY_CYCLES / max(c.stages - 1, 1))
+        out_bytes = NBYTES.get(t["out_dtype"], 4)
+        epilogue = resident * c.bm * c.bn * (2 * self.acc_bytes / SMEM_BYTES_PER_CYCLE + out_bytes / l2_per_cycle)
+        cycles = waves * (steps * sm_step + epilogue + LOAD_LATENCY_CYCLES)
+        return cycles / CLOCK_HZ
+
+    def rasterization(self, c: _Candidate) -> int:
+        """Panel width of the block swizzle when the operands and output overflow L2."""
+        t = self.tags
+        footprint = t["batch"] * (
+            (t["M"] + t["N"]) * t["K"] * self.in_bytes + t["M"] * t["N"] * NBYTES.get(t["out_dtype"], 4)
+        )
+        grid_m, grid_n = -(-t["M"] // c.bm), -(-t["N"] // c.bn)
+        if footprint <= self.arch.l2_bytes or grid_n < 2:
+            return 0
+        for panel in (16, 8, 4):
+            if grid_m > panel and grid_m % panel == 0:
+                return panel
+        return 0
+
+    def emit_config(self, topk: int = 10) -> list[Config]:
+        """The ``topk`` best configs, best first (ascending estimated cost). Equal estimates
+        prefer square warp tiles, deeper pipelines, then longer K steps. Only the two best
+        pipeline depths of each tile shape are emitted, so a measured top-k sees more tiles."""
+        ranked = sorted(
+            self.candidates(),
+            key=lambda c: (self.cost(c), abs(math.log2(c.wm / c.wn)), -c.stages, -c.bk, c.bm, c.bn, c.wm, c.wn),
+        )
+        configs, per_shape = [], {}
+        for c in ranked:
+            shape = (c.bm, c.bn, c.wm, c.wn, c.bk)
+            per_shape[shape] = per_shape.get(shape, 0) + 1
+            if per_shape[shape] > 2:
+                continue
+            configs.append(
+                Config(
+                    "matmul_tc",
+                    block=(c.bm, c.bn),
+                    warp=(c.wm, c.wn),
+                    rstep=(c.bk,),
+                    pipeline_stages=c.stages,
+                    use_async_copy=self.arch.has_async_copy and c.stages > 1,
+                    rasterization=self.rasterization(c),
+                    cost=self.cost(c),
+                )
+            )
+            if len(configs) >= topk:
+                break
+        return configs
+
+
+def _stored_layout(layout: str) -> str:
+    return layout
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 16
+    while p < n:
+        p *= 2
+    return p

@@ -1,0 +1,304 @@
+"""Tensor-core matmul template: ldmatrix + mma.sync (m16n8k16 fp16, m16n8k32 int8).
+
+Kernel structure for a ``matmul_tc`` config (block (bm, bn), warp (wm, wn), rstep (bk,)):
+
+* grid: one thread block per (bm × bn) output tile and batch index; block order optionally
+  swizzled in panels of ``rasterization`` tile-rows so concurrently running blocks share L2.
+* main loop over K in steps of bk: A/B tiles copied global → shared (``shared.dyn``) with 128-bit
+  ``cp.async`` by all threads, ``pipeline_stages`` deep (multi-buffered software pipeline);
+  shared tiles XOR-swizzled (TVM's ``permuted_layout``) or padded to avoid bank conflicts.
+* inner loop over bk in MMA-k steps: ldmatrix into warp fragments, double-buffered in registers,
+  then (wm/16)·(wn/16) × 2 mma.sync per warp.
+* epilogue: accumulators → shared → global with 128-bit stores, with the elementwise blocks that
+  follow the matmul (bias, activation, cast) inlined into that copy.
+
+Non-divisible shapes are padded with ``pad_einsum`` (predicated, zero-filled loads; predicated
+stores), so every tile size works for every shape.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import (
+    IterKind,
+    auto_inline_consumer_chain,
+    auto_inline_producers,
+    detect_iter_traits,
+    make_iter_fusion_index_map,
+)
+
+from ..policies.config import Config
+from ..policies.tensorcore import NBYTES, SUPPORTED_MMA, MatmulMatch, intrin_group, match_matmul, smem_layout
+
+try:  # the shared template interface (written concurrently); same interface without it
+    from .base import ScheduleTemplate
+except ImportError:  # pragma: no cover
+    ScheduleTemplate = object
+
+WARP = 32
+VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128
+C_ROW_PAD = 8  # elements of padding per row of the shared accumulator tile
+
+
+@functools.lru_cache(maxsize=1)
+def register_intrinsics() -> None:
+    """Import TVM's CUDA tensor intrinsics (~20 s the first time in a process) and register the
+    ones fastdlight needs that TVM lacks: int8 ldmatrix from ``shared.dyn`` and an int32
+    accumulator store to ``shared.dyn`` (built with TVM's own intrinsic generators)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin import cuda
+
+    missing = {
+        "mma_store_16x16_i32_shared_dyn_simple_": lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False),
+        "mma_ldmatrix_i8_a_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),
+        "mma_ldmatrix_i8_b_trans_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn"),
+    }
+    for name, make in missing.items():
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *make())
+
+
+def config_fits(match: MatmulMatch, config: Config) -> bool:
+    """Structural legality of a config for this template (sizes; not resources)."""
+    if config.kind != "matmul_tc" or len(config.block) != 2 or len(config.warp) != 2 or len(config.rstep) != 1:
+        return False
+    (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
+    mma_k = 32 if match.in_dtype == "int8" else 16
+    warps = (bm // wm) * (bn // wn)
+    return (
+        wm % 16 == 0 and wn % 16 == 0 and bm % wm == 0 and bn % wn == 0
+        and bk % mma_k == 0 and 1 <= warps <= 32 and config.pipeline_stages >= 1
+    )  # fmt: skip
+
+
+def fragment_layout(rows: int, cols: int):
+    """(row, col) inside an ldmatrix tile -> (lane, element) of the warp fragment."""
+    from tvm.s_tir.tensor_intrin import cuda
+
+    if (rows, cols) == (16, 16):
+        return cuda.shared_16x16_to_ldmatrix_32x8_layout
+    if (rows, cols) == (16, 32):
+        return cuda.shared_16x32_to_ldmatrix_32x16_layout
+    if (rows, cols) == (32, 16):
+        return cuda.shared_32x16_to_ldmatrix_32x16_layout
+    raise ValueError(f"no ldmatrix layout for a {rows}x{cols} tile")
+
+
+class TensorCoreMatmulTemplate(ScheduleTemplate):
+    kinds = ("matmul_tc",)
+    name = "matmul_tensorcore"
+
+    def apply_config(self, func: tirx.PrimFunc, config: Config) -> s_tir.Schedule | None:
+        match, _reason = match_matmul(func)
+        if match is None or (match.in_dtype, match.acc_dtype) not in SUPPORTED_MMA:
+            return None
+        if not config_fits(match, config):
+            return None
+        register_intrinsics()
+        return _schedule(func, match, config)
+
+
+def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.Schedule:
+    (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
+    mma_k = 32 if match.in_dtype == "int8" else 16
+    a_k_inner, b_k_inner = smem_layout(match)
+    intrins = intrin_group(match, a_k_inner, b_k_inner)
+    warps_m, warps_n = bm // wm, bn // wn
+    num_warps = warps_m * warps_n
+    in_bytes = NBYTES[match.in_dtype]
+
+    sch = s_tir.Schedule(func)
+    main = sch.get_sblock(match.block)
+
+    # 1. Normalize to C[S, I, J] += A[S, I|K, K|I] * B[S, J|K, K|J]: the operands keep the layout
+    #    they will have in shared memory, so every global load stays contiguous.
+    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+    a_traits, b_traits, c_traits, block_traits = detect_iter_traits(sch.get(main))
+    a_map = make_iter_fusion_index_map(a_traits, [S, I, K] if a_k_inner else [S, K, I])
+    b_map = make_iter_fusion_index_map(b_traits, [S, J, K] if b_k_inner else [S, K, J])
+    c_map = make_iter_fusion_index_map(c_traits, [S, I, J])
+    m_map = make_iter_fusion_index_map(block_traits, [S, I, J, K])
+    a_re = sch.reindex(main, ("read", 0))
+    b_re = sch.reindex(main, ("read", 1))
+    c_re = sch.reindex(main, ("write", 0))
+    sch.transform_layout(a_re, ("write", 0), a_map)
+    sch.transform_layout(b_re, ("write", 0), b_map)
+    sch.transform_layout(c_re, ("read", 0), c_map)
+    sch.transform_block_layout(main, m_map)
+    # 2. Pad every axis to the tile (no-op when it divides): zero-filled reads, predicated writes.
+    sch.pad_einsum(main, [1, bm, bn, bk])
+
+    # 3. Tile: grid (bm × bn) / warps (wm × wn) / 16 × 16 × mma_k tensor-core micro tiles.
+    batch, i, j, k = sch.get_loops(main)
+    i, i_mma = sch.split(i, [None, 16])
+    j, j_mma = sch.split(j, [None, 16])
+    k, k_mma = sch.split(k, [None, mma_k])
+    sch.reorder(i, j, k, i_mma, j_mma, k_mma)
+    inner = main
+    outer = sch.blockize(i_mma)
+    i0, i1, i2 = sch.split(i, [None, warps_m, wm // 16])
+    j0, j1, j2 = sch.split(j, [None, warps_n, wn // 16])
+    k0, k1 = sch.split(k, [None, bk // mma_k])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    grid_m = int(sch.get(i0).extent)
+    panel = config.rasterization
+    if 1 < panel < grid_m and grid_m % panel == 0 and int(sch.get(j0).extent) > 1:
+        # Launch order: `panel` tile-rows advance across N together, so the blocks of one wave
+        # reuse the same A rows and B columns from L2.
+        i0o, i0i = sch.split(i0, [None, panel])
+        sch.reorder(i0o, j0, i0i)
+        bx = sch.fuse(i0o, j0, i0i)
+    else:
+        bx = sch.fuse(i0, j0)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(batch, "blockIdx.y")
+    ty = sch.fuse(i1, j1)
+    sch.bind(ty, "threadIdx.y")
+    # Unrolled by nvcc, not by TVM: TVM-unrolled constant offsets such as ``8 * tx + 260`` defeat
+    # LowerWarpMemory's index simplification (truncdiv), leaving fragments in local memory.
+    for loop in (k1, i2, j2):
+        unroll_in_nvcc(sch, loop)
+
+    # 4. Global -> shared copies by all threads, 128-bit vectors, swizzled or padded.
+    # Create both cache stages first: the fragment stage must be `compute_at` k0 while it is
+    # not yet nested under k0 (where a cache_read of the shared copy would put it).
+    a_copy = sch.cache_read(outer, 0, "shared.dyn")
+    b_copy = sch.cache_read(outer, 1, "shared.dyn")
+    a_frag = sch.cache_read(outer, 0, "warp")
+    b_frag = sch.cache_read(outer, 1, "warp")
+    # all fragments of a K-step at once (not multi-buffered over k1, see the unrolling note):
+    # every ldmatrix of the step issues back to back, then every mma.sync
+    sch.compute_at(a_frag, k0, preserve_unit_loops=True)
+    sch.compute_at(b_frag, k0, preserve_unit_loops=True)
+
+    def fetch_to_shared(copy, k_inner: bool, rows: int):
+        sch.compute_at(copy, k0, preserve_unit_loops=True)
+        inner_extent = bk if k_inner else rows
+        vec = VECTOR_BYTES // in_bytes
+        # int8 operands that are transposed into K-inner shared tiles read strided global memory
+        while vec > 1 and inner_extent % vec:
+            vec //= 2
+        fused = sch.fuse(*sch.get_loops(copy)[-len(sch.get(copy).iter_vars) :])
+        serial, t_y, t_x, lane = sch.split(fused, [None, num_warps, WARP, vec])
+        sch.bind(t_y, "threadIdx.y")
+        sch.bind(t_x, "threadIdx.x")
+        sch.vectorize(lane)
+        sch.unroll(serial)
+        if use_swizzle(match, inner_extent):
+            sch.annotate(copy, "permuted_layout", 1)
+        else:
+            pad = VECTOR_BYTES // in_bytes
+            sch.storage_align(copy, 0, axis=-2, factor=32, offset=pad)
+        return copy
+
+    a_smem = fetch_to_shared(a_copy, a_k_inner, bm)
+    b_smem = fetch_to_shared(b_copy, b_k_inner, bn)
+    auto_inline_producers(sch, a_smem)
+    auto_inline_producers(sch, b_smem)
+
+    # 5. Shared -> warp fragments (ldmatrix), one 16 × mma_k tile per instruction.
+    def fetch_to_fragment(frag, k_inner: bool, swizzled: bool):
+        r, c = sch.get_loops(frag)[-2:]
+        tile = (16, mma_k) if k_inner else (mma_k, 16)
+        r0, r1 = sch.split(r, [None, tile[0]])
+        c0, c1 = sch.split(c, [None, tile[1]])
+        sch.reorder(r0, c0, r1, c1)
+        unroll_in_nvcc(sch, r0)
+        unroll_in_nvcc(sch, c0)
+        layout = fragment_layout(*tile)
+        sch.transform_layout(
+            frag,
+            ("write", 0),
+            lambda s, a, b: (s, a // tile[0], b // tile[1], *layout(a % tile[0], b % tile[1])),
+        )
+        if swizzled:
+            # the ldmatrix addresses must be swizzled like the shared stores: mark the block
+            wrapper = sch.blockize(r0)
+            sch.annotate(wrapper, "permuted_layout", 1)
+        return frag, r1
+
+    a_frag, a_tile = fetch_to_fragment(a_frag, a_k_inner, use_swizzle(match, bk if a_k_inner else bm))
+    b_frag, b_tile = fetch_to_fragment(b_frag, b_k_inner, use_swizzle(match, bk if b_k_inner else bn))
+
+    # 6. Accumulators: warp fragments -> shared (per warp tile) -> global (+ epilogue).
+    c_smem = sch.cache_write(outer, 0, "shared.dyn")
+    c_frag = sch.cache_write(outer, 0, "warp")
+    sch.reverse_compute_at(c_frag, ty, preserve_unit_loops=True)
+    sch.reverse_compute_at(c_smem, ty, preserve_unit_loops=True)
+    # pad rows by 32 bytes: the 8 rows one fragment store touches land on distinct banks
+    sch.storage_align(c_frag, 0, axis=-2, factor=32, offset=C_ROW_PAD)
+    r, c = sch.get_loops(c_frag)[-2:]
+    r0, r1 = sch.split(r, [None, 16])
+    c0, c1 = sch.split(c, [None, 16])
+    sch.reorder(r0, c0, r1, c1)
+    c_layout = fragment_layout(16, 16)
+    sch.transform_layout(c_frag, ("read", 0), lambda s, a, b: (s, a // 16, b // 16, *c_layout(a % 16, b % 16)))
+
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+
+    sch.tensorize(a_tile, intrins["load_a"])
+    sch.tensorize(b_tile, intrins["load_b"])
+    sch.tensorize(sch.get_loops(inner)[-3], intrins["compute"])
+    sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
+    sch.tensorize(sch.get_loops(c_frag)[-2], intrins["store"])
+
+    auto_inline_consumer_chain(sch, c_smem)
+    out_bytes = max(NBYTES.get(str(sch.get(c_smem).writes[0].source.dtype), 4), 1)
+    fused = sch.fuse(*sch.get_loops(c_smem)[-len(sch.get(c_smem).iter_vars) :])
+    out_vec = VECTOR_BYTES // max(out_bytes, NBYTES[match.acc_dtype])
+    while out_vec > 1 and wn % out_vec:
+        out_vec //= 2
+    _, t_x, lane = sch.split(fused, [None, WARP, out_vec])
+    sch.bind(t_x, "threadIdx.x")
+    sch.vectorize(lane)
+
+    # 7. Software pipeline over K: copies run `stages - 1` steps ahead (cp.async groups);
+    #    the ldmatrix + mma of a step form the last stage.
+    stages = max(config.pipeline_stages, 1)
+    if stages > 1:
+        copies = {sch.get(a_smem).name_hint, sch.get(b_smem).name_hint}
+        is_copy = [_names_under(child) & copies != set() for child in _children(sch.get(k0))]
+        sch.annotate(k0, "software_pipeline_stage", [0 if c else stages - 1 for c in is_copy])
+        # copies first (in their order), then the fragment loads and the mma
+        rank = sorted(range(len(is_copy)), key=lambda i: (not is_copy[i], i))
+        sch.annotate(k0, "software_pipeline_order", [rank.index(i) for i in range(len(is_copy))])
+        if config.use_async_copy:
+            sch.annotate(k0, "software_pipeline_async_stages", [0])
+    return sch
+
+
+def _children(loop: tirx.For) -> list:
+    body = loop.body
+    while isinstance(body, s_tir.SBlockRealize):  # a loop body may be wrapped in a block
+        body = body.block.body
+    return list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+
+
+def _names_under(stmt) -> set[str]:
+    names: set[str] = set()
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, lambda block: names.add(str(block.name_hint))), order="post")
+    return names
+
+
+def unroll_in_nvcc(sch: s_tir.Schedule, loop) -> None:
+    """Emit ``#pragma unroll`` for ``loop`` instead of unrolling it in TIR."""
+    sch.unroll(loop)
+    sch.annotate(loop, "pragma_unroll_explicit", 0)
+
+
+def use_swizzle(match: MatmulMatch, row_elems: int) -> bool:
+    """TVM's permuted layout XORs 16-byte chunks of fp16 rows of >= 32 elements. It permutes
+    8-element chunks, which splits int8's 16-element ldmatrix rows, so int8 is padded instead."""
+    return match.in_dtype == "float16" and row_elems % 32 == 0
+
+
+def apply_tensorcore(func: tirx.PrimFunc, config: Config) -> s_tir.Schedule:
+    """Module-level (picklable) entry for build workers: this template only, no fallback."""
+    sch = TensorCoreMatmulTemplate().apply_config(func, config)
+    if sch is None:
+        raise ValueError(f"TensorCoreMatmulTemplate cannot build {config} for this function")
+    return sch

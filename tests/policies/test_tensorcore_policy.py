@@ -1,0 +1,160 @@
+"""Tensor-core eligibility (get_tensorized_func_and_tags) and TensorCorePolicy limits (CPU only)."""
+
+import pytest
+from tvm import te, tirx
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.tensorcore import (
+    TensorCorePolicy,
+    _Candidate,
+    get_tensorized_func_and_tags,
+    tensorcore_tags,
+)
+
+H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize(
+    "dtype,out,compute",
+    [("float16", "float32", "mma_f16f16f32"), ("float16", "float16", "mma_f16f16f16"), ("int8", "int32", "mma_i8i8i32")],
+)
+def test_eligible_layouts_and_dtypes(layout, dtype, out, compute):
+    op = ops.matmul(256, 128, 64, dtype, out, layout)
+    func, tags = get_tensorized_func_and_tags(op.func, H100)
+    assert func is op.func and tags is not None
+    assert (tags["in_dtype"], tags["acc_dtype"], tags["layout"]) == (dtype, out, layout)
+    assert (tags["M"], tags["N"], tags["K"], tags["batch"]) == (256, 128, 64, 1)
+    assert tags["intrin_group"]["compute"].startswith(compute)
+    assert tags["mma_shape"] == ((16, 8, 32) if dtype == "int8" else (16, 8, 16))
+    if dtype == "float16":  # shared memory keeps the stored layout: ldmatrix .trans transposes
+        assert tags["smem_layout"] == layout
+        assert ("_trans_b" in tags["intrin_group"]["compute"]) == (layout[1] == "T")
+        assert ("_trans_a" in tags["intrin_group"]["compute"]) == (layout[0] == "T")
+    else:  # TVM's int8 ldmatrix needs K-inner A and B
+        assert tags["smem_layout"] == "NT"
+
+
+def test_batched_and_sm90a():
+    op = ops.matmul(512, 256, 128, "float16", "float32", "NT", batch=6)
+    _, tags = get_tensorized_func_and_tags(op.func, CUDA(H100))
+    assert tags["batch"] == 6 and tags["M"] == 512
+    assert CUDA(H100).arch == "sm_90a"  # Dlight's check_sm_version gives -1 here: we must not
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda: ops.matmul(256, 128, 64, "float32"), "no tensor-core path"),
+        (lambda: ops.matmul(256, 128, 64, "bfloat16", "float32"), "bf16"),
+        (lambda: ops.matmul(256, 8, 64), "below 16"),
+        (lambda: ops.matmul(8, 256, 64), "below 16"),
+        (lambda: ops.matmul(256, 256, 8), "below 16"),
+        (lambda: ops.elementwise((64, 64)), "reduction"),
+        (lambda: ops.softmax(64, 64), "reduction"),
+        (lambda: ops.reduce((64, 64)), "sum of products"),
+        (lambda: ops.gemv(4096, 4096, 1), "M, one N"),
+        (lambda: ops.conv2d_nhwc(1, 16, 16, 32, 32), "index"),
+    ],
+)
+def test_ineligible(make, why):
+    func = make().func
+    out, tags = get_tensorized_func_and_tags(func, H100)
+    assert out is func and tags is None
+    _, reason = tensorcore_tags(func, H100)
+    assert why in reason
+
+
+def test_no_tensor_cores_before_sm80():
+    op = ops.matmul(256, 256, 256)
+    assert get_tensorized_func_and_tags(op.func, "nvidia/nvidia-t4")[1] is None
+    assert get_tensorized_func_and_tags(op.func, "nvidia/nvidia-v100")[1] is None
+    assert get_tensorized_func_and_tags(op.func, A100)[1] is not None
+
+
+def test_epilogue_counted():
+    m, n, k = 256, 256, 128
+    A = te.placeholder((m, k), "float16", name="A")
+    B = te.placeholder((n, k), "float16", name="B")
+    bias = te.placeholder((n,), "float16", name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
+    D = te.compute((m, n), lambda i, j: tirx.max(C[i, j] + bias[j].astype("float32"), 0.0).astype("float16"), name="D")
+    _, tags = get_tensorized_func_and_tags(te.create_prim_func([A, B, bias, D]), H100)
+    assert tags["epilogue"] == 1 and tags["out_dtype"] == "float16" and tags["acc_dtype"] == "float32"
+
+
+def _policy(target, m=4096, n=4096, k=4096, dtype="float16", out="float32", layout="NT"):
+    op = ops.matmul(m, n, k, dtype, out, layout)
+    func, tags = get_tensorized_func_and_tags(op.func, target)
+    return TensorCorePolicy(func, CUDA(target), tags)
+
+
+def test_policy_4096_nt_h100():
+    policy = _policy(H100)
+    configs = policy.emit_config(20)
+    assert len(configs) >= 10
+    assert len(set(configs)) == len(configs)
+    assert configs == policy.emit_config(20)  # deterministic
+    costs = [c.cost for c in configs]
+    assert costs == sorted(costs) and costs[0] > 0
+    arch = policy.arch
+    for c in configs:
+        assert c.kind == "matmul_tc"
+        assert all(b % 16 == 0 and b >= 16 for b in c.block)
+        assert all(w % 16 == 0 for w in c.warp)
+        assert c.rstep[0] % 16 == 0 and c.rstep[0] >= 32
+        assert 2 <= c.pipeline_stages <= 4 and c.use_async_copy
+        assert c.num_threads % 32 == 0 and 2 <= c.num_warps <= 8
+        cand = _Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)
+        assert policy.smem_bytes(cand) <= arch.smem_per_block_optin
+        assert policy.registers(cand) <= 255
+    # 128 MB of operands+output overflow the 50 MB L2: the launch order is swizzled
+    assert all(c.rasterization > 0 for c in configs)
+    # the top of the ranking uses large tiles with 64x64 warp tiles
+    assert configs[0].block in ((128, 256), (256, 128)) and configs[0].warp == (64, 64)
+
+
+def test_smem_counts_stages_and_optin_limit():
+    # fp16 accumulators make the A/B pipeline (not the accumulator staging) the larger buffer
+    h100 = _policy(H100, out="float16")
+    a100 = _policy(A100, out="float16")
+    deep, shallow = _Candidate(128, 256, 64, 64, 64, 4), _Candidate(128, 256, 64, 64, 64, 2)
+    assert h100.smem_bytes(deep) == 4 * (128 + 256) * 64 * 2
+    assert h100.smem_bytes(deep) == 2 * h100.smem_bytes(shallow)
+    # 192 KB: above the A100's 163 KB opt-in limit, below the H100's 227 KB
+    assert h100.fits(deep) and not a100.fits(deep)
+    assert a100.fits(shallow)
+    assert all(a100.smem_bytes(_Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)) <= 163 * 1024
+               for c in a100.emit_config(50))  # fmt: skip
+
+
+def test_registers_limit_warp_tiles():
+    policy = _policy(H100)
+    assert not policy.fits(_Candidate(128, 256, 64, 128, 32, 3))  # 256 fp32 accumulators a thread
+    assert policy.fits(_Candidate(128, 256, 64, 64, 32, 3))
+
+
+def test_a100_and_h100_differ():
+    # 132 vs 108 SMs and different tensor/smem balance: the rankings are not the same
+    for shape in [(4096, 4096, 4096), (1000, 3000, 520), (2048, 1024, 4096)]:
+        h = _policy(H100, *shape).emit_config(10)
+        a = _policy(A100, *shape).emit_config(10)
+        assert h and a
+    assert _policy(H100, 2048, 1024, 4096).emit_config(10) != _policy(A100, 2048, 1024, 4096).emit_config(10)
+
+
+@pytest.mark.parametrize("shape", [(512, 64, 512), (512, 32, 512), (512, 16, 512), (1000, 3000, 520), (16, 16, 16)])
+def test_small_and_odd_shapes(shape):
+    configs = _policy(H100, *shape, layout="NN").emit_config(10)
+    assert configs
+    m, n, _ = shape
+    for c in configs:
+        # tiles are never much larger than the (16-padded) problem
+        assert c.block[0] <= max(16, 1 << (m - 1).bit_length()) and c.block[1] <= max(16, 1 << (n - 1).bit_length())
+
+
+def test_int8_steps():
+    configs = _policy(H100, dtype="int8", out="int32").emit_config(10)
+    assert configs and all(c.rstep[0] % 32 == 0 for c in configs)
