@@ -25,6 +25,18 @@ replicates the per-thread code per chunk while shared-memory copies stay shared.
 Shared layout: dims of an input indexed only by reduction axes are moved outermost (A[m, k]
 is stored as [k, m]), so a thread's fragment along a spatial axis is contiguous and can be
 read with vector loads; rows are padded to avoid bank conflicts on the transposing stores.
+
+Double buffering (``pipeline_stages >= 2``): with ``use_async_copy`` cp.async stages; without,
+the copy is staged through registers (TVM's ``manifest_shared_memory_local_stage``): global
+loads of tile i+1 are issued before computing tile i and stored to shared memory after it —
+the faster choice for big fp32 tiles on H100/H200. Shapes the tiles do not divide are padded
+with ``pad_einsum`` (zero-filled loads, guarded stores); conv loops use predicated splits.
+``rasterization`` launches blocks in panels of that many block rows. Tiles beyond 48 KB of
+shared memory switch to dynamic shared memory.
+
+Measured (H200, fp32): 4096³ 47.3 TFLOPS = 0.92x cuBLAS with 128x128 (or 64x128) / 8x8 /
+rstep 16 / 2 stages staged; 1024³ 34.4 TFLOPS = 1.02x with 64x64 / 8x4 / rstep 16 / cp.async.
+See benchmarks/bench_matmul_fp32.py.
 """
 
 from __future__ import annotations
