@@ -44,6 +44,15 @@ MAX_VISITS = 2000
 BASE_REGS = 16
 #: the same for the shared-memory matmul template (3-axis nest; +4 per further axis)
 MATMUL_BASE_REGS = 24
+#: L2 bandwidth relative to DRAM bandwidth (model parameter, ~3x on A100/H100): matmul tiles
+#: are re-read by neighbouring blocks, mostly from L2
+L2_OVER_DRAM = 3.0
+#: weight of memory time on top of max(compute, memory) (model parameter)
+TRAFFIC_TIEBREAK = 0.1
+#: throughput left when one block per SM idles the SM at every barrier (model parameter)
+SINGLE_BLOCK_EFFICIENCY = 0.85
+#: resident warps per SM below which memory latency is no longer hidden (model parameter)
+LATENCY_HIDING_WARPS = 8
 #: the matmul template pads every shared row to a multiple of a 32-bank line plus 16 bytes
 SHARED_ROW_BYTES, SHARED_ROW_PAD = 128, 16
 #: input rows the general-reduction template keeps in shared memory (its default budget):
@@ -124,7 +133,7 @@ class _Planner:
             return 1
         return 2
 
-    def score(self, block, thread, rstep, reduce_thread, stages, regs, smem, vectorize, pref=()):
+    def score(self, block, thread, rstep, reduce_thread, stages, regs, smem, vectorize, pref=(), async_copy=False):
         """(rank key, Config, emittable, resources) or None when over the arch's budget."""
         arch = self.arch
         threads = math.prod(b // t for b, t in zip(block, thread)) * math.prod(reduce_thread or (1,))
@@ -136,7 +145,7 @@ class _Planner:
         if per_sm == 0:
             return None
         nblocks = num_blocks(self.extents, block)
-        cost = roller_score(self.traffic(tuple(block), tuple(rstep)), waves(arch, nblocks, per_sm))
+        cost = self.cost(block, thread, rstep, threads, per_sm, nblocks)
         covers_all = all(b >= e for b, e in zip(block, self.extents))
         emittable = covers_all or (threads % arch.warp_size == 0 and threads >= self.min_threads)
         cfg = Config(
@@ -147,11 +156,16 @@ class _Planner:
             reduce_thread=tuple(reduce_thread),
             vectorize=vectorize,
             pipeline_stages=stages,
+            use_async_copy=async_copy,
             cost=float(cost),
         )
         res = {"threads": threads, "regs": regs, "smem": smem, "blocks_per_sm": per_sm, "blocks": nblocks}
         # on equal cost, a grid that leaves SMs idle ranks lower
         return (cost, nblocks < arch.sm_count, self.tier(threads), *pref), cfg, emittable, res
+
+    def cost(self, block, thread, rstep, threads, per_sm, nblocks) -> float:
+        """Roller's rank: (traffic + 1) × waves."""
+        return roller_score(self.traffic(tuple(block), tuple(rstep)), waves(self.arch, nblocks, per_sm))
 
     def vector_cap(self, bits: int) -> int:
         return max(1, MAX_VECTOR_BITS // bits)
@@ -464,6 +478,29 @@ class _Matmul(_Planner):
             max([c for c in cands[j] if c <= 16] or [1]) if j in self.micro else 1 for j in range(len(self.extents))
         )
 
+    def cost(self, block, thread, rstep, threads, per_sm, nblocks) -> float:
+        """Predicted seconds on the busiest SM. Plain (traffic + 1) × waves ignores that the
+        blocks resident on one SM share its bandwidth and FMA units, so it ranks small tiles
+        (more blocks per wave) first; measured on an H200, 32×64 tiles ran at 0.59× cuBLAS
+        and 128×128 ones at 0.92×. Here each block costs the larger of its memory time (its
+        tile traffic over the SM's share of L2 bandwidth) and its compute time (FMAs plus the
+        shared-memory loads feeding the micro tile), the busiest SM runs ceil(blocks / SMs)
+        of them, and too few resident warps to hide latency scale the time up."""
+        arch = self.arch
+        flops = 2 * math.prod(block) * math.prod(self.rextents)
+        micro = [thread[j] for j in self.micro] or [1]
+        # per k step a thread issues prod(micro) FMAs and sum(micro) shared loads
+        compute = flops / (arch.peak_fp32_tflops * 1e12 / arch.sm_count) * (1 + sum(micro) / math.prod(micro))
+        bandwidth = arch.dram_bandwidth_gbs * 1e9 * L2_OVER_DRAM / arch.sm_count
+        memory = self.traffic(tuple(block), tuple(rstep)) / bandwidth  # whole reduction
+        per_busiest = ceil_div(nblocks, arch.sm_count)
+        warps = min(per_sm, per_busiest) * ceil_div(threads, arch.warp_size)
+        hide = min(1.0, warps / LATENCY_HIDING_WARPS)
+        if min(per_sm, per_busiest) < 2:
+            hide *= SINGLE_BLOCK_EFFICIENCY  # nothing runs while the lone block waits at a barrier
+        # among compute-bound tiles, the one moving fewer bytes still wins (L2 contention)
+        return per_busiest * (max(compute, memory) + TRAFFIC_TIEBREAK * memory) / hide * 1e6  # µs
+
     def _coalescing(self, tile, rstep) -> float:
         ext = self.info.iter_extents(tile, rstep)
         scores = [coalescing_score(a, a.region(ext), self.arch) for a in self.inputs]
@@ -572,12 +609,20 @@ class _Matmul(_Planner):
             out_w = self.widths({last: thread[-1]}).get(self.info.write.name)
             if out_w:
                 vec[self.info.write.name] = out_w
+            # K steps of 64 bytes per row measured fastest with double buffering (H200, fp32
+            # 4096³: rstep 16 beat 8 and 32); Roller's coalescing pick is the fallback order
+            step_bytes = rstep[self.principal] * self.inputs[0].tensor.bits // 8 if rstep else 64
+            off = abs(math.log2(max(1, step_bytes) / 64))
             ratio = -min(1.0, self._coalescing(tile, rstep))
-            for stages in (2, 1):
-                # the CUDA-core template double-buffers through registers (no cp.async): one
-                # shared copy, and each thread holds its share of the next tile
-                staged = ceil_div(stage_words, threads) if stages > 1 else 0
-                yield tile, thread, rstep, (), stages, regs + staged, stage_bytes, vec, (ratio, -stages)
+            # register-staged double buffering (one shared copy, each thread holds its share of
+            # the next tile), cp.async double buffering (two shared copies), or none
+            # ptxas overlaps the staged registers with dead fragment registers: the 128×128/8×8
+            # rstep-16 config estimated at 136 used 117-127 (nvcc 13, sm_90a); count half of them
+            staged = ceil_div(stage_words, 2 * threads)
+            yield tile, thread, rstep, (), 2, regs + staged, stage_bytes, vec, (off, ratio, 0)
+            if self.arch.has_async_copy:
+                yield tile, thread, rstep, (), 2, regs, 2 * stage_bytes, vec, (off, ratio, 1), True
+            yield tile, thread, rstep, (), 1, regs, stage_bytes, vec, (off, ratio, 2)
 
     def _shared_bytes(self, acc, region) -> int:
         """Shared-memory bytes of one input tile as the matmul template lays it out: dims indexed
@@ -689,7 +734,7 @@ def _diverse(ranked: list, topk: int) -> list:
     picked, seen, rest = [], set(), []
     for entry in ranked:
         cfg = entry[1]
-        key = (cfg.block, cfg.pipeline_stages)
+        key = (cfg.block, cfg.pipeline_stages, cfg.use_async_copy)
         if key in seen:
             rest.append(entry)
             continue
