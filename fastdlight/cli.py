@@ -250,12 +250,14 @@ def cmd_tune(args) -> int:
             raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
 
     from fastdlight.tune.apply_and_build import TuningError, apply_and_build, format_table, perf_text
-    from fastdlight.tune.tuner import emit_configs
+    from fastdlight.tune.tuner import emit_configs, prewarm
 
     print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
     t0 = time.perf_counter()
-    failures, outcome = [], None
+    if not args.serial:
+        prewarm(func, arch, args.workers)
+    failures, outcome, stats = [], None, {}
     try:
         for sched_func, configs, policy in emit_configs(func, arch, args.topk):
             print(f"{policy}: {len(configs)} configs")
@@ -263,7 +265,7 @@ def cmd_tune(args) -> int:
                 outcome = apply_and_build(
                     sched_func, configs, arch, parallel_build=not args.serial, measure=measure,
                     max_workers=args.workers, timeout=args.timeout, budget_ms=args.budget_ms, check=args.check,
-                    ref=ref, progress=not args.quiet and sys.stderr.isatty(),
+                    ref=ref, progress=not args.quiet and sys.stderr.isatty(), stats=stats,
                 )  # fmt: skip
                 break
             except TuningError as e:
@@ -291,14 +293,17 @@ def cmd_tune(args) -> int:
         print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
               f"for {arch.arch}; ranked by the policy's predicted cost.")
         print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
-    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
+    stats["policy_s"] = max(0.0, wall - stats.get("total_s", wall))
+    phases = ", ".join(f"{k[:-2]} {stats[k]:.1f} s" for k in ("policy_s", "build_s", "measure_s", "check_s")
+                       if k in stats)
+    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates ({phases})")
     if args.show_source:
         print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
     if args.json:
         doc = {
             "op": fname, "description": _describe(args, op, fname), "target": str(arch.target),
             "arch": arch.name, "measured": measure, "wall_s": round(wall, 3), "best": best.index,
-            "flops": flops, "bytes": nbytes,
+            "flops": flops, "bytes": nbytes, "phases": {k: round(v, 3) for k, v in stats.items()},
             "results": [dict(rank=i, perf=perf_text(r, flops, nbytes, memory_bound), **r.to_dict())
                         for i, r in enumerate(results, 1)],
         }  # fmt: skip

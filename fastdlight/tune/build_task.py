@@ -15,7 +15,11 @@ means in compile-only mode.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import linecache
 import os
+import sys
 import time
 import traceback
 
@@ -85,10 +89,38 @@ def init_worker() -> int:
     return os.getpid()
 
 
-def import_tensor_intrinsics() -> bool:
-    """Registers ldmatrix/mma TensorIntrins (~20 s on 2 cores): once per process."""
-    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
+@contextlib.contextmanager
+def _cheap_inspect_stack():
+    """Make ``inspect.stack()`` cheap while TVMScript parses many functions.
 
+    Each ``@T.prim_func`` calls ``inspect.stack()``, whose per-frame source lookup
+    (``inspect.getmodule`` scans all of ``sys.modules``) is ~90% of the time of importing
+    ``tvm.s_tir.tensor_intrin.cuda`` (~35 s on 2 cores). The parser only needs the frames, their
+    locals and the current source line of each, which ``linecache`` gives cheaply."""
+    original = inspect.stack
+
+    def stack(context: int = 1):
+        frame, infos = sys._getframe(1), []
+        while frame is not None:
+            code, lineno = frame.f_code, frame.f_lineno
+            line = linecache.getline(code.co_filename, lineno) if context > 0 else ""
+            infos.append(inspect.FrameInfo(frame, code.co_filename, lineno, code.co_name,
+                                           [line] if line else None, 0 if line else None))
+            frame = frame.f_back
+        return infos
+
+    inspect.stack = stack
+    try:
+        yield
+    finally:
+        inspect.stack = original
+
+
+def import_tensor_intrinsics() -> bool:
+    """Registers the ldmatrix/mma TensorIntrins: once per process, with a cheap inspect.stack."""
+    if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
+        with _cheap_inspect_stack():
+            import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
     return True
 
 

@@ -26,12 +26,30 @@ def emit_configs(func, arch: CUDA, topk: int = 20):
     yield func, list(DefaultPolicy(func, arch).emit_config(topk)), "DefaultPolicy"
 
 
+def prewarm(func, arch: CUDA, max_workers: int | None = None) -> None:
+    """Start the shared build workers now (importing the tensor-core intrinsics in them when
+    ``func`` is tensor-core eligible) so they are ready when the policy's configs arrive."""
+    from .apply_and_build import shared_pool
+
+    features = ()
+    try:
+        from ..policies.tensorcore import get_tensorized_func_and_tags
+
+        if get_tensorized_func_and_tags(func, arch)[1]:
+            features = ("tensor_intrin",)
+    except Exception:  # noqa: BLE001 - only a head start; emit_configs reports real problems
+        pass
+    shared_pool(max_workers).warm_up(features)
+
+
 def tune(func, target=None, topk: int = 20, **kwargs):
     """Tune ``func`` for ``target`` (a Target, tag, :class:`CUDA`; default: the live GPU, else
     the H100 model). Tensor-core eligible matmuls use :class:`TensorCorePolicy`; if none of
     its configs works, the CUDA-core :class:`DefaultPolicy` is tried. ``kwargs`` go to
     :func:`apply_and_build`. Returns ``(ranked results, best)``."""
     arch = target if isinstance(target, CUDA) else auto_arch(target)
+    if kwargs.get("parallel_build", True) and kwargs.get("pool") is None:
+        prewarm(func, arch, kwargs.get("max_workers"))
     errors = []
     for sched_func, configs, policy in emit_configs(func, arch, topk):
         try:

@@ -82,6 +82,8 @@ class _Worker:
         self.initializer, self.initargs, self.env = initializer, initargs, env
         self.proc: subprocess.Popen | None = None
         self.features: set[str] = set()
+        #: held while a thread starts / sets up / uses this worker (driver and warm-up threads)
+        self.lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -112,16 +114,21 @@ class _Worker:
             pass
         self._reap()
 
-    def close(self) -> None:
-        """Ask the worker to exit (EOF on its pipe); kill it if it does not."""
+    def request_exit(self) -> None:
+        """EOF on the worker's pipe: it exits after its current task."""
+        if self.proc is not None:
+            try:
+                self.writer.close()
+            except OSError:
+                pass
+
+    def close(self, deadline: float | None = None) -> None:
+        """Ask the worker to exit; kill it if it has not by ``deadline`` (monotonic)."""
         if self.proc is None:
             return
+        self.request_exit()
         try:
-            self.writer.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2.0)
+            self.proc.wait(timeout=max(0.0, (deadline or time.monotonic() + 2.0) - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
         self.kill()
@@ -226,24 +233,44 @@ class WorkerPool:
         self._closed = False
 
     # -- running tasks --------------------------------------------------------------------
+    def _setup(self, worker: _Worker, features=()) -> None:
+        if worker.proc is None:
+            worker.start()
+        for name in features:
+            if name not in worker.features:
+                fn, args = self.features[name]
+                worker.call(fn, args, INIT_TIMEOUT)
+                worker.features.add(name)
+
     def _run_one(self, worker: _Worker, task: Task, timeout: float | None) -> Outcome:
         t0 = time.monotonic()
-        try:
-            if worker.proc is None:
-                worker.start()
-            for name in task.features:
-                if name not in worker.features:
-                    fn, args = self.features[name]
-                    worker.call(fn, args, INIT_TIMEOUT)
-                    worker.features.add(name)
-            t_task = time.monotonic()
-            value = worker.call(task.fn, task.args, timeout)
-            return Outcome(task.key, True, value, seconds=time.monotonic() - t_task)
-        except WorkerError as e:
-            return Outcome(task.key, False, None, e.error, e.log, time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - e.g. unpicklable task: record it, keep going
-            return Outcome(task.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
-                           time.monotonic() - t0)
+        with worker.lock:
+            try:
+                self._setup(worker, task.features)
+                t_task = time.monotonic()
+                value = worker.call(task.fn, task.args, timeout)
+                return Outcome(task.key, True, value, seconds=time.monotonic() - t_task)
+            except WorkerError as e:
+                return Outcome(task.key, False, None, e.error, e.log, time.monotonic() - t0)
+            except Exception as e:  # noqa: BLE001 - e.g. unpicklable task: record it, keep going
+                return Outcome(task.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                               time.monotonic() - t0)
+
+    def warm_up(self, features: tuple[str, ...] = ()) -> None:
+        """Start every worker (and set up ``features``) in the background, so the first tasks
+        do not wait for Python + TVM to import. Returns at once."""
+        if self._closed:
+            return
+
+        def start(worker: _Worker):
+            with worker.lock:
+                try:
+                    self._setup(worker, features)
+                except Exception:  # noqa: BLE001 - the first real task will report it
+                    pass
+
+        for w in self._workers:
+            threading.Thread(target=start, args=(w,), daemon=True).start()
 
     def imap_unordered(self, tasks: Iterable[Task], timeout: float | None = None) -> Iterator[Outcome]:
         """Run tasks on the workers; yield one :class:`Outcome` per task as each finishes."""
@@ -296,8 +323,11 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
+        for w in self._workers:  # all at once: TVM teardown takes a moment per process
+            w.request_exit()
+        deadline = time.monotonic() + 2.0
         for w in self._workers:
-            w.close()
+            w.close(deadline)
         if self._tmp is not None:
             self._tmp.cleanup()
 

@@ -20,7 +20,7 @@ H100 = CUDA("nvidia/nvidia-h100")
 
 def flat_configs(threads=(64, 128, 256, 512)):
     # Different thread counts give different sources (__launch_bounds__), so a mismatch shows.
-    return [Config("elementwise", (1024, t), (1, 1), cost=float(i)) for i, t in enumerate(threads)]
+    return [Config("elementwise", (1, t), (1, 1), cost=float(i)) for i, t in enumerate(threads)]
 
 
 def quiet(**kw):
@@ -178,3 +178,14 @@ def test_gpu_stock_dlight_reference_is_used_without_ref():
     results, best = apply_and_build(op.func, flat_configs((128, 256)), auto_arch(),
                                     template=standins.flat_template, budget_ms=20)
     assert best.verified is True
+
+
+def test_tune_uses_tensor_cores_for_fp16_matmul_compile_only():
+    import fastdlight
+
+    op = ops.matmul(256, 256, 256, "float16", "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, best = fastdlight.tune(op.func, H100, topk=2, measure=False, max_workers=2)
+    assert {r.config.kind for r in results} == {"matmul_tc"}
+    assert best.compiled and "mma" in best.source
