@@ -16,10 +16,40 @@ import tempfile
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm.target import Target
 
-#: PassContext options every fastdlight build uses (cp.async lowering needs the first one).
-PASS_CONFIG = {"tirx.use_async_copy": True}
+#: PassContext options every fastdlight build uses (cp.async lowering needs the first one;
+#: CSE would hoist ``threadIdx.x * 8`` out of tensor-core fragment offsets, and LowerWarpMemory
+#: then cannot find the lane coefficient of ldmatrix/mma warp buffers).
+PASS_CONFIG = {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True}
+
+
+def _lower_every_warp_buffer() -> None:
+    """Work around a TVM 0.27 bug: ``tirx.transform.LowerWarpMemory`` rewrites only the *first*
+    warp-scope allocation of each statement sequence (it stops after one), so the other
+    tensor-core fragments (ldmatrix/mma ``warp`` buffers) stay 32x too large in local memory.
+    Re-run the original pass until the module stops changing (a no-op without warp buffers)."""
+    transform = tvm.tirx.transform
+    original = getattr(transform.LowerWarpMemory, "fastdlight_original", transform.LowerWarpMemory)
+
+    @tvm.transform.module_pass(opt_level=0, name="tirx.LowerWarpMemoryAll")
+    def lower_all(mod, _ctx):
+        for _ in range(16):
+            lowered = original()(mod)
+            if tvm_ffi.structural_equal(lowered, mod):
+                break
+            mod = lowered
+        return mod
+
+    def LowerWarpMemory():  # noqa: N802 - same name as the TVM pass it replaces
+        return lower_all
+
+    LowerWarpMemory.fastdlight_original = original
+    transform.LowerWarpMemory = LowerWarpMemory
+
+
+_lower_every_warp_buffer()
 
 
 class CompileError(RuntimeError):
