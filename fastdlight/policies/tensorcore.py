@@ -224,6 +224,10 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         return None, "no bf16 mma intrinsic in TVM 0.27 (tvm.s_tir.tensor_intrin.cuda): CUDA cores"
     if pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
         return None, f"dtypes {pair} have no tensor-core path"
+    if match.in_dtype == "int8" and match.layout != "NT":
+        # TVM 0.27 has no int8 A-trans ldmatrix and its int8 B non-trans "ldmatrix" is a manual
+        # loop; transposing while copying to shared memory was not GPU-verified: CUDA cores
+        return None, f"int8 layout {match.layout}: tensor cores only for NT (A and B K-inner)"
     if min(match.m, match.n, match.k) < 16:
         return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
     smem_a_k_inner, smem_b_k_inner = smem_layout(match)
@@ -248,8 +252,9 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
 def smem_layout(match: MatmulMatch) -> tuple[bool, bool]:
     """Shared-memory layout of A and B as ``(a_k_inner, b_k_inner)``. fp16 keeps the stored
     layout (ldmatrix .trans handles the rest). TVM's int8 ldmatrix needs A and B K-inner
-    (no int8 A-trans intrinsic, and its int8 B non-trans path is not a real ldmatrix), so int8
-    transposes NN/TN operands while copying them to shared memory (slower, correct)."""
+    (no int8 A-trans intrinsic, and its int8 B non-trans path is not a real ldmatrix); the
+    template can transpose NN/TN int8 operands while copying them to shared memory, but
+    ``tensorcore_tags`` does not offer that (unverified) path."""
     if match.in_dtype == "int8":
         return True, True
     return match.a_k_inner, match.b_k_inner
@@ -265,6 +270,8 @@ SMEM_BYTES_PER_CYCLE = 128
 CLOCK_HZ = 1.5e9
 #: bytes one ldmatrix.x4 moves (four 8x8 matrices of 16-bit elements / a 16x32 int8 tile)
 LDMATRIX_BYTES = 512
+#: cost of the per-K-step __syncthreads + cp.async wait, per warp of the block
+BARRIER_CYCLES_PER_WARP = 20
 #: registers per thread beyond accumulators and fragments (addresses, loop counters)
 REG_OVERHEAD = 24
 #: fraction of the datasheet tensor peak mma.sync reaches on Hopper (wgmma gets the rest)
@@ -353,10 +360,10 @@ class TensorCorePolicy:
         return max(pipeline, staging)
 
     def registers(self, c: _Candidate) -> int:
-        """Registers per thread: accumulators + the K-step's A/B fragments + overhead."""
+        """Registers per thread: accumulators + A/B fragments (a whole K-step or one MMA-k
+        sub-step, as the template loads them) + overhead."""
         acc = c.wm * c.wn * self.acc_bytes // (32 * 4)
-        frags = (c.wm + c.wn) * c.bk * self.in_bytes // (32 * 4)
-        return acc + frags + REG_OVERHEAD
+        return acc + fragment_registers(c.wm, c.wn, c.bk, self.in_bytes, self.mma_k) + REG_OVERHEAD
 
     def fits(self, c: _Candidate) -> bool:
         arch = self.arch
@@ -409,8 +416,11 @@ class TensorCorePolicy:
         if self.tags["smem_layout"] != _stored_layout(t["layout"]):
             l2 *= 8  # operands transposed while copied: uncoalesced, unvectorized loads
         step = max(mma, smem, l2)
-        # `stages - 1` loads in flight per block must cover the load latency
-        sm_step = max(resident * step, LOAD_LATENCY_CYCLES / max(c.stages - 1, 1))
+        # `stages - 1` loads in flight per block must cover the load latency; every K-step ends
+        # in a block-wide barrier whose skew grows with the warps it waits for (co-resident
+        # blocks fill the bubble)
+        barrier = BARRIER_CYCLES_PER_WARP * c.warps / resident
+        sm_step = max(resident * step, LOAD_LATENCY_CYCLES / max(c.stages - 1, 1)) + barrier
         out_bytes = NBYTES.get(t["out_dtype"], 4)
         epilogue = resident * c.bm * c.bn * (2 * self.acc_bytes / SMEM_BYTES_PER_CYCLE + out_bytes / l2_per_cycle)
         cycles = waves * (steps * sm_step + epilogue + LOAD_LATENCY_CYCLES)
@@ -459,6 +469,20 @@ class TensorCorePolicy:
             if len(configs) >= topk:
                 break
         return configs
+
+
+#: A+B fragment registers up to which the template loads a whole K-step of fragments at once
+WHOLE_STEP_FRAGMENT_REGS = 64
+
+
+def whole_step_fragments(wm: int, wn: int, bk: int, in_bytes: int) -> bool:
+    """Does the template load the A/B fragments of a whole K-step at once (else per MMA-k)?"""
+    return (wm + wn) * bk * in_bytes // (32 * 4) <= WHOLE_STEP_FRAGMENT_REGS
+
+
+def fragment_registers(wm: int, wn: int, bk: int, in_bytes: int, mma_k: int) -> int:
+    k = bk if whole_step_fragments(wm, wn, bk, in_bytes) else mma_k
+    return (wm + wn) * k * in_bytes // (32 * 4)
 
 
 def _stored_layout(layout: str) -> str:

@@ -31,7 +31,15 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 
 from ..policies.config import Config
-from ..policies.tensorcore import NBYTES, SUPPORTED_MMA, MatmulMatch, intrin_group, match_matmul, smem_layout
+from ..policies.tensorcore import (
+    NBYTES,
+    SUPPORTED_MMA,
+    MatmulMatch,
+    intrin_group,
+    match_matmul,
+    smem_layout,
+    whole_step_fragments,
+)
 
 try:  # the shared template interface (written concurrently); same interface without it
     from .base import ScheduleTemplate
@@ -169,10 +177,14 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     b_copy = sch.cache_read(outer, 1, "shared.dyn")
     a_frag = sch.cache_read(outer, 0, "warp")
     b_frag = sch.cache_read(outer, 1, "warp")
-    # all fragments of a K-step at once (not multi-buffered over k1, see the unrolling note):
-    # every ldmatrix of the step issues back to back, then every mma.sync
-    sch.compute_at(a_frag, k0, preserve_unit_loops=True)
-    sch.compute_at(b_frag, k0, preserve_unit_loops=True)
+    # Fragments are not multi-buffered by a k1 software pipeline (see the unrolling note).
+    # Small ones hold the whole K-step: every ldmatrix of the step issues back to back, then
+    # every mma.sync. Larger ones are loaded per MMA-k sub-step (nvcc unrolls k1 and ptxas
+    # overlaps the next sub-step's ldmatrix with the current mma), which frees the registers
+    # for longer K-steps (fewer barriers).
+    frag_loop = k0 if whole_step_fragments(wm, wn, bk, in_bytes) else k1
+    sch.compute_at(a_frag, frag_loop, preserve_unit_loops=True)
+    sch.compute_at(b_frag, frag_loop, preserve_unit_loops=True)
 
     def fetch_to_shared(copy, k_inner: bool, rows: int):
         sch.compute_at(copy, k0, preserve_unit_loops=True)

@@ -48,7 +48,7 @@ CASES = {
     "fp16_fp32_TT": lambda: op_case(512, 512, 512, "float16", "float32", "TT"),
     "fp16_fp16_NT": lambda: op_case(1024, 1024, 512, "float16", "float16", "NT"),
     "int8_int32_NT": lambda: op_case(1024, 1024, 1024, "int8", "int32", "NT"),
-    "int8_int32_NN": lambda: op_case(256, 512, 256, "int8", "int32", "NN"),
+    "int8_int32_NT_odd": lambda: op_case(1000, 520, 1000, "int8", "int32", "NT"),
     "non_divisible_1000x3000x520": lambda: op_case(1000, 3000, 520, "float16", "float32", "NN"),
     "batched_4x512x256x256": lambda: op_case(512, 256, 256, "float16", "float32", "NT", batch=4),
     "seed_512x16x512": lambda: op_case(512, 16, 512, "float16", "float32", "NN"),
