@@ -226,7 +226,8 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         return None, f"dtypes {pair} have no tensor-core path"
     if match.in_dtype == "int8" and match.layout != "NT":
         # TVM 0.27 has no int8 A-trans ldmatrix and its int8 B non-trans "ldmatrix" is a manual
-        # loop; transposing while copying to shared memory was not GPU-verified: CUDA cores
+        # loop; transposing int8 operands while copying them to shared memory crashed on the
+        # GPU (illegal access) in an earlier version of the template: CUDA cores instead
         return None, f"int8 layout {match.layout}: tensor cores only for NT (A and B K-inner)"
     if min(match.m, match.n, match.k) < 16:
         return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
@@ -250,13 +251,8 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
 
 
 def smem_layout(match: MatmulMatch) -> tuple[bool, bool]:
-    """Shared-memory layout of A and B as ``(a_k_inner, b_k_inner)``. fp16 keeps the stored
-    layout (ldmatrix .trans handles the rest). TVM's int8 ldmatrix needs A and B K-inner
-    (no int8 A-trans intrinsic, and its int8 B non-trans path is not a real ldmatrix); the
-    template can transpose NN/TN int8 operands while copying them to shared memory, but
-    ``tensorcore_tags`` does not offer that (unverified) path."""
-    if match.in_dtype == "int8":
-        return True, True
+    """Shared-memory layout of A and B as ``(a_k_inner, b_k_inner)``: the stored layout
+    (ldmatrix .trans does the transposes; int8 is only offered for NT, see tensorcore_tags)."""
     return match.a_k_inner, match.b_k_inner
 
 
@@ -413,8 +409,6 @@ class TensorCorePolicy:
         smem = (ldmatrix + tile_bytes) / SMEM_BYTES_PER_CYCLE
         l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
         l2 = tile_bytes / l2_per_cycle
-        if self.tags["smem_layout"] != _stored_layout(t["layout"]):
-            l2 *= 8  # operands transposed while copied: uncoalesced, unvectorized loads
         step = max(mma, smem, l2)
         # `stages - 1` loads in flight per block must cover the load latency; every K-step ends
         # in a block-wide barrier whose skew grows with the warps it waits for (co-resident
@@ -483,10 +477,6 @@ def whole_step_fragments(wm: int, wn: int, bk: int, in_bytes: int) -> bool:
 def fragment_registers(wm: int, wn: int, bk: int, in_bytes: int, mma_k: int) -> int:
     k = bk if whole_step_fragments(wm, wn, bk, in_bytes) else mma_k
     return (wm + wn) * k * in_bytes // (32 * 4)
-
-
-def _stored_layout(layout: str) -> str:
-    return layout
 
 
 def _pow2_at_least(n: int) -> int:

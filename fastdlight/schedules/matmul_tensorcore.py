@@ -7,10 +7,16 @@ Kernel structure for a ``matmul_tc`` config (block (bm, bn), warp (wm, wn), rste
 * main loop over K in steps of bk: A/B tiles copied global → shared (``shared.dyn``) with 128-bit
   ``cp.async`` by all threads, ``pipeline_stages`` deep (multi-buffered software pipeline);
   shared tiles XOR-swizzled (TVM's ``permuted_layout``) or padded to avoid bank conflicts.
-* inner loop over bk in MMA-k steps: ldmatrix into warp fragments, double-buffered in registers,
-  then (wm/16)·(wn/16) × 2 mma.sync per warp.
-* epilogue: accumulators → shared → global with 128-bit stores, with the elementwise blocks that
-  follow the matmul (bias, activation, cast) inlined into that copy.
+* inner loop over bk in MMA-k steps: ldmatrix into warp fragments (the whole K-step at once when
+  they fit 64 registers, else per MMA-k step; unrolled by nvcc, which overlaps the loads with
+  the previous mma), then (wm/16)·(wn/16) × 2 mma.sync per warp.
+* epilogue: accumulators → shared (padded rows) → global with vector stores, with the
+  elementwise blocks that follow the matmul (bias, activation, cast) inlined into that copy.
+  The staging tile reuses the pipeline's shared memory (TVM merges ``shared.dyn`` buffers).
+
+Builds need ``fastdlight.tune.compile``'s PASS_CONFIG (cp.async, no TIR CSE) and its
+LowerWarpMemory fix (TVM 0.27 lowers only the first warp buffer of a scope): otherwise the
+fragments end up in local memory (``bytes stack frame`` in the ptxas report).
 
 Non-divisible shapes are padded with ``pad_einsum`` (predicated, zero-filled loads; predicated
 stores), so every tile size works for every shape.
@@ -103,6 +109,8 @@ class TensorCoreMatmulTemplate(ScheduleTemplate):
         match, _reason = match_matmul(func)
         if match is None or (match.in_dtype, match.acc_dtype) not in SUPPORTED_MMA:
             return None
+        if match.in_dtype == "int8" and match.layout != "NT":
+            return None  # TVM's int8 ldmatrix needs K-inner A and B (see tensorcore_tags)
         if not config_fits(match, config):
             return None
         register_intrinsics()
@@ -190,8 +198,7 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
         sch.compute_at(copy, k0, preserve_unit_loops=True)
         inner_extent = bk if k_inner else rows
         vec = VECTOR_BYTES // in_bytes
-        # int8 operands that are transposed into K-inner shared tiles read strided global memory
-        while vec > 1 and inner_extent % vec:
+        while vec > 1 and inner_extent % vec:  # (tiles are multiples of 16: a safety net)
             vec //= 2
         fused = sch.fuse(*sch.get_loops(copy)[-len(sch.get(copy).iter_vars) :])
         serial, t_y, t_x, lane = sch.split(fused, [None, num_warps, WARP, vec])

@@ -87,8 +87,8 @@ CASES = {
                        tc(block=(64, 64), warp=(32, 32), rstep=(16,), pipeline_stages=2), (A100,)),
     "int8_nt": (lambda: ops.matmul(1024, 1024, 1024, "int8", "int32", "NT").func,
                 tc(block=(128, 128), warp=(64, 64), rstep=(64,)), (H100, A100)),
-    "int8_nn_transposed_copy": (lambda: ops.matmul(256, 256, 256, "int8", "int32", "NN").func,
-                                tc(block=(64, 64), warp=(32, 32), rstep=(32,), pipeline_stages=2), (H100,)),
+    "int8_nt_padded": (lambda: ops.matmul(1000, 520, 1000, "int8", "int32", "NT").func,
+                       tc(block=(64, 128), warp=(32, 64), rstep=(128,), pipeline_stages=2), (A100,)),
     "batched_nt": (lambda: ops.matmul(512, 256, 128, "float16", "float32", "NT", batch=4).func,
                    tc(block=(64, 128), warp=(32, 64), rstep=(32,), pipeline_stages=2), (H100,)),
     "non_divisible_nn": (lambda: ops.matmul(1000, 3000, 520, "float16", "float32", "NN").func,
@@ -131,6 +131,9 @@ def test_refuses_what_it_cannot_build():
     assert TEMPLATE.apply_config(op.func, tc(block=(64, 64), warp=(32, 32), rstep=(24,))) is None
     int8 = ops.matmul(256, 256, 256, "int8", "int32", "NT")
     assert TEMPLATE.apply_config(int8.func, tc(block=(64, 64), warp=(32, 32), rstep=(16,))) is None
+    # int8 needs K-inner A and B (TVM's int8 ldmatrix); other layouts go to CUDA cores
+    int8_nn = ops.matmul(256, 256, 256, "int8", "int32", "NN")
+    assert TEMPLATE.apply_config(int8_nn.func, tc(block=(64, 64), warp=(32, 32), rstep=(32,))) is None
     # not a tensor-core matmul at all
     assert TEMPLATE.apply_config(ops.matmul(256, 256, 256, "float32").func, good) is None
     assert TEMPLATE.apply_config(ops.softmax(256, 256).func, good) is None
