@@ -47,6 +47,7 @@ SEED = [
     ("matmul_nt_f16_1k", "matmul NT fp16 1024^3", lambda: ops.matmul(1024, 1024, 1024, "float16", "float16", "NT")),
     ("matmul_nn_f32_1k", "matmul NN fp32 1024^3", lambda: ops.matmul(1024, 1024, 1024, "float32", layout="NN")),
     ("matmul_nt_f32_1k", "matmul NT fp32 1024^3", lambda: ops.matmul(1024, 1024, 1024, "float32", layout="NT")),
+    ("matmul_nn_f32_4k", "matmul NN fp32 4096^3", lambda: ops.matmul(4096, 4096, 4096, "float32", layout="NN")),
     ("matmul_nn_f16_8k", "matmul NN fp16 8192^3", lambda: ops.matmul(8192, 8192, 8192, "float16", "float16", "NN")),
     ("matmul_nt_f16_8k", "matmul NT fp16 8192^3", lambda: ops.matmul(8192, 8192, 8192, "float16", "float16", "NT")),
     ("matmul_nn_f32_8k", "matmul NN fp32 8192^3", lambda: ops.matmul(8192, 8192, 8192, "float32", layout="NN")),

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One batched GPU check (for the lent GPU machine): hardware model, GPU tests, CLI tuning wall
+# time, tensor-core and operator benchmarks. Each step has its own time limit so one slow step
+# cannot starve the rest; logs go to $OUT (or ./gpu_check_out).
+#   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: all)
+set -uo pipefail
+out=${OUT:-gpu_check_out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
+steps=${*:-arch tests cli tc ops}
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) ==="; local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; echo "=== $name: rc=${PIPESTATUS[0]} in $((SECONDS - t0)) s ==="; }
+for s in $steps; do case $s in
+  arch)  step arch 60 python3 -c "import tvm; from fastdlight.arch import CUDA; print(CUDA.from_device(tvm.cuda(0)))";;
+  tests) step tests "${TESTS_LIMIT:-200}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests;;
+  cli)   step cli 90 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float32 --topk 20;;
+  tc)    step tc "${TC_LIMIT:-170}" python3 benchmarks/bench_matmul_tc.py --topk 20;;
+  ops)   step ops "${OPS_LIMIT:-170}" python3 benchmarks/bench_ops.py --topk 20 --max-seconds $(( ${OPS_LIMIT:-170} - 20 )) \
+           --ops "${OPS_FILTER:-copy,add,sum,max,softmax,gemv,matmul_nn_f32_4k,matmul_nn_f32_1k,conv2d}";;
+esac; done
