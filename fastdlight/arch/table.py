@@ -194,9 +194,10 @@ GPUS: tuple[GPUSpec, ...] = (
          device_names=[r"\bH100\b.*\bPCIe\b"], sm_count=114, l2_bytes=50 * MB, bw=2000, fp32=51,
          tc={"float16": 756, "bfloat16": 756, "int8": 1513, "float8": 1513},
          source="NVIDIA H100 datasheet (PCIe)", suffix="a"),
-    # NVIDIA H200 datasheet (SXM): H100 compute (132 SMs, 50 MB L2) with 4800 GB/s HBM3e.
+    # NVIDIA H200 datasheet (SXM): H100 compute (132 SMs) with 4800 GB/s HBM3e. L2: 60 MB as
+    # the device itself reports it (cudaDevAttrL2CacheSize = 62914560 on an H200, 2026-11-22).
     _gpu("h200", "H200 SXM 141GB", (9, 0), tag="nvidia/nvidia-h200", tvm_tag=False,
-         device_names=[r"\bH200\b(?!.*NVL)"], sm_count=132, l2_bytes=50 * MB, bw=4800, fp32=67,
+         device_names=[r"\bH200\b(?!.*NVL)"], sm_count=132, l2_bytes=60 * MB, bw=4800, fp32=67,
          tc={"float16": 989.4, "bfloat16": 989.4, "int8": 1979, "float8": 1979},
          source="NVIDIA H200 datasheet", suffix="a"),
 )
