@@ -32,7 +32,7 @@ from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.policies.tensorcore import TensorCorePolicy, tensorcore_tags  # noqa: E402
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore  # noqa: E402
-from fastdlight.tune.apply_and_build import TuningError, apply_and_build  # noqa: E402
+from fastdlight.tune.runner import TuningError, apply_and_build  # noqa: E402
 from fastdlight.tune.measure import flush_bytes_for, time_torch  # noqa: E402
 
 # name, M, N, K, input dtype, layout

@@ -31,7 +31,7 @@ import tvm  # noqa: E402
 from fastdlight import ops  # noqa: E402
 from fastdlight.arch import CUDA, auto_arch, has_gpu  # noqa: E402
 from fastdlight.tune import build_task  # noqa: E402
-from fastdlight.tune.apply_and_build import TuningError, _load_module, apply_and_build, build_all  # noqa: E402
+from fastdlight.tune.runner import TuningError, _load_module, apply_and_build, build_all  # noqa: E402
 from fastdlight.tune.measure import Workload, flush_bytes_for, function_name, time_module, time_torch  # noqa: E402
 from fastdlight.tune.tuner import emit_configs  # noqa: E402
 

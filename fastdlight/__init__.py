@@ -18,9 +18,9 @@ _LAZY = {
     "DefaultPolicy": "fastdlight.policies.default",
     "TensorCorePolicy": "fastdlight.policies.tensorcore",
     "get_tensorized_func_and_tags": "fastdlight.policies.tensorcore",
-    "apply_and_build": "fastdlight.tune.apply_and_build",
-    "CompileResult": "fastdlight.tune.apply_and_build",
-    "TuningError": "fastdlight.tune.apply_and_build",
+    "apply_and_build": "fastdlight.tune.runner",
+    "CompileResult": "fastdlight.tune.runner",
+    "TuningError": "fastdlight.tune.runner",
 }
 
 __all__ = sorted([*_LAZY, "tune"])

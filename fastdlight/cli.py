@@ -249,7 +249,7 @@ def cmd_tune(args) -> int:
         except ValueError as e:
             raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
 
-    from fastdlight.tune.apply_and_build import TuningError, apply_and_build, format_table, perf_text
+    from fastdlight.tune.runner import TuningError, apply_and_build, format_table, perf_text
     from fastdlight.tune.tuner import emit_configs, prewarm
 
     print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"

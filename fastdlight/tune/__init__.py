@@ -9,10 +9,10 @@ import sys
 import types
 
 _LAZY = {
-    "apply_and_build": ".apply_and_build",
-    "CompileResult": ".apply_and_build",
-    "TuningError": ".apply_and_build",
-    "format_table": ".apply_and_build",
+    "apply_and_build": ".runner",
+    "CompileResult": ".runner",
+    "TuningError": ".runner",
+    "format_table": ".runner",
     "tune": ".tuner",
 }
 

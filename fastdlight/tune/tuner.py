@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 from ..arch import CUDA, auto_arch
-from .apply_and_build import TuningError, apply_and_build
+from .runner import TuningError, apply_and_build
 
 
 def emit_configs(func, arch: CUDA, topk: int = 20):
@@ -29,7 +29,7 @@ def emit_configs(func, arch: CUDA, topk: int = 20):
 def prewarm(func, arch: CUDA, max_workers: int | None = None) -> None:
     """Start the shared build workers now (importing the tensor-core intrinsics in them when
     ``func`` is tensor-core eligible) so they are ready when the policy's configs arrive."""
-    from .apply_and_build import shared_pool
+    from .runner import shared_pool
 
     features = ()
     try:

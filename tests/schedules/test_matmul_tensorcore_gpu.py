@@ -14,7 +14,7 @@ from fastdlight import ops
 from fastdlight.arch import auto_arch
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore
-from fastdlight.tune.apply_and_build import apply_and_build
+from fastdlight.tune.runner import apply_and_build
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import standins
 from fastdlight import ops
 from fastdlight.arch import CUDA, has_gpu
 from fastdlight.policies.config import Config
-from fastdlight.tune.apply_and_build import (
+from fastdlight.tune.runner import (
     TuningError,
     apply_and_build,
     format_table,
@@ -125,7 +125,7 @@ def test_parallel_and_serial_give_the_same_ranking():
 
 
 def test_rank_puts_timed_first_then_wrong_then_untimed():
-    from fastdlight.tune.apply_and_build import CompileResult
+    from fastdlight.tune.runner import CompileResult
 
     cfg = flat_configs((64,))[0]
     fast_wrong = CompileResult(cfg, 0, source="x", registers=1, latency_ms=1.0, verified=False)
@@ -189,3 +189,12 @@ def test_tune_uses_tensor_cores_for_fp16_matmul_compile_only():
         results, best = fastdlight.tune(op.func, H100, topk=2, measure=False, max_workers=2)
     assert {r.config.kind for r in results} == {"matmul_tc"}
     assert best.compiled and "mma" in best.source
+
+
+def test_public_import_paths_give_the_function():
+    # README's import: the submodule must not shadow the function of the same name
+    import fastdlight
+    from fastdlight.tune import apply_and_build as via_tune
+
+    assert callable(via_tune) and via_tune.__name__ == "apply_and_build"
+    assert fastdlight.apply_and_build is via_tune
