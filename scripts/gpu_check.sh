@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One batched GPU check (for the lent GPU machine): hardware model, GPU tests, CLI tuning wall
 # time, tensor-core and operator benchmarks. Each step has its own time limit so one slow step
-# cannot starve the rest; logs go to $OUT (or ./gpu_check_out).
+# cannot starve the rest; one log, $OUT/gpu_check.log (the device tool returns at most 8 files).
 #   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: all)
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
 steps=${*:-arch tests cli tc ops}
 step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) ==="; local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; echo "=== $name: rc=${PIPESTATUS[0]} in $((SECONDS - t0)) s ==="; }
+  timeout "$limit" "$@" 2>&1 | tee -a "$out/gpu_check.log"; echo "=== $name: rc=${PIPESTATUS[0]} in $((SECONDS - t0)) s ==="; }
 for s in $steps; do case $s in
   arch)  step arch 60 python3 -c "import tvm; from fastdlight.arch import CUDA; print(CUDA.from_device(tvm.cuda(0)))";;
   tests) step tests "${TESTS_LIMIT:-200}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests;;
