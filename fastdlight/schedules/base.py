@@ -77,6 +77,14 @@ def dtype_bits(dtype) -> int:
     return DataType(str(dtype)).bits
 
 
+def root_block(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The function's root block, or None when it has none (not in block form)."""
+    try:
+        return sch.get_sblock("root")
+    except Exception:  # noqa: BLE001 - TVM raises its own error type for a missing block
+        return None
+
+
 def prepare(func: tirx.PrimFunc):
     """``(sch, blocks, anchor, spatial_axes, reduction_axes)`` for a fresh normalized schedule of
     ``func``; ``anchor`` is the output-defining block (see ``policies.analysis.output_block``).

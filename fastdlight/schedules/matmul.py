@@ -49,7 +49,7 @@ from tvm import s_tir, tirx
 from fastdlight.policies.analysis import block_axes, output_block
 from fastdlight.policies.config import Config
 
-from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.base import ScheduleTemplate, root_block
 
 
 #: Auto-unroll budget below threadIdx: unrolls the small copy loops, never the k-outer loop
@@ -429,17 +429,11 @@ def _param_names_by_buffer(sch) -> dict:
     func = sch.mod["main"]
     params = {str(p.name) for p in func.params}
     result = {}
-    for rv in sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []:
+    root = root_block(sch)
+    for rv in sch.get_child_blocks(root) if root is not None else []:
         block = sch.get(rv)
         srcs = {r.source.name for r in block.reads} & params
         if srcs and len(block.writes) == 1:
             result[block.writes[0].source.name] = srcs
     return result
 
-
-def _has_root(sch) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001
-        return False

@@ -47,7 +47,9 @@ def output_indices(func: tirx.PrimFunc) -> list[int]:
         from tvm import s_tir
 
         sch = s_tir.Schedule(func)
-        stack = [sch.get_sblock("root")] if _has_root(sch) else []
+        from fastdlight.schedules.base import root_block
+
+        stack = [rv for rv in [root_block(sch)] if rv is not None]
         while stack:
             rv = stack.pop()
             written += [_region_tensor(region) for region in sch.get(rv).writes]
@@ -56,14 +58,6 @@ def output_indices(func: tirx.PrimFunc) -> list[int]:
         written = []
     outs = [i for i, p in enumerate(param_buffers(func)) if any(p.same_as(b) for b in written)]
     return outs or [len(func.params) - 1]
-
-
-def _has_root(sch) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _region_tensor(region):
