@@ -99,6 +99,25 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None) ->
     return Op(f"matmul_{layout}", _prim_func([A, B, C], "matmul"), ref, 2.0 * nb * m * n * k, nbytes)
 
 
+def matmul_bias_relu(m, n, k, dtype="float16") -> Op:
+    """D = dtype(relu(A·Bᵀ + bias)) with the product accumulated in fp32: a matmul followed by an
+    epilogue (bias, relu, cast) that templates fuse into the same kernel."""
+    _check_shape(m, n, k)
+    _check_dtype(dtype, ("float16", "float32"))
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((n, k), dtype, name="B")
+    bias = te.placeholder((n,), dtype, name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
+    D = te.compute((m, n), lambda i, j: tirx.max(C[i, j] + bias[j].astype("float32"), 0.0).astype(dtype), name="D")
+
+    def ref(a, b, c):
+        return np.maximum(a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64), 0)
+
+    nbytes = (m * k + n * k + n + m * n) * _nbytes(dtype)
+    return Op("matmul_bias_relu", _prim_func([A, B, bias, D], "matmul_bias_relu"), ref, 2.0 * m * n * k, nbytes)
+
+
 def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:
     """Y[m, n] = sum_k X[m, k] * W[n, k] (weights stored N×K as in linear layers); m <= 16 is
     the low-batch case."""

@@ -6,7 +6,6 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tvm import te, tirx
 
 from fastdlight import ops
 from fastdlight.policies.config import Config
@@ -31,13 +30,7 @@ def tc(**kw) -> Config:
 
 def bias_relu_cast(m, n, k):
     """C = A·Bᵀ in fp32, D = fp16(relu(C + bias)) — an epilogue the template must fuse."""
-    A = te.placeholder((m, k), "float16", name="A")
-    B = te.placeholder((n, k), "float16", name="B")
-    bias = te.placeholder((n,), "float16", name="bias")
-    r = te.reduce_axis((0, k), name="k")
-    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
-    D = te.compute((m, n), lambda i, j: tirx.max(C[i, j] + bias[j].astype("float32"), 0.0).astype("float16"), name="D")
-    return te.create_prim_func([A, B, bias, D]).with_attr("global_symbol", "matmul_bias_relu")
+    return ops.matmul_bias_relu(m, n, k).func
 
 
 def compile_all(jobs):
