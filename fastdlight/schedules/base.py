@@ -31,6 +31,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import SBlockInfo
 
 from ..policies.analysis import Axis, block_axes, output_block
 from ..policies.config import Config
+from ..policies.roller import ceil_div, largest_pow2_divisor  # noqa: F401 - re-exported for templates
 
 LoopRV = s_tir.schedule.LoopRV
 SBlockRV = s_tir.schedule.SBlockRV
@@ -62,10 +63,6 @@ class ScheduleTemplate:
 
 
 # -- analysis --------------------------------------------------------------------------------
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def pad_to(extent: int, tile: int) -> int:
@@ -166,13 +163,6 @@ def buffers_indexed_innermost_by(block: tirx.SBlock, var: tirx.Var) -> list[tirx
 
 
 # -- vector widths ---------------------------------------------------------------------------
-
-
-def largest_pow2_divisor(n: int, cap: int) -> int:
-    v = 1
-    while v * 2 <= cap and n % (v * 2) == 0:
-        v *= 2
-    return v
 
 
 def expr_bits(block: tirx.SBlock) -> int:
