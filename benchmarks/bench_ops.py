@@ -3,7 +3,9 @@
     python benchmarks/bench_ops.py [--ops matmul,softmax] [--topk 20] [--json OUT]
 
 Every kernel of one operator runs on the same device inputs and is timed the same way
-(L2 flushed before each launch, CUDA events around one launch, median over a time budget):
+(``--timing rotate``: inputs cycled through copies so none is in L2, launches queued between
+CUDA events; ``--timing flush``: L2 flushed and the device synchronized before each launch;
+median over a time budget):
 fastdlight's candidates through ``apply_and_build``, stock Dlight (``default_schedule`` for the
 ``nvidia/nvidia-h100`` tag) and torch (cuBLAS / cuDNN / its own kernels) with
 ``fastdlight.tune.measure.time_torch``. fastdlight's winner is checked against a float64
@@ -68,10 +70,10 @@ def _torch():
         return None
 
 
-def torch_tensors(torch, wl: Workload):
-    """The workload's device tensors as torch tensors (zero-copy via DLPack when possible)."""
+def torch_tensors(torch, tensors):
+    """TVM device tensors as torch tensors (zero-copy via DLPack when possible)."""
     out = []
-    for i, t in enumerate(wl.args):
+    for t in tensors:
         try:
             out.append(torch.from_dlpack(t))
         except Exception:  # noqa: BLE001 - copy through the host instead
@@ -142,10 +144,12 @@ def perf(op, ms):
 
 
 def bench_one(key, desc, op, arch, dlight_arch, args, torch):
-    row = {"op": key, "desc": desc, "unit": "GB/s" if op.memory_bound else "TFLOPS"}
+    row = {"op": key, "desc": desc, "unit": "GB/s" if op.memory_bound else "TFLOPS", "timing": args.timing}
     dev = tvm.cuda(0)
     flush = flush_bytes_for(arch.l2_bytes)
     wl = Workload(op.func, dev, seed=0)
+    # every kernel below is timed on the same argument sets, the same way
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes) if args.timing == "rotate" else [wl.args]
     ref = torch_reference(torch, key) if torch is not None else op.reference
 
     # fastdlight: policy → parallel build → time → check
@@ -156,7 +160,7 @@ def bench_one(key, desc, op, arch, dlight_arch, args, torch):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 outcome = apply_and_build(sched_func, configs, arch, ref=ref, workload=wl, budget_ms=args.budget_ms,
-                                          max_workers=args.workers, progress=False)
+                                          max_workers=args.workers, progress=False, timing=args.timing)
             row["policy"] = policy
             break
         except TuningError as e:
@@ -185,15 +189,15 @@ def bench_one(key, desc, op, arch, dlight_arch, args, torch):
                 raise RuntimeError(out.error)
             mod = _load_module(out.value, dlight_arch)
         name = function_name(mod, op.func)
-        row["dlight_ms"] = time_module(mod, name, wl.args, dev, args.budget_ms, flush).median_ms
+        row["dlight_ms"] = time_module(mod, name, arg_sets, dev, args.budget_ms, args.timing, flush).median_ms
     except Exception as e:  # noqa: BLE001
         row["dlight_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
     # torch
     if torch is not None:
         try:
-            fn = torch_kernel(torch, key, op, torch_tensors(torch, wl))
-            row["torch_ms"] = time_torch(fn, args.budget_ms, flush).median_ms
+            fns = [torch_kernel(torch, key, op, torch_tensors(torch, a)) for a in arg_sets]
+            row["torch_ms"] = time_torch(fns, args.budget_ms, args.timing, flush).median_ms
         except Exception as e:  # noqa: BLE001
             row["torch_error"] = f"{type(e).__name__}: {e}"
     for name in ("best", "top1", "dlight", "torch"):
@@ -234,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", help="comma-separated substrings of op keys to run (e.g. matmul,softmax)")
     parser.add_argument("--topk", type=int, default=20)
     parser.add_argument("--budget-ms", type=float, default=100.0)
+    parser.add_argument("--timing", choices=("rotate", "flush"), default="rotate",
+                        help="rotate input copies (default) or flush L2 before each synchronized launch")
     parser.add_argument("--workers", type=int)
     parser.add_argument("--json", help="output JSON (default: $OUT/bench_ops.json when $OUT is set)")
     parser.add_argument("--max-seconds", type=float, default=540.0, help="skip the remaining ops after this")

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
     tune.add_argument("--timeout", type=float, default=120.0, help="seconds one candidate may take to build")
     tune.add_argument("--budget-ms", type=float, default=100.0, help="timing budget per candidate")
+    tune.add_argument("--timing", default="rotate", choices=("rotate", "flush"),
+                      help="rotate: cycle inputs through copies so none is in L2 (default); "
+                           "flush: flush L2 and synchronize before each launch")
     tune.add_argument("--check", default="winner", choices=("winner", "all", "none"),
                       help="check the winner (then the next fastest until one is right), every candidate, or none")
     tune.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
@@ -254,7 +257,7 @@ def cmd_tune(args) -> int:
 
     print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     if not args.serial:
         prewarm(func, arch, args.workers)
     failures, outcome, stats = [], None, {}
@@ -265,7 +268,7 @@ def cmd_tune(args) -> int:
                 outcome = apply_and_build(
                     sched_func, configs, arch, parallel_build=not args.serial, measure=measure,
                     max_workers=args.workers, timeout=args.timeout, budget_ms=args.budget_ms, check=args.check,
-                    ref=ref, progress=not args.quiet and sys.stderr.isatty(), stats=stats,
+                    ref=ref, progress=not args.quiet and sys.stderr.isatty(), stats=stats, timing=args.timing,
                 )  # fmt: skip
                 break
             except TuningError as e:
@@ -294,6 +297,7 @@ def cmd_tune(args) -> int:
               f"for {arch.arch}; ranked by the policy's predicted cost.")
         print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
     stats["policy_s"] = max(0.0, wall - stats.get("total_s", wall))
+    ready = stats.pop("workers_ready_at", [])
     phases = ", ".join(f"{k[:-2]} {stats[k]:.1f} s" for k in ("policy_s", "build_s", "measure_s", "check_s")
                        if k in stats)
     print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates ({phases})")
@@ -304,6 +308,7 @@ def cmd_tune(args) -> int:
             "op": fname, "description": _describe(args, op, fname), "target": str(arch.target),
             "arch": arch.name, "measured": measure, "wall_s": round(wall, 3), "best": best.index,
             "flops": flops, "bytes": nbytes, "phases": {k: round(v, 3) for k, v in stats.items()},
+            "workers_ready_s": [round(t - t0_wall, 3) for t in ready],
             "results": [dict(rank=i, perf=perf_text(r, flops, nbytes, memory_bound), **r.to_dict())
                         for i, r in enumerate(results, 1)],
         }  # fmt: skip

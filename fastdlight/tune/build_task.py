@@ -239,7 +239,7 @@ def build_candidate(task: dict) -> dict:
     Returns a dict; failures raise :class:`StageError` (recorded by the caller)."""
     from fastdlight.policies.config import Config
 
-    t0 = time.perf_counter()
+    t0, wall_start = time.perf_counter(), time.time()
     func = load_func(task["func_json"])
     target = as_target(task["target"])
     config = Config.from_dict(task["config"]) if task.get("config") is not None else None
@@ -272,6 +272,7 @@ def build_candidate(task: dict) -> dict:
         "compile_s": t_build - t_sched,
     }
     if task.get("want_module"):
+        t_export = time.perf_counter()
         if not _runtime_has_cuda():
             raise StageError("export", "no CUDA runtime in the build worker: cannot make a runnable module")
         path = os.path.join(task["out_dir"], f"candidate{task['index']}.so")
@@ -281,7 +282,9 @@ def build_candidate(task: dict) -> dict:
         except Exception as e:  # noqa: BLE001 - e.g. no host C compiler: parent rebuilds from the cubin
             result["export_error"] = f"{type(e).__name__}: {e}"
             result["mod_json"] = tvm.ir.save_json(mod)
+        result["export_s"] = time.perf_counter() - t_export
     result["build_time_s"] = time.perf_counter() - t0
+    result["wall_span"] = (wall_start, time.time())  # when it ran (epoch s): shows queueing
     return result
 
 

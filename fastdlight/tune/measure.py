@@ -2,10 +2,17 @@
 
 * Inputs are random (floats in [-1, 1], integers never zero), generated once per tuning run
   and shared by every candidate and the reference.
-* Timing uses TVM's ``time_evaluator`` with ``number=1``: every timed launch is preceded by a
-  device-to-device copy of a buffer larger than the L2 cache (``cache_flush_bytes``), a
-  synchronize, and is bracketed by CUDA events; the first launch is a discarded warm-up. We
-  repeat for a time budget (100 ms by default) and take the median.
+* Timing ("rotate", the default) keeps every launch's inputs out of L2 by cycling through
+  enough device copies of them (:func:`rotation_copies`: at least twice the L2 read in between),
+  and queues ``number`` launches between two CUDA events so the host's launch latency is
+  paid once per sample, not once per launch (:func:`time_launches`). Median over a time
+  budget (100 ms by default) after a warm-up.
+  Why not flush? Flushing by writing a buffer larger than L2 (TVM's ``cache_flush_bytes``,
+  Triton's ``cache.zero_()``) leaves L2 full of *dirty* lines: a short kernel then pays to
+  write them back while it reads, and a synchronize before each launch adds the launch
+  latency. On a 16 µs row sum both together cost a third of the time. "flush" (TVM's
+  ``time_evaluator``: 1.5 × L2 device copy, synchronize, one launch between events) is kept
+  for comparison.
 * Checking poisons the outputs (NaN, or a sentinel for integers), runs once, and compares with
   the expected outputs by relative norm; the tolerance comes from the dtypes (fp32 1e-5,
   fp16/bf16 1e-2, integers exact), widened by sqrt(reduction length / 1024) for long
@@ -152,6 +159,10 @@ def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _nbytes(t) -> int:
+    return math.prod(t.shape) * tvm.DataType(str(t.dtype)).bits // 8
+
+
 def poison_value(dtype: str):
     dtype = str(dtype)
     if dtype.startswith(("float", "bfloat")):
@@ -204,7 +215,24 @@ class Workload:
                 self.host_inputs.append(arr)
                 self.args.append(to_device(arr, dtype, self.dev))
         self.tol = tolerance(func)
+        self._arg_sets: list[list] | None = None
         self.bytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in self.buffers)
+
+    def timing_arg_sets(self, l2_bytes: int) -> list[list]:
+        """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
+        inputs (outputs shared), as many as :func:`rotation_copies` asks. Made once."""
+        if self._arg_sets is None:
+            inputs = [i for i in range(len(self.args)) if i not in self.out_idx]
+            in_bytes = sum(_nbytes(self.args[i]) for i in inputs)
+            sets = [list(self.args)]
+            for _ in range(rotation_copies(in_bytes, l2_bytes) - 1):
+                args = list(self.args)
+                for i in inputs:
+                    args[i] = tvm.runtime.empty(self.args[i].shape, self.args[i].dtype, self.dev)
+                    args[i].copyfrom(self.args[i])
+                sets.append(args)
+            self._arg_sets = sets
+        return self._arg_sets
 
     def poison(self) -> None:
         for i in self.out_idx:
@@ -242,9 +270,28 @@ class Workload:
 
 
 # -- timing -----------------------------------------------------------------------------------
+#: each timed sample queues launches for at least this long, so the host's launch latency
+#: (paid once per sample, when the GPU is idle) is a small fraction of it
+MIN_SAMPLE_MS = 0.5
+#: the most input copies a rotation uses, and the most bytes they may take together
+MAX_COPIES, MAX_ROTATION_BYTES = 256, 4 << 30
+#: timing methods: "rotate" (default) and "flush" (see the module docstring)
+METHODS = ("rotate", "flush")
+
+
 def flush_bytes_for(l2_bytes: int) -> int:
     """A copy of this many bytes evicts the whole L2 (copy reads + writes it, > L2 each)."""
     return int(max(l2_bytes, 8 << 20) * 1.5) // 4 * 4
+
+
+def rotation_copies(input_bytes: int, l2_bytes: int) -> int:
+    """How many copies of the inputs to cycle through so that, when a launch starts, at least
+    twice the L2 of other data was read since its own inputs were last touched."""
+    if input_bytes <= 0:
+        return 1
+    want = 1 + math.ceil(2 * max(l2_bytes, 8 << 20) / input_bytes)
+    fit = max(1, MAX_ROTATION_BYTES // input_bytes)
+    return max(1, min(want, fit, MAX_COPIES))
 
 
 def _repeats(per_call_s: float, budget_ms: float, hi: int = 20000) -> int:
@@ -254,9 +301,81 @@ def _repeats(per_call_s: float, budget_ms: float, hi: int = 20000) -> int:
     return int(min(hi, max(lo, budget_ms / 1e3 / max(per_call_s, 1e-7))))
 
 
-def time_module(mod, fname: str, args, dev, budget_ms: float = 100.0, flush_bytes: int = 0) -> Timing:
-    """Median latency of ``mod[fname](*args)`` over about ``budget_ms`` of repeated launches,
-    each after an L2 flush, measured with CUDA events (see module docstring)."""
+def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timing:
+    """Median milliseconds per ``launch(*args)``, cycling through ``arg_sets``.
+
+    On a CUDA device each sample is ``number`` back-to-back launches between two CUDA events
+    (``number`` chosen so a sample lasts >= MIN_SAMPLE_MS), several samples are queued before
+    the host waits, and samples are taken for about ``budget_ms``. Elsewhere (CPU tests) a
+    host clock around synchronized launches stands in."""
+    arg_sets = [list(a) for a in arg_sets] or [[]]
+    state = {"i": 0}
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            launch(*arg_sets[state["i"] % len(arg_sets)])
+            state["i"] += 1
+
+    if dev.dlpack_device_type() != tvm.cuda(0).dlpack_device_type():
+        return _time_on_host(run, dev, budget_ms)
+    from .cuda_events import Event, ensure_context
+
+    dev.sync()  # also makes the device's context current on this thread for the runtime
+    ensure_context(dev.index)
+    run(len(arg_sets))  # warm-up: module load, clocks, every input copy touched once
+    start, end = Event(), Event()
+    per_launch = 0.0
+    for k in (1, 4):  # probe: queued launches, so launch latency shows only once
+        start.record()
+        run(k)
+        end.record()
+        end.synchronize()
+        per_launch = start.elapsed_ms(end) / k
+    number = max(1, math.ceil(MIN_SAMPLE_MS / max(per_launch, 1e-4)))
+    n_samples = _repeats(per_launch * number / 1e3, budget_ms, hi=2000)
+    events = [(Event(), Event()) for _ in range(min(n_samples, 50))]
+    samples: list[float] = []
+    while len(samples) < n_samples:
+        batch = events[: n_samples - len(samples)]
+        for a, b in batch:
+            a.record()
+            run(number)
+            b.record()
+        batch[-1][1].synchronize()
+        samples += [a.elapsed_ms(b) / number for a, b in batch]
+    return Timing(float(np.median(samples)), samples)
+
+
+def _time_on_host(run, dev, budget_ms: float) -> Timing:
+    run(1)
+    dev.sync()
+    t0 = time.perf_counter()
+    run(3)
+    dev.sync()
+    per_call = (time.perf_counter() - t0) / 3
+    samples = []
+    for _ in range(_repeats(per_call, budget_ms)):
+        t = time.perf_counter()
+        run(1)
+        dev.sync()
+        samples.append((time.perf_counter() - t) * 1e3)
+    return Timing(float(np.median(samples)), samples)
+
+
+def time_module(mod, fname: str, arg_sets, dev, budget_ms: float = 100.0, method: str = "rotate",
+                flush_bytes: int = 0) -> Timing:
+    """Median latency of ``mod[fname]`` (see the module docstring for the two methods).
+
+    ``arg_sets``: a list of argument lists to rotate through ("rotate"; see
+    :meth:`Workload.timing_arg_sets`), or one argument list. "flush" uses the first set and
+    TVM's ``time_evaluator``: a ``flush_bytes`` device copy and a synchronize before each launch."""
+    if arg_sets and not isinstance(arg_sets[0], (list, tuple)):
+        arg_sets = [arg_sets]
+    if method == "rotate":
+        return time_launches(mod[fname], arg_sets, dev, budget_ms)
+    if method != "flush":
+        raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
+    args = arg_sets[0]
     probe = mod.time_evaluator(fname, dev, number=1, repeat=3, cache_flush_bytes=flush_bytes)
     t0 = time.perf_counter()
     probe(*args)  # warm-up + 3 timed launches
@@ -267,12 +386,19 @@ def time_module(mod, fname: str, args, dev, budget_ms: float = 100.0, flush_byte
     return Timing(float(np.median(samples)), samples)
 
 
-def time_torch(fn, budget_ms: float = 100.0, flush_bytes: int = 0) -> Timing:
-    """Time a torch callable like :func:`time_module`: flush L2, synchronize, one launch between
-    two CUDA events; median over ``budget_ms``. torch is only imported here."""
+def time_torch(fns, budget_ms: float = 100.0, method: str = "rotate", flush_bytes: int = 0) -> Timing:
+    """Time torch work exactly like :func:`time_module` times a kernel. ``fns``: one no-argument
+    callable, or (for "rotate") one per input copy, e.g. closures over tensors made with
+    ``torch.from_dlpack`` from :meth:`Workload.timing_arg_sets`. torch is only imported here."""
     import torch
 
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    if method == "rotate":
+        return time_launches(lambda fn: fn(), [[fn] for fn in fns], tvm.cuda(0), budget_ms)
+    if method != "flush":
+        raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
     flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.int32, device="cuda") if flush_bytes else None
+    fn = fns[0]
 
     def once() -> float:
         if flush is not None:

@@ -34,7 +34,7 @@ import tvm
 from ..arch import CUDA, auto_arch, has_gpu
 from ..policies.config import Config
 from . import build_task
-from .measure import Timing, Workload, flush_bytes_for, function_name, time_module
+from .measure import METHODS, Timing, Workload, flush_bytes_for, function_name, time_module
 from .workers import Outcome, Task, WorkerPool, one_line
 
 #: seconds one candidate may take to schedule + lower + nvcc before its worker is killed
@@ -68,6 +68,9 @@ class CompileResult:
     verified: bool | None = None  # None: not checked
     check_message: str = ""
     build_time_s: float = 0.0
+    #: where the build time went (schedule_s, compile_s = lower + nvcc, export_s) and when the
+    #: worker started / finished it, in seconds after the build began (start_s, end_s)
+    build_phases: dict = field(default_factory=dict)
     _func: Any = field(default=None, repr=False)
     _template: Any = field(default=None, repr=False)
     _schedule: Any = field(default=None, repr=False)
@@ -100,6 +103,7 @@ class CompileResult:
             "latency_ms": self.latency_ms, "verified": self.verified, "check": self.check_message or None,
             "registers": self.registers, "spill_bytes": self.spill_bytes, "shared_bytes": self.shared_bytes,
             "error": self.error, "build_time_s": round(self.build_time_s, 3),
+            "build_phases": {k: round(v, 3) for k, v in self.build_phases.items()},
         }  # fmt: skip
 
 
@@ -209,7 +213,7 @@ def build_all(func, configs, arch: CUDA, *, want_module: bool, out_dir: str, par
     return outcomes
 
 
-def _result_from(outcome: Outcome, config: Config, index: int, func, template) -> CompileResult:
+def _result_from(outcome: Outcome, config: Config, index: int, func, template, t0_wall: float) -> CompileResult:
     r = CompileResult(config=config, index=index, _func=func, _template=template)
     r.build_time_s = outcome.seconds
     if not outcome.ok:
@@ -219,6 +223,9 @@ def _result_from(outcome: Outcome, config: Config, index: int, func, template) -
     r.source, r.registers, r.spill_bytes, r.shared_bytes = v["source"], v["registers"], v["spill_bytes"], v["shared_bytes"]
     r.log = v.get("ptxas_log", "")
     r.build_time_s = v.get("build_time_s", outcome.seconds)
+    r.build_phases = {k: v[k] for k in ("schedule_s", "compile_s", "export_s") if v.get(k) is not None}
+    if v.get("wall_span"):
+        r.build_phases.update(start_s=v["wall_span"][0] - t0_wall, end_s=v["wall_span"][1] - t0_wall)
     return r
 
 
@@ -322,8 +329,13 @@ class _Expected:
 
 
 def _measure(results: list[CompileResult], values: dict, arch: CUDA, workload: Workload, budget_ms: float,
-             progress: bool | None) -> None:
+             progress: bool | None, method: str = "rotate") -> None:
     dev, flush = workload.dev, flush_bytes_for(arch.l2_bytes)
+    arg_sets = workload.timing_arg_sets(arch.l2_bytes) if method == "rotate" else [workload.args]
+
+    def timed(r):
+        return time_module(r.module, function_name(r.module, workload.func), arg_sets, dev, budget_ms, method, flush)
+
     todo = [r for r in results if r.compiled and r.error is None]
     bar = _progress(len(todo), "measuring", progress)
     for r in todo:
@@ -333,8 +345,7 @@ def _measure(results: list[CompileResult], values: dict, arch: CUDA, workload: W
             r.error, r.log = f"load: {one_line(e)}", traceback.format_exc()
         if r.module is not None:
             try:
-                r.timing = time_module(r.module, function_name(r.module, workload.func), workload.args, dev,
-                                       budget_ms, flush)
+                r.timing = timed(r)
                 r.latency_ms = r.timing.median_ms
             except Exception as e:  # noqa: BLE001 - launch failure (too many resources, ...)
                 r.error, r.log = f"run: {one_line(e)}", traceback.format_exc()
@@ -347,7 +358,7 @@ def _measure(results: list[CompileResult], values: dict, arch: CUDA, workload: W
     timed = sorted((r for r in todo if r.latency_ms is not None), key=lambda r: r.latency_ms)
     for r in timed[:RETIME_TOP]:
         try:
-            again = time_module(r.module, function_name(r.module, workload.func), workload.args, dev, budget_ms, flush)
+            again = timed(r)
             r.timing = Timing(again.median_ms, r.timing.samples_ms + again.samples_ms)
             r.latency_ms = again.median_ms
         except Exception as e:  # noqa: BLE001
@@ -384,6 +395,7 @@ def apply_and_build(
     workload: Workload | None = None,
     seed: int = 0,
     stats: dict | None = None,
+    timing: str = "rotate",
 ) -> tuple[list[CompileResult], CompileResult]:
     """Build, time, check ``configs`` for ``func`` on ``arch``; return ``(ranked results, best)``.
 
@@ -404,9 +416,13 @@ def apply_and_build(
     workload : the device inputs/outputs to time and check on (default: random, from ``seed``);
         pass one to share inputs with other measurements (benchmarks).
     stats : if given, filled with phase wall times (build_s, measure_s, check_s, total_s) and counts.
+    timing : "rotate" (inputs cycled through copies, launches queued) or "flush" (L2 flushed by
+        a device copy before each synchronized launch); see :mod:`fastdlight.tune.measure`.
     """
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
+    if timing not in METHODS:
+        raise ValueError(f"timing must be one of {METHODS}, got {timing!r}")
     configs = list(configs)
     if not configs:
         raise TuningError("no candidate configs to build (the policy emitted none)")
@@ -436,7 +452,7 @@ def apply_and_build(
         except Exception as e:  # noqa: BLE001 - reported when checking
             expected.error = f"reference failed: {type(e).__name__}: {e}"
 
-    t_start = time.perf_counter()
+    t_start, t0_wall = time.perf_counter(), time.time()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         maker = threading.Thread(target=make_workload, daemon=True)
         if measure:
@@ -446,9 +462,11 @@ def apply_and_build(
             max_workers=max_workers, timeout=timeout, template=template, hook=hook,
             with_reference=measure and check != "none" and ref is None, progress=progress, pool=pool,
         )  # fmt: skip
-        results = [_result_from(outcomes[i], cfg, i, func, template) for i, cfg in enumerate(configs)]
+        results = [_result_from(outcomes[i], cfg, i, func, template, t0_wall) for i, cfg in enumerate(configs)]
         values = {i: outcomes[i].value for i in range(len(configs)) if outcomes[i].ok}
         t_built = time.perf_counter()
+        if parallel_build:
+            stats["workers_ready_at"] = (pool or shared_pool(max_workers)).ready_times()
         stats.update(build_s=t_built - t_start, candidates=len(configs), compiled=sum(r.compiled for r in results))
 
         if not measure:
@@ -465,7 +483,7 @@ def apply_and_build(
         if ref is not None and check != "none":
             ref_thread = threading.Thread(target=numpy_reference, args=(wl,), daemon=True)
             ref_thread.start()
-        _measure(results, values, arch, wl, budget_ms, progress)
+        _measure(results, values, arch, wl, budget_ms, progress, timing)
         t_measured = time.perf_counter()
         stats["measure_s"] = t_measured - t_built
 

@@ -82,6 +82,7 @@ class _Worker:
         self.initializer, self.initargs, self.env = initializer, initargs, env
         self.proc: subprocess.Popen | None = None
         self.features: set[str] = set()
+        self.ready_at: float | None = None  # epoch seconds when the last start() finished setting up
         #: held while a thread starts / sets up / uses this worker (driver and warm-up threads)
         self.lock = threading.Lock()
 
@@ -104,6 +105,7 @@ class _Worker:
         self.features = set()
         if self.initializer is not None:
             self.call(self.initializer, self.initargs, INIT_TIMEOUT)
+        self.ready_at = time.time()
 
     def kill(self) -> None:
         if self.proc is None:
@@ -231,6 +233,10 @@ class WorkerPool:
         self._workers = [_Worker(i, log_dir, initializer, initargs, env) for i in range(self.max_workers)]
         self._lock = threading.Lock()
         self._closed = False
+
+    def ready_times(self) -> list[float]:
+        """Epoch seconds at which each started worker became ready (diagnostics)."""
+        return sorted(w.ready_at for w in self._workers if w.ready_at is not None)
 
     # -- running tasks --------------------------------------------------------------------
     def _setup(self, worker: _Worker, features=()) -> None:

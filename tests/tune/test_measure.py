@@ -80,3 +80,73 @@ def test_time_module_budget_and_median():
 
 def test_flush_is_larger_than_l2():
     assert measure.flush_bytes_for(50 << 20) > 50 << 20
+
+
+def test_rotation_copies_cover_twice_the_l2():
+    l2 = 50 << 20
+    for nbytes in (32 << 20, 128 << 20, 3 << 20):
+        n = measure.rotation_copies(nbytes, l2)
+        assert (n - 1) * nbytes >= 2 * l2  # the other copies read in between evict this one
+        assert (n - 2) * nbytes < 2 * l2  # and no more copies than that
+    assert measure.rotation_copies(1, l2) == measure.MAX_COPIES
+    assert measure.rotation_copies(3 << 30, l2) == 1  # a second copy would not fit the memory cap
+
+
+def test_timing_arg_sets_copy_inputs_and_share_outputs():
+    op = ops.elementwise((256, 256), "float32", "add")
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    sets = wl.timing_arg_sets(l2_bytes=1 << 20)
+    assert len(sets) == measure.rotation_copies(2 * 256 * 256 * 4, 1 << 20) > 2
+    assert sets[0] == wl.args and wl.timing_arg_sets(1 << 20) is sets  # made once
+    out = wl.out_idx[0]
+    for args in sets[1:]:
+        assert args[out].same_as(wl.args[out])
+        for i in range(len(args)):
+            if i != out:
+                assert not args[i].same_as(wl.args[i])
+                np.testing.assert_array_equal(args[i].numpy(), wl.args[i].numpy())
+
+
+def test_time_module_rotates_through_every_set():
+    op = ops.elementwise((64, 64), "float32", "add")
+    mod = cpu_build(op.func)
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    sets = wl.timing_arg_sets(l2_bytes=64 << 10)
+    seen = []
+    fn = mod[measure.function_name(mod, op.func)]
+    t = measure.time_launches(lambda *a: (seen.append(a[0]), fn(*a)), sets, tvm.cpu(0), budget_ms=5)
+    assert t.median_ms > 0
+    for args in sets:
+        assert any(a.same_as(args[0]) for a in seen)
+
+
+def test_time_module_rejects_unknown_method():
+    op = ops.elementwise((64, 64), "float32", "add")
+    mod = cpu_build(op.func)
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    with pytest.raises(ValueError, match="rotate"):
+        measure.time_module(mod, measure.function_name(mod, op.func), wl.args, tvm.cpu(0), 5, method="bogus")
+
+
+@pytest.mark.gpu
+def test_rotated_timing_reads_from_dram_not_l2():
+    """A 16 MB copy fits in L2. Timed on one argument set, back-to-back launches find their
+    input in L2 and beat DRAM bandwidth; rotated through copies they must not."""
+    from fastdlight.arch import CUDA
+    from fastdlight.schedules import dispatch_config
+    from fastdlight.policies.config import Config
+    from fastdlight.tune.compile import build
+
+    dev = tvm.cuda(0)
+    arch = CUDA.from_device(dev)
+    op = ops.elementwise((2048, 4096), "float16", "copy")  # 16 MB in, 16 MB out
+    sch = dispatch_config(op.func, Config("elementwise", block=(1, 2048), thread=(1, 8))).schedule
+    mod = build(sch.mod, tvm.target.Target.from_device(dev))
+    wl = measure.Workload(op.func, dev)
+    name = measure.function_name(mod, op.func)
+    rotated = measure.time_module(mod, name, wl.timing_arg_sets(arch.l2_bytes), dev, budget_ms=50)
+    same = measure.time_module(mod, name, [wl.args], dev, budget_ms=50)
+    def gbps(t):
+        return op.bytes / (t.median_ms * 1e-3) / 1e9
+    assert gbps(rotated) <= 1.1 * arch.dram_bandwidth_gbs, (gbps(rotated), arch.dram_bandwidth_gbs)
+    assert gbps(same) > gbps(rotated)
