@@ -34,6 +34,11 @@ def test_tune_add_compile_only_end_to_end(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["measured"] is False and len(doc["results"]) == 3
     assert all(r["registers"] for r in doc["results"] if r["error"] is None)
+    # where the build time went, per candidate, and when each worker was ready
+    for r in doc["results"]:
+        phases = r["build_phases"]
+        assert phases["compile_s"] > 0 and phases["end_s"] >= phases["start_s"] + phases["compile_s"]
+    assert 1 <= len(doc["workers_ready_s"]) and all(t > 0 for t in doc["workers_ready_s"])
 
 
 def test_tune_file_compile_only(tmp_path):

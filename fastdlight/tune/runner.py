@@ -16,10 +16,8 @@ what "it compiles" means) and the results are ranked by the policy's predicted c
 
 from __future__ import annotations
 
-import atexit
 import collections
 import math
-import os
 import sys
 import tempfile
 import threading
@@ -35,6 +33,7 @@ from ..arch import CUDA, auto_arch, has_gpu
 from ..policies.config import Config
 from . import build_task
 from .measure import METHODS, Timing, Workload, flush_bytes_for, function_name, time_module
+from .pool import default_workers, shared_pool  # noqa: F401 - re-exported
 from .workers import Outcome, Task, WorkerPool, one_line
 
 #: seconds one candidate may take to schedule + lower + nvcc before its worker is killed
@@ -107,37 +106,6 @@ class CompileResult:
         }  # fmt: skip
 
 
-# -- worker pools ----------------------------------------------------------------------------
-_POOLS: dict[int, WorkerPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def default_workers() -> int:
-    """One build worker per CPU, bounded (each holds a TVM import, ~0.5 GB)."""
-    return max(1, min(os.cpu_count() or 1, 32))
-
-
-def shared_pool(max_workers: int | None = None) -> WorkerPool:
-    """A process-wide pool, reused across calls so workers import TVM (and the tensor-core
-    intrinsics) once per process lifetime rather than once per tuning run."""
-    n = max_workers or default_workers()
-    with _POOLS_LOCK:
-        pool = _POOLS.get(n)
-        if pool is None or pool._closed:
-            pool = WorkerPool(
-                n, initializer=build_task.init_worker,
-                features={"tensor_intrin": (build_task.import_tensor_intrinsics, ())},
-            )  # fmt: skip
-            _POOLS[n] = pool
-        return pool
-
-
-@atexit.register
-def _close_pools() -> None:
-    for pool in list(_POOLS.values()):
-        pool.close()
-
-
 # -- building --------------------------------------------------------------------------------
 def _progress(total: int, desc: str, enabled: bool | None):
     if enabled is None:
@@ -180,9 +148,11 @@ def compile_cost_estimate(config: Config) -> int:
 
 def build_all(func, configs, arch: CUDA, *, want_module: bool, out_dir: str, parallel: bool = True,
               max_workers: int | None = None, timeout: float = DEFAULT_TIMEOUT, template=None, hook=None,
-              with_reference: bool = False, progress: bool | None = None, pool: WorkerPool | None = None):
+              with_reference: bool = False, progress: bool | None = None, pool: WorkerPool | None = None,
+              on_outcome: Callable[[Outcome], None] | None = None):
     """Build every config (and optionally the stock-Dlight reference, key "ref"). Returns
-    {key: Outcome}, keys being config indices."""
+    {key: Outcome}, keys being config indices. ``on_outcome`` is called (in this thread) with
+    each outcome as it arrives, while the other candidates are still building."""
     func_json = tvm.ir.save_json(func)
     target = str(arch.target)
     features = ("tensor_intrin",) if _uses_tensor_cores(configs) else ()
@@ -208,6 +178,8 @@ def build_all(func, configs, arch: CUDA, *, want_module: bool, out_dir: str, par
         outcomes[out.key] = out
         if bar is not None and out.key != "ref":
             bar.update(1)
+        if on_outcome is not None:
+            on_outcome(out)
     if bar is not None:
         bar.close()
     return outcomes
@@ -328,41 +300,60 @@ class _Expected:
         self.error: str | None = None
 
 
-def _measure(results: list[CompileResult], values: dict, arch: CUDA, workload: Workload, budget_ms: float,
-             progress: bool | None, method: str = "rotate") -> None:
-    dev, flush = workload.dev, flush_bytes_for(arch.l2_bytes)
-    arg_sets = workload.timing_arg_sets(arch.l2_bytes) if method == "rotate" else [workload.args]
+class _Timer:
+    """Loads and times candidates one at a time, as their builds finish (so timing overlaps
+    the builds still running), then re-times the fastest few."""
 
-    def timed(r):
-        return time_module(r.module, function_name(r.module, workload.func), arg_sets, dev, budget_ms, method, flush)
+    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], budget_ms: float, method: str,
+                 progress: bool | None, total: int):
+        self.arch, self.get_workload, self.budget_ms, self.method = arch, get_workload, budget_ms, method
+        self.flush = flush_bytes_for(arch.l2_bytes)
+        self.progress, self.total, self.bar = progress, total, None
+        self.arg_sets = None
+        self.seconds = 0.0  # time spent loading and timing
 
-    todo = [r for r in results if r.compiled and r.error is None]
-    bar = _progress(len(todo), "measuring", progress)
-    for r in todo:
+    def _time(self, r: CompileResult) -> Timing:
+        wl = self.get_workload()
+        if self.arg_sets is None:
+            self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.method == "rotate" else [wl.args]
+        name = function_name(r.module, wl.func)
+        return time_module(r.module, name, self.arg_sets, wl.dev, self.budget_ms, self.method, self.flush)
+
+    def time(self, r: CompileResult, value: dict) -> None:
+        if self.get_workload() is None:  # no GPU inputs: apply_and_build reports why
+            return
+        t0 = time.perf_counter()
+        if self.bar is None:
+            self.bar = _progress(self.total, "timing", self.progress)
         try:
-            r.module = _load_module(values[r.index], arch)
+            r.module = _load_module(value, self.arch)
         except Exception as e:  # noqa: BLE001
             r.error, r.log = f"load: {one_line(e)}", traceback.format_exc()
         if r.module is not None:
             try:
-                r.timing = timed(r)
+                r.timing = self._time(r)
                 r.latency_ms = r.timing.median_ms
             except Exception as e:  # noqa: BLE001 - launch failure (too many resources, ...)
                 r.error, r.log = f"run: {one_line(e)}", traceback.format_exc()
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    # A second, independent timing of the fastest few replaces their first one: a lucky first
-    # median cannot win on its own.
-    timed = sorted((r for r in todo if r.latency_ms is not None), key=lambda r: r.latency_ms)
-    for r in timed[:RETIME_TOP]:
-        try:
-            again = timed(r)
-            r.timing = Timing(again.median_ms, r.timing.samples_ms + again.samples_ms)
-            r.latency_ms = again.median_ms
-        except Exception as e:  # noqa: BLE001
-            r.error, r.log, r.latency_ms = f"run: {one_line(e)}", traceback.format_exc(), None
+        if self.bar is not None:
+            self.bar.update(1)
+        self.seconds += time.perf_counter() - t0
+
+    def retime_fastest(self, results: Sequence[CompileResult]) -> None:
+        """A second, independent timing of the fastest few (now that no build competes for
+        the CPU) replaces their first one: a lucky first median cannot win on its own."""
+        if self.bar is not None:
+            self.bar.close()
+        t0 = time.perf_counter()
+        timed = sorted((r for r in results if r.latency_ms is not None), key=lambda r: r.latency_ms)
+        for r in timed[:RETIME_TOP]:
+            try:
+                again = self._time(r)
+                r.timing = Timing(again.median_ms, r.timing.samples_ms + again.samples_ms)
+                r.latency_ms = again.median_ms
+            except Exception as e:  # noqa: BLE001
+                r.error, r.log, r.latency_ms = f"run: {one_line(e)}", traceback.format_exc(), None
+        self.seconds += time.perf_counter() - t0
 
 
 def _verify(r: CompileResult, workload: Workload, expected) -> bool:
@@ -415,7 +406,8 @@ def apply_and_build(
     hook : test-only: ``hook(index, config)`` called in the worker before scheduling.
     workload : the device inputs/outputs to time and check on (default: random, from ``seed``);
         pass one to share inputs with other measurements (benchmarks).
-    stats : if given, filled with phase wall times (build_s, measure_s, check_s, total_s) and counts.
+    stats : if given, filled with phase wall times (build_s; measure_s: timing after the last build;
+        timing_s: all timing, mostly overlapped with the builds; check_s, total_s) and counts.
     timing : "rotate" (inputs cycled through copies, launches queued) or "flush" (L2 flushed by
         a device copy before each synchronized launch); see :mod:`fastdlight.tune.measure`.
     """
@@ -446,24 +438,39 @@ def apply_and_build(
         except Exception as e:  # noqa: BLE001 - reported below
             expected.error = f"{type(e).__name__}: {e}"
 
-    def numpy_reference(wl):  # runs while candidates are timed (CPU BLAS would slow nvcc down)
+    def numpy_reference(wl):  # runs after the builds (CPU BLAS would slow nvcc down)
         try:
             expected.outputs = wl.reference_outputs(ref)
         except Exception as e:  # noqa: BLE001 - reported when checking
             expected.error = f"reference failed: {type(e).__name__}: {e}"
 
+    def get_workload():
+        if maker.is_alive():
+            maker.join()
+        return box[0] if box else None
+
     t_start, t0_wall = time.perf_counter(), time.time()
+    maker = threading.Thread(target=make_workload, daemon=True)
+    timer = _Timer(arch, get_workload, budget_ms, timing, progress, len(configs)) if measure else None
+    by_index: dict[int, CompileResult] = {}
+
+    def on_outcome(out: Outcome) -> None:
+        if out.key == "ref":
+            return
+        r = by_index[out.key] = _result_from(out, configs[out.key], out.key, func, template, t0_wall)
+        if timer is not None and r.compiled and r.error is None:
+            timer.time(r, out.value)
+
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
-        maker = threading.Thread(target=make_workload, daemon=True)
         if measure:
             maker.start()
         outcomes = build_all(
             func, configs, arch, want_module=measure, out_dir=out_dir, parallel=parallel_build,
             max_workers=max_workers, timeout=timeout, template=template, hook=hook,
             with_reference=measure and check != "none" and ref is None, progress=progress, pool=pool,
+            on_outcome=on_outcome,
         )  # fmt: skip
-        results = [_result_from(outcomes[i], cfg, i, func, template, t0_wall) for i, cfg in enumerate(configs)]
-        values = {i: outcomes[i].value for i in range(len(configs)) if outcomes[i].ok}
+        results = [by_index[i] for i in range(len(configs))]
         t_built = time.perf_counter()
         if parallel_build:
             stats["workers_ready_at"] = (pool or shared_pool(max_workers)).ready_times()
@@ -475,17 +482,17 @@ def apply_and_build(
             stats["total_s"] = time.perf_counter() - t_start
             return _finish(ranked, best, verbose, t_start, "compiled")
 
-        maker.join()
-        if not box:
+        wl = get_workload()
+        if wl is None:
             raise TuningError(f"cannot set up the GPU inputs: {expected.error}")
-        wl = box[0]
         ref_thread = None
         if ref is not None and check != "none":
             ref_thread = threading.Thread(target=numpy_reference, args=(wl,), daemon=True)
             ref_thread.start()
-        _measure(results, values, arch, wl, budget_ms, progress, timing)
+        timer.retime_fastest(results)
         t_measured = time.perf_counter()
-        stats["measure_s"] = t_measured - t_built
+        # measure_s: timing left after the last build; timing_s: all of it (mostly overlapped)
+        stats.update(measure_s=t_measured - t_built, timing_s=timer.seconds)
 
         if check != "none" and ref is None:  # stock Dlight on the same inputs is the reference
             ref_out = outcomes.get("ref")

@@ -29,7 +29,7 @@ def emit_configs(func, arch: CUDA, topk: int = 20):
 def prewarm(func, arch: CUDA, max_workers: int | None = None) -> None:
     """Start the shared build workers now (importing the tensor-core intrinsics in them when
     ``func`` is tensor-core eligible) so they are ready when the policy's configs arrive."""
-    from .runner import shared_pool
+    from .pool import shared_pool
 
     features = ()
     try:

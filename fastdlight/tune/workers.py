@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 _HEADER = struct.Struct("<Q")
@@ -380,5 +380,15 @@ def _child_main(read_fd: int, write_fd: int) -> None:
         writer.flush()
 
 
+def _block_torch() -> None:
+    """tvm_ffi imports torch whenever it is installed (4-5 s per process on the H100 machine,
+    more than TVM itself); build workers never use it. ``import torch`` now raises ImportError,
+    which tvm_ffi tolerates. FASTDLIGHT_WORKER_TORCH=1 keeps torch importable (a custom
+    template that needs it)."""
+    if os.environ.get("FASTDLIGHT_WORKER_TORCH") != "1":
+        sys.modules.setdefault("torch", None)
+
+
 if __name__ == "__main__":
+    _block_torch()
     _child_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -30,6 +30,12 @@ def pid(x):
     return os.getpid()
 
 
+def torch_module(x):
+    import sys
+
+    return repr(sys.modules.get("torch", "absent"))
+
+
 @pytest.fixture
 def pool():
     with WorkerPool(2) as p:
@@ -66,3 +72,14 @@ def test_features_set_up_once_per_worker():
         outs = list(p.imap_unordered([Task(i, pid, (0,), features=("f",)) for i in range(3)]))
         assert all(o.ok for o in outs)
         assert p._workers[0].features == {"f"}
+
+
+def test_workers_block_the_torch_import_tvm_ffi_would_make(monkeypatch):
+    # tvm_ffi imports torch when it is installed (seconds per worker); workers never need it
+    with WorkerPool(1) as p:
+        (out,) = p.imap_unordered([Task(0, torch_module, (0,))])
+    assert out.value == "None"
+    monkeypatch.setenv("FASTDLIGHT_WORKER_TORCH", "1")
+    with WorkerPool(1) as p:
+        (out,) = p.imap_unordered([Task(0, torch_module, (0,))])
+    assert out.ok and out.value != "None"

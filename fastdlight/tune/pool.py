@@ -1,0 +1,61 @@
+"""The process-wide pool of build workers.
+
+Importing this module does not import TVM, so the CLI can start the workers first thing and
+let them import TVM while its own process does the same (each import costs seconds).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from .workers import WorkerPool
+
+#: build workers run at lower CPU priority than the process timing kernels: a sample's queue
+#: of launches must not wait for the CPU while nvcc runs on every core
+WORKER_NICENESS = 5
+
+_POOLS: dict[int, WorkerPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def default_workers() -> int:
+    """One build worker per CPU, bounded (each holds a TVM import, ~0.5 GB)."""
+    return max(1, min(os.cpu_count() or 1, 32))
+
+
+def init_build_worker() -> int:
+    """Runs once in each worker process (pickled by reference: this module has no TVM import)."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:  # not permitted: only a nicety
+        pass
+    from .build_task import init_worker
+
+    return init_worker()
+
+
+def import_tensor_intrinsics() -> bool:
+    from .build_task import import_tensor_intrinsics as load
+
+    return load()
+
+
+def shared_pool(max_workers: int | None = None) -> WorkerPool:
+    """A process-wide pool, reused across calls so workers import TVM (and the tensor-core
+    intrinsics) once per process lifetime rather than once per tuning run."""
+    n = max_workers or default_workers()
+    with _POOLS_LOCK:
+        pool = _POOLS.get(n)
+        if pool is None or pool._closed:
+            pool = WorkerPool(n, initializer=init_build_worker,
+                              features={"tensor_intrin": (import_tensor_intrinsics, ())})
+            _POOLS[n] = pool
+        return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_POOLS.values()):
+        pool.close()
