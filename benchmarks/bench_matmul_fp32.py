@@ -2,14 +2,16 @@
 
 For each size (default 4096³ and 1024³) a sweep of hand configs and template variants, plus
 DefaultPolicy's top configs when the policy module exists, is built in parallel worker
-processes, checked against a float64 product, and timed the same way as cuBLAS: CUDA-event
-time of single launches with the L2 cache flushed before each one, median over >= 100 ms.
+processes, checked against a float64 product, and timed the same way as cuBLAS and as
+apply_and_build times candidates (inputs rotated through copies so none is in L2, launches
+queued between CUDA events, median over >= 100 ms).
 
     python benchmarks/bench_matmul_fp32.py [--sizes 4096 1024] [--log out.txt] [--dry-run]
 
 ``--dry-run`` only schedules and compiles (no GPU needed).
 
-Measured 2026-11-22 on an NVIDIA H200 (no H100 was free), cuBLAS timed in the same run:
+Measured 2026-11-22 on an NVIDIA H200 (no H100 was free), cuBLAS timed in the same run, with
+the earlier method (L2 flushed by a 256 MB memset, one synchronized launch per sample):
   4096³: cuBLAS 51.2 TFLOPS (50.5 on a second timing); best 47.3 TFLOPS = 0.92x with
          block 128x128 or 64x128, thread 8x8, rstep 16, 2 stages staged through registers
          (no cp.async); cp.async 2-stage 45.1; no double buffering 39.6; DefaultPolicy top-4
@@ -21,7 +23,6 @@ Measured 2026-11-22 on an NVIDIA H200 (no H100 was free), cuBLAS timed in the sa
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -33,7 +34,6 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TARGET = "nvidia/nvidia-h100"  # sm_90a code runs on H100 and H200
-FLUSH_BYTES = 256 << 20
 MIN_TIME_S = 0.1
 
 
@@ -82,6 +82,15 @@ SMALL = [
     ("64x64/8x4 r16 async2", mm((64, 64), (8, 4), (16,), 2, True), {}),
     ("32x128/4x8 r16 async2", mm((32, 128), (4, 8), (16,), 2, True), {}),
     ("64x64/4x4 r32 async2", mm((64, 64), (4, 4), (32,), 2, True), {}),
+    ("64x64/8x4 r16 staged", mm((64, 64), (8, 4), (16,), 2), {}),
+    ("64x64/8x4 r8 async2", mm((64, 64), (8, 4), (8,), 2, True), {}),
+    ("64x64/8x8 r16 staged", mm((64, 64), (8, 8), (16,), 2), {}),
+    ("64x64/8x8 r16 async2", mm((64, 64), (8, 8), (16,), 2, True), {}),
+    ("128x32/8x4 r16 async2", mm((128, 32), (8, 4), (16,), 2, True), {}),
+    ("32x128/4x8 r16 staged", mm((32, 128), (4, 8), (16,), 2), {}),
+    ("128x64/8x8 r16 async2", mm((128, 64), (8, 8), (16,), 2, True), {}),
+    ("64x128/8x8 r16 staged", mm((64, 128), (8, 8), (16,), 2), {}),
+    ("128x128/8x8 r16 staged", mm((128, 128), (8, 8), (16,), 2), {}),
 ]
 
 
@@ -121,21 +130,15 @@ def build_one(job):
         return label, None, f"{type(e).__name__}: {str(e)[-300:]}"
 
 
-def time_cuda(launch, est_s: float, torch) -> float:
-    """Median CUDA-event time (s) of single launches, L2 flushed before each, >= MIN_TIME_S total."""
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
-    reps = max(20, min(2000, math.ceil(MIN_TIME_S / max(est_s, 1e-6))))
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    times.sort()
-    return times[len(times) // 2]
+def time_cuda(launch, arg_sets) -> float:
+    """Median seconds per launch, timed like apply_and_build times candidates
+    (:func:`fastdlight.tune.measure.time_launches`: inputs rotated through copies so none is
+    in L2, launches queued between CUDA events, >= 100 ms)."""
+    import tvm
+
+    from fastdlight.tune.measure import time_launches
+
+    return time_launches(launch, arg_sets, tvm.cuda(0), MIN_TIME_S * 1e3).median_ms * 1e-3
 
 
 def bench_size(n, entries, pool, log, dry_run):
@@ -160,18 +163,18 @@ def bench_size(n, entries, pool, log, dry_run):
     ref = (a.double() @ b.double()).cpu().numpy()
     flops = 2.0 * n**3
 
+    from fastdlight.arch import CUDA
+    from fastdlight.tune.measure import rotation_copies
+
+    copies = rotation_copies(2 * a.numel() * 4, CUDA.from_device(dev).l2_bytes)
+    pairs = [(a, b)] + [(a.clone(), b.clone()) for _ in range(copies - 1)]
     c = torch.empty(n, n, device="cuda")
-    torch.matmul(a, b, out=c)
-    torch.cuda.synchronize()
-    t = time.time()
-    torch.matmul(a, b, out=c)
-    torch.cuda.synchronize()
-    cublas = time_cuda(lambda: torch.matmul(a, b, out=c), time.time() - t, torch)
+    cublas = time_cuda(lambda x, y: torch.matmul(x, y, out=c), pairs)
     cublas_tflops = flops / cublas / 1e12
     log(f"  {'cuBLAS (torch.matmul, tf32 off)':48s} {cublas * 1e3:8.3f} ms {cublas_tflops:7.2f} TFLOPS  1.000")
 
-    A = tvm.runtime.tensor(a.cpu().numpy(), dev)
-    B = tvm.runtime.tensor(b.cpu().numpy(), dev)
+    tvm_pairs = [(tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y)) for x, y in pairs]
+    A, B = tvm_pairs[0]
     rows = []
     for label, path, err in built:
         if path is None:
@@ -184,10 +187,7 @@ def bench_size(n, entries, pool, log, dry_run):
             dev.sync()
             out = C.numpy().astype(np.float64)
             rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else float("inf")
-            t = time.time()
-            f(A, B, C)
-            dev.sync()
-            sec = time_cuda(lambda: f(A, B, C), time.time() - t, torch)
+            sec = time_cuda(lambda x, y: f(x, y, C), tvm_pairs)
         except Exception as e:  # noqa: BLE001
             log(f"  {label:48s} RUN FAILED {type(e).__name__}: {str(e)[-200:]}")
             continue
@@ -195,7 +195,7 @@ def bench_size(n, entries, pool, log, dry_run):
         ok = "" if rel <= 1e-5 else f"  WRONG (rel err {rel:.2g})"
         rows.append((tflops, label))
         log(f"  {label:48s} {sec * 1e3:8.3f} ms {tflops:7.2f} TFLOPS  {tflops / cublas_tflops:5.3f}{ok}")
-    again = time_cuda(lambda: torch.matmul(a, b, out=c), cublas, torch)
+    again = time_cuda(lambda x, y: torch.matmul(x, y, out=c), pairs)
     log(f"  {'cuBLAS again (run-to-run spread)':48s} {again * 1e3:8.3f} ms {flops / again / 1e12:7.2f} TFLOPS")
     if rows:
         best = max(rows)
