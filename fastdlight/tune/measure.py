@@ -10,7 +10,8 @@
   Why not flush? Flushing by writing a buffer larger than L2 (TVM's ``cache_flush_bytes``,
   Triton's ``cache.zero_()``) leaves L2 full of *dirty* lines: a short kernel then pays to
   write them back while it reads, and a synchronize before each launch adds the launch
-  latency. On a 16 µs row sum both together cost a third of the time. "flush" (TVM's
+  latency. On an H100 a 16384×1024 fp16 row sum measured 22 µs that way and 14 µs rotated
+  (torch's own: 31 vs 16 µs); 3 ms matmuls barely change. "flush" (TVM's
   ``time_evaluator``: 1.5 × L2 device copy, synchronize, one launch between events) is kept
   for comparison.
 * Checking poisons the outputs (NaN, or a sentinel for integers), runs once, and compares with
