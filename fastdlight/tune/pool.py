@@ -58,4 +58,4 @@ def shared_pool(max_workers: int | None = None) -> WorkerPool:
 @atexit.register
 def _close_pools() -> None:
     for pool in list(_POOLS.values()):
-        pool.close()
+        pool.close(grace=0)  # idle build workers hold nothing worth a clean shutdown

@@ -324,14 +324,17 @@ class WorkerPool:
         for th in threads:
             th.join()
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
+        """Stop the workers: each may exit on its own for ``grace`` seconds, then is killed
+        (``grace=0``: killed at once, e.g. at interpreter exit, where waiting for every
+        worker's TVM teardown would only delay the caller)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         for w in self._workers:  # all at once: TVM teardown takes a moment per process
             w.request_exit()
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + grace
         for w in self._workers:
             w.close(deadline)
         if self._tmp is not None:
