@@ -3,7 +3,7 @@
     python benchmarks/bench_matmul_tc.py [--topk 20] [--budget-ms 100] [--only NAME ...]
 
 For every case the policy's top-k configs are built in parallel worker processes (one per CPU),
-each timed with CUDA events after an L2 flush (median over ``--budget-ms``; the fastest few are
+each timed with CUDA events, inputs rotated out of L2 (median over ``--budget-ms``; the fastest few are
 timed twice), the fastest correct one wins (checked against a float32 GPU reference), and
 ``torch.matmul`` / ``torch._int_mm`` is timed the same way. fp16 cases accumulate in fp32 and
 store fp16 (a fused cast epilogue), like cuBLAS. A case the policy finds ineligible for tensor
@@ -144,7 +144,7 @@ def run_case(name, m, n, k, dtype, layout, arch, topk, budget_ms, log):
 
 def markdown(rows, device) -> str:
     lines = [
-        f"Device: {device}. Best of the policy's top-k (CUDA events, L2 flushed, median); cuBLAS = torch, same run.",
+        f"Device: {device}. Best of the policy's top-k (CUDA events, inputs rotated out of L2, median); cuBLAS = torch, same run.",
         "",
         "| case | path | best config | ms | TFLOPS (TOPS int8) | cuBLAS ms | cuBLAS TFLOPS | ratio |",
         "|---|---|---|---|---|---|---|---|",

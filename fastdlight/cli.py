@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser(
         "tune", help="tune one operator (or a TVMScript PrimFunc) and print the ranked candidates",
         description=f"Emit configs with the Roller-style policy, compile them in parallel, time them on the "
-        f"GPU (L2 flushed, CUDA events, median), check the winner, print the ranking. Operators: {ops_help}. "
+        f"GPU (inputs out of L2, CUDA events, median), check the winner, print the ranking. Operators: {ops_help}. "
         "Without a GPU every candidate is still compiled to a cubin and ranked by predicted cost.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
