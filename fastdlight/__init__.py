@@ -21,6 +21,9 @@ _LAZY = {
     "apply_and_build": "fastdlight.tune.runner",
     "CompileResult": "fastdlight.tune.runner",
     "TuningError": "fastdlight.tune.runner",
+    "ApplyFastTuning": "fastdlight.relax",
+    "build": "fastdlight.tune.compile",
+    "TuningDatabase": "fastdlight.tune.database",
 }
 
 __all__ = sorted([*_LAZY, "tune"])

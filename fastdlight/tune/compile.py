@@ -86,9 +86,11 @@ def build(mod: tvm.IRModule, target) -> tvm.runtime.Module:
 
 
 def cuda_source(built) -> str:
-    """The CUDA source of a module returned by :func:`build`."""
-    mod = getattr(built, "mod", built)
-    for m in [mod, *mod.imports]:
+    """The CUDA source of a module returned by :func:`build` (a Relax VM executable nests the
+    device module one level deeper: imports are searched breadth-first)."""
+    todo = [getattr(built, "mod", built)]
+    for m in todo:
+        todo.extend(m.imports)
         try:
             src = m.inspect_source()
         except Exception:  # noqa: BLE001 - host/LLVM modules carry no CUDA source

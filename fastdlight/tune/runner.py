@@ -418,6 +418,9 @@ def apply_and_build(
     configs = list(configs)
     if not configs:
         raise TuningError("no candidate configs to build (the policy emitted none)")
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        # a private PrimFunc (as in a Relax module) cannot be compiled on its own
+        func = func.with_attr("global_symbol", "main")
     arch = arch if isinstance(arch, CUDA) else auto_arch(arch)
     gpu = has_gpu()
     if measure is None:

@@ -1,0 +1,124 @@
+"""ApplyFastTuning on a small Relax model: every PrimFunc scheduled, the database replayed, the
+result compiles to cubin (CPU); on a GPU, the tuned model computes the right numbers."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import fastdlight
+from fastdlight.arch import CUDA
+from fastdlight.tune import tuner
+from fastdlight.tune.compile import compile_cubin, cuda_source
+from fastdlight.tune.database import TuningDatabase
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+@I.ir_module
+class Model:
+    @R.function
+    def main(x: R.Tensor((128, 256), "float16"), w: R.Tensor((256, 512), "float16"), b: R.Tensor((512,), "float16")):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            z = R.add(y, b)
+            s = R.sum(z, axis=[1])
+            R.output(s)
+        return s
+
+
+@I.ir_module
+class Dynamic:
+    @R.function
+    def main(x: R.Tensor(("n", 64), "float32")):
+        with R.dataflow():
+            y = R.exp(x)
+            R.output(y)
+        return y
+
+
+def legalized(mod):
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(),
+    ])  # fmt: skip
+    return seq(mod)
+
+
+def prim_funcs(mod):
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return legalized(Model)
+
+
+def test_every_primfunc_is_scheduled_and_the_database_replays_it(model, tmp_path, monkeypatch):
+    before = {name: f.script() for name, f in prim_funcs(model).items()}
+    tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, meta_database_dir=tmp_path, measure=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = tuning(model)
+    funcs = prim_funcs(tuned)
+    assert set(funcs) == {"fused_matmul_add", "sum"}
+    for f in funcs.values():
+        assert f.attrs["tirx.is_scheduled"]
+        assert "blockIdx.x" in f.script() and "global_symbol" not in f.attrs  # still private
+    assert {e["function"]: e["status"] for e in tuning.report} == {"fused_matmul_add": "tuned", "sum": "tuned"}
+    assert "matmul_tc" in next(e["config"] for e in tuning.report if e["function"] == "fused_matmul_add")
+    # the caller's module is untouched
+    assert {name: f.script() for name, f in prim_funcs(model).items()} == before
+    assert len(TuningDatabase(tmp_path)) == 2
+
+    # a second pass over the same model finds both in the database and never tunes
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("tuned although the database has the function")
+
+    monkeypatch.setattr(tuner, "tune", no_tuning)
+    replay = fastdlight.ApplyFastTuning(topk=2, target=H100, meta_database_dir=tmp_path, measure=False)
+    again = replay(model)
+    assert {e["status"] for e in replay.report} == {"database"}
+    tvm.ir.assert_structural_equal(again, tuned)
+
+    # the tuned model compiles; its kernels go through nvcc to a cubin
+    ex = fastdlight.build(tuned, H100.target)
+    src = cuda_source(ex)
+    assert src.count("__global__") >= 2
+    assert compile_cubin(src, H100.target).registers > 0
+
+
+def test_a_function_it_cannot_tune_is_left_with_a_warning():
+    mod = legalized(Dynamic)
+    tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
+    with pytest.warns(UserWarning, match="left unscheduled"):
+        out = tuning(mod)
+    (entry,) = tuning.report
+    assert entry["status"] == "untuned" and entry["error"]
+    (f,) = prim_funcs(out).values()
+    assert "tirx.is_scheduled" not in f.attrs
+
+
+def test_bad_topk_is_refused():
+    with pytest.raises(ValueError, match="topk"):
+        fastdlight.ApplyFastTuning(topk=0)
+
+
+@pytest.mark.gpu
+def test_tuned_model_runs_correctly_on_the_gpu(model):
+    dev = tvm.cuda(0)
+    arch = CUDA.from_device(dev)
+    tuning = fastdlight.ApplyFastTuning(topk=4, target=arch)
+    tuned = tuning(model)
+    assert {e["status"] for e in tuning.report} == {"tuned"}
+    assert all(e["verified"] for e in tuning.report)
+    vm = relax.VirtualMachine(fastdlight.build(tuned, arch.target), dev)
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.uniform(-1, 1, s).astype("float16") for s in ((128, 256), (256, 512), (512,)))
+    out = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (x, w, b))).numpy().astype(np.float64)
+    ref = ((x.astype(np.float64) @ w.astype(np.float64)) + b).sum(axis=1)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-2
