@@ -300,3 +300,33 @@ def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
             return tvm.compile(mod, target=target).mod
     finally:
         _FORCED_CUBIN.pop()
+
+
+# -- the probe ------------------------------------------------------------------------------
+#: the probe process's inputs for the function it last probed: (func_json, Workload)
+_PROBE_INPUTS: list = []
+
+
+def init_probe_worker() -> int:
+    """The probe process: TVM with its own CUDA context (made now, while candidates build)."""
+    import tvm
+
+    tvm.cuda(0).exist  # noqa: B018 - creates the context
+    return os.getpid()
+
+
+def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
+    """Run a built candidate once on inputs of its own, in the probe process. A kernel that
+    faults (illegal address, ...) poisons only this process's CUDA context; one that hangs is
+    killed by the pool's timeout. Raises on any error."""
+    from .measure import Workload, function_name
+
+    func = load_func(func_json)
+    if not _PROBE_INPUTS or _PROBE_INPUTS[0][0] != func_json:
+        _PROBE_INPUTS.clear()
+        _PROBE_INPUTS.append((func_json, Workload(func, tvm.cuda(0), seed)))
+    wl = _PROBE_INPUTS[0][1]
+    mod = tvm.runtime.load_module(so_path)
+    mod[function_name(mod, func)](*wl.args)
+    wl.dev.sync()
+    return True

@@ -55,7 +55,25 @@ def shared_pool(max_workers: int | None = None) -> WorkerPool:
         return pool
 
 
+def init_probe_worker() -> int:
+    from .build_task import init_probe_worker as init
+
+    return init()
+
+
+_PROBES: list[WorkerPool] = []
+
+
+def probe_pool() -> WorkerPool:
+    """One process that runs each candidate once before the tuning process times it: a
+    candidate that faults or hangs is lost there, not here (see :func:`build_task.probe_candidate`)."""
+    with _POOLS_LOCK:
+        if not _PROBES or _PROBES[0]._closed:
+            _PROBES[:] = [WorkerPool(1, initializer=init_probe_worker)]
+        return _PROBES[0]
+
+
 @atexit.register
 def _close_pools() -> None:
-    for pool in list(_POOLS.values()):
+    for pool in [*_POOLS.values(), *_PROBES]:
         pool.close(grace=0)  # idle build workers hold nothing worth a clean shutdown

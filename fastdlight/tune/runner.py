@@ -33,7 +33,7 @@ from ..arch import CUDA, auto_arch, has_gpu
 from ..policies.config import Config
 from . import build_task
 from .measure import METHODS, Timing, Workload, flush_bytes_for, function_name, time_module
-from .pool import default_workers, shared_pool  # noqa: F401 - re-exported
+from .pool import default_workers, probe_pool, shared_pool  # noqa: F401 - re-exported
 from .workers import Outcome, Task, WorkerPool, one_line
 
 #: seconds one candidate may take to schedule + lower + nvcc before its worker is killed
@@ -42,6 +42,8 @@ NO_GPU_WARNING = ("fastdlight: no GPU was found: nothing was timed; candidates w
                   "and are ranked by the policy's predicted cost")
 #: how many of the fastest candidates are timed a second time (filters optimistic outliers)
 RETIME_TOP = 3
+#: seconds a candidate's single probe run may take (load + one launch) before it counts as hung
+PROBE_TIMEOUT = 30.0
 CHECKS = ("winner", "all", "none")
 
 
@@ -305,8 +307,10 @@ class _Timer:
     the builds still running), then re-times the fastest few."""
 
     def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], budget_ms: float, method: str,
-                 progress: bool | None, total: int):
+                 progress: bool | None, total: int, probe: WorkerPool | None = None, func_json: str = "",
+                 seed: int = 0):
         self.arch, self.get_workload, self.budget_ms, self.method = arch, get_workload, budget_ms, method
+        self.probe, self.func_json, self.seed = probe, func_json, seed
         self.flush = flush_bytes_for(arch.l2_bytes)
         self.progress, self.total, self.bar = progress, total, None
         self.arg_sets = None
@@ -325,6 +329,10 @@ class _Timer:
         t0 = time.perf_counter()
         if self.bar is None:
             self.bar = _progress(self.total, "timing", self.progress)
+        if self.probe is not None and value.get("so_path") and not self._probe(r, value["so_path"]):
+            if self.bar is not None:
+                self.bar.update(1)
+            return
         try:
             r.module = _load_module(value, self.arch)
         except Exception as e:  # noqa: BLE001
@@ -338,6 +346,17 @@ class _Timer:
         if self.bar is not None:
             self.bar.update(1)
         self.seconds += time.perf_counter() - t0
+
+    def _probe(self, r: CompileResult, so_path: str) -> bool:
+        """Run the candidate once in the probe process first; False (and the reason on ``r``)
+        when it failed there, faulted or hung. The probe then restarts with a fresh context."""
+        task = Task(r.index, build_task.probe_candidate, (so_path, self.func_json, self.seed))
+        (out,) = list(self.probe.imap_unordered([task], timeout=PROBE_TIMEOUT))
+        if out.ok:
+            return True
+        r.error, r.log = f"run: {out.error} (in the probe process; never run here)", out.log
+        self.probe.reset()
+        return False
 
     def retime_fastest(self, results: Sequence[CompileResult]) -> None:
         """A second, independent timing of the fastest few (now that no build competes for
@@ -387,6 +406,7 @@ def apply_and_build(
     seed: int = 0,
     stats: dict | None = None,
     timing: str = "rotate",
+    probe: bool = True,
 ) -> tuple[list[CompileResult], CompileResult]:
     """Build, time, check ``configs`` for ``func`` on ``arch``; return ``(ranked results, best)``.
 
@@ -408,6 +428,8 @@ def apply_and_build(
         pass one to share inputs with other measurements (benchmarks).
     stats : if given, filled with phase wall times (build_s; measure_s: timing after the last build;
         timing_s: all timing, mostly overlapped with the builds; check_s, total_s) and counts.
+    probe : run each candidate once in a separate process before timing it here, so a kernel
+        that faults (poisoning the CUDA context) or hangs costs only itself.
     timing : "rotate" (inputs cycled through copies, launches queued) or "flush" (L2 flushed by
         a device copy before each synchronized launch); see :mod:`fastdlight.tune.measure`.
     """
@@ -454,7 +476,14 @@ def apply_and_build(
 
     t_start, t0_wall = time.perf_counter(), time.time()
     maker = threading.Thread(target=make_workload, daemon=True)
-    timer = _Timer(arch, get_workload, budget_ms, timing, progress, len(configs)) if measure else None
+    timer = None
+    if measure:
+        prober = None
+        if probe and parallel_build:
+            prober = probe_pool()
+            prober.warm_up()  # its CUDA context is made while the candidates build
+        timer = _Timer(arch, get_workload, budget_ms, timing, progress, len(configs), prober,
+                       tvm.ir.save_json(func), seed)
     by_index: dict[int, CompileResult] = {}
 
     def on_outcome(out: Outcome) -> None:

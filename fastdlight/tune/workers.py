@@ -234,6 +234,13 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._closed = False
 
+    def reset(self) -> None:
+        """Kill every worker now; each starts afresh with its next task (e.g. after a task may
+        have left a worker in a bad state, like a CUDA context poisoned by a faulting kernel)."""
+        for w in self._workers:
+            with w.lock:
+                w.kill()
+
     def ready_times(self) -> list[float]:
         """Epoch seconds at which each started worker became ready (diagnostics)."""
         return sorted(w.ready_at for w in self._workers if w.ready_at is not None)

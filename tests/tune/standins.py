@@ -60,3 +60,26 @@ def delay_early_ones(index, config):
 
 def add_op(n=1024, dtype="float16"):
     return ops.elementwise((n, n), dtype, "add")
+
+
+def _far_store_copy(n: int, dtype: str):
+    """``add``'s signature, but the kernel stores 512 GiB past C: an illegal address on a GPU."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def far(A: T.Buffer((n, n), dtype), B: T.Buffer((n, n), dtype), C: T.Buffer((n, n), dtype)):
+        T.func_attr({"global_symbol": "add"})
+        C_far = T.decl_buffer((T.int64(1) << 40,), dtype, data=C.data)
+        for i, j in T.grid(n, n):
+            with T.sblock("C"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C_far[(T.int64(1) << 38) + T.Cast("int64", vi * n + vj)] = A[vi, vj]
+
+    return far
+
+
+def faulting_add_template(func, config):
+    """Schedules a kernel that faults (illegal address) when block[0] == 1; correct otherwise."""
+    if config.block[0] == 1:
+        func = _far_store_copy(int(func.params[0].shape[0]), str(func.params[0].dtype))
+    return flat_template(func, config)

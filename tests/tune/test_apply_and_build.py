@@ -171,6 +171,23 @@ def test_gpu_wrong_candidate_is_never_best():
 
 
 @pytest.mark.gpu
+def test_gpu_faulting_candidate_is_isolated_in_the_probe():
+    # candidate 0 stores to an illegal address: it may poison only the probe process's CUDA
+    # context; every other candidate is still timed and checked in this one
+    from fastdlight.arch import auto_arch
+
+    op = standins.add_op(1024)
+    configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1)),
+               Config("elementwise", (4, 64), (1, 1))]
+    results, best = apply_and_build(op.func, configs, auto_arch(), template=standins.faulting_add_template,
+                                    ref=op.reference, check="all", budget_ms=20)
+    bad = next(r for r in results if r.index == 0)
+    assert bad.latency_ms is None and "probe process" in bad.error
+    assert best.index != 0 and best.verified is True
+    assert all(r.latency_ms is not None and r.verified for r in results if r.index != 0)
+
+
+@pytest.mark.gpu
 def test_gpu_stock_dlight_reference_is_used_without_ref():
     from fastdlight.arch import auto_arch
 

@@ -83,3 +83,10 @@ def test_workers_block_the_torch_import_tvm_ffi_would_make(monkeypatch):
     with WorkerPool(1) as p:
         (out,) = p.imap_unordered([Task(0, torch_module, (0,))])
     assert out.ok and out.value != "None"
+
+
+def test_reset_restarts_every_worker(pool):
+    (before,) = pool.imap_unordered([Task(0, pid, (0,))])
+    pool.reset()
+    (after,) = pool.imap_unordered([Task(0, pid, (0,))])
+    assert before.ok and after.ok and before.value != after.value
