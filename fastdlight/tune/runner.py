@@ -151,10 +151,11 @@ def compile_cost_estimate(config: Config) -> int:
 def build_all(func, configs, arch: CUDA, *, want_module: bool, out_dir: str, parallel: bool = True,
               max_workers: int | None = None, timeout: float = DEFAULT_TIMEOUT, template=None, hook=None,
               with_reference: bool = False, progress: bool | None = None, pool: WorkerPool | None = None,
-              on_outcome: Callable[[Outcome], None] | None = None):
+              on_outcome: Callable[[Outcome], None] | None = None, post: Callable[[Outcome], Outcome] | None = None):
     """Build every config (and optionally the stock-Dlight reference, key "ref"). Returns
     {key: Outcome}, keys being config indices. ``on_outcome`` is called (in this thread) with
-    each outcome as it arrives, while the other candidates are still building."""
+    each outcome as it arrives, while the other candidates are still building; ``post`` runs on
+    each outcome first, in the pool's threads (overlapping the caller's ``on_outcome`` work)."""
     func_json = tvm.ir.save_json(func)
     target = str(arch.target)
     features = ("tensor_intrin",) if _uses_tensor_cores(configs) else ()
@@ -173,9 +174,9 @@ def build_all(func, configs, arch: CUDA, *, want_module: bool, out_dir: str, par
     outcomes = {}
     if parallel:
         pool = pool or shared_pool(max_workers)
-        stream = pool.imap_unordered(tasks, timeout=timeout)
+        stream = pool.imap_unordered(tasks, timeout=timeout, post=post)
     else:
-        stream = _run_serial(tasks)
+        stream = _run_serial(tasks) if post is None else map(post, _run_serial(tasks))
     for out in stream:
         outcomes[out.key] = out
         if bar is not None and out.key != "ref":
@@ -302,15 +303,41 @@ class _Expected:
         self.error: str | None = None
 
 
+class _Prober:
+    """Runs each built candidate once in the probe process (:func:`pool.probe_pool`) before the
+    tuning process ever loads it, so a kernel that faults (poisoning a CUDA context for good) or
+    hangs costs only itself. Called in the build pool's threads as each build finishes: probes
+    overlap the timing of earlier candidates. A failure is attached to the outcome's value
+    (``probe_error``) and the probe process restarts with a fresh context."""
+
+    def __init__(self, func_json: str):
+        self.func_json = func_json
+        self.pool = probe_pool()
+        self.pool.warm_up()  # its CUDA context is made while the candidates build
+        # one probe at a time, and a failed one's restart before the next probe: a candidate
+        # must never run in a context an earlier one poisoned
+        self.lock = threading.Lock()
+
+    def __call__(self, out: Outcome) -> Outcome:
+        if not out.ok or out.key == "ref" or not out.value.get("so_path"):
+            return out
+        task = Task(out.key, build_task.probe_candidate, (out.value["so_path"], self.func_json))
+        with self.lock:
+            (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
+            if not res.ok:
+                self.pool.reset()
+        if not res.ok:
+            out.value["probe_error"] = (f"run: {res.error} (in the probe process; never run here)", res.log)
+        return out
+
+
 class _Timer:
     """Loads and times candidates one at a time, as their builds finish (so timing overlaps
     the builds still running), then re-times the fastest few."""
 
     def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], budget_ms: float, method: str,
-                 progress: bool | None, total: int, probe: WorkerPool | None = None, func_json: str = "",
-                 seed: int = 0):
+                 progress: bool | None, total: int):
         self.arch, self.get_workload, self.budget_ms, self.method = arch, get_workload, budget_ms, method
-        self.probe, self.func_json, self.seed = probe, func_json, seed
         self.flush = flush_bytes_for(arch.l2_bytes)
         self.progress, self.total, self.bar = progress, total, None
         self.arg_sets = None
@@ -329,7 +356,8 @@ class _Timer:
         t0 = time.perf_counter()
         if self.bar is None:
             self.bar = _progress(self.total, "timing", self.progress)
-        if self.probe is not None and value.get("so_path") and not self._probe(r, value["so_path"]):
+        if value.get("probe_error"):
+            r.error, r.log = value["probe_error"]
             if self.bar is not None:
                 self.bar.update(1)
             return
@@ -346,17 +374,6 @@ class _Timer:
         if self.bar is not None:
             self.bar.update(1)
         self.seconds += time.perf_counter() - t0
-
-    def _probe(self, r: CompileResult, so_path: str) -> bool:
-        """Run the candidate once in the probe process first; False (and the reason on ``r``)
-        when it failed there, faulted or hung. The probe then restarts with a fresh context."""
-        task = Task(r.index, build_task.probe_candidate, (so_path, self.func_json, self.seed))
-        (out,) = list(self.probe.imap_unordered([task], timeout=PROBE_TIMEOUT))
-        if out.ok:
-            return True
-        r.error, r.log = f"run: {out.error} (in the probe process; never run here)", out.log
-        self.probe.reset()
-        return False
 
     def retime_fastest(self, results: Sequence[CompileResult]) -> None:
         """A second, independent timing of the fastest few (now that no build competes for
@@ -476,14 +493,8 @@ def apply_and_build(
 
     t_start, t0_wall = time.perf_counter(), time.time()
     maker = threading.Thread(target=make_workload, daemon=True)
-    timer = None
-    if measure:
-        prober = None
-        if probe and parallel_build:
-            prober = probe_pool()
-            prober.warm_up()  # its CUDA context is made while the candidates build
-        timer = _Timer(arch, get_workload, budget_ms, timing, progress, len(configs), prober,
-                       tvm.ir.save_json(func), seed)
+    timer = _Timer(arch, get_workload, budget_ms, timing, progress, len(configs)) if measure else None
+    prober = _Prober(tvm.ir.save_json(func)) if measure and probe else None
     by_index: dict[int, CompileResult] = {}
 
     def on_outcome(out: Outcome) -> None:
@@ -500,7 +511,7 @@ def apply_and_build(
             func, configs, arch, want_module=measure, out_dir=out_dir, parallel=parallel_build,
             max_workers=max_workers, timeout=timeout, template=template, hook=hook,
             with_reference=measure and check != "none" and ref is None, progress=progress, pool=pool,
-            on_outcome=on_outcome,
+            on_outcome=on_outcome, post=prober,
         )  # fmt: skip
         results = [by_index[i] for i in range(len(configs))]
         t_built = time.perf_counter()

@@ -285,8 +285,11 @@ class WorkerPool:
         for w in self._workers:
             threading.Thread(target=start, args=(w,), daemon=True).start()
 
-    def imap_unordered(self, tasks: Iterable[Task], timeout: float | None = None) -> Iterator[Outcome]:
-        """Run tasks on the workers; yield one :class:`Outcome` per task as each finishes."""
+    def imap_unordered(self, tasks: Iterable[Task], timeout: float | None = None,
+                       post: Callable[[Outcome], Outcome] | None = None) -> Iterator[Outcome]:
+        """Run tasks on the workers; yield one :class:`Outcome` per task as each finishes.
+        ``post`` (if given) runs on each outcome in the pool's thread before it is yielded, so
+        follow-up work overlaps what the caller does with earlier outcomes."""
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
         tasks = list(tasks)
@@ -302,7 +305,14 @@ class WorkerPool:
                     task = todo.get_nowait()
                 except queue.Empty:
                     return
-                done.put(self._run_one(worker, task, timeout))
+                out = self._run_one(worker, task, timeout)
+                if post is not None:
+                    try:
+                        out = post(out)
+                    except Exception as e:  # noqa: BLE001 - the outcome must still arrive
+                        out = Outcome(out.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                                      out.seconds)
+                done.put(out)
 
         threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in self._workers[:n_threads]]
         for th in threads:
