@@ -90,3 +90,16 @@ def test_reset_restarts_every_worker(pool):
     pool.reset()
     (after,) = pool.imap_unordered([Task(0, pid, (0,))])
     assert before.ok and after.ok and before.value != after.value
+
+
+def test_post_runs_on_each_outcome_and_its_errors_are_recorded(pool):
+    from fastdlight.tune.workers import Outcome
+
+    def post(out):
+        if out.key == 2:
+            raise RuntimeError("post failed")
+        return Outcome(out.key, out.ok, out.value + 1, seconds=out.seconds)
+
+    outs = {o.key: o for o in pool.imap_unordered([Task(i, square, (i,)) for i in range(4)], post=post)}
+    assert {k: o.value for k, o in outs.items() if k != 2} == {0: 1, 1: 2, 3: 10}
+    assert not outs[2].ok and "post failed" in outs[2].error
