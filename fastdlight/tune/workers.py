@@ -299,24 +299,39 @@ class WorkerPool:
         done: queue.Queue = queue.Queue()
         n_threads = min(len(self._workers), len(tasks))
 
+        # post-processing runs in a thread of its own: a worker's next task must not wait for it
+        raw: queue.Queue = done if post is None else queue.Queue()
+
         def drive(worker: _Worker):
             while True:
                 try:
                     task = todo.get_nowait()
                 except queue.Empty:
+                    if post is not None:
+                        raw.put(None)  # this driver is done
                     return
-                out = self._run_one(worker, task, timeout)
-                if post is not None:
-                    try:
-                        out = post(out)
-                    except Exception as e:  # noqa: BLE001 - the outcome must still arrive
-                        out = Outcome(out.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
-                                      out.seconds)
+                raw.put(self._run_one(worker, task, timeout))
+
+        def apply_post():
+            finished = 0
+            while finished < n_threads:
+                out = raw.get()
+                if out is None:
+                    finished += 1
+                    continue
+                try:
+                    out = post(out)
+                except Exception as e:  # noqa: BLE001 - the outcome must still arrive
+                    out = Outcome(out.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                                  out.seconds)
                 done.put(out)
 
         threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in self._workers[:n_threads]]
+        if post is not None:
+            threads.append(threading.Thread(target=apply_post, daemon=True))
         for th in threads:
             th.start()
+
         def drop_pending():
             while True:
                 try:

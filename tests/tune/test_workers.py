@@ -103,3 +103,14 @@ def test_post_runs_on_each_outcome_and_its_errors_are_recorded(pool):
     outs = {o.key: o for o in pool.imap_unordered([Task(i, square, (i,)) for i in range(4)], post=post)}
     assert {k: o.value for k, o in outs.items() if k != 2} == {0: 1, 1: 2, 3: 10}
     assert not outs[2].ok and "post failed" in outs[2].error
+
+
+def test_stopping_early_with_post_returns(pool):
+    import threading
+
+    gen = pool.imap_unordered([Task(i, square, (i,)) for i in range(6)], post=lambda o: o)
+    assert next(gen).ok
+    closer = threading.Thread(target=gen.close)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive()
