@@ -4,8 +4,10 @@
 
 Data flow: each config is scheduled (``fastdlight.schedules.apply_config``), lowered and
 compiled with nvcc in a worker process (:mod:`.workers`, :mod:`.build_task`); on a GPU
-machine the worker exports a ``.so`` that the parent loads and times (:mod:`.measure`); the
-fastest candidates are checked against a reference until one is right. Results are keyed
+machine the worker exports a ``.so``, which a probe process runs once (a faulting or hanging
+kernel dies there) and then this process loads and times (:mod:`.measure`) while other
+candidates are still building; the fastest few are timed again once the builds are done, and
+the fastest candidates are checked against a reference until one is right. Results are keyed
 by the config's index, never by completion order. A candidate that fails anywhere (schedule,
 lowering, nvcc, crash, timeout, launch, wrong result) is kept with its reason; only when no
 candidate is usable does :class:`TuningError` say why, reason by reason.
