@@ -37,9 +37,10 @@ TARGET = "nvidia/nvidia-h100"  # sm_90a code runs on H100 and H200
 MIN_TIME_S = 0.1
 
 
-def mm(block, thread, rstep, stages=1, async_copy=False, raster=0):
+def mm(block, thread, rstep, stages=1, async_copy=False, raster=0, c_vec=0):
+    vec = {"A": 4, "B": 4, **({"C": c_vec} if c_vec else {})}
     return dict(
-        kind="matmul", block=block, thread=thread, rstep=rstep, vectorize={"A": 4, "B": 4},
+        kind="matmul", block=block, thread=thread, rstep=rstep, vectorize=vec,
         pipeline_stages=stages, use_async_copy=async_copy, rasterization=raster,
     )  # fmt: skip
 
@@ -91,6 +92,12 @@ SMALL = [
     ("128x64/8x8 r16 async2", mm((128, 64), (8, 8), (16,), 2, True), {}),
     ("64x128/8x8 r16 staged", mm((64, 128), (8, 8), (16,), 2), {}),
     ("128x128/8x8 r16 staged", mm((128, 128), (8, 8), (16,), 2), {}),
+    # the policy also vectorizes the C store (vec C:4): the same tiles with it
+    ("64x64/8x4 r16 async2 C4", mm((64, 64), (8, 4), (16,), 2, True, c_vec=4), {}),
+    ("64x64/4x8 r16 async2 C4", mm((64, 64), (4, 8), (16,), 2, True, c_vec=4), {}),
+    ("32x128/8x4 r16 async2", mm((32, 128), (8, 4), (16,), 2, True), {}),
+    ("32x128/8x4 r16 async2 C4", mm((32, 128), (8, 4), (16,), 2, True, c_vec=4), {}),
+    ("128x64/8x4 r16 async2 C4", mm((128, 64), (8, 4), (16,), 2, True, c_vec=4), {}),
 ]
 
 
