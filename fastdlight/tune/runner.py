@@ -46,6 +46,9 @@ NO_GPU_WARNING = ("fastdlight: no GPU was found: nothing was timed; candidates w
 RETIME_TOP = 3
 #: seconds a candidate's single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
+#: held while a candidate is timed and while one is probed: the probe process never puts a
+#: kernel (or a context switch) on the GPU in the middle of a timing
+_GPU_TURN = threading.Lock()
 CHECKS = ("winner", "all", "none")
 
 
@@ -324,7 +327,7 @@ class _Prober:
         if not out.ok or out.key == "ref" or not out.value.get("so_path"):
             return out
         task = Task(out.key, build_task.probe_candidate, (out.value["so_path"], self.func_json))
-        with self.lock:
+        with self.lock, _GPU_TURN:
             (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
             if not res.ok:
                 self.pool.reset()
@@ -350,7 +353,8 @@ class _Timer:
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.method == "rotate" else [wl.args]
         name = function_name(r.module, wl.func)
-        return time_module(r.module, name, self.arg_sets, wl.dev, self.budget_ms, self.method, self.flush)
+        with _GPU_TURN:
+            return time_module(r.module, name, self.arg_sets, wl.dev, self.budget_ms, self.method, self.flush)
 
     def time(self, r: CompileResult, value: dict) -> None:
         if self.get_workload() is None:  # no GPU inputs: apply_and_build reports why
