@@ -392,7 +392,8 @@ class _Timer:
         timed = [r for r in results if r.latency_ms is not None]
         by_median = sorted(timed, key=lambda r: r.latency_ms)[:RETIME_TOP]
         by_best = sorted(timed, key=lambda r: r.timing.min_ms)[:RETIME_TOP]
-        for r in dict.fromkeys(by_median + by_best):
+        finalists = {id(r): r for r in by_median + by_best}  # CompileResult is unhashable
+        for r in finalists.values():
             try:
                 again = self._time(r)
                 r.timing = Timing(again.median_ms, r.timing.samples_ms + again.samples_ms)
