@@ -33,14 +33,11 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"])
 
 
-def schedule_with(func: tirx.PrimFunc, config, arch: CUDA) -> tirx.PrimFunc:
+def schedule_with(func: tirx.PrimFunc, config) -> tirx.PrimFunc:
     """``func`` scheduled by ``config`` (the database path: no building, no timing)."""
-    from ..schedules import apply_config
     from ..tune import build_task
 
-    if config.kind == "matmul_tc":
-        build_task.import_tensor_intrinsics()
-    sch = apply_config(func, config)
+    sch = build_task.apply_template(func, config)
     if sch is None:
         raise ValueError(f"{config!r} does not apply to this function")
     return sch.mod["main"]
@@ -99,7 +96,7 @@ class ApplyFastTuning:
             hit = None  # picked without a GPU, by predicted cost: now it can be measured
         if hit is not None:
             entry.update(status="database", config=repr(hit.config), latency_ms=hit.latency_ms)
-            return schedule_with(func, hit.config, arch)
+            return schedule_with(func, hit.config)
         from ..tune.tuner import tune
 
         with warnings.catch_warnings():
@@ -109,7 +106,7 @@ class ApplyFastTuning:
         if db is not None:
             db.commit(func, arch, best.config, best.latency_ms, best.verified)
         # the winner's schedule, re-applied to the function exactly as the module holds it
-        return schedule_with(func, best.config, arch)
+        return schedule_with(func, best.config)
 
     def _measures(self) -> bool:
         from ..arch import has_gpu

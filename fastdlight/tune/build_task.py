@@ -149,6 +149,14 @@ def as_module(scheduled) -> tvm.IRModule:
     raise StageError("schedule", f"template returned {type(scheduled).__name__}, not a Schedule")
 
 
+def apply_template(func, config, template=None):
+    """``template(func, config)`` (default: :func:`fastdlight.schedules.apply_config`), with the
+    tensor-core intrinsics registered first when the config needs them."""
+    if config.kind == "matmul_tc":
+        import_tensor_intrinsics()
+    return resolve_template(template)(func, config)
+
+
 def resolve_template(template):
     if template is not None:
         return template
@@ -322,17 +330,16 @@ def probe_candidate(so_path: str, func_json: str) -> bool:
     pool's timeout. Raises on any error."""
     import numpy as np
 
-    from .measure import function_name, param_buffers, static_shape
+    from .measure import function_name, param_buffers, static_shape, to_device
 
     func = load_func(func_json)
     if not _PROBE_INPUTS or _PROBE_INPUTS[0][0] != func_json:
         _PROBE_INPUTS.clear()
-        dev = tvm.cuda(0)
         args = []
         for buf in param_buffers(func):
-            t = tvm.runtime.empty(static_shape(buf), str(buf.dtype), dev)
-            t.copyfrom(np.zeros(t.shape, dtype="uint16" if str(buf.dtype) == "bfloat16" else str(buf.dtype)))
-            args.append(t)
+            dtype = str(buf.dtype)
+            zeros = np.zeros(static_shape(buf), "float32" if dtype == "bfloat16" else dtype)
+            args.append(to_device(zeros, dtype, tvm.cuda(0)))
         _PROBE_INPUTS.append((func_json, args))
     args = _PROBE_INPUTS[0][1]
     mod = tvm.runtime.load_module(so_path)

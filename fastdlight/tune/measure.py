@@ -217,7 +217,7 @@ class Workload:
                 self.args.append(to_device(arr, dtype, self.dev))
         self.tol = tolerance(func)
         self._arg_sets: list[list] | None = None
-        self.bytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in self.buffers)
+        self.bytes = sum(_nbytes(t) for t in self.args)
 
     def timing_arg_sets(self, l2_bytes: int) -> list[list]:
         """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
@@ -347,20 +347,25 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
     return Timing(float(np.median(samples)), samples)
 
 
-def _time_on_host(run, dev, budget_ms: float) -> Timing:
-    run(1)
-    dev.sync()
+def _time_one_at_a_time(once, budget_ms: float) -> Timing:
+    """Median of ``once()`` (milliseconds of one synchronized launch) over ``budget_ms``, after
+    a warm-up; the first three calls also size the repetitions."""
+    once()
     t0 = time.perf_counter()
-    run(3)
-    dev.sync()
+    probe = [once() for _ in range(3)]
     per_call = (time.perf_counter() - t0) / 3
-    samples = []
-    for _ in range(_repeats(per_call, budget_ms)):
+    samples = probe + [once() for _ in range(_repeats(per_call, budget_ms) - 3)]
+    return Timing(float(np.median(samples)), samples)
+
+
+def _time_on_host(run, dev, budget_ms: float) -> Timing:
+    def once() -> float:
         t = time.perf_counter()
         run(1)
         dev.sync()
-        samples.append((time.perf_counter() - t) * 1e3)
-    return Timing(float(np.median(samples)), samples)
+        return (time.perf_counter() - t) * 1e3
+
+    return _time_one_at_a_time(once, budget_ms)
 
 
 def time_module(mod, fname: str, arg_sets, dev, budget_ms: float = 100.0, method: str = "rotate",
@@ -391,13 +396,13 @@ def time_torch(fns, budget_ms: float = 100.0, method: str = "rotate", flush_byte
     """Time torch work exactly like :func:`time_module` times a kernel. ``fns``: one no-argument
     callable, or (for "rotate") one per input copy, e.g. closures over tensors made with
     ``torch.from_dlpack`` from :meth:`Workload.timing_arg_sets`. torch is only imported here."""
-    import torch
-
     fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
     if method == "rotate":
         return time_launches(lambda fn: fn(), [[fn] for fn in fns], tvm.cuda(0), budget_ms)
     if method != "flush":
         raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
+    import torch
+
     flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.int32, device="cuda") if flush_bytes else None
     fn = fns[0]
 
@@ -412,12 +417,7 @@ def time_torch(fns, budget_ms: float = 100.0, method: str = "rotate", flush_byte
         torch.cuda.synchronize()
         return start.elapsed_time(end)
 
-    once()  # warm-up (cuBLAS heuristics, lazy module loading)
-    t0 = time.perf_counter()
-    probe = [once() for _ in range(3)]
-    per_call = (time.perf_counter() - t0) / 3
-    samples = probe + [once() for _ in range(_repeats(per_call, budget_ms) - 3)]
-    return Timing(float(np.median(samples)), samples)
+    return _time_one_at_a_time(once, budget_ms)  # the warm-up also covers cuBLAS heuristics
 
 
 def function_name(mod, func: tirx.PrimFunc) -> str:

@@ -98,9 +98,7 @@ class CompileResult:
     def schedule(self):
         """The ``s_tir.Schedule`` of this candidate (re-applied in this process on first use)."""
         if self._schedule is None and self._func is not None:
-            if self.config.kind == "matmul_tc":
-                build_task.import_tensor_intrinsics()
-            self._schedule = build_task.resolve_template(self._template)(self._func, self.config)
+            self._schedule = build_task.apply_template(self._func, self.config, self._template)
         return self._schedule
 
     def to_dict(self) -> dict:
@@ -543,10 +541,8 @@ def apply_and_build(
         t_measured = time.perf_counter()
         # the numpy reference only after the last timing: BLAS on every core would take the CPU
         # from the thread queueing the timed launches
-        ref_thread = None
         if ref is not None and check != "none":
-            ref_thread = threading.Thread(target=numpy_reference, args=(wl,), daemon=True)
-            ref_thread.start()
+            numpy_reference(wl)
         # measure_s: timing left after the last build; timing_s: all of it (mostly overlapped)
         stats.update(measure_s=t_measured - t_built, timing_s=timer.seconds)
 
@@ -559,8 +555,6 @@ def apply_and_build(
                 expected.outputs = wl.run_outputs(ref_mod[function_name(ref_mod, func)])
             except Exception as e:  # noqa: BLE001
                 expected.error = f"reference (stock Dlight) unavailable: {one_line(e)}"
-        if ref_thread is not None:
-            ref_thread.join()
 
     timed = sorted((r for r in results if r.latency_ms is not None), key=lambda r: r.latency_ms)
     best = None
