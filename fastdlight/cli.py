@@ -43,6 +43,27 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
 
 
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be positive and finite, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _shape_var(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip().isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a positive integer VALUE, got {text!r}")
+    return name.strip(), int(value)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line instead of usage + message
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -76,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     tune.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
     tune.add_argument("shape", nargs="*", help="dimensions, e.g. 'matmul 4096 4096 4096'")
-    tune.add_argument("--file", help="tune the first TVMScript PrimFunc in this Python file instead of OP")
+    tune.add_argument("--file", help="tune the TVMScript PrimFunc in this Python file instead of OP")
     tune.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to tune")
+    tune.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
+                      help="give a symbolic dimension of the --file function a value (repeatable)")
     tune.add_argument("--dtype", default="float16", help="input dtype")
     tune.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
     tune.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
@@ -87,13 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
     tune.add_argument("--stride", type=int, default=1, help="conv2d: stride")
     tune.add_argument("--pad", type=int, default=1, help="conv2d: padding")
-    tune.add_argument("--topk", type=int, default=20, help="candidates to build and time")
+    tune.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
     tune.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
     tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
-    tune.add_argument("--workers", type=int, help="build processes (default: one per CPU)")
+    tune.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
     tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
-    tune.add_argument("--timeout", type=float, default=120.0, help="seconds one candidate may take to build")
-    tune.add_argument("--budget-ms", type=float, default=100.0, help="timing budget per candidate")
+    tune.add_argument("--timeout", type=_positive(float), default=120.0, help="seconds one candidate may take to build")
+    tune.add_argument("--budget-ms", type=_positive(float), default=100.0, help="timing budget per candidate")
     tune.add_argument("--timing", default="rotate", choices=("rotate", "flush"),
                       help="rotate: cycle inputs through copies so none is in L2 (default); "
                            "flush: flush L2 and synchronize before each launch")
@@ -151,7 +174,7 @@ def make_op(args):
 
 
 def load_primfunc(path: str, name: str | None = None):
-    """The first TVMScript PrimFunc defined in ``path`` (or the one called ``name``)."""
+    """The TVMScript PrimFunc defined in ``path`` (the one called ``name`` when there are several)."""
     import runpy
 
     import tvm
@@ -175,6 +198,9 @@ def load_primfunc(path: str, name: str | None = None):
     if not found:
         raise UsageError(f"no TVMScript PrimFunc found in {path} (decorate one with @T.prim_func(s_tir=True))")
     if name is None:
+        if len(found) > 1:
+            raise UsageError(f"{path} defines {len(found)} PrimFuncs ({', '.join(k for k, _ in found)}); "
+                             "choose one with --func NAME")
         return found[0]
     for key, func in found:
         if key == name:
@@ -214,7 +240,7 @@ def cmd_arch(args) -> int:
     return 0
 
 
-def _describe(args, op, fname) -> str:
+def _describe(args, fname) -> str:
     if args.file:
         return f"{fname} from {args.file}"
     extra = ""
@@ -223,108 +249,124 @@ def _describe(args, op, fname) -> str:
     return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
 
 
-def cmd_tune(args) -> int:
-    if args.topk <= 0:
-        raise UsageError("--topk must be positive")
-    if args.workers is not None and args.workers <= 0:
-        raise UsageError("--workers must be positive")
+def _check_json_path(path: str) -> None:
+    """Refuse an unwritable --json path before tuning, writing nothing."""
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write --json {path}: it is a directory")
+    if not os.path.isdir(where):
+        raise UsageError(f"cannot write --json {path}: no such directory {where}")
+    if not os.access(path if os.path.exists(path) else where, os.W_OK):
+        raise UsageError(f"cannot write --json {path}: permission denied")
+
+
+def _validate(args) -> None:
     if args.file and args.op:
         raise UsageError("give either OP SHAPE... or --file, not both")
     if not args.file and not args.op:
         raise UsageError(f"missing OP: one of {', '.join(OPS)} (or --file kernel.py)")
+    if args.shape_var and not args.file:
+        raise UsageError("--shape-var applies to a --file function")
+    if args.json:
+        _check_json_path(args.json)
 
-    t0, t0_wall = _STARTED[0] if _STARTED else (time.perf_counter(), time.time())
+
+def _workload(args):
+    """(name, func, numpy reference or None, flops, bytes, memory_bound, opt_shapes)."""
+    if args.file:
+        fname, func = load_primfunc(args.file, args.func)
+        return fname, func, None, None, None, True, dict(args.shape_var) or None
+    op = make_op(args)
+    return op.name, op.func, op.reference, op.flops, op.bytes, op.memory_bound, None
+
+
+def _func_bytes(func, fname: str) -> int:
+    import tvm
+
+    from fastdlight.tune.measure import param_buffers, static_shape
+
+    try:
+        return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+    except ValueError as e:
+        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+
+
+def cmd_tune(args) -> int:
+    _validate(args)
+    t0 = _STARTED[0][0] if _STARTED else time.perf_counter()
     if not args.serial:  # start the build workers now: they import TVM while we do
         from fastdlight.tune.pool import shared_pool
 
         shared_pool(args.workers).warm_up()
-    if args.file:
-        fname, func = load_primfunc(args.file, args.func)
-        op, ref, flops, nbytes, memory_bound = None, None, None, None, True
-    else:
-        op = make_op(args)
-        fname, func, ref = op.name, op.func, op.reference
-        flops, nbytes, memory_bound = op.flops, op.bytes, op.memory_bound
+    fname, func, ref, flops, nbytes, memory_bound, opt_shapes = _workload(args)
     arch, can_measure, notice = resolve_arch(args.target)
     measure = can_measure and not args.no_measure
     if notice:
         print(notice)
-    if nbytes is None:
-        from fastdlight.tune.measure import param_buffers, static_shape
 
-        try:
-            import tvm
+    from fastdlight.tune.candidates import tune_function
+    from fastdlight.tune.options import TuneOptions
+    from fastdlight.tune.report import format_table
+    from fastdlight.tune.runner import TuningError
 
-            nbytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
-        except ValueError as e:
-            raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
-
-    from fastdlight.tune.runner import TuningError, apply_and_build, format_table, perf_text
-    from fastdlight.tune.tuner import emit_configs, prewarm
-
-    print(f"Tuning {_describe(args, op, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
+    opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
+                       timeout=args.timeout, budget_ms=args.budget_ms, check=args.check, ref=ref,
+                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
+    print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
-    if not args.serial:
-        prewarm(func, arch, args.workers)
-    failures, outcome, stats = [], None, {}
     try:
-        for sched_func, configs, policy in emit_configs(func, arch, args.topk):
-            print(f"{policy}: {len(configs)} configs")
-            try:
-                outcome = apply_and_build(
-                    sched_func, configs, arch, parallel_build=not args.serial, measure=measure,
-                    max_workers=args.workers, timeout=args.timeout, budget_ms=args.budget_ms, check=args.check,
-                    ref=ref, progress=not args.quiet and sys.stderr.isatty(), stats=stats, timing=args.timing,
-                )  # fmt: skip
-                break
-            except TuningError as e:
-                failures.append(f"{policy}: {e}")
-                if policy != "DefaultPolicy":
-                    print(f"{policy}: every candidate failed; falling back to DefaultPolicy")
+        tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
+                              on_set=lambda c: print(f"{c.policy}: {len(c.configs)} configs"))
     except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
         raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
-    wall = time.perf_counter() - t0
-    if outcome is None:
-        print("\n".join(failures) or "no candidates", file=sys.stderr)
-        print(f"fastdlight: tuning failed after {wall:.1f} s", file=sys.stderr)
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        print(f"fastdlight: tuning failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return 1
-    results, best = outcome
+    results, best = list(tuned.results), tuned.best
+    nbytes = nbytes if nbytes is not None else _func_bytes(best._func, fname)
     print(format_table(results, flops=flops, nbytes=nbytes, memory_bound=memory_bound, best=best))
     print()
-    if measure:
-        check = {True: "verified against the reference", None: "NOT checked", False: "WRONG"}[best.verified]
-        print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms "
-              f"({perf_text(best, flops, nbytes, memory_bound)}), {check}"
-              + (f" ({best.check_message})" if best.check_message else ""))
-    else:
-        n_ok = sum(r.compiled for r in results)
-        why = "no GPU was found" if not can_measure else "--no-measure was given"
-        print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
-              f"for {arch.arch}; ranked by the policy's predicted cost.")
-        print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
-    # imports, device query, op construction and the policy: everything before the build
-    stats["setup_s"] = max(0.0, wall - stats.get("total_s", wall))
-    ready = stats.pop("workers_ready_at", [])
-    phases = ", ".join(f"{k[:-2]} {stats[k]:.1f} s" for k in ("setup_s", "build_s", "measure_s", "check_s")
-                       if k in stats)
-    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates ({phases})")
+    _print_winner(results, best, measure, can_measure, arch, (flops, nbytes, memory_bound))
+    wall = time.perf_counter() - t0
+    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
     if args.show_source:
         print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
     if args.json:
-        doc = {
-            "op": fname, "description": _describe(args, op, fname), "target": str(arch.target),
-            "arch": arch.name, "measured": measure, "wall_s": round(wall, 3), "best": best.index,
-            "flops": flops, "bytes": nbytes, "phases": {k: round(v, 3) for k, v in stats.items()},
-            "workers_ready_s": [round(t - t0_wall, 3) for t in ready],
-            "results": [dict(rank=i, perf=perf_text(r, flops, nbytes, memory_bound), **r.to_dict())
-                        for i, r in enumerate(results, 1)],
-        }  # fmt: skip
-        try:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
-        except OSError as e:
-            raise UsageError(f"cannot write --json {args.json}: {e.strerror}") from None
+        _write_json(args, fname, arch, measure, wall, results, best, (flops, nbytes, memory_bound))
     return 0
+
+
+def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
+    from fastdlight.tune.report import perf_text
+
+    if measure:
+        check = "NOT checked (--check none)" if best.verdict is None else \
+            f"verified against the {best.verdict.reference} ({best.check_message})"
+        print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms ({perf_text(best, *perf)}), {check}")
+        return
+    n_ok = sum(r.compiled for r in results)
+    why = "no GPU was found" if not can_measure else "--no-measure was given"
+    print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
+          f"for {arch.arch}; ranked by the policy's predicted cost.")
+    print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
+
+
+def _write_json(args, fname, arch, measure, wall, results, best, perf) -> None:
+    from fastdlight.tune.report import perf_text
+
+    flops, nbytes, _ = perf
+    doc = {
+        "op": fname, "description": _describe(args, fname), "target": str(arch.target), "arch": arch.name,
+        "measured": measure, "wall_s": round(wall, 3), "best": best.index, "flops": flops, "bytes": nbytes,
+        "reference": best.verdict.reference if best.verdict is not None else None,
+        "results": [dict(rank=i, perf=perf_text(r, *perf), **r.to_dict()) for i, r in enumerate(results, 1)],
+    }  # fmt: skip
+    try:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    except OSError as e:
+        raise UsageError(f"cannot write --json {args.json}: {e.strerror}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

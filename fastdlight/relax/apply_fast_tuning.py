@@ -8,10 +8,11 @@ Compile the result with :func:`fastdlight.build` (``tvm.compile`` under fastdlig
 options): the tensor-core kernels need TIR common-subexpression elimination off and every
 warp buffer lowered (see :mod:`fastdlight.tune.compile`); plain ``tvm.compile`` fails on them.
 
-For each PrimFunc not already scheduled (``tirx.is_scheduled``): a database hit re-applies the
-stored config; otherwise :func:`fastdlight.tune.tune` builds, times and verifies the policy's
-top-k (compile-only and ranked by predicted cost when no GPU is present) and the winner is
-stored. The scheduled function replaces the original, marked ``tirx.is_scheduled`` so later
+For each PrimFunc not already scheduled (``tirx.is_scheduled``) the candidate path shared with
+``fastdlight.tune`` and the CLI (:mod:`fastdlight.tune.candidates`) runs: a database hit is
+replayed (on a GPU built, probed, timed and verified again); otherwise the policy's top-k are
+built, timed and verified (compile-only and ranked by predicted cost when no GPU is present),
+and a verified winner is stored. The scheduled function replaces the original, marked ``tirx.is_scheduled`` so later
 Dlight passes leave it alone. A function fastdlight cannot tune (an op family no template
 covers, symbolic shapes, every candidate failing) is left as it was, with a warning naming it:
 follow with ``dlight.ApplyDefaultSchedule`` to schedule what is left.
@@ -21,12 +22,18 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.ir import IRModule
 from tvm.ir.transform import PassContext, module_pass
 
 from ..arch import CUDA, auto_arch
+from ..policies.config import Config
+from ..tune import build_task
+from ..tune.candidates import tune_function
+from ..tune.database import TuningDatabase
+from ..tune.options import TuneOptions
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -34,55 +41,57 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
 
 
 def schedule_with(func: tirx.PrimFunc, config) -> tirx.PrimFunc:
-    """``func`` scheduled by ``config`` (the database path: no building, no timing)."""
-    from ..tune import build_task
-
+    """``func`` scheduled by ``config`` (no building, no timing)."""
     sch = build_task.apply_template(func, config)
     if sch is None:
         raise ValueError(f"{config!r} does not apply to this function")
     return sch.mod["main"]
 
 
+@dataclass(frozen=True)
+class FunctionReport:
+    """What the pass did with one PrimFunc. status: "tuned", "database" or "untuned"."""
+
+    function: str
+    status: str
+    seconds: float
+    config: Config | None = None
+    latency_ms: float | None = None
+    verified: bool | None = None
+    error: str | None = None
+
+
 @module_pass(opt_level=0, name="fastdlight.ApplyFastTuning")
 class ApplyFastTuning:
     """An IRModule pass: ``ApplyFastTuning(topk=20, target=None, parallel_build=True,
-    meta_database_dir=None, **tune_kwargs)``.
+    meta_database_dir=None, options=None, **tune_options)``.
 
     target: a Target, tag or :class:`fastdlight.arch.CUDA` (default: the live GPU, else the
     H100 model). meta_database_dir: a directory holding fastdlight's tuning records (see
-    :mod:`fastdlight.tune.database`); hits skip tuning. Other keyword arguments go to
-    :func:`fastdlight.apply_and_build` (``measure``, ``budget_ms``, ``max_workers``, ...).
-    After the pass, ``.report`` lists what happened to each function."""
+    :mod:`fastdlight.tune.database`); a hit is replayed (and re-verified on a GPU). Other
+    keywords are :class:`fastdlight.tune.TuneOptions` fields (``measure``, ``budget_ms``,
+    ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
+    :class:`FunctionReport` per function."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
-                 **tune_kwargs):
-        if topk <= 0:
-            raise ValueError(f"topk must be positive, got {topk}")
-        self.topk, self.target, self.parallel_build = topk, target, parallel_build
-        self.meta_database_dir, self.tune_kwargs = meta_database_dir, tune_kwargs
-        self.report: list[dict] = []
+                 options: TuneOptions | None = None, **tune_options):
+        if not isinstance(topk, int) or topk <= 0:
+            raise ValueError(f"topk must be a positive integer, got {topk!r}")
+        self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
+        self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
+        self.report: list[FunctionReport] = []
 
     def transform_module(self, mod: IRModule, _ctx: PassContext) -> IRModule:
-        from ..tune.database import TuningDatabase
-
         arch = self.target if isinstance(self.target, CUDA) else auto_arch(self.target)
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
         updated = {}
         for gvar, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
-            name, t0 = gvar.name_hint, time.perf_counter()
-            entry = {"function": name}
-            try:
-                scheduled = self._schedule(func, arch, db, entry)
-            except Exception as e:  # noqa: BLE001 - this function stays as it was
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)
-                entry.update(status="untuned", error=first)
-            else:
-                updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
-            entry["seconds"] = round(time.perf_counter() - t0, 3)
+            scheduled, entry = self._tune_one(gvar.name_hint, func, arch, db)
             self.report.append(entry)
+            if scheduled is not None:
+                updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
         if not updated:
             return mod
         mod = mod.clone()  # never change the caller's module in place
@@ -90,26 +99,19 @@ class ApplyFastTuning:
             mod[gvar] = func
         return mod
 
-    def _schedule(self, func, arch: CUDA, db, entry: dict) -> tirx.PrimFunc:
-        hit = db.lookup(func, arch) if db is not None else None
-        if hit is not None and hit.latency_ms is None and self._measures():
-            hit = None  # picked without a GPU, by predicted cost: now it can be measured
-        if hit is not None:
-            entry.update(status="database", config=repr(hit.config), latency_ms=hit.latency_ms)
-            return schedule_with(func, hit.config)
-        from ..tune.tuner import tune
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="fastdlight: no GPU was found")
-            _, best = tune(func, arch, self.topk, parallel_build=self.parallel_build, **self.tune_kwargs)
-        entry.update(status="tuned", config=repr(best.config), latency_ms=best.latency_ms, verified=best.verified)
-        if db is not None:
-            db.commit(func, arch, best.config, best.latency_ms, best.verified)
-        # the winner's schedule, re-applied to the function exactly as the module holds it
-        return schedule_with(func, best.config)
-
-    def _measures(self) -> bool:
-        from ..arch import has_gpu
-
-        measure = self.tune_kwargs.get("measure")
-        return has_gpu() if measure is None else bool(measure) and has_gpu()
+    def _tune_one(self, name: str, func, arch: CUDA, db) -> tuple[tirx.PrimFunc | None, FunctionReport]:
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="fastdlight: no GPU was found")
+                tuned = tune_function(func, arch, self.topk, self.options, db=db)
+            # the winner's schedule, re-applied to the function exactly as the module holds it
+            scheduled = schedule_with(func, tuned.config)
+        except Exception as e:  # noqa: BLE001 - this function stays as it was
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=3)
+            return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
+        best = tuned.best
+        return scheduled, FunctionReport(
+            name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
+            best.latency_ms if best else None, best.verified if best else None)

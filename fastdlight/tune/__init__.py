@@ -1,4 +1,4 @@
-"""Build, time, check and pick: ``apply_and_build`` and the one-call ``tune``.
+"""Build, time, verify and pick: ``apply_and_build`` and the one-call ``tune``.
 
 ``fastdlight.tune`` is itself callable (``fastdlight.tune(func)`` == ``fastdlight.tune.tune(func)``)
 so the top-level export ``fastdlight.tune`` and this subpackage can share the name.
@@ -10,9 +10,10 @@ import types
 
 _LAZY = {
     "apply_and_build": ".runner",
-    "CompileResult": ".runner",
+    "CompileResult": ".candidate",
+    "TuneOptions": ".options",
     "TuningError": ".runner",
-    "format_table": ".runner",
+    "format_table": ".report",
     "tune": ".tuner",
 }
 

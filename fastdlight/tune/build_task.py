@@ -1,9 +1,10 @@
 """What a build worker does for one candidate: schedule → lower → nvcc → (exported library).
 
-Runs inside a :mod:`fastdlight.tune.workers` process (or in-process for serial builds). Only
-plain data crosses the process boundary: the PrimFunc as ``tvm.ir.save_json`` text, the target
-as its JSON string, the config as a dict, and back a dict of source, ptxas numbers, and the path
-of the exported ``.so`` (a runtime module cannot be pickled).
+Runs inside a :mod:`fastdlight.tune.workers` process (or in-process for serial builds). A
+:class:`~fastdlight.tune.candidate.BuildRequest` goes in (the PrimFunc as ``tvm.ir.save_json``
+text, the target as its JSON string, the frozen config) and a
+:class:`~fastdlight.tune.candidate.BuildArtifact` comes back (source, ptxas numbers, cubin, the
+path of the exported ``.so``: a runtime module cannot be pickled).
 
 On a machine with the CUDA runtime, ``tvm.compile`` calls the global
 ``tvm_callback_cuda_compile`` to turn CUDA source into a binary. We override it with our own
@@ -25,6 +26,7 @@ import traceback
 
 import tvm
 
+from .candidate import BuildArtifact, BuildPhases, BuildRequest
 from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source
 
 #: PrimFuncs already parsed in this process, by their JSON text (one func, many candidates).
@@ -82,10 +84,8 @@ def init_worker() -> int:
     """Per-worker one-time setup: TVM, the templates, our compile callback."""
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     install_compile_callback()
-    try:  # the templates may pull in Dlight etc.; import them once, here
-        import fastdlight.schedules  # noqa: F401
-    except Exception:  # noqa: BLE001 - a template-import bug shows up per candidate instead
-        pass
+    import fastdlight.schedules  # noqa: F401 - the templates pull in Dlight: import once, here
+
     return os.getpid()
 
 
@@ -160,27 +160,9 @@ def apply_template(func, config, template=None):
 def resolve_template(template):
     if template is not None:
         return template
-    try:
-        from fastdlight.schedules import apply_config
-    except ImportError as e:
-        raise StageError("schedule", f"fastdlight.schedules.apply_config unavailable ({e})") from e
+    from fastdlight.schedules import apply_config  # the worker imports the templates lazily
+
     return apply_config
-
-
-def default_schedule_module(func, target) -> tvm.IRModule:
-    """Stock Dlight's schedule of ``func`` (the reference build)."""
-    try:
-        from fastdlight.schedules import default_schedule
-    except ImportError:
-        default_schedule = None
-    if default_schedule is not None:
-        return as_module(default_schedule(func, target))
-    from tvm.s_tir import dlight as dl
-
-    with target:
-        return dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
-        )(tvm.IRModule({"main": func}))
 
 
 def _runtime_has_cuda() -> bool:
@@ -240,60 +222,54 @@ def lower_and_compile(mod: tvm.IRModule, target) -> tuple[object, str, Cubin]:
 
 
 # -- the task -------------------------------------------------------------------------------
-def build_candidate(task: dict) -> dict:
-    """Build one candidate. ``task`` keys: index, func_json, target, config (dict or None for the
-    reference build), template (callable or None), want_module, out_dir, hook (callable or None).
-
-    Returns a dict; failures raise :class:`StageError` (recorded by the caller)."""
-    from fastdlight.policies.config import Config
-
-    t0, wall_start = time.perf_counter(), time.time()
-    func = load_func(task["func_json"])
-    target = as_target(task["target"])
-    config = Config.from_dict(task["config"]) if task.get("config") is not None else None
-    if task.get("hook") is not None:
-        task["hook"](task["index"], config)
+def schedule_request(func, request: BuildRequest, target) -> tvm.IRModule:
+    """The scheduled module a request asks for: the config's template, or (config None) the
+    naive float64 reference schedule."""
     try:
-        if config is None:
-            mod = default_schedule_module(func, target)
-        else:
-            mod = as_module(resolve_template(task.get("template"))(func, config))
+        if request.config is None:
+            from .verify import naive_reference_module
+
+            return naive_reference_module(func, target)
+        return as_module(resolve_template(request.template)(func, request.config))
     except StageError:
         raise
     except Exception as e:  # ScheduleError and template bugs alike: the config is not buildable
         raise StageError("schedule", f"{type(e).__name__}: {e}", traceback.format_exc()) from e
+
+
+def export(ex, mod, request: BuildRequest) -> tuple[str | None, str | None, str | None]:
+    """(so_path, mod_json, export_error): a library the probe and this process can load, or the
+    scheduled module for a parent-side rebuild from the cubin when there is no host compiler."""
+    if not _runtime_has_cuda():
+        raise StageError("export", "no CUDA runtime in the build worker: cannot make a runnable module")
+    path = os.path.join(request.out_dir, f"candidate_{request.key}.so")
+    try:
+        ex.export_library(path)
+        return path, None, None
+    except Exception as e:  # noqa: BLE001 - e.g. no host C compiler
+        return None, tvm.ir.save_json(mod), f"{type(e).__name__}: {e}"
+
+
+def build_candidate(request: BuildRequest) -> BuildArtifact:
+    """Build one candidate; failures raise :class:`StageError` (recorded by the caller)."""
+    t0, wall_start = time.perf_counter(), time.time()
+    func = load_func(request.func_json)
+    target = as_target(request.target)
+    if request.hook is not None:
+        request.hook(request.key, request.config)
+    mod = schedule_request(func, request, target)
     t_sched = time.perf_counter()
     ex, source, cubin = lower_and_compile(mod, target)
     t_build = time.perf_counter()
-    result = {
-        "index": task["index"],
-        "source": source,
-        "registers": cubin.registers,
-        "spill_bytes": cubin.spill_bytes,
-        "shared_bytes": cubin.shared_bytes,
-        "ptxas_log": cubin.log,
-        "cubin": cubin.binary,
-        "so_path": None,
-        "mod_json": None,
-        "export_error": None,
-        "schedule_s": t_sched - t0,
-        "compile_s": t_build - t_sched,
-    }
-    if task.get("want_module"):
-        t_export = time.perf_counter()
-        if not _runtime_has_cuda():
-            raise StageError("export", "no CUDA runtime in the build worker: cannot make a runnable module")
-        path = os.path.join(task["out_dir"], f"candidate{task['index']}.so")
-        try:
-            ex.export_library(path)
-            result["so_path"] = path
-        except Exception as e:  # noqa: BLE001 - e.g. no host C compiler: parent rebuilds from the cubin
-            result["export_error"] = f"{type(e).__name__}: {e}"
-            result["mod_json"] = tvm.ir.save_json(mod)
-        result["export_s"] = time.perf_counter() - t_export
-    result["build_time_s"] = time.perf_counter() - t0
-    result["wall_span"] = (wall_start, time.time())  # when it ran (epoch s): shows queueing
-    return result
+    so_path = mod_json = export_error = probe_json = None
+    if request.want_module:
+        so_path, mod_json, export_error = export(ex, mod, request)
+        probe_json = request.func_json if request.config is not None else tvm.ir.save_json(mod["main"])
+    t_end = time.perf_counter()
+    phases = BuildPhases(schedule_s=t_sched - t0, compile_s=t_build - t_sched, export_s=t_end - t_build,
+                         start_s=wall_start, end_s=time.time())
+    return BuildArtifact(request.key, source, cubin.registers, cubin.spill_bytes, cubin.shared_bytes, cubin.binary,
+                         cubin.log, so_path, mod_json, export_error, phases, probe_json)
 
 
 def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
@@ -311,38 +287,29 @@ def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
 
 
 # -- the probe ------------------------------------------------------------------------------
-#: the probe process's inputs for the function it last probed: (func_json, Workload)
+#: the probe process's inputs for the function it last probed: (func_json, seed, Workload)
 _PROBE_INPUTS: list = []
 
 
 def init_probe_worker() -> int:
     """The probe process: TVM with its own CUDA context (made now, while candidates build)."""
-    import tvm
-
     tvm.cuda(0).exist  # noqa: B018 - creates the context
     return os.getpid()
 
 
-def probe_candidate(so_path: str, func_json: str) -> bool:
-    """Run a built candidate once, in the probe process, on zero-filled arguments of its own
-    (cheap to make, and any index read from them is in range). A kernel that faults (illegal
-    address, ...) poisons only this process's CUDA context; one that hangs is killed by the
-    pool's timeout. Raises on any error."""
-    import numpy as np
+def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
+    """Run a built module once, in the probe process, on the same random inputs the tuning
+    process times and checks it with (``Workload(func, seed)``: identical values, so an index
+    read from an input is the one the real run reads). A kernel that faults (illegal address,
+    ...) poisons only this process's CUDA context; one that hangs is killed by the pool's
+    timeout. Raises on any error."""
+    from .measure import Workload, function_name
 
-    from .measure import function_name, param_buffers, static_shape, to_device
-
-    func = load_func(func_json)
-    if not _PROBE_INPUTS or _PROBE_INPUTS[0][0] != func_json:
+    if not _PROBE_INPUTS or _PROBE_INPUTS[0][:2] != (func_json, seed):
         _PROBE_INPUTS.clear()
-        args = []
-        for buf in param_buffers(func):
-            dtype = str(buf.dtype)
-            zeros = np.zeros(static_shape(buf), "float32" if dtype == "bfloat16" else dtype)
-            args.append(to_device(zeros, dtype, tvm.cuda(0)))
-        _PROBE_INPUTS.append((func_json, args))
-    args = _PROBE_INPUTS[0][1]
+        _PROBE_INPUTS.append((func_json, seed, Workload(load_func(func_json), tvm.cuda(0), seed)))
+    wl = _PROBE_INPUTS[0][2]
     mod = tvm.runtime.load_module(so_path)
-    mod[function_name(mod, func)](*args)
+    mod[function_name(mod, wl.func)](*wl.args)
     tvm.cuda(0).sync()
     return True

@@ -76,10 +76,12 @@ class TuningDatabase:
         return None
 
     def commit(self, func, arch: CUDA, config: Config, latency_ms: float | None = None,
-               verified: bool | None = None) -> None:
+               verified: bool | None = None, reference: str | None = None) -> None:
+        if verified is not True:
+            raise ValueError("refusing to store a winner that was not verified")
         row = {
             "key": func_key(func), "arch": arch.name, "target": str(arch.target), "config": config.to_dict(),
-            "latency_ms": latency_ms, "verified": verified, "created": time.time(), "func": tvm.ir.save_json(func),
+            "latency_ms": latency_ms, "verified": verified, "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
         }  # fmt: skip
         with self._lock:
             self._load().append(row)

@@ -14,33 +14,37 @@
   (torch's own: 31 vs 16 µs); 3 ms matmuls barely change. "flush" (TVM's
   ``time_evaluator``: 1.5 × L2 device copy, synchronize, one launch between events) is kept
   for comparison.
-* Checking poisons the outputs (NaN, or a sentinel for integers), runs once, and compares with
-  the expected outputs by relative norm; the tolerance comes from the dtypes (fp32 1e-5,
-  fp16/bf16 1e-2, integers exact), widened by sqrt(reduction length / 1024) for long
-  reductions since accumulation error grows with it.
+* Checking poisons the outputs (NaN, or a sentinel for integers) and runs once
+  (:meth:`Workload.run_outputs`); :mod:`fastdlight.tune.verify` judges every element.
 * :func:`time_torch` times a torch callable the same way (torch is optional).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import tirx
 
-#: relative-norm tolerance per dtype before the reduction-length allowance
-BASE_TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "float64": 1e-9}
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
 INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Timing:
+    """Median milliseconds per launch, and every sample it was taken from."""
+
     median_ms: float
-    samples_ms: list[float] = field(default_factory=list)
+    samples_ms: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, samples) -> Timing:
+        samples = tuple(float(s) for s in samples)
+        return cls(float(np.median(samples)), samples)
 
     @property
     def min_ms(self) -> float:
@@ -91,29 +95,6 @@ def static_shape(buf: tirx.Buffer) -> tuple[int, ...]:
             raise ValueError(f"buffer {buf.name} has a symbolic shape {list(buf.shape)}; specialize it first")
         shape.append(int(d))
     return tuple(shape)
-
-
-def reduction_length(func: tirx.PrimFunc) -> int:
-    """Product of the reduction extents of the output-defining block (1 when unknown)."""
-    try:
-        from tvm import s_tir
-
-        from fastdlight.policies.analysis import block_axes, output_block
-
-        _, anchor = output_block(s_tir.Schedule(func))
-        _, reduce = block_axes(anchor)
-        return max(1, math.prod(a.extent for a in reduce))
-    except Exception:  # noqa: BLE001 - only used to widen a tolerance
-        return 1
-
-
-def tolerance(func: tirx.PrimFunc) -> float | None:
-    """Relative-norm tolerance for ``func``'s outputs; None means "must match exactly"."""
-    dtypes = {str(b.dtype) for b in param_buffers(func)}
-    floats = [BASE_TOLERANCE.get(d, 1e-2) for d in dtypes if d.startswith(("float", "bfloat"))]
-    if not floats:
-        return None
-    return max(floats) * max(1.0, math.sqrt(reduction_length(func) / 1024))
 
 
 # -- host data --------------------------------------------------------------------------------
@@ -171,30 +152,6 @@ def poison_value(dtype: str):
     return INT_SENTINEL.get(dtype, 77)
 
 
-@dataclass
-class CheckResult:
-    ok: bool
-    error: float  # relative norm error (0 for an exact integer match, inf when NaN/sentinel left)
-    message: str
-
-
-def compare(out: np.ndarray, expected: np.ndarray, tol: float | None) -> CheckResult:
-    if out.shape != expected.shape:
-        return CheckResult(False, math.inf, f"shape {out.shape} != expected {expected.shape}")
-    out64 = out.astype(np.float64)
-    exp64 = np.asarray(expected, dtype=np.float64)
-    if tol is None:
-        bad = int(np.count_nonzero(out64 != exp64))
-        return CheckResult(bad == 0, 0.0 if bad == 0 else math.inf,
-                           "exact match" if bad == 0 else f"{bad} of {out.size} elements differ")
-    if not np.all(np.isfinite(out64[np.isfinite(exp64)])):
-        return CheckResult(False, math.inf, "output has NaN/Inf (unwritten or overflowed elements)")
-    denom = float(np.linalg.norm(exp64))
-    num = float(np.linalg.norm(out64 - exp64))
-    err = num / denom if denom > 0 else num
-    return CheckResult(err <= tol, err, f"relative error {err:.2e} (tolerance {tol:.1e})")
-
-
 # -- the workload every candidate runs on ------------------------------------------------------
 class Workload:
     """Device arguments for ``func`` (random inputs, outputs poisoned before every check)."""
@@ -215,9 +172,13 @@ class Workload:
                 arr = random_array(shape, dtype, rng)
                 self.host_inputs.append(arr)
                 self.args.append(to_device(arr, dtype, self.dev))
-        self.tol = tolerance(func)
         self._arg_sets: list[list] | None = None
         self.bytes = sum(_nbytes(t) for t in self.args)
+
+    @classmethod
+    def background(cls, func, given: Workload | None = None, seed: int = 0) -> _WorkloadMaker:
+        """A workload made on the GPU in a thread of its own, while candidates build."""
+        return _WorkloadMaker(func, given, seed)
 
     def timing_arg_sets(self, l2_bytes: int) -> list[list]:
         """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
@@ -251,23 +212,24 @@ class Workload:
         self.dev.sync()
         return [to_host(self.args[i]) for i in self.out_idx]
 
-    def reference_outputs(self, ref) -> list[np.ndarray]:
-        """Expected outputs from a numpy reference (float64), as a list."""
-        out = ref(*self.host_inputs)
-        outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        return [np.asarray(o) for o in outs]
+class _WorkloadMaker:
+    def __init__(self, func, given: Workload | None, seed: int):
+        self.workload, self.error = given, None
+        self._thread = None
+        if given is None:
+            self._thread = threading.Thread(target=self._make, args=(func, seed), daemon=True)
+            self._thread.start()
 
-    def check(self, outputs: list[np.ndarray], expected: list[np.ndarray]) -> CheckResult:
-        if len(outputs) != len(expected):
-            return CheckResult(False, math.inf, f"{len(outputs)} outputs, reference gave {len(expected)}")
-        worst = CheckResult(True, 0.0, "no outputs")
-        for out, exp in zip(outputs, expected):
-            res = compare(out, exp, self.tol)
-            if not res.ok:
-                return res
-            if res.error >= worst.error:
-                worst = res
-        return worst
+    def _make(self, func, seed: int) -> None:
+        try:
+            self.workload = Workload(func, tvm.cuda(0), seed)
+        except Exception as e:  # noqa: BLE001 - reported by get()'s caller
+            self.error = f"{type(e).__name__}: {e}"
+
+    def get(self) -> Workload | None:
+        if self._thread is not None:
+            self._thread.join()
+        return self.workload
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -344,7 +306,7 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
             b.record()
         batch[-1][1].synchronize()
         samples += [a.elapsed_ms(b) / number for a, b in batch]
-    return Timing(float(np.median(samples)), samples)
+    return Timing.of(samples)
 
 
 def _time_one_at_a_time(once, budget_ms: float) -> Timing:
@@ -355,7 +317,7 @@ def _time_one_at_a_time(once, budget_ms: float) -> Timing:
     probe = [once() for _ in range(3)]
     per_call = (time.perf_counter() - t0) / 3
     samples = probe + [once() for _ in range(_repeats(per_call, budget_ms) - 3)]
-    return Timing(float(np.median(samples)), samples)
+    return Timing.of(samples)
 
 
 def _time_on_host(run, dev, budget_ms: float) -> Timing:
@@ -389,7 +351,7 @@ def time_module(mod, fname: str, arg_sets, dev, budget_ms: float = 100.0, method
     repeat = _repeats(per_call, budget_ms)
     ftimer = mod.time_evaluator(fname, dev, number=1, repeat=repeat, cache_flush_bytes=flush_bytes)
     samples = [s * 1e3 for s in ftimer(*args).results]
-    return Timing(float(np.median(samples)), samples)
+    return Timing.of(samples)
 
 
 def time_torch(fns, budget_ms: float = 100.0, method: str = "rotate", flush_bytes: int = 0) -> Timing:

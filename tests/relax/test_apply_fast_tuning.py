@@ -12,7 +12,7 @@ from tvm.script import relax as R
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.tune import tuner
+from fastdlight.tune import candidates
 from fastdlight.tune.compile import compile_cubin, cuda_source
 from fastdlight.tune.database import TuningDatabase
 
@@ -69,20 +69,26 @@ def test_every_primfunc_is_scheduled_and_the_database_replays_it(model, tmp_path
     for f in funcs.values():
         assert f.attrs["tirx.is_scheduled"]
         assert "blockIdx.x" in f.script() and "global_symbol" not in f.attrs  # still private
-    assert {e["function"]: e["status"] for e in tuning.report} == {"fused_matmul_add": "tuned", "sum": "tuned"}
-    assert "matmul_tc" in next(e["config"] for e in tuning.report if e["function"] == "fused_matmul_add")
+    assert {e.function: e.status for e in tuning.report} == {"fused_matmul_add": "tuned", "sum": "tuned"}
+    assert next(e.config for e in tuning.report if e.function == "fused_matmul_add").kind == "matmul_tc"
     # the caller's module is untouched
     assert {name: f.script() for name, f in prim_funcs(model).items()} == before
-    assert len(TuningDatabase(tmp_path)) == 2
+    # nothing was verified (no GPU), so nothing was stored
+    assert len(TuningDatabase(tmp_path)) == 0
 
-    # a second pass over the same model finds both in the database and never tunes
+    # verified records (as a GPU run stores them) are replayed without tuning
+    db = TuningDatabase(tmp_path)
+    for name, func in prim_funcs(model).items():
+        config = next(e.config for e in tuning.report if e.function == name)
+        db.commit(func, H100, config, 0.01, True, reference="test")
+
     def no_tuning(*args, **kwargs):
         raise AssertionError("tuned although the database has the function")
 
-    monkeypatch.setattr(tuner, "tune", no_tuning)
+    monkeypatch.setattr(candidates, "candidate_sets", no_tuning)
     replay = fastdlight.ApplyFastTuning(topk=2, target=H100, meta_database_dir=tmp_path, measure=False)
     again = replay(model)
-    assert {e["status"] for e in replay.report} == {"database"}
+    assert {e.status for e in replay.report} == {"database"}
     tvm.ir.assert_structural_equal(again, tuned)
 
     # the tuned model compiles; its kernels go through nvcc to a cubin
@@ -92,13 +98,18 @@ def test_every_primfunc_is_scheduled_and_the_database_replays_it(model, tmp_path
     assert compile_cubin(src, H100.target).registers > 0
 
 
+def test_unknown_keyword_is_refused_when_the_pass_is_made():
+    with pytest.raises(TypeError, match="unknown tuning option.*opt_shapes"):
+        fastdlight.ApplyFastTuning(topk=2, target=H100, opt_shapes={"n": 4})
+
+
 def test_a_function_it_cannot_tune_is_left_with_a_warning():
     mod = legalized(Dynamic)
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
     with pytest.warns(UserWarning, match="left unscheduled"):
         out = tuning(mod)
     (entry,) = tuning.report
-    assert entry["status"] == "untuned" and entry["error"]
+    assert entry.status == "untuned" and entry.error
     (f,) = prim_funcs(out).values()
     assert "tirx.is_scheduled" not in f.attrs
 
@@ -114,8 +125,8 @@ def test_tuned_model_runs_correctly_on_the_gpu(model):
     arch = CUDA.from_device(dev)
     tuning = fastdlight.ApplyFastTuning(topk=4, target=arch)
     tuned = tuning(model)
-    assert {e["status"] for e in tuning.report} == {"tuned"}
-    assert all(e["verified"] for e in tuning.report)
+    assert {e.status for e in tuning.report} == {"tuned"}
+    assert all(e.verified for e in tuning.report)
     vm = relax.VirtualMachine(fastdlight.build(tuned, arch.target), dev)
     rng = np.random.default_rng(0)
     x, w, b = (rng.uniform(-1, 1, s).astype("float16") for s in ((128, 256), (256, 512), (512,)))

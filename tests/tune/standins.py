@@ -83,3 +83,57 @@ def faulting_add_template(func, config):
     if config.block[0] == 1:
         func = _far_store_copy(int(func.params[0].shape[0]), str(func.params[0].dtype))
     return flat_template(func, config)
+
+
+# -- sabotage: real wrong kernels made the fastest candidates -------------------------------------
+#: the variant a sabotage config builds, by its threads per block: the wrong kernels run 64+
+#: threads per block, the correct ones 1 or 2 (so every wrong one is faster than every right one)
+SABOTAGE = {1: "correct", 2: "correct", 64: "sign_flip", 128: "broken_index", 256: "dropped_edge_tile", 512: "nan"}
+MATMUL_SHAPE = (256, 256, 256)
+
+
+def sabotage_matmul(variant: str, m: int = 256, n: int = 256, k: int = 256):
+    """C = A·B (fp16 in, fp32 out), correct or wrong in one of four realistic ways; always a
+    single reduction block, so one schedule fits every variant."""
+    from tvm import te, tirx
+
+    A = te.placeholder((m, k), "float16", name="A")
+    B = te.placeholder((k, n), "float16", name="B")
+    r = te.reduce_axis((0, k), name="k")
+
+    def a_at(i, j, kk):
+        if variant == "sign_flip":  # one 16x16 tile comes out negated
+            return tirx.if_then_else(tirx.all(i < 16, j < 16), -A[i, kk], A[i, kk])
+        if variant == "broken_index":  # row 7 reads row 8 of A
+            return A[tirx.if_then_else(i == 7, 8, i), kk]
+        if variant == "nan":  # one element picks up a NaN
+            nan = tirx.const(float("nan"), "float16")
+            return tirx.if_then_else(tirx.all(i == 5, j == 9, kk == 0), nan, A[i, kk])
+        return A[i, kk]
+
+    def body(i, j):
+        where = i < m - 16 if variant == "dropped_edge_tile" else None  # last rows sum over nothing
+        return te.sum(a_at(i, j, r).astype("float32") * B[r, j].astype("float32"), axis=r, where=where)
+
+    C = te.compute((m, n), body, name="C")
+    return te.create_prim_func([A, B, C]).with_attr("global_symbol", "matmul")
+
+
+def sabotage_template(func, config):
+    """One thread per output element, serial k, ``config.num_threads`` threads per block, on the
+    variant :data:`SABOTAGE` names for that block size (the function given is ignored: it is the
+    correct matmul)."""
+    sch = s_tir.Schedule(sabotage_matmul(SABOTAGE[config.num_threads], *MATMUL_SHAPE))
+    (block,) = [info.block_rv for info in normalize_prim_func(sch)]
+    i, j, _k = sch.get_loops(block)
+    bx, tx = sch.split(sch.fuse(i, j), [None, config.num_threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+def flat_template_except_64(func, config):
+    """:func:`flat_template`, except that it rejects 64-thread configs."""
+    if config.num_threads == 64:
+        raise ValueError("64 threads rejected")
+    return flat_template(func, config)

@@ -27,7 +27,8 @@ def quiet(**kw):
     kw.setdefault("measure", False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return apply_and_build(kw.pop("func"), kw.pop("configs"), H100, max_workers=2, **kw)
+        kw.setdefault("max_workers", 2)
+        return apply_and_build(kw.pop("func"), kw.pop("configs"), H100, **kw)
 
 
 def test_results_match_configs_under_out_of_order_completion():
@@ -124,15 +125,34 @@ def test_parallel_and_serial_give_the_same_ranking():
     assert [r.registers for r in par] == [r.registers for r in ser]
 
 
-def test_rank_puts_timed_first_then_wrong_then_untimed():
-    from fastdlight.tune.runner import CompileResult
+def _row(index, latency=None, verified=None, compiled=True, error=None):
+    from fastdlight.tune.candidate import BuildArtifact, CompileResult, Failure
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.verify import Verdict
 
-    cfg = flat_configs((64,))[0]
-    fast_wrong = CompileResult(cfg, 0, source="x", registers=1, latency_ms=1.0, verified=False)
-    slow_ok = CompileResult(cfg, 1, source="x", registers=1, latency_ms=2.0, verified=True)
-    untimed = CompileResult(cfg, 2, source="x", registers=1)
-    failed = CompileResult(cfg, 3, error="nvcc: boom")
+    art = BuildArtifact(index, "x", 1, 0, 0, b"") if compiled else None
+    return CompileResult(
+        flat_configs((64,))[0], index, artifact=art, failure=Failure("nvcc", error) if error else None,
+        timing=Timing(latency, (latency,)) if latency is not None else None,
+        verdict=None if verified is None else (Verdict.passed("test", "ok") if verified else
+                                               Verdict.failed("wrong", "test")))
+
+
+def test_rank_puts_timed_first_then_wrong_then_untimed():
+    fast_wrong, slow_ok = _row(0, 1.0, verified=False), _row(1, 2.0, verified=True)
+    untimed, failed = _row(2), _row(3, compiled=False, error="nvcc: boom")
     assert [r.index for r in rank([failed, untimed, fast_wrong, slow_ok])] == [1, 0, 2, 3]
+
+
+def test_unknown_option_is_refused_before_building():
+    with pytest.raises(TypeError, match="unknown tuning option.*opt_shape"):
+        quiet(func=standins.add_op().func, configs=flat_configs((64,)), opt_shape={"n": 4})
+
+
+@pytest.mark.parametrize("bad", [{"timeout": 0}, {"budget_ms": -5}, {"max_workers": 0}, {"timing": "x"}])
+def test_bad_option_values_are_refused(bad):
+    with pytest.raises(ValueError):
+        quiet(func=standins.add_op().func, configs=flat_configs((64,)), **bad)
 
 
 # -- GPU ---------------------------------------------------------------------------------------
@@ -188,13 +208,13 @@ def test_gpu_faulting_candidate_is_isolated_in_the_probe():
 
 
 @pytest.mark.gpu
-def test_gpu_stock_dlight_reference_is_used_without_ref():
+def test_gpu_naive_float64_reference_is_used_without_ref():
     from fastdlight.arch import auto_arch
 
     op = standins.add_op(1024)
     results, best = apply_and_build(op.func, flat_configs((128, 256)), auto_arch(),
                                     template=standins.flat_template, budget_ms=20)
-    assert best.verified is True
+    assert best.verified is True and "naive" in best.verdict.reference
 
 
 def test_tune_uses_tensor_cores_for_fp16_matmul_compile_only():
@@ -220,22 +240,23 @@ def test_public_import_paths_give_the_function():
 def test_retime_takes_the_fastest_by_median_and_by_best_sample():
     # a first timing taken while builds ran can be high in most samples (its median), so the
     # finalists timed again also include the fastest by best sample
-    from fastdlight.tune import runner
     from fastdlight.tune.measure import Timing
+    from fastdlight.tune.options import TuneOptions
+    from fastdlight.tune.stages import Timer
 
     results = []
     for i, (median, best) in enumerate([(1.0, 0.95), (1.1, 1.05), (1.2, 1.15), (1.3, 0.4), (2.0, 1.9)]):
-        r = runner.CompileResult(config=Config("elementwise", (1, 128), (1, 1)), index=i)
-        r.latency_ms, r.timing = median, Timing(median, [best, median, median])
-        results.append(r)
-    timer = runner._Timer(H100, lambda: None, 10.0, "rotate", False, len(results))
+        results.append(_row(i, median).replace(timing=Timing(median, (best, median, median)), module=i))
+    timer = Timer(H100, lambda: None, TuneOptions())
     retimed = []
 
-    def fake_time(r):
-        retimed.append(r.index)
-        return Timing(r.latency_ms * 0.5, [r.latency_ms * 0.5])
+    def fake_time(module):
+        retimed.append(module)
+        median = results[module].latency_ms
+        return Timing(median * 0.5, (median * 0.5,))
 
-    timer._time = fake_time
-    timer.retime_fastest(results)
+    timer.time = fake_time
+    out = timer.retime_fastest(results)
     assert sorted(retimed) == [0, 1, 2, 3]
-    assert results[3].latency_ms == 0.65 and results[4].latency_ms == 2.0
+    assert out[3].latency_ms == 0.65 and out[4].latency_ms == 2.0
+    assert len(out[0].timing.samples_ms) == 4  # both timings' samples are kept

@@ -1,0 +1,116 @@
+"""The one candidate path that ``fastdlight.tune``, the CLI and ``ApplyFastTuning`` share:
+
+    database hit?  -> replay the stored config (built, probed, timed and verified again on a GPU)
+    policies       -> TensorCorePolicy first where the function is tensor-core eligible, then
+                      DefaultPolicy if every tensor-core candidate fails
+    apply_and_build each candidate set until one gives a verified winner
+    database       <- only a verified winner is stored
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..arch import CUDA, has_gpu
+from ..policies.analysis import specialize
+from ..policies.config import Config
+from ..policies.default import DefaultPolicy
+from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
+from .candidate import CompileResult
+from .options import TuneOptions
+from .pool import shared_pool
+from .runner import TuningError, apply_and_build
+
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """Configs one policy emitted, and the function they schedule (the tensor-core policy
+    schedules a rewritten copy)."""
+
+    policy: str
+    func: object
+    configs: tuple[Config, ...]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What tuning one function gave: the winning config and, unless it came from the database
+    without a GPU to re-check it, the ranked results and the winner."""
+
+    config: Config
+    source: str  # "tuned" or "database"
+    policy: str
+    results: tuple[CompileResult, ...] = ()
+    best: CompileResult | None = None
+
+
+def candidate_sets(func, arch: CUDA, topk: int) -> Iterator[CandidateSet]:
+    """Tensor-core configs first when the function is eligible, then CUDA-core ones."""
+    tc_func, tags = get_tensorized_func_and_tags(func, arch)
+    if tags:
+        configs = tuple(TensorCorePolicy(tc_func, arch, tags).emit_config(topk))
+        if configs:
+            yield CandidateSet("TensorCorePolicy", tc_func, configs)
+    yield CandidateSet("DefaultPolicy", func, tuple(DefaultPolicy(func, arch).emit_config(topk)))
+
+
+def prewarm(func, arch: CUDA, opts: TuneOptions) -> None:
+    """Start the shared build workers now (importing the tensor-core intrinsics in them when
+    ``func`` is tensor-core eligible) so they are ready when the policy's configs arrive."""
+    if not opts.parallel_build or opts.pool is not None:
+        return
+    tc = bool(get_tensorized_func_and_tags(func, arch)[1])
+    shared_pool(opts.max_workers).warm_up(("tensor_intrin",) if tc else ())
+
+
+def measures(opts: TuneOptions) -> bool:
+    return has_gpu() if opts.measure is None else bool(opts.measure) and has_gpu()
+
+
+def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes: dict | None = None,
+                  db=None, on_set: Callable[[CandidateSet], None] | None = None) -> Tuned:
+    """Tune ``func`` (symbolic dims given values by ``opt_shapes``) and return the winner.
+    Raises :class:`TuningError` (every policy's reasons) when nothing usable was found."""
+    if opt_shapes:
+        func = specialize(func, opt_shapes)
+    hit = db.lookup(func, arch) if db is not None else None
+    if hit is not None:
+        replayed = _replay(func, arch, hit.config, opts)
+        if replayed is not None:
+            return replayed
+    prewarm(func, arch, opts)
+    errors = []
+    for cand in candidate_sets(func, arch, topk):
+        if on_set is not None:
+            on_set(cand)
+        try:
+            results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
+        except TuningError as e:
+            errors.append(f"{cand.policy}: {e}")
+            if cand.policy != "DefaultPolicy":
+                warnings.warn(f"fastdlight: every {cand.policy} candidate failed; falling back to DefaultPolicy",
+                              stacklevel=2)
+            continue
+        if db is not None and best.verified:
+            db.commit(func, arch, best.config, best.latency_ms, True, reference=best.verdict.reference)
+        return Tuned(best.config, "tuned", cand.policy, tuple(results), best)
+    raise TuningError("\n".join(errors) or "no candidate configs")
+
+
+def _replay(func, arch: CUDA, config: Config, opts: TuneOptions) -> Tuned | None:
+    """A stored config: on a GPU it is built, probed, timed and verified like any candidate
+    (None when it no longer verifies: the caller tunes afresh); without one it is re-applied."""
+    if not measures(opts):
+        return Tuned(config, "database", config.kind)
+    target_func = func
+    if config.kind == "matmul_tc":
+        target_func = get_tensorized_func_and_tags(func, arch)[0]
+    try:
+        results, best = apply_and_build(target_func, [config], arch, options=opts)
+    except TuningError as e:
+        warnings.warn(f"fastdlight: the stored config {config!r} failed again ({str(e).splitlines()[0]}); "
+                      "tuning afresh", stacklevel=3)
+        return None
+    return Tuned(best.config, "database", config.kind, tuple(results), best)

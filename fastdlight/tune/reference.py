@@ -1,0 +1,84 @@
+"""The expected outputs a tuning run verifies candidates against, independent of every candidate.
+
+* A float64 numpy reference (``ref``, the built-in operators) runs on the host inputs and on
+  their absolute values (the magnitudes that bound a sum of products).
+* Any other PrimFunc: the function itself, widened to float64 under a naive schedule (one thread
+  per output element, serial reduction; :func:`fastdlight.tune.verify.naive_reference_module`),
+  built in the worker pool like a candidate, run once in the probe process, then run here on the
+  same inputs (exactly widened) and on their absolute values.
+
+Never stock Dlight: a reference must not share a scheduler with what it checks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tvm
+
+from ..arch import CUDA
+from .measure import Workload, function_name, param_buffers, static_shape, to_device, to_host
+from .stages import Built, load_module
+from .verify import Expected, expected_from_numpy, expected_from_outputs
+from .workers import one_line
+
+NAIVE_NAME = "naive float64 schedule of the function"
+
+
+class ReferenceRun:
+    """Collects the reference build (when there is one) and computes :class:`Expected`."""
+
+    def __init__(self, func, ref: Callable | None):
+        self.func, self.ref = func, ref
+        self._built: Built | None = None
+
+    def built(self, built: Built) -> None:
+        self._built = built
+
+    def expected(self, wl: Workload, arch: CUDA) -> tuple[Expected | None, str | None]:
+        """(expected outputs, None), or (None, why the reference is unavailable)."""
+        try:
+            if self.ref is not None:
+                return expected_from_numpy(self.ref, wl.host_inputs, wl.func), None
+            return self._from_naive_module(wl, arch), None
+        except Exception as e:  # noqa: BLE001 - the run says no candidate could be verified
+            return None, f"reference failed: {one_line(e)}"
+
+    def _from_naive_module(self, wl: Workload, arch: CUDA) -> Expected:
+        built = self._built
+        if built is None:
+            raise RuntimeError("the naive reference was not built")
+        if built.failure is not None:
+            raise RuntimeError(f"the naive reference did not build or run ({built.failure.message})")
+        mod = load_module(built.artifact, arch)
+        fn = mod[function_name(mod, wl.func)]
+        outputs = run_widened(fn, wl, absolute=False)
+        abs_outputs = run_widened(fn, wl, absolute=True)
+        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_NAME)
+
+
+def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
+    """Run the float64 twin of ``wl.func`` on ``wl``'s inputs (or their absolute values), exactly
+    widened: every fp16/bf16/fp32 input value is representable in float64."""
+    host = iter(wl.host_inputs)
+    args, outs = [], []
+    for i, buf in enumerate(param_buffers(wl.func)):
+        shape = static_shape(buf)
+        dtype = _widened_dtype(str(buf.dtype))
+        if i in wl.out_idx:
+            args.append(tvm.runtime.empty(shape, dtype, wl.dev))
+            outs.append(len(args) - 1)
+            continue
+        arr = np.asarray(next(host))
+        if absolute and dtype.startswith("float"):
+            arr = np.abs(arr)
+        args.append(to_device(arr.astype(dtype), dtype, wl.dev))
+    fn(*args)
+    wl.dev.sync()
+    return [to_host(args[i]) for i in outs]
+
+
+def _widened_dtype(dtype: str) -> str:
+    return "float64" if dtype.startswith(("float", "bfloat")) else dtype
+

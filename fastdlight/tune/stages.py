@@ -1,0 +1,197 @@
+"""The build, probe and measure phases of a tuning run (see :mod:`.runner` for the whole).
+
+Builds run in worker processes and arrive in completion order; each is probed (in the pool's
+post-processing thread, so probes overlap the timing of earlier candidates) and then timed in
+this process while the other candidates still build.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from ..arch import CUDA
+from . import build_task
+from .candidate import BuildArtifact, BuildRequest, CompileResult, Failure
+from .measure import Timing, Workload, flush_bytes_for, function_name, time_module
+from .options import TuneOptions
+from .pool import probe_pool, shared_pool
+from .workers import Outcome, Task, one_line
+
+#: how many of the fastest candidates are timed a second time (filters optimistic outliers)
+RETIME_TOP = 3
+#: seconds a single probe run may take (load + one launch) before it counts as hung
+PROBE_TIMEOUT = 30.0
+#: held while a candidate is timed and while one is probed: the probe process never puts a
+#: kernel (or a context switch) on the GPU in the middle of a timing
+GPU_TURN = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Built:
+    """One build's outcome: an artifact, or the failure (with its stage) that stopped it."""
+
+    key: int | str
+    artifact: BuildArtifact | None
+    failure: Failure | None
+    seconds: float
+
+
+def _failure_of(out: Outcome) -> Failure:
+    error = out.error or "unknown error"
+    head = error.split(":", 1)[0]
+    if head in ("schedule", "lower", "nvcc", "export"):
+        return Failure(head, error, out.log)
+    stage = "timeout" if error.startswith("timeout") else "crash"
+    return Failure(stage, error, out.log)
+
+
+def built_of(out: Outcome) -> Built:
+    if out.ok:
+        return Built(out.key, out.value, None, out.seconds)
+    return Built(out.key, None, _failure_of(out), out.seconds)
+
+
+# -- build -----------------------------------------------------------------------------------
+def _progress(total: int, desc: str, enabled: bool | None):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="cand", leave=False, file=sys.stderr)
+
+
+def _run_serial(tasks: list[Task]) -> Iterator[Outcome]:
+    build_task.init_worker()
+    for task in tasks:
+        t0 = time.monotonic()
+        try:
+            if "tensor_intrin" in task.features:
+                build_task.import_tensor_intrinsics()
+            yield Outcome(task.key, True, task.fn(*task.args), seconds=time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - recorded on the candidate
+            log = "\n".join(filter(None, [getattr(e, "log", ""), traceback.format_exc()]))
+            yield Outcome(task.key, False, None, one_line(e), log, time.monotonic() - t0)
+
+
+def build_stream(requests: Sequence[BuildRequest], opts: TuneOptions,
+                 probe: Callable[[Built], Built] | None) -> Iterator[Built]:
+    """Build every request (in worker processes unless ``opts.parallel_build`` is False) and
+    yield each :class:`Built` as it finishes, probed first when ``probe`` is given."""
+    tc = any(r.config is not None and r.config.kind == "matmul_tc" for r in requests)
+    tasks = [Task(r.key, build_task.build_candidate, (r,), ("tensor_intrin",) if tc else ()) for r in requests]
+
+    def post(out: Outcome) -> Built:
+        built = built_of(out)
+        return probe(built) if probe is not None else built
+
+    if opts.parallel_build:
+        pool = opts.pool or shared_pool(opts.max_workers)
+        stream = pool.imap_unordered(tasks, timeout=opts.timeout, post=post)
+    else:
+        stream = map(post, _run_serial(tasks))
+    bar = _progress(len(tasks), "building", opts.progress)
+    for built in stream:
+        if bar is not None:
+            bar.update(1)
+        yield built if isinstance(built, Built) else built_of(built)  # a post that raised
+    if bar is not None:
+        bar.close()
+
+
+# -- probe -----------------------------------------------------------------------------------
+class Prober:
+    """Runs each built module once in the probe process (:func:`pool.probe_pool`) on the run's
+    real inputs, before this process ever loads it: a kernel that faults (poisoning a CUDA
+    context for good) or hangs costs only itself. A failure restarts the probe process."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pool = probe_pool()
+        self.pool.warm_up()  # its CUDA context is made while the candidates build
+        # one probe at a time, and a failed one's restart before the next: a module must never
+        # run in a context an earlier one poisoned
+        self.lock = threading.Lock()
+
+    def run(self, so_path: str, func_json: str) -> Failure | None:
+        task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
+        with self.lock, GPU_TURN:
+            (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
+            if not res.ok:
+                self.pool.reset()
+        if res.ok:
+            return None
+        return Failure("probe", f"probe: {res.error} (in the probe process; never run here)", res.log)
+
+    def __call__(self, built: Built) -> Built:
+        art = built.artifact
+        if art is None or art.so_path is None or art.probe_func_json is None:
+            return built
+        failure = self.run(art.so_path, art.probe_func_json)
+        return built if failure is None else Built(built.key, art, failure, built.seconds)
+
+
+# -- measure ---------------------------------------------------------------------------------
+def load_module(art: BuildArtifact, arch: CUDA):
+    import tvm
+
+    if art.so_path:
+        return tvm.runtime.load_module(art.so_path)
+    if art.mod_json:
+        return build_task.rebuild_with_cubin(art.mod_json, arch.target, art.cubin)
+    raise RuntimeError(art.export_error or "the worker returned no module")
+
+
+class Timer:
+    """Loads and times candidates one at a time, as their builds finish (so timing overlaps
+    the builds still running), then re-times the fastest few."""
+
+    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions):
+        self.arch, self.get_workload, self.opts = arch, get_workload, opts
+        self.flush = flush_bytes_for(arch.l2_bytes)
+        self.arg_sets = None
+
+    def time(self, module) -> Timing:
+        wl = self.get_workload()
+        if self.arg_sets is None:
+            self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
+        with GPU_TURN:
+            return time_module(module, function_name(module, wl.func), self.arg_sets, wl.dev, self.opts.budget_ms,
+                               self.opts.timing, self.flush)
+
+    def measure(self, r: CompileResult) -> CompileResult:
+        """``r`` loaded and timed, or with the stage that failed (probe, load, run)."""
+        if self.get_workload() is None:  # no GPU inputs: the run reports why
+            return r
+        try:
+            module = load_module(r.artifact, self.arch)
+        except Exception as e:  # noqa: BLE001
+            return r.failed("load", f"load: {one_line(e)}", traceback.format_exc())
+        try:
+            return r.replace(module=module, timing=self.time(module))
+        except Exception as e:  # noqa: BLE001 - launch failure (too many resources, ...)
+            return r.replace(module=module).failed("run", f"run: {one_line(e)}", traceback.format_exc())
+
+    def retime_fastest(self, results: Sequence[CompileResult]) -> list[CompileResult]:
+        """A second, independent timing of the fastest few (now that no build competes for
+        the CPU) replaces their first one: a lucky first median cannot win on its own. The few
+        are the fastest by median and the fastest by best sample: on the H100 machine a first
+        timing taken while builds ran was now and then 10-30% high in most of its samples."""
+        timed = [r for r in results if r.latency_ms is not None]
+        by_median = sorted(timed, key=lambda r: r.latency_ms)[:RETIME_TOP]
+        by_best = sorted(timed, key=lambda r: min(r.timing.samples_ms or (r.latency_ms,)))[:RETIME_TOP]
+        finalists = {r.index for r in by_median + by_best}
+        return [self._retime(r) if r.index in finalists else r for r in results]
+
+    def _retime(self, r: CompileResult) -> CompileResult:
+        try:
+            again = self.time(r.module)
+        except Exception as e:  # noqa: BLE001
+            return r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
+        return r.replace(timing=Timing(again.median_ms, r.timing.samples_ms + again.samples_ms))

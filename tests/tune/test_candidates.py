@@ -1,0 +1,84 @@
+"""The candidate path shared by fastdlight.tune, the CLI and the pass: options, policy fallback,
+database replay (CPU)."""
+
+import warnings
+
+import pytest
+import standins
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.config import Config
+from fastdlight.tune import candidates
+from fastdlight.tune.options import TuneOptions
+from fastdlight.tune.runner import TuningError
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+def test_options_refuse_unknown_keywords_and_bad_values():
+    with pytest.raises(TypeError, match="unknown tuning option.*budget"):
+        TuneOptions.of(budget=5)
+    for bad in ({"timeout": 0}, {"budget_ms": -5.0}, {"check": "maybe"}, {"max_workers": -1}):
+        with pytest.raises(ValueError):
+            TuneOptions(**bad)
+    opts = TuneOptions(budget_ms=20)
+    assert opts.replace(check="all").budget_ms == 20 and opts.check == "winner"
+
+
+def test_tensor_core_failure_falls_back_to_the_default_policy(monkeypatch):
+    op = standins.add_op(256)
+    good = (Config("elementwise", (1, 128), (1, 1)),)
+    sets = [candidates.CandidateSet("TensorCorePolicy", op.func, (Config("elementwise", (1, 64), (1, 1)),)),
+            candidates.CandidateSet("DefaultPolicy", op.func, good)]
+    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k: iter(sets))
+    seen = []
+    opts = TuneOptions(measure=False, max_workers=2, template=standins.flat_template_except_64)
+    with pytest.warns(UserWarning, match="falling back to DefaultPolicy"):
+        tuned = candidates.tune_function(op.func, H100, 1, opts, on_set=lambda c: seen.append(c.policy))
+    assert seen == ["TensorCorePolicy", "DefaultPolicy"]
+    assert tuned.policy == "DefaultPolicy" and tuned.config == good[0] and tuned.source == "tuned"
+
+
+def test_every_policy_failing_lists_each_reason(monkeypatch):
+    op = standins.add_op(256)
+    sets = [candidates.CandidateSet("DefaultPolicy", op.func, (Config("elementwise", (1, 64), (1, 1)),))]
+    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k: iter(sets))
+    opts = TuneOptions(measure=False, max_workers=2, template=standins.failing_template)
+    with pytest.raises(TuningError, match="DefaultPolicy: no candidate could be used"):
+        candidates.tune_function(op.func, H100, 1, opts)
+
+
+def test_database_hit_without_gpu_replays_the_stored_config(tmp_path, monkeypatch):
+    from fastdlight.tune.database import TuningDatabase
+
+    op = ops.elementwise((256, 256), "float16", "add")
+    cfg = Config("elementwise", (1, 128), (1, 1))
+    db = TuningDatabase(tmp_path)
+    db.commit(op.func, H100, cfg, 0.01, True, reference="test")
+    monkeypatch.setattr(candidates, "candidate_sets", lambda *a: pytest.fail("tuned despite a database hit"))
+    tuned = candidates.tune_function(op.func, H100, 4, TuneOptions(measure=False), db=db)
+    assert tuned.source == "database" and tuned.config == cfg
+
+
+def test_symbolic_function_is_specialized_by_opt_shapes():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def scale(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n, T.int64(256)), "float32")
+        B = T.match_buffer(b, (n, T.int64(256)), "float32")
+        for i, j in T.grid(n, T.int64(256)):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * T.float32(2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = candidates.tune_function(scale, H100, 2, TuneOptions(measure=False, max_workers=2),
+                                         opt_shapes={"n": 512})
+    from fastdlight.tune.measure import param_buffers, static_shape
+
+    assert tuned.best.compiled
+    assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(512, 256), (512, 256)]
