@@ -81,17 +81,17 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
         if replayed is not None:
             return replayed
     prewarm(func, arch, opts)
-    errors = []
+    errors, failed = [], None
     for cand in candidate_sets(func, arch, topk):
+        if failed is not None:
+            warnings.warn(f"fastdlight: every {failed} candidate failed; trying {cand.policy}", stacklevel=2)
         if on_set is not None:
             on_set(cand)
         try:
             results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
         except TuningError as e:
             errors.append(f"{cand.policy}: {e}")
-            if cand.policy != "DefaultPolicy":
-                warnings.warn(f"fastdlight: every {cand.policy} candidate failed; falling back to DefaultPolicy",
-                              stacklevel=2)
+            failed = cand.policy
             continue
         if db is not None and best.verified:
             db.commit(func, arch, best.config, best.latency_ms, True, reference=best.verdict.reference)

@@ -109,11 +109,12 @@ def sabotage_matmul(variant: str, m: int = 256, n: int = 256, k: int = 256):
         if variant == "nan":  # one element picks up a NaN
             nan = tirx.const(float("nan"), "float16")
             return tirx.if_then_else(tirx.all(i == 5, j == 9, kk == 0), nan, A[i, kk])
+        if variant == "dropped_edge_tile":  # the last 16x16 tile is never computed (stays 0)
+            return tirx.if_then_else(tirx.all(i >= m - 16, j >= n - 16), tirx.const(0, "float16"), A[i, kk])
         return A[i, kk]
 
     def body(i, j):
-        where = i < m - 16 if variant == "dropped_edge_tile" else None  # last rows sum over nothing
-        return te.sum(a_at(i, j, r).astype("float32") * B[r, j].astype("float32"), axis=r, where=where)
+        return te.sum(a_at(i, j, r).astype("float32") * B[r, j].astype("float32"), axis=r)
 
     C = te.compute((m, n), body, name="C")
     return te.create_prim_func([A, B, C]).with_attr("global_symbol", "matmul")
