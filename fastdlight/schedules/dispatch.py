@@ -12,7 +12,10 @@ template's reason.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
+import sys
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
@@ -67,6 +70,19 @@ def register(template: ScheduleTemplate, first: bool = False) -> ScheduleTemplat
 
 def templates_for(kind: str, with_fallback: bool = True) -> list[ScheduleTemplate]:
     return list(_REGISTRY.get(kind, [])) + (list(_FALLBACKS) if with_fallback else [])
+
+
+@functools.cache
+def template_fingerprint(kind: str) -> str:
+    """A short hash of the source of every module that can schedule a ``kind`` config (its
+    templates, the fallback, the shared helpers in ``base``): a stored config is replayed only
+    by the code that chose it."""
+    modules = {type(t).__module__ for t in templates_for(kind)} | {__name__, f"{__package__}.base"}
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        with open(sys.modules[name].__file__, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 def _name(t: ScheduleTemplate) -> str:

@@ -1,22 +1,30 @@
-"""Tuning results kept across runs: which config won for which PrimFunc on which GPU.
+"""Verified tuning results kept across runs: which config won for which PrimFunc on which GPU.
 
     db = TuningDatabase("tuned/")            # a directory; one JSON-lines file in it
     hit = db.lookup(func, arch)              # a Record or None
-    db.commit(func, arch, best)              # after apply_and_build
+    db.commit(func, arch, config, latency_ms, verified=True, reference="...")
 
-A record stores the winning :class:`Config` (not a schedule trace): re-applying a config is
-deterministic and takes milliseconds, and it works for the tensor-core path, whose schedule is
-made on a rewritten copy of the function. The function itself is stored too, so a lookup is
-decided by structural equality, never by a hash alone. Records are appended (several tuning
-runs may share a directory); the last record for a function and GPU wins.
+The JSON-lines file is the source of truth. A record stores the winning :class:`Config` (not a
+schedule trace: re-applying a config is deterministic and takes milliseconds, and it works for
+the tensor-core path, whose schedule is made on a rewritten copy of the function) and the
+function itself, so a hit is decided by structural equality, never by a hash alone.
+
+A record is keyed by the function's structural hash, the target (GPU name and arch), the TVM
+version and a fingerprint of the template code for the config's kind: a record of another TVM,
+GPU or template version is ignored (and counted), so a changed template never replays a stale
+config. Only verified winners are stored. Appends are one ``write`` of one line under an
+exclusive ``flock``, then fsynced, so concurrent tuning runs may share a directory; a torn or
+garbled line is skipped with one warning naming the file and line. The newest record wins.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import tvm
@@ -24,70 +32,150 @@ import tvm_ffi
 
 from ..arch import CUDA
 from ..policies.config import Config
+from ..schedules.dispatch import template_fingerprint
 
 FILE_NAME = "fastdlight_records.jsonl"
+#: keys every record has; a line without them is not a record
+_REQUIRED = ("key", "arch", "target", "tvm", "template", "config", "func", "verified")
 
 
 @dataclass(frozen=True)
 class Record:
     config: Config
     arch: str  # CUDA.name of the GPU it was tuned for
-    latency_ms: float | None  # None: chosen without a GPU (predicted cost)
-    verified: bool | None
+    latency_ms: float | None
+    verified: bool
+    reference: str | None  # what the winner was verified against
     created: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What the last read of the file found."""
+
+    records: int = 0  # usable: this TVM, a known template fingerprint
+    skipped_lines: int = 0  # torn, garbled or not a record
+    other_version: int = 0  # another TVM version
+    stale_template: int = 0  # the template code changed since
+    other_target: int = 0  # (counted by lookups) the function's records for other GPUs
 
 
 def func_key(func) -> str:
     return f"{tvm_ffi.structural_hash(func):x}"
 
 
+def target_key(arch: CUDA) -> str:
+    return f"{arch.name}/{arch.arch}"
+
+
 class TuningDatabase:
-    def __init__(self, path: str):
+    def __init__(self, path):
         self.dir = os.fspath(path)
-        os.makedirs(self.dir, exist_ok=True)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"cannot use {self.dir} as a tuning database: {e.strerror}") from None
         self.file = os.path.join(self.dir, FILE_NAME)
         self._lock = threading.Lock()
-        self._rows: list[dict] | None = None
+        self._rows: list[dict] = []
+        self._read_upto = 0  # bytes of the file already parsed
+        self._line_no = 0
+        self.stats = LoadStats()
 
-    def _load(self) -> list[dict]:
-        if self._rows is None:
-            rows = []
-            if os.path.exists(self.file):
-                with open(self.file) as f:
-                    for n, line in enumerate(f, 1):
-                        if not line.strip():
-                            continue
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"{self.file}:{n}: not a fastdlight tuning record ({e})") from None
-            self._rows = rows
+    # -- reading ----------------------------------------------------------------------------
+    def _refresh(self) -> list[dict]:
+        """Parse what was appended since the last read (by this or any other process)."""
+        if not os.path.exists(self.file):
+            return self._rows
+        with open(self.file, "rb") as f:
+            f.seek(self._read_upto)
+            tail = f.read()
+        end = tail.rfind(b"\n") + 1  # a line still being written is read next time
+        bad: list[int] = []
+        for raw in tail[:end].splitlines():
+            self._line_no += 1
+            row = _parse(raw)
+            if row is None:
+                if raw.strip():
+                    bad.append(self._line_no)
+                continue
+            self._count(row)
+            self._rows.append(row)
+        self._read_upto += end
+        if bad:
+            self.stats = _bump(self.stats, skipped_lines=len(bad))
+            warnings.warn(f"fastdlight: {self.file}:{bad[0]}: not a tuning record, skipped"
+                          + (f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else ""), stacklevel=4)
         return self._rows
 
+    def _count(self, row: dict) -> None:
+        if row["tvm"] != tvm.__version__:
+            self.stats = _bump(self.stats, other_version=1)
+        elif row["template"] != template_fingerprint(row["config"].get("kind", "")):
+            self.stats = _bump(self.stats, stale_template=1)
+        else:
+            self.stats = _bump(self.stats, records=1)
+
     def lookup(self, func, arch: CUDA) -> Record | None:
-        """The newest record for a function structurally equal to ``func`` on ``arch``."""
-        key = func_key(func)
+        """The newest verified record for a function structurally equal to ``func`` on ``arch``,
+        made by this TVM version and the current template code."""
+        key, target = func_key(func), target_key(arch)
         with self._lock:
-            rows = [r for r in self._load() if r["key"] == key and r["arch"] == arch.name]
+            same_func = [r for r in self._refresh() if r["key"] == key]
+            rows = [r for r in same_func if r["target"] == target]
+            self.stats = _bump(self.stats, other_target=len(same_func) - len(rows))
         for row in reversed(rows):
+            if not _current(row):
+                continue
             if tvm_ffi.structural_equal(tvm.ir.load_json(row["func"]), func):
-                return Record(Config.from_dict(row["config"]), row["arch"], row.get("latency_ms"),
-                              row.get("verified"), row.get("created", 0.0))
+                return Record(Config.from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
+                              row.get("reference"), row.get("created", 0.0))
         return None
 
-    def commit(self, func, arch: CUDA, config: Config, latency_ms: float | None = None,
-               verified: bool | None = None, reference: str | None = None) -> None:
+    # -- writing ----------------------------------------------------------------------------
+    def commit(self, func, arch: CUDA, config: Config, latency_ms: float | None = None, verified: bool | None = None,
+               reference: str | None = None) -> None:
+        """Append a verified winner. A winner that failed or skipped verification is refused."""
         if verified is not True:
-            raise ValueError("refusing to store a winner that was not verified")
+            raise ValueError(f"refusing to store {config!r}: it was not verified")
         row = {
-            "key": func_key(func), "arch": arch.name, "target": str(arch.target), "config": config.to_dict(),
-            "latency_ms": latency_ms, "verified": verified, "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
+            "key": func_key(func), "arch": arch.name, "target": target_key(arch), "tvm": tvm.__version__,
+            "template": template_fingerprint(config.kind), "config": config.to_dict(), "latency_ms": latency_ms,
+            "verified": True, "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
         }  # fmt: skip
+        line = (json.dumps(row) + "\n").encode()
         with self._lock:
-            self._load().append(row)
-            with open(self.file, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.write(fd, line)  # O_APPEND + one write: the line lands whole, after every other
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # closing releases the lock
 
     def __len__(self) -> int:
+        """Records usable by this TVM version and template code."""
         with self._lock:
-            return len(self._load())
+            return sum(1 for r in self._refresh() if _current(r))
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(row, dict) or any(k not in row for k in _REQUIRED) or row["verified"] is not True:
+        return None
+    try:
+        Config.from_dict(row["config"])
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return row
+
+
+def _current(row: dict) -> bool:
+    return row["tvm"] == tvm.__version__ and row["template"] == template_fingerprint(row["config"].get("kind", ""))
+
+
+def _bump(stats: LoadStats, **counts) -> LoadStats:
+    return LoadStats(**{k: getattr(stats, k) + counts.get(k, 0) for k in LoadStats.__dataclass_fields__})

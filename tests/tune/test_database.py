@@ -1,0 +1,109 @@
+"""The tuning database: verified records only, keyed by function, target, TVM version and
+template code; bad lines skipped with one warning; concurrent writers lose nothing (CPU)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.config import Config
+from fastdlight.tune import database
+from fastdlight.tune.database import TuningDatabase
+
+H100, A100 = CUDA("nvidia/nvidia-h100"), CUDA("nvidia/nvidia-a100")
+CFG = Config("elementwise", (1, 128), (1, 1))
+
+
+@pytest.fixture(scope="module")
+def func():
+    return ops.elementwise((64, 64), "float16", "add").func
+
+
+def test_round_trip_and_newest_wins(tmp_path, func):
+    db = TuningDatabase(tmp_path)
+    db.commit(func, H100, CFG, 0.02, True, reference="float64 numpy reference")
+    newer = Config("elementwise", (1, 256), (1, 1))
+    db.commit(func, H100, newer, 0.01, True, reference="naive")
+    hit = TuningDatabase(tmp_path).lookup(func, H100)  # a fresh reader of the same file
+    assert hit.config == newer and hit.verified is True and hit.reference == "naive"
+    assert TuningDatabase(tmp_path).lookup(func, A100) is None
+    other = ops.elementwise((64, 64), "float16", "copy").func
+    assert db.lookup(other, H100) is None
+
+
+@pytest.mark.parametrize("verified", [None, False])
+def test_an_unverified_winner_is_refused(tmp_path, func, verified):
+    db = TuningDatabase(tmp_path)
+    with pytest.raises(ValueError, match="not verified"):
+        db.commit(func, H100, CFG, 0.01, verified)
+    assert len(db) == 0 and db.lookup(func, H100) is None
+
+
+def test_a_bad_line_is_skipped_with_one_warning_naming_it(tmp_path, func):
+    db = TuningDatabase(tmp_path)
+    db.commit(func, H100, CFG, 0.02, True)
+    with open(db.file, "a") as f:
+        f.write('{"key": "torn", "arch": \n')
+        f.write("garbage\n")
+    db.commit(func, H100, CFG, 0.01, True)
+    reader = TuningDatabase(tmp_path)
+    with pytest.warns(UserWarning, match=r"fastdlight_records.jsonl:2: not a tuning record, skipped \(and 1 more"):
+        assert reader.lookup(func, H100).latency_ms == 0.01
+    assert reader.stats.skipped_lines == 2 and reader.stats.records == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read once: no second warning
+        assert reader.lookup(func, H100) is not None
+
+
+def test_records_of_another_tvm_target_or_template_are_ignored_and_counted(tmp_path, func, monkeypatch):
+    db = TuningDatabase(tmp_path)
+    db.commit(func, H100, CFG, 0.02, True)
+    row = json.loads(open(db.file).read())
+    with open(db.file, "a") as f:
+        f.write(json.dumps(dict(row, tvm="0.0.1", latency_ms=0.001)) + "\n")
+    db.commit(func, A100, CFG, 0.03, True)
+    reader = TuningDatabase(tmp_path)
+    assert reader.lookup(func, H100).latency_ms == 0.02  # not the other TVM's faster record
+    assert reader.stats.other_version == 1 and reader.stats.other_target == 1
+    # a changed template hides every record it made
+    monkeypatch.setattr(database, "template_fingerprint", lambda kind: "changed")
+    stale = TuningDatabase(tmp_path)
+    assert stale.lookup(func, H100) is None and len(stale) == 0
+    assert stale.stats.stale_template == 2
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from fastdlight import ops
+    from fastdlight.arch import CUDA
+    from fastdlight.policies.config import Config
+    from fastdlight.tune.database import TuningDatabase
+    func = ops.elementwise((64, 64), "float16", "add").func
+    db, arch = TuningDatabase(sys.argv[1]), CUDA("nvidia/nvidia-h100")
+    for i in range(int(sys.argv[3])):
+        db.commit(func, arch, Config("elementwise", (1, 128), (1, 1)), float(sys.argv[2]) + i, True)
+""")
+
+
+def test_two_writer_processes_at_once_lose_nothing(tmp_path):
+    n = 150
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(base), str(n)])
+             for base in (0, 10000)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    lines = open(tmp_path / database.FILE_NAME).read().splitlines()
+    assert len(lines) == 2 * n
+    latencies = sorted(json.loads(line)["latency_ms"] for line in lines)  # every line parses
+    assert latencies == sorted([float(i) for i in range(n)] + [10000.0 + i for i in range(n)])
+    assert len(TuningDatabase(tmp_path)) == 2 * n
+
+
+def test_an_unusable_directory_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="cannot use .* as a tuning database"):
+        TuningDatabase(blocker / "db")
