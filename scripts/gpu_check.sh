@@ -15,5 +15,5 @@ for s in $steps; do case $s in
   cli)   step cli 90 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float32 --topk 20;;
   tc)    step tc "${TC_LIMIT:-170}" python3 benchmarks/bench_matmul_tc.py --topk 20;;
   ops)   step ops "${OPS_LIMIT:-170}" python3 benchmarks/bench_ops.py --topk 20 --max-seconds $(( ${OPS_LIMIT:-170} - 20 )) \
-           --ops "${OPS_FILTER:-copy,add,sum,max,softmax,gemv,matmul_nn_f32_4k,matmul_nn_f32_1k,conv2d}";;
+           --ops "${OPS_FILTER:-copy,add,sum,max,softmax,gemv,matmul_nn_f32_4k,matmul_nn_f32_1k,matmul_nn_f16_8k,conv2d}";;
 esac; done

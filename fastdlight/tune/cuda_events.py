@@ -71,8 +71,9 @@ class Event:
         self.handle = ctypes.c_void_p()
         _check(self._lib, self._lib.cuEventCreate(ctypes.byref(self.handle), 0), "cuEventCreate")
 
-    def record(self) -> None:
-        _check(self._lib, self._lib.cuEventRecord(self.handle, None), "cuEventRecord")
+    def record(self, stream=None) -> None:
+        """Record on ``stream`` (a CUstream handle; None: the legacy default stream)."""
+        _check(self._lib, self._lib.cuEventRecord(self.handle, stream), "cuEventRecord")
 
     def synchronize(self) -> None:
         _check(self._lib, self._lib.cuEventSynchronize(self.handle), "cuEventSynchronize")
