@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import tempfile
 import time
 import traceback
 import warnings

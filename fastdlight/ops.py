@@ -47,8 +47,13 @@ def _nbytes(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}[dtype]
 
 
+#: tensors with more elements than this are indexed with int64 (int32 offsets would overflow)
+INT32_ELEMENTS = 2**31 - 1
+
+
 def _prim_func(tensors, name: str) -> tirx.PrimFunc:
-    return te.create_prim_func(tensors).with_attr("global_symbol", name)
+    big = any(math.prod(int(d) for d in t.shape) > INT32_ELEMENTS for t in tensors)
+    return te.create_prim_func(tensors, index_dtype_override="int64" if big else None).with_attr("global_symbol", name)
 
 
 def default_out_dtype(dtype: str) -> str:

@@ -19,15 +19,9 @@ _TENSORCORE_NAMES = ("TensorCorePolicy", "get_tensorized_func_and_tags")
 
 
 def __getattr__(name: str):
-    # Lazy: the tensor-core module is optional (and heavier); import it on first use.
+    # Lazy: the tensor-core module is heavier; import it on first use.
     if name in _TENSORCORE_NAMES:
-        try:
-            module = importlib.import_module(".tensorcore", __name__)
-        except ImportError as err:
-            raise AttributeError(f"fastdlight.policies.{name} is unavailable: {err}") from err
-        value = getattr(module, name, None)
-        if value is None:
-            raise AttributeError(f"fastdlight.policies.tensorcore does not define {name}")
+        value = getattr(importlib.import_module(".tensorcore", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

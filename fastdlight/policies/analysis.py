@@ -23,6 +23,10 @@ import tvm_ffi
 from tvm import DataType, ir, s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.analysis.common_analysis import SBlockInfo
+from tvm.s_tir.stmt import SBlock
+
+#: the largest element count an int32 offset can address
+INT32_MAX = 2**31 - 1
 
 #: largest non-reduced operand extent ("M", batch rows) still handled as a GEMV
 GEMV_MAX_ROWS = 16
@@ -47,8 +51,14 @@ def output_block(sch: s_tir.Schedule) -> tuple[list[SBlockInfo], SBlockInfo]:
     blocks = normalize_prim_func(sch)
     if not blocks:
         raise ValueError("PrimFunc cannot be normalized (no blocks, opaque blocks or non-affine loops?)")
-    reductions = [b for b in blocks if b.is_reduction()]
+    reductions = [b for b in blocks if reduces(b)]
     return blocks, (reductions[-1] if reductions else blocks[-1])
+
+
+def reduces(info: SBlockInfo) -> bool:
+    """A reduction block with something to reduce: one whose reduction axes all have extent 1
+    (normalization drops them) computes one term per output, as an elementwise block does."""
+    return info.is_reduction() and any(it.kind == "R" for it in info.iters)
 
 
 def block_axes(info: SBlockInfo) -> tuple[list[Axis], list[Axis]]:
@@ -411,8 +421,27 @@ def analyze(func: tirx.PrimFunc, opt_shapes: dict | None = None) -> FuncInfo:
     return info
 
 
+def check_index_range(func: tirx.PrimFunc) -> None:
+    """Refuse a buffer too large for the int32 offsets its shape's dtype asks for (TVM would
+    fail deep in lowering, or wrap around)."""
+    for buf in _buffers(func):
+        if not buf.shape or any(not isinstance(d, tirx.IntImm) for d in buf.shape):
+            continue
+        n = math.prod(int(d) for d in buf.shape)
+        if n > INT32_MAX and all(_scalar_dtype(d) == "int32" for d in buf.shape):
+            raise ValueError(f"buffer {buf.name} has {n} elements, beyond int32 indexing; "
+                             "declare its dimensions as T.int64 (or te.create_prim_func(..., index_dtype_override='int64'))")
+
+
+def _buffers(func: tirx.PrimFunc) -> list:
+    bufs = [p for p in func.params if getattr(p, "shape", None) is not None]
+    tvm_ffi.structural_walk(func.body, (SBlock, lambda b: bufs.extend(b.alloc_buffers)), order="post")
+    return bufs
+
+
 def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     func = specialize(func, opt_shapes)
+    check_index_range(func)
     name = func_name(func)
     sch = s_tir.Schedule(func)
     try:
@@ -424,7 +453,7 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
         raise ValueError(f"{name}: output block {anchor.name} has no spatial axis (full reduction to a scalar)")
     normalized = sch.mod["main"]
     block_names = tuple(b.name for b in blocks)
-    reduction_blocks = tuple(b.name for b in blocks if b.is_reduction())
+    reduction_blocks = tuple(b.name for b in blocks if reduces(b))
     iter_kinds = anchor.dom_kind()
 
     # Inline injective producers of the output block (e.g. conv padding, softmax's exp) into it
@@ -433,7 +462,7 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     for b in blocks:
         if b.name == anchor.name:
             break
-        if not b.is_reduction() and b.is_injective():
+        if not reduces(b) and b.is_injective():
             try:
                 work.compute_inline(work.get_sblock(b.name))
             except Exception:  # noqa: BLE001 - TVM raises ScheduleError when not inlinable

@@ -752,9 +752,4 @@ def _diverse(ranked: list, topk: int) -> list:
     return sorted(picked, key=lambda kv: kv[0])
 
 
-def emit_configs(func, arch, topk: int = 10, opt_shapes: dict | None = None) -> list[Config]:
-    """Shorthand for ``DefaultPolicy(func, arch, opt_shapes).emit_config(topk)``."""
-    return DefaultPolicy(func, arch, opt_shapes).emit_config(topk)
-
-
-__all__ = ["DefaultPolicy", "emit_configs"]
+__all__ = ["DefaultPolicy"]

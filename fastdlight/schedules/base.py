@@ -31,13 +31,11 @@ from tvm.s_tir.dlight.analysis.common_analysis import SBlockInfo
 
 from ..policies.analysis import Axis, block_axes, output_block
 from ..policies.config import Config
-from ..policies.roller import ceil_div, largest_pow2_divisor  # noqa: F401 - re-exported for templates
+from ..policies.roller import MAX_VECTOR_BITS, ceil_div, largest_pow2_divisor  # noqa: F401 - re-exported for templates
 
 LoopRV = s_tir.schedule.LoopRV
 SBlockRV = s_tir.schedule.SBlockRV
 
-#: widest global-memory vector access in bits (LDG.128 / STG.128)
-MAX_VECTOR_BITS = 128
 #: CUDA's limit on threads per block
 MAX_THREADS = 1024
 THREAD_TAGS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")

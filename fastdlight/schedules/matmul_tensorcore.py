@@ -47,10 +47,7 @@ from ..policies.tensorcore import (
     whole_step_fragments,
 )
 
-try:  # the shared template interface (written concurrently); same interface without it
-    from .base import ScheduleTemplate
-except ImportError:  # pragma: no cover
-    ScheduleTemplate = object
+from .base import ScheduleTemplate
 
 WARP = 32
 VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128

@@ -30,6 +30,7 @@ from typing import Sequence
 import tvm
 
 from ..arch import CUDA, auto_arch, has_gpu
+from ..policies.analysis import check_index_range
 from ..policies.config import Config
 from .candidate import BuildRequest, CompileResult
 from .measure import Workload, function_name
@@ -87,6 +88,7 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
     configs = tuple(configs)
     if not configs:
         raise TuningError("no candidate configs to build (the policy emitted none)")
+    check_index_range(func)  # refused here, not deep inside TVM's lowering
     if func.attrs is None or "global_symbol" not in func.attrs:
         # a private PrimFunc (as in a Relax module) cannot be compiled on its own
         func = func.with_attr("global_symbol", "main")

@@ -82,3 +82,43 @@ def test_symbolic_function_is_specialized_by_opt_shapes():
 
     assert tuned.best.compiled
     assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(512, 256), (512, 256)]
+
+
+@pytest.mark.parametrize("make", [lambda: ops.reduce((1024, 1), "float16", "sum"),
+                                  lambda: ops.matmul(64, 64, 1, "float32"),
+                                  lambda: ops.gemv(1024, 1, m=1, dtype="float16")], ids=["sum", "matmul", "gemv"])
+def test_length_one_reductions_tune_normally(make):
+    op = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = candidates.tune_function(op.func, H100, 2, TuneOptions(measure=False, max_workers=2))
+    assert tuned.best.compiled and all(r.compiled for r in tuned.results)
+
+
+def test_beyond_int32_indexing_builds_with_int64_or_is_refused_before_building():
+    from tvm.script import tirx as T
+
+    op = ops.matmul(65536, 65536, 16, "float32")  # 2^32 outputs: ops index them with int64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = candidates.tune_function(op.func, H100, 1, TuneOptions(measure=False, max_workers=2))
+    assert tuned.best.compiled and "int64_t" in tuned.best.source
+
+    @T.prim_func(s_tir=True)
+    def big(A: T.Buffer((65536, 65536), "float16"), B: T.Buffer((65536, 65536), "float16")):
+        for i, j in T.grid(65536, 65536):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj]
+
+    with pytest.raises(ValueError, match="buffer A has 4294967296 elements, beyond int32 indexing"):
+        candidates.tune_function(big, H100, 1, TuneOptions(measure=False, max_workers=2))
+
+
+@pytest.mark.gpu
+def test_gpu_length_one_reduction_is_verified():
+    from fastdlight.arch import auto_arch
+
+    op = ops.matmul(256, 256, 1, "float16", "float32")
+    tuned = candidates.tune_function(op.func, auto_arch(), 4, TuneOptions(ref=op.reference, budget_ms=20))
+    assert tuned.best.verified is True
