@@ -190,12 +190,12 @@ def main(argv=None) -> int:
         return 2
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     commit = subprocess.run(["git", "-C", args.tvm_root, "rev-parse", "HEAD"], capture_output=True, text=True)
+    import survey_dlight as me  # workers unpickle these functions and types by module name
+
     t0 = time.perf_counter()
-    workloads = [w for w in collect(args.tvm_root) if not args.only or args.only in w.name]
+    workloads = [w for w in me.collect(args.tvm_root) if not args.only or args.only in w.name]
     print(f"apache/tvm {commit.stdout.strip() or '(not a git checkout)'}: {len(workloads)} workloads, "
           f"{sum(bool(w.opt_shapes) for w in workloads)} symbolic; target {args.target}, top {args.topk}", flush=True)
-
-    import survey_dlight as me  # workers unpickle these functions by module name
 
     from fastdlight.tune.workers import Task, WorkerPool
 

@@ -209,48 +209,46 @@ def _buffer_of(node):
 
 def specialize(func: tirx.PrimFunc, opt_shapes: dict | None) -> tirx.PrimFunc:
     """Bind symbolic shape vars (by name) to the ints of ``opt_shapes``; raise ValueError
-    naming every symbolic var left without a value."""
+    naming every symbolic var left without a value.
+
+    TVM specializes a buffer parameter only through dimensions that are bare vars, so each
+    var is bound where it is defined: a scalar parameter, or a buffer whose symbolic dims are
+    all bare vars. Buffers with composite dims (``n * 256``) follow from those bindings."""
     opt_shapes = dict(opt_shapes or {})
-    ana = sym.Analyzer()
-    missing, binds = [], {}
-    for p in func.params:
-        shape = _param_shape(p)
-        if shape is None:  # a scalar parameter
-            if str(p.name) in opt_shapes:
-                binds[p] = tirx.IntImm(_scalar_dtype(p), int(opt_shapes[str(p.name)]))
-            continue
-        new_dims, symbolic = [], False
-        for d in shape:
-            if isinstance(d, tirx.IntImm):
-                new_dims.append(d)
-                continue
-            symbolic = True
-            for v in tirx.analysis.undefined_vars(d):
-                if str(v.name) in opt_shapes:
-                    ana.bind(v, tirx.IntImm(_scalar_dtype(v), int(opt_shapes[str(v.name)])))
-                elif str(v.name) not in missing:
-                    missing.append(str(v.name))
-            new_dims.append(d)
-        if symbolic:
-            binds[p] = new_dims
+    missing = [n for n in _shape_var_names(func) if n not in opt_shapes]
     if missing:
         raise ValueError(
             f"symbolic shape var(s) {', '.join(missing)} of {func_name(func)} need values: pass opt_shapes="
             + "{" + ", ".join(f"'{m}': <int>" for m in missing) + "}"
         )
-    if not binds:
-        return func
-    param_map = {}
-    for p, value in binds.items():
-        if isinstance(value, list):
-            dims = [ana.simplify(d) for d in value]
-            for d in dims:
-                if not isinstance(d, tirx.IntImm):
-                    raise ValueError(f"shape {dims} of {p.name} stays symbolic after opt_shapes")
-            param_map[p] = tirx.decl_buffer(dims, str(p.dtype), name=str(p.name))
-        else:
-            param_map[p] = value
-    return func.specialize(param_map)
+    binds, bound = {}, set()
+    for p in func.params:
+        shape = _param_shape(p)
+        if shape is None:  # a scalar parameter
+            if str(p.name) in opt_shapes:
+                binds[p] = tirx.IntImm(_scalar_dtype(p), int(opt_shapes[str(p.name)]))
+                bound.add(str(p.name))
+            continue
+        if all(isinstance(d, tirx.IntImm) for d in shape) or not all(
+                isinstance(d, (tirx.IntImm, ir.expr.Var)) for d in shape):
+            continue  # static, or composite dims: follows from the other bindings
+        dims = [d if isinstance(d, tirx.IntImm) else tirx.IntImm(_scalar_dtype(d), int(opt_shapes[str(d.name)]))
+                for d in shape]
+        binds[p] = tirx.decl_buffer(dims, str(p.dtype), name=str(p.name))
+        bound.update(str(d.name) for d in shape if isinstance(d, ir.expr.Var))
+    unbound = [n for n in _shape_var_names(func) if n not in bound]
+    if unbound:
+        raise ValueError(f"symbolic var(s) {', '.join(unbound)} of {func_name(func)} appear only inside composite "
+                         "dimensions (like n * 256): no parameter defines them, so they cannot be given a value")
+    return func.specialize(binds) if binds else func
+
+
+def _shape_var_names(func: tirx.PrimFunc) -> list[str]:
+    names = []
+    for p in func.params:
+        for d in _param_shape(p) or ():
+            names += [str(v.name) for v in tirx.analysis.undefined_vars(d)]
+    return list(dict.fromkeys(names))
 
 
 def _scalar_dtype(v) -> str:
@@ -439,7 +437,16 @@ def _buffers(func: tirx.PrimFunc) -> list:
     return bufs
 
 
+def check_target(func: tirx.PrimFunc) -> None:
+    """Refuse a function that carries a non-CUDA target of its own (a CPU kernel in a GPU model)."""
+    target = func.attrs["target"] if func.attrs is not None and "target" in func.attrs else None
+    if target is not None and target.kind.name != "cuda":
+        raise ValueError(f"{func_name(func)} carries its own target ({target.kind.name}); fastdlight tunes CUDA "
+                         "functions only")
+
+
 def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
+    check_target(func)
     func = specialize(func, opt_shapes)
     check_index_range(func)
     name = func_name(func)
@@ -469,18 +476,23 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
                 pass
     block = work.get(work.get_sblock(anchor.name))
     iter_vars = [iv.var for iv in block.iter_vars]
-    if not isinstance(block.body, tirx.BufferStore):
-        raise ValueError(f"{name}: output block {anchor.name} is not a single buffer store")
-    store = block.body
+    stores = []
+    tvm_ffi.structural_walk(block.body, (tirx.BufferStore, stores.append), order="pre")
+    if not stores:
+        raise ValueError(f"{name}: output block {anchor.name} stores nothing")
+    # a block storing several buffers (TVM's layer/group norm: sum and sum of squares in one
+    # pass) is analyzed through its first store; it is a general reduction
+    store = stores[0]
     param_names = {str(p.name) for p in func.params}
     out_name = str(store.buffer.name)
+    out_names = {str(st.buffer.name) for st in stores}
 
     groups: dict[str, list] = {}
     buffers = {}
     for ld in _loads(block.body):
         n = str(ld.source.name)
-        if n == out_name:
-            continue  # the accumulator
+        if n in out_names:
+            continue  # the accumulators
         groups.setdefault(n, []).append(ld)
         buffers[n] = ld.source
     reads = tuple(_make_access(_tensor(buffers[n]), n in param_names, lds, iter_vars) for n, lds in groups.items())
@@ -501,7 +513,7 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     weight = None
     if not reduction_blocks:
         kind = "elementwise"
-    elif len(reduction_blocks) > 1:
+    elif len(reduction_blocks) > 1 or len(stores) > 1:
         kind = "general_reduction"
     else:
         kind, weight = _classify((si, ri, reads, extents), block)

@@ -415,8 +415,10 @@ class _Gemv(_Planner):
                 continue
             thread = tuple(t if (j not in self.n_axes or whole_n) else 1 for j, t in enumerate(tile))
             n_threads = 1 if whole_n else n_tile
-            for rt in _pow2_upto(self.arch.warp_size, self.arch.max_threads_per_block // n_threads):
-                if rt > max(self.arch.warp_size, self.k // vk) or rt > 256:
+            # a warp along k at least, unless k itself is shorter (a 2x2 GEMV has k = 2)
+            first = min(self.arch.warp_size, 1 << (self.k.bit_length() - 1))
+            for rt in _pow2_upto(first, self.arch.max_threads_per_block // n_threads):
+                if rt > max(first, self.k // vk) or rt > 256:
                     break
                 w = largest_pow2_divisor(self.k // rt if self.k % rt == 0 else 1, vk)
                 for u in (1, 2, 4):

@@ -105,7 +105,8 @@ class GeneralReductionTemplate(ScheduleTemplate):
             if info.block_rv.same_as(last_rv):
                 continue
             blk = info.block_rv
-            sch.set_scope(blk, 0, result_scope)
+            for i in range(len(sch.get(blk).writes)):  # a norm's block keeps sum and sum of squares
+                sch.set_scope(blk, i, result_scope)
             sch.compute_at(blk, bx, preserve_unit_loops=True)
             loops = sch.get_loops(blk)[1:]
             b_rows, b_cols = loops[:n_s], loops[n_s:]

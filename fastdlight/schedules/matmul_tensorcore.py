@@ -47,7 +47,7 @@ from ..policies.tensorcore import (
     whole_step_fragments,
 )
 
-from .base import ScheduleTemplate
+from .base import MAX_VECTOR_BITS, ScheduleTemplate, expr_bits
 
 WARP = 32
 VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128
@@ -193,8 +193,11 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
 
     def fetch_to_shared(copy, k_inner: bool, rows: int):
         sch.compute_at(copy, k0, preserve_unit_loops=True)
+        # producers (a dequantize step) first, so the vector width sees every value the copy
+        # computes: lanes x the widest of them must stay <= 128 bits (uint32x8 has no CUDA type)
+        auto_inline_producers(sch, copy)
         inner_extent = bk if k_inner else rows
-        vec = VECTOR_BYTES // in_bytes
+        vec = min(VECTOR_BYTES // in_bytes, max(1, MAX_VECTOR_BITS // expr_bits(sch.get(copy))))
         while vec > 1 and inner_extent % vec:  # (tiles are multiples of 16: a safety net)
             vec //= 2
         fused = sch.fuse(*sch.get_loops(copy)[-len(sch.get(copy).iter_vars) :])
@@ -212,8 +215,6 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
 
     a_smem = fetch_to_shared(a_copy, a_k_inner, bm)
     b_smem = fetch_to_shared(b_copy, b_k_inner, bn)
-    auto_inline_producers(sch, a_smem)
-    auto_inline_producers(sch, b_smem)
 
     # 5. Shared -> warp fragments (ldmatrix), one 16 × mma_k tile per instruction.
     def fetch_to_fragment(frag, k_inner: bool, swizzled: bool):
