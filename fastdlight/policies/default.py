@@ -149,7 +149,7 @@ class _Planner:
         covers_all = all(b >= e for b, e in zip(block, self.extents))
         emittable = covers_all or (threads % arch.warp_size == 0 and threads >= self.min_threads)
         cfg = Config(
-            kind=self.info.kind,
+            kind=self.kind,
             block=tuple(block),
             thread=tuple(thread),
             rstep=tuple(rstep),
@@ -680,12 +680,17 @@ _PLANNERS = {
 class DefaultPolicy:
     """Roller on CUDA cores. ``DefaultPolicy(func, arch, opt_shapes).emit_config(topk)``."""
 
-    def __init__(self, func, arch, opt_shapes: dict | None = None):
+    def __init__(self, func, arch, opt_shapes: dict | None = None, family: str | None = None):
+        """``family``: plan for another template than the analysis picks, where it applies
+        (a GEMV is also a matmul: benchmarks compare the two templates on decode shapes)."""
         self.arch = arch
         self.info = func if isinstance(func, FuncInfo) else analyze(func, opt_shapes)
-        planner = _PLANNERS.get(self.info.kind)
-        if planner is None:
-            raise ValueError(f"DefaultPolicy cannot handle op family {self.info.kind!r}")
+        kind = family or self.info.kind
+        if family == "matmul" and self.info.kind not in ("matmul", "gemv"):
+            raise ValueError(f"a {self.info.kind} function cannot be planned as a matmul")
+        planner = _PLANNERS.get(kind)
+        if planner is None or (kind == "gemv" and self.info.gemv_weight is None):
+            raise ValueError(f"DefaultPolicy cannot handle op family {kind!r} here")
         self.planner = planner(self.info, arch)
         self.visited = 0
         self._resources: dict = {}

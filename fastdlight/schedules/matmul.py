@@ -174,9 +174,14 @@ class _Builder:
         c_local = sch.cache_write(self.main, 0, "local")
         sch.reverse_compute_at(c_local, tx, preserve_unit_loops=True)
         _inline_consumers(sch, c_local)
-        for consumer in sch.get_consumers(c_local):
-            # an epilogue that cannot be inlined still runs per thread, right after the tile
+        consumers = sch.get_consumers(c_local)
+        for consumer in consumers:
+            # an epilogue that cannot be inlined (a broadcast) still runs per thread, right after
+            # the tile, reading the thread's own results: they never need global memory
             sch.reverse_compute_at(consumer, tx, preserve_unit_loops=True)
+        params = {str(p.name) for p in sch.mod["main"].params}
+        if consumers and str(sch.get(c_local).writes[0].source.name) not in params:
+            sch.set_scope(c_local, 0, "local")
         self._vectorize_store(c_local)
 
         # 3. Inputs: global -> shared at ko, shared -> register fragments at the innermost ki.

@@ -120,10 +120,31 @@ def test_tensor_core_candidates_of_an_int4_dequant_matmul_compile():
     assert compiles(int4_dequant_matmul).config.kind == "matmul_tc"
 
 
+@T.prim_func(s_tir=True)
+def gemv_broadcast(a: T.Buffer((1, 8, 1, 128), "float16"), b: T.Buffer((1, 8, 512, 128), "float16"),
+                   c: T.Buffer((1, 8, 2, 3, 512), "float32")):
+    t = T.sblock_alloc_buffer((1, 8, 1, 512), "float16")
+    for i0, i1, i2, i3, k in T.grid(1, 8, 1, 512, 128):
+        with T.sblock("gemv"):
+            v0, v1, v2, v3, vk = T.axis.remap("SSSSR", [i0, i1, i2, i3, k])
+            with T.init():
+                t[v0, v1, v2, v3] = T.float16(0)
+            t[v0, v1, v2, v3] = t[v0, v1, v2, v3] + a[v0, v1, v2, vk] * b[v0, v1, v3, vk]
+    for i0, i1, i2, i3, i4 in T.grid(1, 8, 2, 3, 512):
+        with T.sblock("broadcast"):  # every result read by 6 outputs: cannot be inlined
+            v0, v1, v2, v3, v4 = T.axis.remap("SSSSS", [i0, i1, i2, i3, i4])
+            c[v0, v1, v2, v3, v4] = T.Cast("float32", t[v0, v1, 0, v4])
+
+
+def test_an_epilogue_that_broadcasts_keeps_its_input_out_of_global_memory():
+    compiles(gemv_broadcast)
+
+
 @pytest.mark.gpu
-def test_gpu_two_store_norm_and_tiny_gemv_are_verified():
+def test_gpu_coverage_workloads_are_verified():
     from fastdlight.arch import auto_arch
 
-    for func, shapes in ((two_store_norm, {"n": 64}), (gemv_2x2, None), (int4_dequant_matmul, None)):
+    for func, shapes in ((two_store_norm, {"n": 64}), (gemv_2x2, None), (int4_dequant_matmul, None),
+                         (gemv_broadcast, None), (composite_dim, {"n": 256})):
         tuned = tune_function(func, auto_arch(), 4, TuneOptions(budget_ms=20), opt_shapes=shapes)
         assert tuned.best.verified is True, tuned.best.check_message
