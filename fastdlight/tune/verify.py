@@ -221,7 +221,7 @@ def expected_from_outputs(outputs, abs_outputs, func: tirx.PrimFunc, name: str) 
 
 
 _FLOAT_NAME = re.compile(r'"b?float(16|32)"')
-_FLOAT_CALL = re.compile(r"\bT\.b?float(16|32)\(")
+_FLOAT_TYPE = re.compile(r"\bT\.b?float(16|32)\b")  # constants T.float16(1) and types T.let[T.float32]
 
 
 def widen_to_float64(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -236,7 +236,7 @@ def widen_to_float64(func: tirx.PrimFunc) -> tirx.PrimFunc:
                                                                       extra_config={"tirx.prefix": "T"}))
     if "T.reinterpret" in text:
         raise ValueError("the function reinterprets bits; it has no float64 twin")
-    wide = tvm.script.from_source(_FLOAT_CALL.sub("T.float64(", _FLOAT_NAME.sub('"float64"', text)))
+    wide = tvm.script.from_source(_FLOAT_TYPE.sub("T.float64", _FLOAT_NAME.sub('"float64"', text)))
     narrow = [b.name for b in _all_buffers(wide) if _is_float(b.dtype) and str(b.dtype) != "float64"]
     if narrow:
         raise ValueError(f"could not widen buffer(s) {', '.join(narrow)} to float64")

@@ -140,8 +140,10 @@ def test_naive_reference_of_a_two_output_norm_compiles_for_cuda():
                 with T.init():
                     red[vi] = T.float32(0)
                     sq[vi] = T.float32(0)
-                red[vi] = red[vi] + T.Cast("float32", A[vi, vk])
-                sq[vi] = sq[vi] + T.Cast("float32", A[vi, vk]) * T.Cast("float32", A[vi, vk])
+                v_red: T.let[T.float32] = red[vi] + T.Cast("float32", A[vi, vk])  # typed lets, as TVM writes
+                v_sq: T.let[T.float32] = sq[vi] + T.Cast("float32", A[vi, vk]) * T.Cast("float32", A[vi, vk])
+                red[vi] = v_red
+                sq[vi] = v_sq
         for i, k in T.grid(16, 256):
             with T.sblock("norm"):
                 vi, vk = T.axis.remap("SS", [i, k])
