@@ -125,6 +125,29 @@ def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
     return vals.astype(dtype)
 
 
+def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
+    """Integer parameters whose values index another buffer (a gather, a quantization group
+    index), each with the smallest extent it indexes: random values beyond it would read out
+    of bounds, which may fault in one process and not in another."""
+    import tvm_ffi
+
+    params = {str(p.name) for p in func.params
+              if getattr(p, "shape", None) and str(p.dtype).startswith(("int", "uint"))}
+    bounds: dict[str, int] = {}
+
+    def visit(load):
+        for dim, index in zip(load.source.shape, load.indices):
+            inner = []
+            tvm_ffi.structural_walk(index, (tvm.ir.TensorLoad, inner.append), order="post")
+            for ld in inner:
+                name = str(ld.source.name)
+                if name in params and isinstance(dim, (int, tirx.IntImm)):
+                    bounds[name] = min(bounds.get(name, int(dim)), int(dim))
+
+    tvm_ffi.structural_walk(func.body, (tvm.ir.TensorLoad, visit), order="post")
+    return bounds
+
+
 def to_device(arr: np.ndarray, dtype: str, dev) -> tvm.runtime.Tensor:
     if str(dtype) == "bfloat16":
         t = tvm.runtime.empty(arr.shape, "bfloat16", dev)
@@ -162,12 +185,17 @@ class Workload:
         self.buffers = param_buffers(func)
         self.out_idx = output_indices(func)
         rng = np.random.default_rng(seed)
+        bounds = index_bounds(func)
         self.host_inputs: list[np.ndarray] = []
         self.args = []
         for i, buf in enumerate(self.buffers):
             shape, dtype = static_shape(buf), str(buf.dtype)
             if i in self.out_idx:
                 self.args.append(tvm.runtime.empty(shape, dtype, self.dev))
+            elif str(buf.name) in bounds:  # an index into another buffer: stay inside it
+                arr = rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype)
+                self.host_inputs.append(arr)
+                self.args.append(to_device(arr, dtype, self.dev))
             else:
                 arr = random_array(shape, dtype, rng)
                 self.host_inputs.append(arr)

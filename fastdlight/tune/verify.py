@@ -26,7 +26,8 @@ Two kinds of bound (chosen per function by :func:`check_kind`):
       |out_i - ref_i| <= RTOL * (|ref_i| + rms(ref)),  RTOL = C_REL * u(out) * sqrt(K_internal)
 
   rms(ref) is the scale-aware absolute part: elements near zero are judged relative to the
-  output's own scale. K_internal (1 without reductions) widens it for internal reductions
+  output's own scale. u is that of the least precise float the function computes in (an fp32
+  output of an fp16 GEMV is only as precise as fp16). K_internal (1 without reductions) widens it for internal reductions
   (a softmax row sum, a norm's variance).
 
 Integers must match exactly.
@@ -69,6 +70,9 @@ class CheckKind:
     sum_of_products: bool
     k: int
     acc_dtype: str
+    #: the least precise float dtype the function computes in (an fp16 intermediate bounds
+    #: the precision of an fp32 output)
+    narrow_dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -123,14 +127,21 @@ def check_kind(func: tirx.PrimFunc) -> CheckKind:
     k = max((n for n, _ in reductions), default=1)
     acc = next((str(b.writes[0].source.dtype) for n, b in reductions if n == k and b.writes), "float32")
     sums = bool(reductions) and all(_adds_into_itself(b) for _, b in reductions)
-    return CheckKind(sums and _polynomial(func), k, acc)
+    floats = [str(b.dtype) for b in _all_buffers(func) if _is_float(b.dtype)] or ["float32"]
+    narrow = max(floats, key=_u)
+    return CheckKind(sums and _polynomial(func), k, acc, narrow)
+
+
+def _expr_dtype(node) -> str:
+    """An expression's dtype (TVM 0.27 keeps it in the expression's type, ``ty``)."""
+    return str(getattr(getattr(node, "ty", None), "dtype", ""))
 
 
 def _polynomial(func: tirx.PrimFunc) -> bool:
     other = []
 
     def visit(node):
-        if _is_float(getattr(node, "dtype", "")) and not isinstance(node, _POLYNOMIAL):
+        if _is_float(_expr_dtype(node)) and not isinstance(node, _POLYNOMIAL):
             other.append(node)
 
     tvm_ffi.structural_walk(func.body, (ir.expr.Expr, visit), order="post")
@@ -151,7 +162,7 @@ def _allowed(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype
     if kind.sum_of_products and mag is not None:
         acc = C_SUM * _u(kind.acc_dtype) * math.sqrt(kind.k) * np.abs(mag)
         return acc + C_OUT * _u(out_dtype) * np.abs(ref) + FLOOR
-    rtol = C_REL * _u(out_dtype) * math.sqrt(kind.k)
+    rtol = C_REL * max(_u(out_dtype), _u(kind.narrow_dtype)) * math.sqrt(kind.k)
     rms = float(np.sqrt(np.mean(np.square(ref)))) if ref.size else 0.0
     return rtol * (np.abs(ref) + rms) + FLOOR
 

@@ -134,3 +134,20 @@ def test_rotated_timing_reads_from_dram_not_l2():
         return op.bytes / (t.median_ms * 1e-3) / 1e9
     assert gbps(rotated) <= 1.1 * arch.dram_bandwidth_gbs, (gbps(rotated), arch.dram_bandwidth_gbs)
     assert gbps(same) > gbps(rotated)
+
+
+def test_integer_inputs_that_index_another_buffer_stay_inside_it():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def gather(table: T.Buffer((32, 64), "float16"), idx: T.Buffer((128,), "int32"),
+               out: T.Buffer((128, 64), "float16")):
+        for i, j in T.grid(128, 64):
+            with T.sblock("out"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = table[idx[vi], vj]
+
+    assert measure.index_bounds(gather) == {"idx": 32}
+    wl = measure.Workload(gather, tvm.cpu(0))
+    idx = wl.host_inputs[1]
+    assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8

@@ -104,7 +104,14 @@ def test_check_kind_of_each_op_family():
     assert not verify.check_kind(ops.reduce((64, 128), "float16", "max").func).sum_of_products
     assert not verify.check_kind(ops.softmax(64, 128, dtype="float16").func).sum_of_products
     kind = verify.check_kind(ops.matmul(32, 32, 1024, "float16", "float32").func)
-    assert kind.k == 1024 and kind.acc_dtype == "float32"
+    assert kind.k == 1024 and kind.acc_dtype == "float32" and kind.narrow_dtype == "float16"
+    # a subtraction inside the sum (a dequantize's zero point): |inputs| no longer bound the terms
+    from tvm import te
+
+    a, b = te.placeholder((16, 64), "float16", name="A"), te.placeholder((64, 16), "float16", name="B")
+    r = te.reduce_axis((0, 64), name="k")
+    c = te.compute((16, 16), lambda i, j: te.sum((a[i, r] - te.const(7, "float16")) * b[r, j], axis=r), name="C")
+    assert not verify.check_kind(te.create_prim_func([a, b, c])).sum_of_products
 
 
 def _float_dtypes(func):
