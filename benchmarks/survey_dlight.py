@@ -145,7 +145,7 @@ def run_fastdlight(w: Workload, target: str, topk: int) -> Outcome:
 def run_stock(w: Workload, target: str) -> Outcome:
     import tvm
 
-    from fastdlight.policies.analysis import specialize
+    from fastdlight.policies.prepare import specialize
     from fastdlight.schedules import default_schedule
     from fastdlight.tune.compile import build, compile_cubin, cuda_source
 

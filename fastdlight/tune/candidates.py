@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..arch import CUDA, has_gpu
-from ..policies.analysis import specialize
+from ..policies.prepare import specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags

@@ -30,12 +30,12 @@ from typing import Sequence
 import tvm
 
 from ..arch import CUDA, auto_arch, has_gpu
-from ..policies.analysis import check_index_range
+from ..policies.prepare import check_index_range
 from ..policies.config import Config
 from .candidate import BuildRequest, CompileResult
 from .measure import Workload, function_name
 from .options import TuneOptions
-from .report import failure_summary, format_table, perf_text  # noqa: F401 - re-exported
+from .report import failure_summary, format_table
 from .stages import Built, Prober, Timer, build_stream
 from .verify import Expected, Verdict, check_outputs
 from .workers import one_line
