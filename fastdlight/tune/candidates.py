@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -53,7 +54,23 @@ def candidate_sets(func, arch: CUDA, topk: int) -> Iterator[CandidateSet]:
         configs = tuple(TensorCorePolicy(tc_func, arch, tags).emit_config(topk))
         if configs:
             yield CandidateSet("TensorCorePolicy", tc_func, configs)
-    yield CandidateSet("DefaultPolicy", func, tuple(DefaultPolicy(func, arch).emit_config(topk)))
+    policy = DefaultPolicy(func, arch)
+    configs = tuple(policy.emit_config(topk))
+    if policy.info.kind == "gemv" and configs:
+        # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
+        top = max(c.cost for c in configs)
+        alternatives = _matmul_alternatives(func, arch, max(1, topk // 4))
+        configs += tuple(dataclasses.replace(c, cost=top + c.cost) for c in alternatives)
+    yield CandidateSet("DefaultPolicy", func, configs)
+
+
+def _matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:
+    """A GEMV is also a matmul: a few matmul-template configs compete by measurement (and stand
+    in when no GEMV candidate verifies). None when the matmul planner finds nothing to fit."""
+    try:
+        return tuple(DefaultPolicy(func, arch, family="matmul").emit_config(n))
+    except ValueError:
+        return ()
 
 
 def prewarm(func, arch: CUDA, opts: TuneOptions) -> None:

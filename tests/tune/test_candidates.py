@@ -122,3 +122,10 @@ def test_gpu_length_one_reduction_is_verified():
     op = ops.matmul(256, 256, 1, "float16", "float32")
     tuned = candidates.tune_function(op.func, auto_arch(), 4, TuneOptions(ref=op.reference, budget_ms=20))
     assert tuned.best.verified is True
+
+
+def test_gemv_candidates_include_matmul_template_configs_that_compete_by_measurement():
+    op = ops.gemv(4096, 4096, m=4, dtype="float16", out_dtype="float32")
+    (cand,) = [c for c in candidates.candidate_sets(op.func, H100, 8) if c.policy == "DefaultPolicy"]
+    kinds = [c.kind for c in cand.configs]
+    assert kinds[:8] == ["gemv"] * 8 and kinds[8:] == ["matmul"] * 2
