@@ -112,6 +112,13 @@ def test_check_kind_of_each_op_family():
     r = te.reduce_axis((0, 64), name="k")
     c = te.compute((16, 16), lambda i, j: te.sum((a[i, r] - te.const(7, "float16")) * b[r, j], axis=r), name="C")
     assert not verify.check_kind(te.create_prim_func([a, b, c])).sum_of_products
+    # a min against another input (an attention mask) is not a clamp: not a sum of products
+    m = te.placeholder((16, 16), "float16", name="M")
+    c2 = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C2")
+    d = te.compute((16, 16), lambda i, j: te.min(c2[i, j], m[i, j]), name="D")
+    assert not verify.check_kind(te.create_prim_func([a, b, m, d])).sum_of_products
+    relu = te.compute((16, 16), lambda i, j: te.max(c2[i, j], te.const(0, "float16")), name="R")
+    assert verify.check_kind(te.create_prim_func([a, b, relu])).sum_of_products
 
 
 def _float_dtypes(func):
