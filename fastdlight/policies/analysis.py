@@ -328,7 +328,8 @@ def _classify(info_parts, block) -> tuple[str, str | None]:
             if len(w_names) != 1:
                 continue
             w = by_name[w_names[0]]
-            rows = math.prod(extents[i] for i in x_deps)
+            # M: the axes only X depends on (a batch axis both index is one more row of W)
+            rows = math.prod(extents[i] for i in x_deps - w_deps)
             m_axes = [i for i in spatial_iters if i not in w_deps]
             n_axes = [i for i in spatial_iters if i in w_deps]
             ordered = not m_axes or not n_axes or max(m_axes) < min(n_axes)

@@ -140,11 +140,27 @@ def test_an_epilogue_that_broadcasts_keeps_its_input_out_of_global_memory():
     compiles(gemv_broadcast)
 
 
+@T.prim_func(s_tir=True)
+def batched_decode_gemv(x: T.Buffer((1, 8, 1, 128), "float16"), w: T.Buffer((1, 8, 512, 128), "float16"),
+                        y: T.Buffer((1, 8, 1, 512), "float16")):
+    for i0, h, m, n, k in T.grid(1, 8, 1, 512, 128):
+        with T.sblock("attn_decode"):  # one query row per head against that head's keys
+            v0, vh, vm, vn, vk = T.axis.remap("SSSSR", [i0, h, m, n, k])
+            with T.init():
+                y[v0, vh, vm, vn] = T.float16(0)
+            y[v0, vh, vm, vn] = y[v0, vh, vm, vn] + x[v0, vh, vm, vk] * w[v0, vh, vn, vk]
+
+
+def test_a_batched_decode_gemv_uses_the_gemv_template():
+    # the head axis indexes both operands: it is one more row of W, not one more row of X
+    assert compiles(batched_decode_gemv).config.kind == "gemv"
+
+
 @pytest.mark.gpu
 def test_gpu_coverage_workloads_are_verified():
     from fastdlight.arch import auto_arch
 
     for func, shapes in ((two_store_norm, {"n": 64}), (gemv_2x2, None), (int4_dequant_matmul, None),
-                         (gemv_broadcast, None), (composite_dim, {"n": 256})):
+                         (gemv_broadcast, None), (composite_dim, {"n": 256}), (batched_decode_gemv, None)):
         tuned = tune_function(func, auto_arch(), 4, TuneOptions(budget_ms=20), opt_shapes=shapes)
         assert tuned.best.verified is True, tuned.best.check_message
