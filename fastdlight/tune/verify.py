@@ -1,38 +1,90 @@
 """Strict, per-element verification of a candidate's outputs against an independent reference.
 
-Every element is checked; NaN/Inf where the reference is finite always fails; a failure says
-how many elements failed, of how many, and the worst one (index, got, expected, allowed).
+Every element of every output is checked. NaN/Inf where the reference is finite always fails
+(a NaN reference element accepts only NaN, an infinite one only the same infinity); integer
+and bool outputs must match exactly. A failure says how many elements failed, of how many,
+and the worst one (index, got, expected, allowed).
 
-Two kinds of bound (chosen per function by :func:`check_kind`):
+Each float output is checked with one of two bounds, chosen per output by :func:`output_kinds`:
 
-* **sum of products** (matmul, conv, GEMV, sum reductions and their add/mul/cast/relu
-  epilogues): the error of element i is bounded by the magnitudes that formed it,
+* **sum of products** (matmul, conv, GEMV, sum reductions, and epilogues that keep the bound)::
 
-      |out_i - ref_i| <= C_SUM * u(acc) * sqrt(K) * S_i  +  C_OUT * u(out) * |ref_i|  +  FLOOR
+      |out - ref| <= u(acc) * (C_MAGNITUDE * S + C_DRIFT * sqrt(K) * |ref|)
+                     + C_OUT * u(narrow) * |ref|  +  FLOOR
 
-  where S is the same function run on |inputs| (the reference run on absolute values), K the
-  longest reduction, u the unit roundoff (half an ulp) of the accumulator dtype (the output
-  dtype of the reduction block: what TIR says the sum is carried in) and of the stored output.
-  sqrt(K)·u·S is the probabilistic bound of Higham & Mary (SIAM J. Sci. Comput. 2019) for any
-  summation order, split-K and tree orders included. With C_SUM = 1 it is still far above what
-  correct kernels show on our zero-mean random inputs (there the error is near u·S: measured
-  below 1/10 of the bound for fp16 accumulation over K = 4096, tests/tune/test_verify.py), while
-  a sign flip, a zeroed or shifted row, a dropped tile or a NaN exceed it. It is loosest for
-  fp16 accumulators over long K (±32 on outputs of magnitude ~20 at K = 4096): there only the
-  larger wrong elements stand out, because such kernels are that imprecise. The second term is
-  the final rounding to an fp16/bf16 output (and one more for epilogue casts), in the least
-  precise float the function computes in. A max/min against anything but a constant (a mask)
-  makes a function "everything else": min(|x|, |m|) bounds nothing.
-* **everything else** (elementwise, max/min reductions, softmax/norm chains):
+  S is the reference run on |inputs| (the sum of |every term|); K the number of additions on
+  the way (the summed extents of the sum reductions feeding the output); acc the least
+  precise dtype those sums are carried in (integer sums are exact: u = 0); narrow the least
+  precise float any value feeding the output is rounded to (the output buffer included, the
+  exact input values excluded).
+* **elementwise** (no reduction, max/min reductions, softmax/norm chains, anything else)::
 
-      |out_i - ref_i| <= RTOL * (|ref_i| + rms(ref)),  RTOL = C_REL * u(out) * sqrt(K_internal)
+      |out - ref| <= C_REL * (u(narrow) + u(acc) * sqrt(K)) * (|ref| + rms(ref))  +  FLOOR
 
-  rms(ref) is the scale-aware absolute part: elements near zero are judged relative to the
-  output's own scale. u is that of the least precise float the function computes in (an fp32
-  output of an fp16 GEMV is only as precise as fp16). K_internal (1 without reductions) widens it for internal reductions
-  (a softmax row sum, a norm's variance).
+  K and acc as above but over every accumulating reduction (max/min are exact and count
+  nothing): internal sums (a softmax's row sum, a norm's variance) add their relative error.
+  rms(ref), the output's own scale, is the absolute part: elements near zero (a GELU of a
+  small input, a normalized value near the mean) are judged at that scale, not at |ref|.
 
-Integers must match exactly.
+Why that accumulation bound. Adding term j rounds the partial sum P_j, by at most u·|P_j|
+with a sign that is as good as random; the error is ~u·sqrt(sum_j P_j^2). Write P_j as a
+drift toward the result, (j/K)·ref, plus a random walk of the terms' signs:
+
+* the random walk gives ~u·K·rms(term) ~ u·S whatever K is: measured below 3.1·u·S for
+  serial fp16 and fp32 accumulation of zero-mean, relu'd and 95 %-sparse products at
+  K = 256, 4096 and 16384 (numpy simulation, 1024-8192 sums each; the K = 4096 matmuls and
+  the K = 16384 sum of squares are in tests/tune/test_verify.py). In any other order
+  (split-K, tree, tensor-core partial sums) partial sums are smaller, and so is the error;
+* the drift gives ~u·sqrt(K)·|ref|, the part that grows with K: one-signed sums (sums of
+  squares, |x|·|y|) measured below 1.5·u·(S + sqrt(K)·|ref|) in fp32 at K up to 16384, and
+  below 3 in fp16 at K = 4096, where partial sums so large swamp the terms.
+
+K·u·S, the deterministic worst case (every rounding the same way), never happens with round
+to nearest and is vacuous for fp16 (2·S at K = 4096). sqrt(K)·u·S (Higham & Mary, SIAM J.
+Sci. Comput. 2019) covers both parts at once, but is sqrt(K) times the error of zero-mean
+sums, the usual case (the inputs are zero-mean random), so it hides wrong elements up to
+that size; and with a multiplier of 1 a serial fp32 sum of squares exceeds it (1.5×).
+
+Constants (one place; the reasoning)
+
+  ===============  ====================================================================
+  u(dtype)         unit roundoff, half an ulp at 1: fp16 2^-11, bf16 2^-8, fp32 2^-24,
+                   fp64 2^-53, integers 0 (exact sums).
+  C_MAGNITUDE 16   5× the largest random-walk error measured (3.1·u·S), for tails over
+                   10^8 output elements. At fp32, K = 4096 (S ~ K/4 = 1024, outputs
+                   ~21 rms) the bound is ~1e-3 absolute: a sign flip, a zeroed row or
+                   tile, a wrong-row read, a dropped K tile are all off by ~1 or more.
+                   At fp16 accumulation (the TIR says so) it is ~10: such kernels are
+                   that imprecise; the wrong elements above ~5 in size stand out.
+  C_DRIFT 4        2.7× the largest one-signed drift measured in fp32 (1.5), 1.3× the
+                   fp16 one (3, at K = 4096; fp16 one-signed sums much longer than that
+                   are garbage in any order and are not accepted).
+  C_OUT 2          the stored result is rounded once (u·|ref|, half an ulp, for an fp16
+                   or bf16 output) and once more in an epilogue (a cast before a bias).
+  C_REL 8          a few roundings per elementwise chain (GELU: ~8 fp16 operations),
+                   fast-math intrinsics (__expf, __logf: 2-3 fp32 ulps, i.e. 4-6 u),
+                   and internal one-signed sums (a softmax row sum: 1.5·u·sqrt(K)).
+  FLOOR 1e-6       absolute: far below any fp16 normal (6.1e-5) and realistic fp16/bf16/
+                   fp32 error, above fp32 noise on outputs that cancel to ~0.
+  ===============  ====================================================================
+
+Which outputs are sums of products (:func:`output_kinds`). The blocks feeding the output
+(those writing it and, transitively, every buffer they read) must hold at least one reduction,
+every reduction must add into itself (``acc = acc + x``), and every value stored or bound
+must be built from loads, +, ×, casts (of floats, or of unsigned/bool loads), non-negative
+constants, division by a positive constant, max of such values, and select/if_then_else whose
+condition reads no float or signed data. For exactly those, running the function on |inputs|
+(:func:`magnitude_inputs`) gives S >= |every partial sum| (|max(a, b)| <= max(|a|, |b|)).
+min, subtraction, negative constants, data-dependent selects, transcendental calls, and bit
+operations break it (min(|x|, c) and |x| - 7 say nothing about |min(x, c)| and |x - 7|):
+those outputs use the elementwise bound. The decision reads the TIR blocks directly rather
+than :func:`fastdlight.policies.analysis.analyze`, which classifies only the anchor block,
+needs dlight normalization and refuses reductions to a scalar.
+
+Limits. A NaN reference element (log of a negative input) accepts the NaN poison, i.e. an
+element never written. The drift term follows |ref|: an epilogue adding two large one-signed
+sums that cancel would be rejected (falsely). fp16/bf16 constants keep the value they were
+written with in the float64 twin (within one fp16 rounding, which C_OUT and C_REL allow).
 """
 
 from __future__ import annotations
@@ -48,90 +100,106 @@ import tvm_ffi
 from tvm import ir, tirx
 from tvm.s_tir.stmt import SBlock
 
-from .measure import param_buffers
+from .measure import output_indices, param_buffers, static_shape
 
-#: unit roundoff (half an ulp at 1.0) per dtype
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-#: multiplier of the Higham-Mary sqrt(K)·u·S accumulation bound (see the module docstring)
-C_SUM = 1.0
+#: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53,
+                 "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
+#: multiplier of u·S, the random-walk part of an accumulation's error (module docstring)
+C_MAGNITUDE = 16.0
+#: multiplier of u·sqrt(K)·|ref|, the drift part of an accumulation's error
+C_DRIFT = 4.0
 #: roundings of the stored result (the final cast, plus one in an epilogue)
 C_OUT = 2.0
-#: multiplier of the elementwise relative tolerance (a few roundings per element)
+#: roundings allowed per element of an elementwise chain, relative to u
 C_REL = 8.0
-#: absolute floor for sums of products: far below any fp16 normal (6.1e-5) yet above fp32 noise
+#: absolute floor on every float bound
 FLOOR = 1e-6
-#: float expressions that keep a function a sum of products (its bound by |inputs| holds)
-_POLYNOMIAL = (tirx.Add, tirx.Mul, tirx.Cast, tirx.Max, tirx.Min, ir.TensorLoad, tirx.FloatImm, tirx.Select, ir.Var)
+
+
+# -- the data passed between stages -----------------------------------------------------------
+@dataclass(frozen=True)
+class Reference:
+    """Where the expected outputs came from. ``name`` is shown in verdicts and stored with a
+    tuning record; ``source`` is ``"numpy"`` (a float64 numpy function of the inputs) or
+    ``"naive"`` (the function widened to float64 under a naive schedule)."""
+
+    name: str
+    source: str
+
+
+NUMPY_REFERENCE = Reference("float64 numpy reference", "numpy")
+NAIVE_REFERENCE = Reference("naive float64 schedule of the function", "naive")
 
 
 @dataclass(frozen=True)
 class CheckKind:
-    """How a function's outputs are checked: ``sum_of_products`` or ``elementwise``, with the
-    reduction length K and the accumulator dtype the bound uses."""
+    """How one output is checked (see the module docstring): the bound, K (additions feeding
+    it), the accumulator dtype (``""`` when nothing accumulates), the least precise float any
+    value feeding it is rounded to, and the output buffer's name."""
 
     sum_of_products: bool
     k: int
     acc_dtype: str
-    #: the least precise float dtype the function computes in (an fp16 intermediate bounds
-    #: the precision of an fp32 output)
-    narrow_dtype: str = "float32"
+    narrow_dtype: str
+    output: str = ""
+
+    @property
+    def bound(self) -> str:
+        return "sum-of-products bound" if self.sum_of_products else "elementwise tolerance"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Expected:
-    """What a candidate must produce: the reference outputs, the same run on |inputs| (None
-    unless sums of products), how to compare, and the reference's name."""
+    """What a candidate must produce, per output: the reference values, S (the reference on
+    |inputs|; None where the output is not a sum of products), the check, the output dtype
+    (a bf16 output arrives as float32 values: the dtype comes from the function); and where
+    the reference came from."""
 
     outputs: tuple[np.ndarray, ...]
-    magnitudes: tuple[np.ndarray, ...] | None
-    kind: CheckKind
-    reference: str
+    magnitudes: tuple[np.ndarray | None, ...]
+    kinds: tuple[CheckKind, ...]
+    out_dtypes: tuple[str, ...]
+    source: Reference
+
+    @property
+    def reference(self) -> str:
+        return self.source.name
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """The result of checking one candidate: ``bad`` of ``total`` elements out of bound, the
+    worst one described (``""`` when none), a one-line message, and the reference's name."""
+
     ok: bool
-    bad: int  # elements out of bound
+    bad: int
     total: int
+    worst: str
     message: str
     reference: str
 
     @classmethod
     def passed(cls, reference: str, message: str, total: int = 0) -> Verdict:
-        return cls(True, 0, total, message, reference)
+        return cls(True, 0, total, "", message, reference)
 
     @classmethod
-    def failed(cls, message: str, reference: str, bad: int = 0, total: int = 0) -> Verdict:
-        return cls(False, bad, total, message, reference)
+    def failed(cls, message: str, reference: str, bad: int = 0, total: int = 0, worst: str = "") -> Verdict:
+        return cls(False, bad, total, worst, message, reference)
 
 
-# -- what kind of function is it --------------------------------------------------------------
-def _blocks(func: tirx.PrimFunc) -> list:
-    found = []
-    tvm_ffi.structural_walk(func.body, (SBlock, found.append), order="post")
-    return found
-
-
+# -- how each output is checked ----------------------------------------------------------------
 def _is_float(dtype) -> bool:
     return str(dtype).startswith(("float", "bfloat"))
 
 
-def check_kind(func: tirx.PrimFunc) -> CheckKind:
-    """Sum of products when every reduction adds into itself and every float expression is an
-    add, mul, cast, max, min, select, load or constant (so running the function on |inputs|
-    bounds the magnitude of every term)."""
-    reductions = []
-    for block in _blocks(func):
-        extents = [int(iv.dom.extent) for iv in block.iter_vars
-                   if iv.iter_type == tirx.IterVar.CommReduce and isinstance(iv.dom.extent, tirx.IntImm)]
-        if extents:
-            reductions.append((math.prod(extents), block))
-    k = max((n for n, _ in reductions), default=1)
-    acc = next((str(b.writes[0].source.dtype) for n, b in reductions if n == k and b.writes), "float32")
-    sums = bool(reductions) and all(_adds_into_itself(b) for _, b in reductions)
-    floats = [str(b.dtype) for b in _all_buffers(func) if _is_float(b.dtype)] or ["float32"]
-    narrow = max(floats, key=_u)
-    return CheckKind(sums and _polynomial(func), k, acc, narrow)
+def _u(dtype: str) -> float:
+    return UNIT_ROUNDOFF.get(str(dtype), UNIT_ROUNDOFF["float32"]) if _is_float(dtype) else 0.0
+
+
+def _least_precise(dtypes) -> str:
+    floats = [d for d in dtypes if _is_float(d)]
+    return max(floats, key=_u) if floats else ""
 
 
 def _expr_dtype(node) -> str:
@@ -139,151 +207,294 @@ def _expr_dtype(node) -> str:
     return str(getattr(getattr(node, "ty", None), "dtype", ""))
 
 
-def _clamp(node) -> bool:
-    """max/min against a constant (relu, a clamp): |inputs| still bound it; against another
-    value (min(x, mask)) they do not."""
-    return any(isinstance(_strip_casts(v), (tirx.FloatImm, tirx.IntImm)) for v in (node.a, node.b))
+def _walk(node, cls) -> list:
+    found = []
+    tvm_ffi.structural_walk(node, (cls, found.append), order="pre")
+    return found
 
 
-def _strip_casts(e):
-    while isinstance(e, tirx.Cast):
-        e = e.value
-    return e
+def _leaf_blocks(func: tirx.PrimFunc) -> list:
+    """Blocks holding no other block (the root block is left out)."""
+    return [b for b in _walk(func.body, SBlock) if len(_walk(b.body, SBlock)) == 0]
 
 
-def _polynomial(func: tirx.PrimFunc) -> bool:
-    other = []
-
-    def visit(node):
-        if not _is_float(_expr_dtype(node)):
-            return
-        if not isinstance(node, _POLYNOMIAL) or (isinstance(node, (tirx.Max, tirx.Min)) and not _clamp(node)):
-            other.append(node)
-
-    tvm_ffi.structural_walk(func.body, (ir.expr.Expr, visit), order="post")
-    return not other
-
-
-def _adds_into_itself(block) -> bool:
-    body = block.body
-    return isinstance(body, tirx.BufferStore) and isinstance(body.value, tirx.Add)
-
-
-# -- comparing --------------------------------------------------------------------------------
-def _u(dtype: str) -> float:
-    return UNIT_ROUNDOFF.get(str(dtype), UNIT_ROUNDOFF["float32"])
+def _feeding(out, blocks) -> list:
+    """The blocks that write ``out`` and, transitively, every buffer they read."""
+    writers: dict = {}
+    for b in blocks:
+        for w in b.writes:
+            writers.setdefault(w.source, []).append(b)
+    if out not in writers:
+        return list(blocks)  # not found through the regions: judge by every block
+    todo, seen, found = [out], set(), []
+    while todo:
+        buf = todo.pop()
+        if buf in seen:
+            continue
+        seen.add(buf)
+        for b in writers.get(buf, ()):
+            if not any(b.same_as(f) for f in found):
+                found.append(b)
+                todo += [r.source for r in b.reads]
+    return found
 
 
-def _allowed(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype: str) -> np.ndarray:
+def _reduction(block) -> tuple[str, int]:
+    """("sum" | "extreme" | "other", K) of a reduction block, ("", 1) for a spatial one."""
+    red = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if not red:
+        return "", 1
+    k = math.prod(int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else 1 for iv in red)
+    store = block.body
+    if isinstance(store, tirx.BufferStore) and isinstance(store.value, (tirx.Add, tirx.Max, tirx.Min)):
+        v = store.value
+        if any(isinstance(s, ir.TensorLoad) and s.source.same_as(store.buffer) for s in (v.a, v.b)):
+            return ("sum" if isinstance(v, tirx.Add) else "extreme"), k
+    return "other", k
+
+
+def _plain_condition(cond) -> bool:
+    """A condition that reads no float or signed data (padding bounds on indices): it picks
+    the same branch when the inputs are |inputs|."""
+    for e in _walk(cond, ir.Expr):
+        if _is_float(_expr_dtype(e)):
+            return False
+        if isinstance(e, ir.TensorLoad) and not str(e.source.dtype).startswith(("uint", "bool")):
+            return False
+    return True
+
+
+def _bounded(e) -> bool:
+    """Whether ``e`` run on |inputs| bounds |e| and each term's magnitude (module docstring)."""
+    if isinstance(e, (ir.TensorLoad, ir.Var)):
+        return True  # an integer's sign matters where it becomes a float (Cast, below)
+    if isinstance(e, (tirx.FloatImm, tirx.IntImm)):
+        return e.value >= 0
+    if isinstance(e, tirx.Cast):
+        v = e.value
+        if _is_float(_expr_dtype(v)):
+            return _bounded(v)
+        return (isinstance(v, ir.TensorLoad) and str(v.source.dtype).startswith(("uint", "bool"))) or (
+            isinstance(v, tirx.IntImm) and v.value >= 0)
+    if isinstance(e, (tirx.Add, tirx.Mul, tirx.Max)):
+        return _bounded(e.a) and _bounded(e.b)
+    if isinstance(e, tirx.Div):
+        return _bounded(e.a) and isinstance(e.b, (tirx.FloatImm, tirx.IntImm)) and e.b.value > 0
+    if isinstance(e, tirx.Select):
+        return _plain_condition(e.condition) and _bounded(e.true_value) and _bounded(e.false_value)
+    if isinstance(e, ir.Call) and str(e.op.name).endswith(".if_then_else"):
+        cond, then, other = e.args
+        return _plain_condition(cond) and _bounded(then) and _bounded(other)
+    return False
+
+
+def _kind_of(out, blocks) -> CheckKind:
+    reductions = [(b, *_reduction(b)) for b in blocks]
+    accumulating = [(b, k) for b, how, k in reductions if how in ("sum", "other")]
+    only_sums = all(how in ("", "sum") for _, how, _ in reductions)
+    values = [s.value for b in blocks for s in _walk(b.body, (tirx.BufferStore, tirx.Bind))]
+    sop = bool(accumulating) and only_sums and all(map(_bounded, values))
+    acc = _least_precise(str(w.source.dtype) for b, _ in accumulating for w in b.writes)
+    # roundings: every stored value and computed expression; loads of inputs are exact values
+    rounded = [str(w.source.dtype) for b in blocks for w in b.writes] + [str(out.dtype)]
+    for b in blocks:
+        rounded += [_expr_dtype(e) for e in _walk(b.body, ir.Expr)
+                    if not isinstance(e, (ir.TensorLoad, ir.Var, tirx.FloatImm))]
+    return CheckKind(sop, max(1, sum(k for _, k in accumulating)), acc,
+                     _least_precise(rounded) or str(out.dtype), str(out.name))
+
+
+def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
+    """How each output of ``func`` (in :func:`~fastdlight.tune.measure.output_indices` order)
+    is checked; see the module docstring for the rule."""
+    params = param_buffers(func)
+    blocks = _leaf_blocks(func)
+    return tuple(_kind_of(params[i], _feeding(params[i], blocks)) for i in output_indices(func))
+
+
+def check_kind(func: tirx.PrimFunc) -> CheckKind:
+    """The check of ``func``'s first output (:func:`output_kinds` for every output)."""
+    return output_kinds(func)[0]
+
+
+# -- comparing ---------------------------------------------------------------------------------
+def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype: str) -> np.ndarray:
+    """The largest |out - ref| accepted per element (float outputs; see the module docstring)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    narrow = max(_u(out_dtype), _u(kind.narrow_dtype))
     if kind.sum_of_products and mag is not None:
-        acc = C_SUM * _u(kind.acc_dtype) * math.sqrt(kind.k) * np.abs(mag)
-        return acc + C_OUT * max(_u(out_dtype), _u(kind.narrow_dtype)) * np.abs(ref) + FLOOR
-    rtol = C_REL * max(_u(out_dtype), _u(kind.narrow_dtype)) * math.sqrt(kind.k)
-    rms = float(np.sqrt(np.mean(np.square(ref)))) if ref.size else 0.0
+        mag = np.abs(np.asarray(mag, dtype=np.float64))
+        acc = _u(kind.acc_dtype) * (C_MAGNITUDE * mag + C_DRIFT * math.sqrt(kind.k) * np.abs(ref))
+        return acc + C_OUT * narrow * np.abs(ref) + FLOOR
+    rtol = C_REL * (narrow + _u(kind.acc_dtype) * math.sqrt(kind.k))
+    finite = ref[np.isfinite(ref)]
+    rms = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
     return rtol * (np.abs(ref) + rms) + FLOOR
 
 
-def _describe_worst(diff, allowed, out, ref) -> str:
-    excess = np.where(np.isfinite(diff), diff - allowed, np.inf)
-    flat = int(np.argmax(excess))
-    idx = tuple(int(i) for i in np.unravel_index(flat, out.shape))
-    return f"worst at {idx}: got {out.flat[flat]:.6g}, expected {ref.flat[flat]:.6g} (allowed ±{allowed.flat[flat]:.3g})"
+@dataclass(frozen=True)
+class _OutputCheck:
+    bad: int
+    score: float  # the worst element's |out - ref| / allowed (inf: non-finite or exact mismatch)
+    worst: str
 
 
-def check_output(out: np.ndarray, ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind,
-                 out_dtype: str) -> tuple[int, str]:
-    """(elements out of bound, worst element described) for one output."""
-    if out.shape != ref.shape:
-        return out.size or 1, f"shape {out.shape} != expected {ref.shape}"
-    out64, ref64 = out.astype(np.float64), np.asarray(ref, dtype=np.float64)
-    if not _is_float(out_dtype):
-        bad = out64 != ref64
-        return int(np.count_nonzero(bad)), (_describe_worst(np.abs(out64 - ref64), np.zeros_like(ref64), out64, ref64)
-                                            if bad.any() else "")
-    allowed = _allowed(ref64, None if mag is None else np.asarray(mag, dtype=np.float64), kind, out_dtype)
+def _describe(flat: int, shape, got, want, allowed) -> str:
+    idx = tuple(int(i) for i in np.unravel_index(flat, shape))
+    return (f"worst at {idx}: got {got.flat[flat]:.6g}, expected {want.flat[flat]:.6g} "
+            f"(allowed ±{allowed.flat[flat]:.3g})")
+
+
+def _check_one(out: np.ndarray, ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind,
+               out_dtype: str) -> _OutputCheck:
+    """Elements of one output out of bound, and the worst one."""
+    out64, ref64 = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if out64.shape != ref64.shape:
+        return _OutputCheck(max(out64.size, 1), math.inf, f"shape {out64.shape} != expected {ref64.shape}")
+    allowed = allowed_error(ref64, mag, kind, out_dtype) if _is_float(out_dtype) else np.zeros_like(ref64)
     diff = np.abs(out64 - ref64)
-    finite_ref = np.isfinite(ref64)
-    bad = (~np.isfinite(out64) & finite_ref) | (finite_ref & ~(diff <= allowed))
-    n_bad = int(np.count_nonzero(bad))
-    return n_bad, (_describe_worst(np.where(finite_ref, diff, 0.0), allowed, out64, ref64) if n_bad else "")
+    finite = np.isfinite(ref64)
+    same_special = (out64 == ref64) | (np.isnan(ref64) & np.isnan(out64))
+    good = np.where(finite, diff <= allowed, same_special)
+    n_bad = int(np.count_nonzero(~good))
+    if not n_bad:
+        return _OutputCheck(0, 0.0, "")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(good, 0.0, np.where(finite & np.isfinite(diff), diff / np.maximum(allowed, 1e-300), np.inf))
+    flat = int(np.argmax(score))
+    return _OutputCheck(n_bad, float(score.flat[flat]), _describe(flat, out64.shape, out64, ref64, allowed))
 
 
-def check_outputs(outputs: Sequence[np.ndarray], expected: Expected, out_dtypes: Sequence[str]) -> Verdict:
-    """Every element of every output within its bound, or a verdict saying how many were not."""
+def check_outputs(outputs: Sequence[np.ndarray], expected: Expected,
+                  out_dtypes: Sequence[str] | None = None) -> Verdict:
+    """Every element of every output within its bound, or a verdict saying how many were not
+    and which was worst. ``out_dtypes`` defaults to ``expected.out_dtypes``."""
+    dtypes = tuple(out_dtypes) if out_dtypes is not None else expected.out_dtypes
     if len(outputs) != len(expected.outputs):
         return Verdict.failed(f"{len(outputs)} outputs, the reference gave {len(expected.outputs)}",
                               expected.reference)
-    total = sum(o.size for o in outputs)
-    bad, worst = 0, ""
-    mags = expected.magnitudes or (None,) * len(outputs)
-    for out, ref, mag, dtype in zip(outputs, expected.outputs, mags, out_dtypes):
-        n, desc = check_output(out, ref, mag, expected.kind, dtype)
-        if n and not worst:
-            worst = desc
-        bad += n
-    if bad:
-        return Verdict.failed(f"{bad} of {total} elements out of bound; {worst}", expected.reference, bad, total)
-    bound = "sum-of-products bound" if expected.kind.sum_of_products else "elementwise tolerance"
-    return Verdict.passed(expected.reference, f"all {total} elements within the {bound}", total)
+    total = sum(int(np.size(o)) for o in outputs)
+    checks = [_check_one(o, r, m, k, d) for o, r, m, k, d in
+              zip(outputs, expected.outputs, expected.magnitudes, expected.kinds, dtypes)]
+    bad = sum(c.bad for c in checks)
+    if not bad:
+        bounds = " / ".join(sorted({k.bound for k in expected.kinds}))
+        return Verdict.passed(expected.reference, f"all {total} elements within the {bounds}", total)
+    i = max(range(len(checks)), key=lambda j: checks[j].score)
+    worst = checks[i].worst
+    if len(checks) > 1:
+        worst = f"output {expected.kinds[i].output or i}: {worst}"
+    return Verdict.failed(f"{bad} of {total} elements out of bound; {worst}", expected.reference, bad, total, worst)
 
 
-# -- references -------------------------------------------------------------------------------
+# -- references --------------------------------------------------------------------------------
+def magnitude_inputs(host_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The inputs a reference runs on to give S: |x| for floats; integers and bools unchanged
+    (an index must stay an index; a signed integer cast to float keeps an output off the
+    sum-of-products bound, see the module docstring)."""
+    return [np.abs(a) if _is_float(np.asarray(a).dtype) else a for a in host_inputs]
+
+
 def _as_list(out) -> list[np.ndarray]:
     return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
 
 
-def expected_from_numpy(ref: Callable, host_inputs: Sequence[np.ndarray], func: tirx.PrimFunc) -> Expected:
-    """Run a float64 numpy reference on the inputs (and, for sums of products, on |inputs|)."""
-    kind = check_kind(func)
-    outputs = tuple(_as_list(ref(*host_inputs)))
+def _expected(func: tirx.PrimFunc, outputs, magnitudes, source: Reference) -> Expected:
+    params = param_buffers(func)
+    outs = [params[i] for i in output_indices(func)]
+    kinds = output_kinds(func)
+    outputs = _as_list(outputs)
+    if len(outputs) != len(outs):
+        raise ValueError(f"the {source.name} gave {len(outputs)} outputs; the function writes {len(outs)}")
+    for buf, arr in zip(outs, outputs):
+        if tuple(arr.shape) != static_shape(buf):
+            raise ValueError(f"the {source.name} gave shape {tuple(arr.shape)} for output {buf.name}, "
+                             f"which has shape {static_shape(buf)}")
+    mags = _as_list(magnitudes) if magnitudes is not None else [None] * len(outs)
+    for buf, mag, kind in zip(outs, mags, kinds):
+        if kind.sum_of_products and mag is None:
+            raise ValueError(f"output {buf.name} is a sum of products: its bound needs the reference "
+                             "run on |inputs| (magnitude_inputs)")
+    return Expected(tuple(outputs), tuple(m if k.sum_of_products else None for m, k in zip(mags, kinds)),
+                    kinds, tuple(str(b.dtype) for b in outs), source)
+
+
+def expected_from_numpy(ref_fn: Callable, host_inputs: Sequence[np.ndarray], func: tirx.PrimFunc) -> Expected:
+    """Run a float64 numpy reference (``Op.reference``) on the inputs and, when some output is
+    a sum of products, on :func:`magnitude_inputs`."""
+    as64 = [np.asarray(a, dtype=np.float64) if _is_float(np.asarray(a).dtype) else a for a in host_inputs]
+    outputs = [np.asarray(o, dtype=np.float64) for o in _as_list(ref_fn(*as64))]
     mags = None
-    if kind.sum_of_products:
-        mags = tuple(_as_list(ref(*[np.abs(a) if _is_float(a.dtype) else a for a in host_inputs])))
-    return Expected(outputs, mags, kind, "float64 numpy reference")
+    if any(k.sum_of_products for k in output_kinds(func)):
+        mags = [np.asarray(o, dtype=np.float64) for o in _as_list(ref_fn(*magnitude_inputs(as64)))]
+    return _expected(func, outputs, mags, NUMPY_REFERENCE)
 
 
-def expected_from_outputs(outputs, abs_outputs, func: tirx.PrimFunc, name: str) -> Expected:
-    kind = check_kind(func)
-    return Expected(tuple(outputs), tuple(abs_outputs) if kind.sum_of_products else None, kind, name)
+def expected_from_outputs(outputs: Sequence[np.ndarray], abs_outputs: Sequence[np.ndarray] | None,
+                          func: tirx.PrimFunc, name: str | Reference = NAIVE_REFERENCE) -> Expected:
+    """Expected outputs from a reference already run (the naive float64 module, on the
+    inputs and on :func:`magnitude_inputs`); ``func`` is the original function."""
+    source = name if isinstance(name, Reference) else Reference(name, "naive")
+    return _expected(func, outputs, abs_outputs, source)
 
 
+# -- the float64 twin and its naive schedule ---------------------------------------------------
 _FLOAT_NAME = re.compile(r'"b?float(16|32)"')
-_FLOAT_TYPE = re.compile(r"\bT\.b?float(16|32)\b")  # constants T.float16(1) and types T.let[T.float32]
+_FLOAT_TYPE = re.compile(r"\bT\.b?float(16|32)\b")  # constants T.float16(1), types T.let[T.float32]
+#: calls with no float64 twin: bit reinterpretation, and C routines of a fixed precision
+#: (expf on a widened argument would silently compute in single precision)
+_EXTERN = ("call_extern", "call_pure_extern", "call_llvm_intrin", "call_llvm_pure_intrin")
 
 
 def widen_to_float64(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with every float buffer, intermediate, cast and constant in float64 (integers
-    untouched). Done on the printed TVMScript with every buffer dtype spelled out, then parsed
-    back: a rewrite of dtype names only, checked afterwards. A function that reinterprets bits
-    (its float values are not the values it computes with) cannot be widened."""
+    """``func`` with every float buffer, intermediate, let variable, cast and constant in
+    float64; integer and bool buffers untouched. Raises ValueError for what has no exact
+    float64 twin (bit reinterpretation, external float routines, float8/float4 data).
+
+    How: print the function as TVMScript with every buffer dtype spelled out, rewrite the
+    float16/bfloat16/float32 dtype names to float64, parse it back, and check that no
+    narrower float is left anywhere. Parsing re-derives every expression's type and keeps
+    each buffer one object across parameters, allocations, regions, loads and stores, which
+    an IR mutator would have to redo by hand for every node kind (TVM 0.27 stores types in
+    every expression and makes buffers variables of a BufferType)."""
     from tvm.runtime import script_printer
 
-    # script() omits float32 buffer dtypes; a non-float default makes the printer spell them out
-    text = script_printer._script(func, script_printer.PrinterConfig(buffer_dtype="int8",
-                                                                      extra_config={"tirx.prefix": "T"}))
-    if "T.reinterpret" in text:
-        raise ValueError("the function reinterprets bits; it has no float64 twin")
+    _refuse_unwidenable(func)
+    # script() leaves out dtypes equal to a default; "void" is no buffer's, so all are written
+    config = script_printer.PrinterConfig(buffer_dtype="void", extra_config={"tirx.prefix": "T"})
+    text = script_printer._script(func, config)
     wide = tvm.script.from_source(_FLOAT_TYPE.sub("T.float64", _FLOAT_NAME.sub('"float64"', text)))
-    narrow = [b.name for b in _all_buffers(wide) if _is_float(b.dtype) and str(b.dtype) != "float64"]
-    if narrow:
-        raise ValueError(f"could not widen buffer(s) {', '.join(narrow)} to float64")
+    narrow = sorted({_expr_dtype(e) for e in _walk(wide, ir.Expr)
+                     if _is_float(_expr_dtype(e)) and _expr_dtype(e) != "float64"})
+    if narrow:  # float8/float4 data, or a spelling the rewrite missed
+        raise ValueError(f"could not widen {', '.join(narrow)} values to float64")
     return wide
 
 
-def _all_buffers(func: tirx.PrimFunc) -> list:
-    bufs = list(param_buffers(func))
-    for block in _blocks(func):
-        bufs += list(block.alloc_buffers)
-    return bufs
+def _refuse_unwidenable(func: tirx.PrimFunc) -> None:
+    for call in _walk(func.body, ir.Call):
+        name = str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
+        if name == "reinterpret":
+            raise ValueError("the function reinterprets bits; it has no float64 twin")
+        floats = [_expr_dtype(call)] + [_expr_dtype(a) for a in call.args]
+        if name in _EXTERN and any(map(_is_float, floats)):
+            raise ValueError(f"the function calls the external routine {call.args[0]} on floats; "
+                             "it has no float64 twin")
 
 
 def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
-    """The float64 twin of ``func`` under stock Dlight's Fallback rule only: one thread per
-    output element and serial reductions, no tiling, nothing shared with any template."""
+    """The float64 twin of ``func`` (:func:`widen_to_float64`) under stock Dlight's Fallback
+    rule only: injective blocks inlined, one thread per output element, every reduction serial
+    in its thread; no tiling, nothing shared with any template. Ready for ``tvm.compile``."""
     from tvm.s_tir import dlight as dl
 
     wide = widen_to_float64(func)
     if wide.attrs is None or "global_symbol" not in wide.attrs:
         wide = wide.with_attr("global_symbol", "main")
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     with target:
-        return dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+    if not any(f.kind == tirx.ForKind.THREAD_BINDING for f in _walk(mod["main"].body, tirx.For)):
+        raise ValueError("the naive schedule (Dlight Fallback) does not apply to this function "
+                         "(not in block form, or its loops cannot be normalized)")
+    return mod
