@@ -20,11 +20,8 @@ import tvm
 from ..arch import CUDA
 from .measure import Workload, function_name, param_buffers, static_shape, to_device, to_host
 from .stages import Built, load_module
-from .verify import Expected, expected_from_numpy, expected_from_outputs
+from .verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs, magnitude_inputs
 from .workers import one_line
-
-NAIVE_NAME = "naive float64 schedule of the function"
-
 
 class ReferenceRun:
     """Collects the reference build (when there is one) and computes :class:`Expected`."""
@@ -55,13 +52,13 @@ class ReferenceRun:
         fn = mod[function_name(mod, wl.func)]
         outputs = run_widened(fn, wl, absolute=False)
         abs_outputs = run_widened(fn, wl, absolute=True)
-        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_NAME)
+        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_REFERENCE)
 
 
 def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
     """Run the float64 twin of ``wl.func`` on ``wl``'s inputs (or their absolute values), exactly
     widened: every fp16/bf16/fp32 input value is representable in float64."""
-    host = iter(wl.host_inputs)
+    host = iter(magnitude_inputs(wl.host_inputs) if absolute else wl.host_inputs)
     args, outs = [], []
     for i, buf in enumerate(param_buffers(wl.func)):
         shape = static_shape(buf)
@@ -71,8 +68,6 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
             outs.append(len(args) - 1)
             continue
         arr = np.asarray(next(host))
-        if absolute and dtype.startswith("float"):
-            arr = np.abs(arr)
         args.append(to_device(arr.astype(dtype), dtype, wl.dev))
     fn(*args)
     wl.dev.sync()
