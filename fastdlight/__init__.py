@@ -23,7 +23,8 @@ _LAZY = {
     "TuneOptions": "fastdlight.tune.options",
     "TuningError": "fastdlight.tune.runner",
     "ApplyFastTuning": "fastdlight.relax",
-    "build": "fastdlight.tune.compile",
+    "build": "fastdlight.relax.pipeline",
+    "compile_model": "fastdlight.relax.pipeline",
     "TuningDatabase": "fastdlight.tune.database",
 }
 

@@ -189,6 +189,10 @@ class CUDA:
         if tvm_target.kind.name != "cuda":
             raise ValueError(f"fastdlight.arch.CUDA needs a CUDA target, got kind "
                              f"{tvm_target.kind.name!r} ({target!r})")
+        live = None if tag else live_device_matching(tvm_target)
+        if live is not None:  # a bare CUDA target on this machine's GPU: that GPU's row
+            self._init_from_device(live)
+            return
         spec = _spec_for_target(tvm_target, tag)
         self._fill(spec, str(tvm_target.attrs["arch"]))
         self.target = tvm_target
@@ -307,6 +311,25 @@ class CUDA:
             f"  features: {', '.join(feats) or 'none'}",
         ]
         return "\n".join(lines)
+
+
+def live_device():
+    """``tvm.cuda(0)`` when a CUDA GPU is usable here, else None."""
+    return tvm.cuda(0) if has_gpu() else None
+
+
+def live_device_matching(target: Target):
+    """The live GPU, when ``target`` names no GPU (``Target("cuda")``, ``Target.from_device``,
+    ``"cuda -arch=sm_90"``) and its compute capability is the live GPU's: such a target means
+    "this machine's GPU", whose hardware row (and arch-specific ``sm_90a``) the device gives."""
+    dev = live_device()
+    if dev is None:
+        return None
+    try:
+        same = parse_sm(str(target.attrs["arch"]))[0] == parse_compute_version(dev.compute_version)
+    except (KeyError, ValueError):
+        return None
+    return dev if same else None
 
 
 def has_gpu() -> bool:

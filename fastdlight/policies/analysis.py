@@ -120,6 +120,8 @@ class Access:
             return None
         found = None
         for load in self.linear:
+            if not load:  # a 0-d buffer (a scalar parameter): nothing to vectorize
+                return None
             coef = load[-1][:-1]
             nz = [i for i, c in enumerate(coef) if c != 0]
             if len(nz) != 1 or coef[nz[0]] != 1:

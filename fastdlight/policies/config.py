@@ -19,6 +19,7 @@ Axis conventions (the contract between policies and templates):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 #: Template families a config can be for; each maps to one module in ``fastdlight.schedules``.
@@ -29,6 +30,7 @@ KINDS = (
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
+    "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
 )
 
 
@@ -48,6 +50,9 @@ class Config:
     use_async_copy: bool = False
     #: panel width of blockIdx swizzling (0 = plain row-major launch order)
     rasterization: int = 0
+    #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
+    #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
+    arch: str = ""
     #: the policy's predicted cost (lower is better); not part of the config's identity
     cost: float = field(default=0.0, compare=False)
 
@@ -69,6 +74,11 @@ class Config:
         return tuple(b // t for b, t in zip(self.block, self.thread))
 
     @property
+    def is_stock(self) -> bool:
+        """TVM's stock Dlight schedule (the baseline), not one of fastdlight's tiles."""
+        return self.kind == "dlight"
+
+    @property
     def num_threads(self) -> int:
         """Threads in one block (for tensor-core configs: warps × 32)."""
         if self.kind == "matmul_tc":
@@ -86,6 +96,14 @@ class Config:
     def validate(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown config kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind == "dlight":
+            if not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
+                raise ValueError(f"a dlight config needs arch='sm_XY', got {self.arch!r}")
+            if self.block or self.thread or self.rstep or self.reduce_thread or self.warp or self.vectorize:
+                raise ValueError("a dlight config carries no tiles: Dlight's rules choose them")
+            return
+        if self.arch:
+            raise ValueError(f"arch is for dlight configs only, not {self.kind!r}")
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
         if self.kind == "matmul_tc":
@@ -126,6 +144,8 @@ class Config:
         return cls(**data)
 
     def __repr__(self) -> str:
+        if self.kind == "dlight":
+            return f"Config[dlight]({self.arch})"
         parts = [f"block={list(self.block)}"]
         if self.kind == "matmul_tc":
             parts.append(f"warp={list(self.warp)}")

@@ -20,9 +20,13 @@ follow with ``dlight.ApplyDefaultSchedule`` to schedule what is left.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
+
+import tvm_ffi
+from tqdm import tqdm
 
 from tvm import tirx
 from tvm.ir import IRModule
@@ -40,9 +44,10 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"])
 
 
-def schedule_with(func: tirx.PrimFunc, config) -> tirx.PrimFunc:
-    """``func`` scheduled by ``config`` (no building, no timing)."""
-    sch = build_task.apply_template(func, config)
+def schedule_with(func: tirx.PrimFunc, config, arch: CUDA) -> tirx.PrimFunc:
+    """``func`` scheduled by ``config`` for ``arch`` (no building, no timing)."""
+    with arch.target:
+        sch = build_task.apply_template(func, config)
     if sch is None:
         raise ValueError(f"{config!r} does not apply to this function")
     return sch.mod["main"]
@@ -50,7 +55,10 @@ def schedule_with(func: tirx.PrimFunc, config) -> tirx.PrimFunc:
 
 @dataclass(frozen=True)
 class FunctionReport:
-    """What the pass did with one PrimFunc. status: "tuned", "database" or "untuned"."""
+    """What the pass did with one PrimFunc. status: "tuned", "database" or "untuned" (no
+    verified kernel at all). winner: "fastdlight" or "stock" (stock Dlight's schedule was
+    measured as a candidate and was the fastest); stock_ms: stock Dlight's time in the same run.
+    same_as: the function whose tuning this structurally equal one reused."""
 
     function: str
     status: str
@@ -59,6 +67,20 @@ class FunctionReport:
     latency_ms: float | None = None
     verified: bool | None = None
     error: str | None = None
+    stock_ms: float | None = None
+    same_as: str | None = None
+
+    @property
+    def winner(self) -> str | None:
+        if self.config is None:
+            return None
+        return "stock" if self.config.is_stock else "fastdlight"
+
+    @property
+    def speedup_vs_stock(self) -> float | None:
+        if self.latency_ms and self.stock_ms:
+            return self.stock_ms / self.latency_ms
+        return None
 
 
 @module_pass(opt_level=0, name="fastdlight.ApplyFastTuning")
@@ -71,26 +93,36 @@ class ApplyFastTuning:
     :mod:`fastdlight.tune.database`); a hit is replayed (and re-verified on a GPU). Other
     keywords are :class:`fastdlight.tune.TuneOptions` fields (``measure``, ``budget_ms``,
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
-    :class:`FunctionReport` per function."""
+    :class:`FunctionReport` per function. Structurally equal functions are tuned once."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
-                 options: TuneOptions | None = None, **tune_options):
+                 options: TuneOptions | None = None, progress: bool | None = None, **tune_options):
         if not isinstance(topk, int) or topk <= 0:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
+        self.progress = progress
         self.report: list[FunctionReport] = []
 
+    def arch(self) -> CUDA:
+        return self.target if isinstance(self.target, CUDA) else auto_arch(self.target)
+
     def transform_module(self, mod: IRModule, _ctx: PassContext) -> IRModule:
-        arch = self.target if isinstance(self.target, CUDA) else auto_arch(self.target)
+        arch = self.arch()
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
+        groups = _structural_groups((gv, f) for gv, f in mod.functions_items()
+                                    if isinstance(f, tirx.PrimFunc) and not is_scheduled(f))
         updated = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
-                continue
-            scheduled, entry = self._tune_one(gvar.name_hint, func, arch, db)
+        for members in tqdm(groups, desc="fastdlight: tuning", unit="func", disable=self._quiet()):
+            (first_gv, first), *others = members
+            scheduled, entry = self._tune_one(first_gv.name_hint, first, arch, db)
             self.report.append(entry)
-            if scheduled is not None:
+            for gvar, _ in others:
+                self.report.append(dataclasses.replace(entry, function=gvar.name_hint, seconds=0.0,
+                                                       same_as=first_gv.name_hint))
+            if scheduled is None:
+                continue
+            for gvar, _ in members:  # structurally equal: one scheduled function serves all
                 updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
         if not updated:
             return mod
@@ -99,6 +131,9 @@ class ApplyFastTuning:
             mod[gvar] = func
         return mod
 
+    def _quiet(self) -> bool | None:
+        return None if self.progress is None else not self.progress
+
     def _tune_one(self, name: str, func, arch: CUDA, db) -> tuple[tirx.PrimFunc | None, FunctionReport]:
         t0 = time.perf_counter()
         try:
@@ -106,12 +141,29 @@ class ApplyFastTuning:
                 warnings.filterwarnings("ignore", message="fastdlight: no GPU was found")
                 tuned = tune_function(func, arch, self.topk, self.options, db=db)
             # the winner's schedule, re-applied to the function exactly as the module holds it
-            scheduled = schedule_with(func, tuned.config)
+            scheduled = schedule_with(func, tuned.config, arch)
         except Exception as e:  # noqa: BLE001 - this function stays as it was
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=3)
             return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
-        best = tuned.best
+        best, stock = tuned.best, tuned.stock
         return scheduled, FunctionReport(
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
-            best.latency_ms if best else None, best.verified if best else None)
+            best.latency_ms if best else None, best.verified if best else None,
+            stock_ms=stock.latency_ms if stock else None)
+
+
+def _structural_groups(items) -> list[list[tuple]]:
+    """(gvar, func) pairs grouped by structural equality, in module order."""
+    groups: list[list[tuple]] = []
+    by_hash: dict[int, list[int]] = {}
+    for gvar, func in items:
+        bucket = by_hash.setdefault(tvm_ffi.structural_hash(func), [])
+        for i in bucket:
+            if tvm_ffi.structural_equal(groups[i][0][1], func):
+                groups[i].append((gvar, func))
+                break
+        else:
+            bucket.append(len(groups))
+            groups.append([(gvar, func)])
+    return groups

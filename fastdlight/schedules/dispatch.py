@@ -28,6 +28,7 @@ from .fallback import FallbackTemplate
 from .gemv import GemvTemplate
 from .general_reduction import GeneralReductionTemplate
 from .reduction import ReductionTemplate
+from .stock import StockDlightTemplate
 
 #: kind -> templates, tried in registration order
 _REGISTRY: dict[str, list[ScheduleTemplate]] = {}
@@ -99,7 +100,8 @@ def dispatch_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = 
         mods = [m for m in IMPORT_ERRORS if kind in _MODULE_KINDS.get(m, ())]
         why = f"; module {mods[0]} failed to import: {IMPORT_ERRORS[mods[0]]}" if mods else ""
         failures.append(("<registry>", f"no template registered for kind {kind!r}{why}"))
-    for template in templates_for(kind, allow_fallback):
+    # a stock config is Dlight's schedule or nothing: the fallback would pass off ours as Dlight's
+    for template in templates_for(kind, allow_fallback and kind != "dlight"):
         try:
             sch = template.apply_config(func, config)
         except Exception as e:  # noqa: BLE001 - one template's bug must not stop the others
@@ -175,6 +177,7 @@ def _register_builtin() -> None:
     register(ReductionTemplate())
     register(GeneralReductionTemplate())  # serves general_reduction and reduction (epilogues)
     register(GemvTemplate())
+    register(StockDlightTemplate())
     register(FallbackTemplate())
     for mod_name, (cls_name, _) in _OPTIONAL.items():
         try:

@@ -230,7 +230,8 @@ def schedule_request(func, request: BuildRequest, target) -> tvm.IRModule:
             from .verify import naive_reference_module
 
             return naive_reference_module(func, target)
-        return as_module(resolve_template(request.template)(func, request.config))
+        with target:  # templates that read the target (stock Dlight's rules) see the tuning target
+            return as_module(resolve_template(request.template)(func, request.config))
     except StageError:
         raise
     except Exception as e:  # ScheduleError and template bugs alike: the config is not buildable

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..arch import CUDA, has_gpu
-from ..policies.prepare import specialize
+from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
@@ -46,14 +46,46 @@ class Tuned:
     results: tuple[CompileResult, ...] = ()
     best: CompileResult | None = None
 
+    @property
+    def stock(self) -> CompileResult | None:
+        """The fastest timed stock Dlight candidate measured beside the winner (not refuted by a
+        check; with ``check="winner"`` only the winner is verified)."""
+        rows = [r for r in self.results if r.config.is_stock and r.verified is not False and r.latency_ms is not None]
+        return min(rows, key=lambda r: r.latency_ms, default=None)
 
-def candidate_sets(func, arch: CUDA, topk: int) -> Iterator[CandidateSet]:
-    """Tensor-core configs first when the function is eligible, then CUDA-core ones."""
+
+def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
+                   stock_last: bool = False) -> Iterator[CandidateSet]:
+    """Tensor-core configs first when the function is eligible, then CUDA-core ones. ``stock``
+    (see :func:`stock_configs`) joins the first set, to be measured against the policy's
+    configs; ``stock_last`` (nothing is timed, so stock could not win anyway): a set of its own
+    after the policies', built only when all of theirs fail."""
+    sets = []
     tc_func, tags = get_tensorized_func_and_tags(func, arch)
     if tags:
         configs = tuple(TensorCorePolicy(tc_func, arch, tags).emit_config(topk))
         if configs:
-            yield CandidateSet("TensorCorePolicy", tc_func, configs)
+            sets.append(CandidateSet("TensorCorePolicy", tc_func, configs))
+    try:
+        sets.append(CandidateSet("DefaultPolicy", func, _default_configs(func, arch, topk)))
+    except ValueError as e:
+        if not (sets or stock):
+            raise
+        uncovered = str(e)
+        if not sets:
+            warnings.warn(f"fastdlight: no fastdlight template covers this function ({uncovered}); "
+                          "measuring stock Dlight only", stacklevel=3)
+    if stock:
+        if sets and not stock_last:
+            top = max((c.cost for c in sets[0].configs), default=0.0)
+            ranked_last = tuple(dataclasses.replace(c, cost=top + 1 + i) for i, c in enumerate(stock))
+            sets[0] = dataclasses.replace(sets[0], configs=sets[0].configs + ranked_last)
+        else:
+            sets.append(CandidateSet("stock Dlight", func, stock))
+    yield from sets
+
+
+def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
     policy = DefaultPolicy(func, arch)
     configs = tuple(policy.emit_config(topk))
     if policy.info.kind == "gemv" and configs:
@@ -61,7 +93,18 @@ def candidate_sets(func, arch: CUDA, topk: int) -> Iterator[CandidateSet]:
         top = max(c.cost for c in configs)
         alternatives = _matmul_alternatives(func, arch, max(1, topk // 4))
         configs += tuple(dataclasses.replace(c, cost=top + c.cost) for c in alternatives)
-    yield CandidateSet("DefaultPolicy", func, configs)
+    return configs
+
+
+def stock_configs(func, arch: CUDA) -> tuple[Config, ...]:
+    """Stock Dlight's schedule at the tuning arch and, for a tensor-core eligible function on an
+    arch-specific target (``sm_90a``), also at its base (``sm_90``): there Dlight's Matmul rule
+    uses tensor cores, which it does not at ``sm_90a``. Elsewhere the two arches give Dlight the
+    same schedule (checked on softmax, GEMV and fp32 matmul), so one is built."""
+    configs = [Config("dlight", (), arch=arch.arch)]
+    if arch.arch[-1].isalpha() and get_tensorized_func_and_tags(func, arch)[1]:
+        configs.append(Config("dlight", (), arch=arch.arch.rstrip("abcdefghijklmnopqrstuvwxyz")))
+    return tuple(configs)
 
 
 def _matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:
@@ -88,8 +131,10 @@ def measures(opts: TuneOptions) -> bool:
 
 def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes: dict | None = None,
                   db=None, on_set: Callable[[CandidateSet], None] | None = None) -> Tuned:
-    """Tune ``func`` (symbolic dims given values by ``opt_shapes``) and return the winner.
-    Raises :class:`TuningError` (every policy's reasons) when nothing usable was found."""
+    """Tune ``func`` (symbolic dims given values by ``opt_shapes``) and return the winner, which
+    is never slower than stock Dlight's schedule measured in the same run. Raises
+    :class:`TuningError` (every policy's reasons) when nothing usable was found."""
+    check_target(func)  # a CPU kernel is the caller's mistake, not a gap for stock Dlight to fill
     if opt_shapes:
         func = specialize(func, opt_shapes)
     hit = db.lookup(func, arch) if db is not None else None
@@ -98,8 +143,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
         if replayed is not None:
             return replayed
     prewarm(func, arch, opts)
-    errors, failed = [], None
-    for cand in candidate_sets(func, arch, topk):
+    errors, failed, held = [], None, None
+    for cand in candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts)):
         if failed is not None:
             warnings.warn(f"fastdlight: every {failed} candidate failed; trying {cand.policy}", stacklevel=2)
         if on_set is not None:
@@ -110,10 +155,25 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
             errors.append(f"{cand.policy}: {e}")
             failed = cand.policy
             continue
-        if db is not None and best.verified:
-            db.commit(func, arch, best.config, best.latency_ms, True, reference=best.verdict.reference)
-        return Tuned(best.config, "tuned", cand.policy, tuple(results), best)
-    raise TuningError("\n".join(errors) or "no candidate configs")
+        failed = None
+        tuned = Tuned(best.config, "tuned", cand.policy, tuple(results), best)
+        held = tuned if held is None else _faster(held, tuned)
+        if not held.config.is_stock:
+            break  # a policy config beat stock Dlight; otherwise the next policy gets its chance
+    if held is None:
+        raise TuningError("\n".join(errors) or "no candidate configs")
+    if db is not None and held.best.verified:
+        db.commit(func, arch, held.config, held.best.latency_ms, True, reference=held.best.verdict.reference)
+    return held
+
+
+def _faster(stock_won: Tuned, later: Tuned) -> Tuned:
+    """A later policy's winner against the stock Dlight winner of an earlier set: the faster
+    when both were timed (the policy's when not), keeping the stock rows for the report."""
+    a, b = stock_won.best.latency_ms, later.best.latency_ms
+    winner = stock_won if a is not None and b is not None and a < b else later
+    stock_rows = tuple(r for r in stock_won.results if r.config.is_stock)
+    return dataclasses.replace(winner, results=later.results + stock_rows)
 
 
 def _replay(func, arch: CUDA, config: Config, opts: TuneOptions) -> Tuned | None:

@@ -213,3 +213,19 @@ def test_live_device_agrees_with_table():
     assert abs(a.l2_bytes - spec.l2_bytes) <= 0.1 * spec.l2_bytes
     assert a.smem_per_block == 48 * KB and a.warp_size == 32
     assert auto_arch().name == a.name
+
+
+@pytest.mark.parametrize("target", ["cuda -arch=sm_90", {"kind": "cuda", "arch": "sm_90"}, "cuda"])
+def test_a_bare_cuda_target_resolves_to_the_live_gpu(target, monkeypatch, no_warnings):
+    from fastdlight.arch import cuda as cuda_mod
+
+    monkeypatch.setattr(cuda_mod, "live_device", lambda: FakeDevice("NVIDIA H200", sms=132, l2=60 * MB))
+    if target == "cuda":  # TVM picks the arch from the local GPU; without one it says sm_50
+        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    a = CUDA(target)
+    assert a.spec is GPUS_BY_KEY["h200"] and a.device_name == "NVIDIA H200"
+    assert a.arch == "sm_90a" and a.has_wgmma and a.target.attrs["arch"] == "sm_90a"
+    # a tag still means that GPU, and another compute capability is not this GPU
+    assert CUDA("nvidia/nvidia-a100").name != a.name
+    with pytest.warns(UserWarning, match="generic"):
+        assert CUDA("cuda -arch=sm_80").device_name is None

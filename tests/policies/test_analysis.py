@@ -197,3 +197,22 @@ def test_non_affine_index_falls_back_to_bound_inference():
     assert acc.linear is None and acc.innermost_axis() is None
     assert info.footprint((8,)) == {"A": (64,)}  # (v*v) % 64 may touch all of A
     assert info.kind == "elementwise"
+
+
+@T.prim_func(s_tir=True)
+def scale_by_scalar(a: T.Buffer((64, 512), "float16"), s: T.Buffer((), "float16"), b: T.Buffer((64, 512), "float16")):
+    for i, j in T.grid(64, 512):
+        with T.sblock("b"):  # how a model's scalar constant (1/sqrt(d) in attention) arrives
+            vi, vj = T.axis.remap("SS", [i, j])
+            b[vi, vj] = a[vi, vj] * s[()]
+
+
+def test_a_scalar_parameter_is_no_vector_run_and_the_function_gets_configs():
+    from fastdlight.arch import CUDA
+    from fastdlight.policies import DefaultPolicy
+
+    info = analyze(scale_by_scalar)
+    scalar = next(r for r in info.reads if r.name == "s")
+    assert scalar.innermost_axis() is None
+    configs = DefaultPolicy(scale_by_scalar, CUDA("nvidia/nvidia-h100")).emit_config(4)
+    assert configs and all(c.kind == "elementwise" and c.vector_width("s") == 1 for c in configs)

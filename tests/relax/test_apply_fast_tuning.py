@@ -103,13 +103,24 @@ def test_unknown_keyword_is_refused_when_the_pass_is_made():
         fastdlight.ApplyFastTuning(topk=2, target=H100, opt_shapes={"n": 4})
 
 
-def test_a_function_it_cannot_tune_is_left_with_a_warning():
-    mod = legalized(Dynamic)
+def test_a_function_no_template_covers_gets_stock_dlight_with_a_warning():
+    mod = legalized(Dynamic)  # symbolic n: fastdlight's policies need a value, Dlight does not
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
-    with pytest.warns(UserWarning, match="left unscheduled"):
+    with pytest.warns(UserWarning, match="measuring stock Dlight only"):
         out = tuning(mod)
     (entry,) = tuning.report
-    assert entry.status == "untuned" and entry.error
+    assert entry.status == "tuned" and entry.winner == "stock" and entry.config.is_stock
+    (f,) = prim_funcs(out).values()
+    assert f.attrs["tirx.is_scheduled"] and "blockIdx.x" in f.script()
+
+
+def test_a_function_nothing_can_schedule_is_left_with_a_warning(monkeypatch):
+    monkeypatch.setattr(candidates, "stock_configs", lambda func, arch: ())
+    tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
+    with pytest.warns(UserWarning, match="left unscheduled"):
+        out = tuning(legalized(Dynamic))
+    (entry,) = tuning.report
+    assert entry.status == "untuned" and entry.error and entry.winner is None
     (f,) = prim_funcs(out).values()
     assert "tirx.is_scheduled" not in f.attrs
 

@@ -1,0 +1,132 @@
+"""One Relax pipeline in which the tuned PrimFuncs are exactly what runs.
+
+    mod = relax.transform.BindParams("main", params)(mod)   # weights as constants (optional)
+    ex, report = fastdlight.relax.compile_model(mod, target, topk=20, meta_database_dir="tuned/")
+
+or, step by step (what ``compile_model`` does):
+
+    mod = prepare(target)(mod)                    # legalize, fold constants, fuse: once
+    mod = ApplyFastTuning(target=target, ...)(mod)
+    ex = build(mod, target)                       # leftovers on stock Dlight, then lower; no re-fusion
+
+``tvm.compile`` with its default pipeline legalizes and fuses *again*: on an already fused
+module FuseOps merges the tuned functions into new ones (ResNet's ``fused_fused_conv2d...``), which
+Dlight then schedules, and the tuned kernels never run. :func:`build` runs only what comes after
+fusion. ``FoldConstant`` in :func:`prepare` evaluates weight layout changes (``permute_dims`` of a
+bound weight, casts) once at compile time instead of at every call.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+from tvm.ir import IRModule
+from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+
+from ..tune.compile import PASS_CONFIG, as_target
+from ..tune.compile import build as build_prim_funcs
+from .apply_fast_tuning import ApplyFastTuning
+
+
+def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = None) -> IRModule:
+    """An exported model made ready for inference: ``params`` (values of ``main``'s trailing
+    parameters, e.g. from ``relax.frontend.detach_params``) bound as constants, so
+    :func:`prepare` folds their layout changes once; BatchNorm decomposed into elementwise ops
+    (which fuse into the convolution); ``fp16``: fp16 compute with fp32 accumulation in matmuls
+    and convolutions (``ToMixedPrecision``), as torch's fp16 GEMMs do; ``layout="NHWC"``:
+    convolutions in NHWC with OHWI weights."""
+    passes = []
+    if params:
+        main_params = mod["main"].params
+        passes.append(relax.transform.BindParams("main", dict(zip(main_params[len(main_params) - len(params):],
+                                                                  params))))
+    passes.append(relax.transform.DecomposeOpsForInference())
+    if fp16:
+        passes.append(relax.transform.ToMixedPrecision(out_dtype="float32"))
+    if layout == "NHWC":
+        passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
+    elif layout is not None:
+        raise ValueError(f"layout must be None or 'NHWC', got {layout!r}")
+    return tvm.transform.Sequential(passes)(mod)
+
+
+def prepare(target) -> tvm.transform.Pass:
+    """Library dispatch, LegalizeOps, FoldConstant, FuseOps, FuseTIR: the module ApplyFastTuning
+    should see (what TVM's CUDA pipeline does before it schedules)."""
+    target = as_target(target)
+    return _scoped(target, [
+        *cuda_pipeline.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ], "fastdlight.prepare")  # fmt: skip
+
+
+def leftovers() -> tvm.transform.Pass:
+    """Stock Dlight for every PrimFunc not yet scheduled (``tirx.is_scheduled`` ones are kept)."""
+    from tvm.s_tir import dlight as dl
+
+    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
+                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+
+
+def lowering(target) -> tvm.transform.Pass:
+    """After tuning: leftovers on stock Dlight, then TVM's dataflow lowering and finalization
+    (memory planning, CUDA graph rewriting, VM lowering); nothing that fuses or reschedules."""
+    target = as_target(target)
+    return _scoped(target, [
+        relax.transform.LegalizeOps(),  # a no-op on a prepared module: ops added after prepare
+        leftovers(),
+        *cuda_pipeline.dataflow_lower_passes(target),
+        *cuda_pipeline.finalize_passes(target),
+    ], "fastdlight.lowering")  # fmt: skip
+
+
+def tuning_pipeline(target, tuning: ApplyFastTuning) -> tvm.transform.Pass:
+    """prepare → tuning → lowering, as one ``relax_pipeline`` for ``tvm.compile``."""
+    return tvm.transform.Sequential([prepare(target), tuning, lowering(target)], name="fastdlight.pipeline")
+
+
+def build(mod: IRModule, target) -> tvm.runtime.Module:
+    """Compile a tuned module: Relax functions go through :func:`lowering` (no re-fusion), every
+    PrimFunc keeps the schedule it has; a module of PrimFuncs only is built as it is."""
+    target = as_target(target)
+    if not has_relax_functions(mod):
+        return build_prim_funcs(mod, target)
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        return tvm.compile(mod, target=target, relax_pipeline=lowering(target))
+
+
+def compile_model(mod: IRModule, target=None, *, tuning: ApplyFastTuning | None = None, **tune_kwargs):
+    """prepare → ApplyFastTuning → build. Returns ``(executable, tuned module, report)``.
+    ``tuning`` (or the keywords of :class:`ApplyFastTuning`) says how to tune."""
+    if tuning is None:
+        tuning = ApplyFastTuning(target=target, **tune_kwargs)
+    elif tune_kwargs:
+        raise TypeError("give either tuning= or ApplyFastTuning keywords, not both")
+    arch = tuning.arch()
+    prepared = prepare(arch.target)(mod)
+    tuned = tuning(prepared)
+    return build(tuned, arch.target), tuned, tuning.report
+
+
+def has_relax_functions(mod: IRModule) -> bool:
+    return any(isinstance(f, relax.Function) for _, f in mod.functions_items())
+
+
+def prim_funcs(mod: IRModule) -> dict[str, tirx.PrimFunc]:
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _scoped(target, passes, name: str) -> tvm.transform.Pass:
+    seq = tvm.transform.Sequential(passes, name=name)
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod: IRModule, _ctx) -> IRModule:
+        with target:
+            return seq(mod)
+
+    return run

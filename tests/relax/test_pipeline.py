@@ -1,0 +1,103 @@
+"""fastdlight's Relax pipeline: the tuned PrimFuncs are exactly what the build runs, weight
+layout changes are folded at compile time, structurally equal functions are tuned once (CPU)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+import fastdlight
+from fastdlight.arch import CUDA
+from fastdlight.relax import apply_fast_tuning, lowering, prepare
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.tune.compile import cuda_source
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+@I.ir_module
+class Linear:
+    """A torch-style linear layer: weight stored [out, in], transposed in the graph."""
+
+    @R.function
+    def main(x: R.Tensor((64, 128), "float16"), w: R.Tensor((256, 128), "float16"), b: R.Tensor((256,), "float16")):
+        with R.dataflow():
+            wt = R.permute_dims(w)
+            y = R.add(R.matmul(x, wt), b)
+            z = R.nn.gelu(y)
+            s = R.sum(z, axis=[1])
+            R.output(s)
+        return s
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    mod = prepare(H100.target)(Linear)
+    tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return mod, tuning(mod), tuning.report
+
+
+def test_the_tuned_functions_are_what_the_build_runs(tuned):
+    prepared, out, report = tuned
+    names = {e.function for e in report if e.status == "tuned"}
+    assert names == set(prim_funcs(prepared))  # every function tuned, none untuned
+    lowered = lowering(H100.target)(out)
+    for name in names:
+        # the lowering adds a global symbol, nothing else: the schedule is the tuned one
+        assert tvm_ffi.structural_equal(lowered[name].body, out[name].body), name
+    src = cuda_source(fastdlight.build(out, H100.target))
+    for name in names:
+        assert f"{name}_kernel" in src
+
+
+def test_tvm_default_pipeline_would_refuse_and_reschedule(tuned):
+    """Why fastdlight.build exists: TVM's legalize passes on a tuned module change its functions."""
+    _, out, _ = tuned
+    with H100.target:
+        again = tvm.transform.Sequential(tvm.relax.backend.cuda.pipeline.legalize_passes(H100.target))(out)
+    changed = [n for n, f in prim_funcs(out).items()
+               if n not in prim_funcs(again) or not tvm_ffi.structural_equal(prim_funcs(again)[n], f)]
+    assert changed or set(prim_funcs(again)) != set(prim_funcs(out))
+
+
+def test_bound_weight_transposes_are_folded_at_compile_time():
+    w = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((256, 128)).astype("float16"))
+    mod = relax.transform.BindParams("main", {"w": w})(Linear)
+    prepared = prepare(H100.target)(mod)
+    assert not any("transpose" in name for name in prim_funcs(prepared)), list(prim_funcs(prepared))
+    unbound = prepare(H100.target)(Linear)
+    assert any("transpose" in name for name in prim_funcs(unbound))  # a kernel at every call
+
+
+@T.prim_func(private=True, s_tir=True)
+def _exp(a: T.Buffer((1024,), "float32"), b: T.Buffer((1024,), "float32")):
+    for i in range(1024):
+        with T.sblock("b"):
+            vi = T.axis.spatial(1024, i)
+            b[vi] = T.exp(a[vi])
+
+
+def test_structurally_equal_functions_are_tuned_once(monkeypatch):
+    mod = tvm.IRModule({"exp_a": _exp, "exp_b": _exp.with_attr("tirx.noalias", True).without_attr("tirx.noalias")})
+    calls = []
+    real = apply_fast_tuning.tune_function
+
+    def counting(func, *args, **kwargs):
+        calls.append(func)
+        return real(func, *args, **kwargs)
+
+    monkeypatch.setattr(apply_fast_tuning, "tune_function", counting)
+    tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False)
+    out = tuning(mod)
+    assert len(calls) == 1
+    by_name = {e.function: e for e in tuning.report}
+    assert by_name["exp_b"].same_as == "exp_a" and by_name["exp_b"].config == by_name["exp_a"].config
+    assert all(isinstance(f, tirx.PrimFunc) and f.attrs["tirx.is_scheduled"] for f in prim_funcs(out).values())
