@@ -455,15 +455,33 @@ class _Matmul(_Planner):
 
     def __init__(self, info, arch):
         super().__init__(info, arch)
-        n = len(self.extents)
-        self.micro = tuple(range(max(0, n - 2), n))
         self.inputs = [a for a in info.reads if a.is_param]
+        self.micro = self._micro_axes()
         # the reduction axis rstep variants scale: the last one walked contiguously by an input
         inner = [info.reduce_iters.index(a.innermost_axis()) for a in self.inputs if a.innermost_axis() in info.reduce_iters]
         self.principal = max(inner) if inner else len(self.rextents) - 1
         self.acc_bits = info.write.tensor.bits
         self._rstep_cache: dict = {}
         self.base_regs = MATMUL_BASE_REGS + 4 * max(0, len(info.iter_kinds) - 3)
+
+    def _micro_axes(self) -> tuple[int, ...]:
+        """The two axes of the thread micro tile: GEMM's M and N, i.e. the innermost spatial
+        axis only the first input (data) moves and the innermost only the others (weights)
+        move: (i, j) of a matmul, (q, k) of an NHWC conv, (k, q) of an NCHW one, whose last two
+        axes (p, q) are both the data's. Else the last two axes."""
+        n = len(self.extents)
+        fallback = tuple(range(max(0, n - 2), n))
+        if len(self.inputs) < 2:
+            return fallback
+        data, weights = self.inputs[0], self.inputs[1:]
+        iters = self.info.spatial_iters
+
+        def only(acc, others):
+            return [j for j, it in enumerate(iters) if acc.depends_on(it) and not any(o.depends_on(it) for o in others)]
+
+        m = only(data, weights)
+        nn = [j for w in weights for j in only(w, [data])]
+        return tuple(sorted((max(m), max(nn)))) if m and nn else fallback
 
     def parallelism(self):
         return math.prod(self.extents) // 16  # a 4 x 4 micro tile per thread

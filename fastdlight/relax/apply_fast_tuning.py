@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import tvm_ffi
@@ -38,6 +39,11 @@ from ..tune import build_task
 from ..tune.candidates import tune_function
 from ..tune.database import TuningDatabase
 from ..tune.options import TuneOptions
+
+
+#: functions tuned at once: enough to keep the build workers busy while the GPU times another
+#: function's candidates
+DEFAULT_JOBS = 4
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -93,12 +99,18 @@ class ApplyFastTuning:
     :mod:`fastdlight.tune.database`); a hit is replayed (and re-verified on a GPU). Other
     keywords are :class:`fastdlight.tune.TuneOptions` fields (``measure``, ``budget_ms``,
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
-    :class:`FunctionReport` per function. Structurally equal functions are tuned once."""
+    :class:`FunctionReport` per function. Structurally equal functions are tuned once; ``jobs``
+    functions are tuned at a time, their candidates built by one shared worker pool while the
+    GPU times one candidate at a time (``stages.GPU_TURN``)."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
-                 options: TuneOptions | None = None, progress: bool | None = None, **tune_options):
+                 options: TuneOptions | None = None, progress: bool | None = None, jobs: int = DEFAULT_JOBS,
+                 **tune_options):
         if not isinstance(topk, int) or topk <= 0:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
+        if not isinstance(jobs, int) or jobs <= 0:
+            raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+        self.jobs = jobs
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
         self.progress = progress
@@ -112,18 +124,25 @@ class ApplyFastTuning:
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
         groups = _structural_groups((gv, f) for gv, f in mod.functions_items()
                                     if isinstance(f, tirx.PrimFunc) and not is_scheduled(f))
+        with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
+            warnings.simplefilter("always")
+            futures = [pool.submit(self._tune_one, members[0][0].name_hint, members[0][1], arch, db)
+                       for members in groups]
+            bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
+            for _ in as_completed(futures):
+                bar.update()
+            bar.close()
+        _rewarn(caught)
         updated = {}
-        for members in tqdm(groups, desc="fastdlight: tuning", unit="func", disable=self._quiet()):
-            (first_gv, first), *others = members
-            scheduled, entry = self._tune_one(first_gv.name_hint, first, arch, db)
+        for members, future in zip(groups, futures):
+            scheduled, entry = future.result()
+            (first_gv, _), *others = members
             self.report.append(entry)
-            for gvar, _ in others:
-                self.report.append(dataclasses.replace(entry, function=gvar.name_hint, seconds=0.0,
-                                                       same_as=first_gv.name_hint))
-            if scheduled is None:
-                continue
-            for gvar, _ in members:  # structurally equal: one scheduled function serves all
-                updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
+            self.report.extend(dataclasses.replace(entry, function=gv.name_hint, seconds=0.0, same_as=first_gv.name_hint)
+                               for gv, _ in others)
+            if scheduled is not None:
+                for gvar, _ in members:  # structurally equal: one scheduled function serves all
+                    updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
         if not updated:
             return mod
         mod = mod.clone()  # never change the caller's module in place
@@ -137,20 +156,30 @@ class ApplyFastTuning:
     def _tune_one(self, name: str, func, arch: CUDA, db) -> tuple[tirx.PrimFunc | None, FunctionReport]:
         t0 = time.perf_counter()
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="fastdlight: no GPU was found")
-                tuned = tune_function(func, arch, self.topk, self.options, db=db)
+            tuned = tune_function(func, arch, self.topk, self.options, db=db)
             # the winner's schedule, re-applied to the function exactly as the module holds it
             scheduled = schedule_with(func, tuned.config, arch)
         except Exception as e:  # noqa: BLE001 - this function stays as it was
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=3)
+            warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)
             return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
         best, stock = tuned.best, tuned.stock
         return scheduled, FunctionReport(
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None)
+
+
+def _rewarn(caught) -> None:
+    """Warnings the tuning threads raised, re-raised once each in the caller's thread (warning
+    filters are process-wide and not thread-safe, so the threads only record)."""
+    seen = set()
+    for w in caught:
+        text = str(w.message)
+        if text in seen or text.startswith("fastdlight: no GPU was found"):
+            continue
+        seen.add(text)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _structural_groups(items) -> list[list[tuple]]:

@@ -56,6 +56,7 @@ def prepare(target) -> tvm.transform.Pass:
     target = as_target(target)
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
+        exact_integer_powers(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -63,6 +64,40 @@ def prepare(target) -> tvm.transform.Pass:
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ], "fastdlight.prepare")  # fmt: skip
+
+
+#: constant exponents turned into multiplications by :func:`exact_integer_powers`
+INTEGER_POWERS = (2, 3, 4)
+
+
+def exact_integer_powers() -> tvm.transform.Pass:
+    """``power(x, 2.0)`` (RMSNorm's ``x.pow(2)``, GELU's ``x**3``) as ``x * x [* x ...]``: the
+    CUDA build uses fast math, whose ``powf`` is ``exp2(y * log2(x))``, NaN for every negative
+    ``x``; the product is exact for any sign and cheaper."""
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    base, exponent = wildcard(), is_const()
+    pattern = is_op("relax.power")(base, exponent)
+
+    def rewrite(expr, matches):
+        value = matches[exponent].value.numpy()
+        if value.size != 1 or float(value) not in INTEGER_POWERS:
+            return expr
+        x = matches[base]
+        product = x
+        for _ in range(int(float(value)) - 1):
+            product = relax.op.multiply(product, x)
+        return product
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.ExactIntegerPowers")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        out = mod.clone()
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                out[gvar] = rewrite_call(pattern, rewrite, func)
+        return out
+
+    return run
 
 
 def leftovers() -> tvm.transform.Pass:

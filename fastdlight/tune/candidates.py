@@ -177,9 +177,10 @@ def _faster(stock_won: Tuned, later: Tuned) -> Tuned:
 
 
 def _replay(func, arch: CUDA, config: Config, opts: TuneOptions) -> Tuned | None:
-    """A stored config: on a GPU it is built, probed, timed and verified like any candidate
-    (None when it no longer verifies: the caller tunes afresh); without one it is re-applied."""
-    if not measures(opts):
+    """A stored config, re-applied; with ``recheck_database`` on a GPU it is first built,
+    probed, timed and verified like any candidate (None when it no longer verifies: the caller
+    tunes afresh)."""
+    if not (opts.recheck_database and measures(opts)):
         return Tuned(config, "database", config.kind)
     target_func = func
     if config.kind == "matmul_tc":

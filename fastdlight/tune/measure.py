@@ -82,7 +82,7 @@ def param_buffers(func: tirx.PrimFunc) -> list:
     buffer_map = getattr(func, "buffer_map", None) or {}
     for p in func.params:
         buf = buffer_map[p] if p in buffer_map else p
-        if not getattr(buf, "shape", None):
+        if getattr(buf, "shape", None) is None:  # a 0-d buffer (shape ()) is a tensor too
             raise ValueError(f"parameter {p} is not a tensor; only tensor arguments are supported")
         bufs.append(buf)
     return bufs

@@ -41,6 +41,9 @@ class TuneOptions:
     template / hook: test and extension points (template(func, config) -> Schedule; hook(index,
         config) runs in the worker before scheduling); both must be module-level functions.
     progress: progress bars (None: when stderr is a terminal). verbose: print the table.
+    recheck_database: on a GPU, build, time and verify a stored config again before using it.
+        Off by default: a record was verified when stored, and its key pins the function, the
+        GPU, the TVM version and the template's source, so a replay only re-applies schedules.
     """
 
     measure: bool | None = None
@@ -59,6 +62,7 @@ class TuneOptions:
     pool: Any = None
     progress: bool | None = None
     verbose: bool = False
+    recheck_database: bool = False
 
     def __post_init__(self):
         if self.check not in CHECKS:

@@ -261,3 +261,32 @@ def test_accepts_a_func_info():
     from_info = DefaultPolicy(info, H100).emit_config(3)
     assert from_info == DefaultPolicy(CASES["softmax"]().func, H100).emit_config(3)
     assert set(from_info) <= set(configs("softmax")[2])
+
+
+def _conv2d_nchw(n=16, c=512, hw=7, k=512):
+    from tvm import topi
+
+    data = te.placeholder((n, c, hw, hw), "float16", name="data")
+    weight = te.placeholder((k, c, 3, 3), "float16", name="weight")
+    out = topi.nn.conv2d_nchw(data, weight, 1, 1, 1, out_dtype="float32")
+    return te.create_prim_func([data, weight, out])
+
+
+def test_nchw_convolution_gets_configs_with_channels_and_width_as_the_micro_axes():
+    """ResNet's last stage in NCHW: output [16, 512, 7, 7]. The micro tile goes on the output
+    channels (GEMM N, the weight's) and the width (GEMM M, the data's), not on 7 x 7."""
+    from fastdlight.tune.options import TuneOptions
+    from fastdlight.tune.runner import apply_and_build
+
+    func = _conv2d_nchw()
+    policy = DefaultPolicy(func, H100)
+    assert policy.planner.micro == (1, 3)
+    configs = policy.emit_config(4)
+    assert configs and all(c.kind == "matmul" and c.thread[1] > 1 for c in configs)
+    results, best = apply_and_build(func, configs[:1], H100, options=TuneOptions(measure=False))
+    assert best.compiled and best.registers > 0
+
+
+def test_matmul_and_nhwc_conv_keep_their_last_two_axes_as_micro_axes():
+    assert DefaultPolicy(ops.matmul(512, 512, 512, "float32").func, H100).planner.micro == (0, 1)
+    assert DefaultPolicy(ops.conv2d_nhwc(8, 28, 28, 64, 64, dtype="float32").func, H100).planner.micro == (2, 3)

@@ -101,3 +101,24 @@ def test_structurally_equal_functions_are_tuned_once(monkeypatch):
     by_name = {e.function: e for e in tuning.report}
     assert by_name["exp_b"].same_as == "exp_a" and by_name["exp_b"].config == by_name["exp_a"].config
     assert all(isinstance(f, tirx.PrimFunc) and f.attrs["tirx.is_scheduled"] for f in prim_funcs(out).values())
+
+
+@I.ir_module
+class Powers:
+    @R.function
+    def main(x: R.Tensor((64, 128), "float32")):
+        with R.dataflow():
+            sq = R.power(x, R.const(2.0, "float32"))
+            cube = R.power(x, R.const(3.0, "float32"))
+            root = R.power(x, R.const(0.5, "float32"))
+            out = R.add(R.add(sq, cube), root)
+            R.output(out)
+        return out
+
+
+def test_integer_powers_become_products_so_negative_bases_stay_finite():
+    prepared = prepare(H100.target)(Powers)
+    scripts = "\n".join(f.script() for f in prim_funcs(prepared).values())
+    # fast-math powf(x, 2) is NaN for x < 0: only the non-integer exponent keeps pow
+    assert scripts.count("T.pow(") == 1 and "T.float32(0.5)" in scripts
+    assert "T.float32(2.0)" not in scripts and "T.float32(3.0)" not in scripts

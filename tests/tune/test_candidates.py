@@ -31,7 +31,7 @@ def test_tensor_core_failure_falls_back_to_the_default_policy(monkeypatch):
     good = (Config("elementwise", (1, 128), (1, 1)),)
     sets = [candidates.CandidateSet("TensorCorePolicy", op.func, (Config("elementwise", (1, 64), (1, 1)),)),
             candidates.CandidateSet("DefaultPolicy", op.func, good)]
-    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k, stock=(): iter(sets))
+    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k, *_, **__: iter(sets))
     seen = []
     opts = TuneOptions(measure=False, max_workers=2, template=standins.flat_template_except_64)
     with pytest.warns(UserWarning, match="every TensorCorePolicy candidate failed; trying DefaultPolicy"):
@@ -43,7 +43,7 @@ def test_tensor_core_failure_falls_back_to_the_default_policy(monkeypatch):
 def test_every_policy_failing_lists_each_reason(monkeypatch):
     op = standins.add_op(256)
     sets = [candidates.CandidateSet("DefaultPolicy", op.func, (Config("elementwise", (1, 64), (1, 1)),))]
-    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k, stock=(): iter(sets))
+    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k, *_, **__: iter(sets))
     opts = TuneOptions(measure=False, max_workers=2, template=standins.failing_template)
     with pytest.raises(TuningError, match="DefaultPolicy: no candidate could be used"):
         candidates.tune_function(op.func, H100, 1, opts)

@@ -151,3 +151,18 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
     wl = measure.Workload(gather, tvm.cpu(0))
     idx = wl.host_inputs[1]
     assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8
+
+
+def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def scaled(a: T.Buffer((8, 16), "float16"), s: T.Buffer((), "float16"), b: T.Buffer((8, 16), "float16")):
+        for i, j in T.grid(8, 16):
+            with T.sblock("b"):  # attention's 1/sqrt(d) arrives in a model as a 0-d constant
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj] * s[()]
+
+    wl = measure.Workload(scaled, dev=tvm.cpu(0))
+    assert [tuple(b.shape) for b in measure.param_buffers(scaled)] == [(8, 16), (), (8, 16)]
+    assert [h.shape for h in wl.host_inputs] == [(8, 16), ()]

@@ -43,7 +43,7 @@ def test_all_wrong_fastest_kernels_are_rejected_and_never_stored(arch, tmp_path,
     func = standins.sabotage_matmul("correct", *standins.MATMUL_SHAPE)
     configs = sabotage_configs((1, 2, 64, 128, 256, 512))
     monkeypatch.setattr(candidates, "candidate_sets",
-                        lambda f, a, k: iter([candidates.CandidateSet("Sabotage", f, configs)]))
+                        lambda f, a, k, *_, **__: iter([candidates.CandidateSet("Sabotage", f, configs)]))
     db = TuningDatabase(tmp_path)
     opts = TuneOptions(template=standins.sabotage_template, budget_ms=20)
     tuned = candidates.tune_function(func, arch, 6, opts, db=db)
@@ -65,7 +65,7 @@ def test_no_correct_candidate_means_no_winner_and_nothing_stored(arch, tmp_path,
     func = standins.sabotage_matmul("correct", *standins.MATMUL_SHAPE)
     configs = sabotage_configs((64, 128, 256, 512))
     monkeypatch.setattr(candidates, "candidate_sets",
-                        lambda f, a, k: iter([candidates.CandidateSet("Sabotage", f, configs)]))
+                        lambda f, a, k, *_, **__: iter([candidates.CandidateSet("Sabotage", f, configs)]))
     db = TuningDatabase(tmp_path)
     with pytest.raises(TuningError, match="4 × wrong result"):
         candidates.tune_function(func, arch, 4, TuneOptions(template=standins.sabotage_template, budget_ms=20), db=db)

@@ -1,0 +1,59 @@
+"""The Relax graphs of the benchmark's torch models (``benchmarks/bench_models.py
+--export-fixtures``: TVMScript, weights as parameters), through fastdlight's pipeline without
+torch (CPU): every function gets candidates, and one whole model tunes and builds with none
+left untuned."""
+
+import pathlib
+import warnings
+
+import pytest
+import tvm
+
+import fastdlight
+from fastdlight.arch import CUDA
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.tune.candidates import candidate_sets, stock_configs
+from fastdlight.tune.compile import compile_cubin, cuda_source
+
+H100 = CUDA("nvidia/nvidia-h100")
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+MODELS = sorted(p.stem for p in FIXTURES.glob("*.py"))
+
+
+def prepared(name: str):
+    mod = tvm.script.from_source((FIXTURES / f"{name}.py").read_text())
+    return prepare(H100.target)(for_inference(mod, layout="NHWC" if "nhwc" in name else None))
+
+
+def test_the_fixtures_are_there():
+    assert {"mlp_gelu", "mlp_silu", "decoder_ln", "llama_b1_s512", "resnet18_nhwc_b16", "resnet18_nchw_b16"} <= set(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_function_of_the_model_gets_fastdlight_candidates(name):
+    funcs = prim_funcs(prepared(name))
+    assert funcs
+    for fname, func in funcs.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "no fastdlight template covers this function" fails
+            sets = list(candidate_sets(func, H100, 4, stock_configs(func, H100)))
+        assert sets and all(s.configs for s in sets), fname
+        policy_configs = [c for s in sets for c in s.configs if not c.is_stock]
+        assert policy_configs, f"{fname}: stock Dlight only"
+        if fname.startswith("fused_conv2d"):  # NCHW included: convolutions have matmul configs
+            assert any(c.kind in ("matmul", "matmul_tc") for c in policy_configs), fname
+
+
+def test_a_decoder_layer_tunes_and_builds_with_nothing_untuned():
+    mod = prepared("llama_b1_s512")
+    tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = tuning(mod)
+    assert [e.function for e in tuning.report if e.status == "untuned"] == []
+    assert {e.function for e in tuning.report} == set(prim_funcs(mod))
+    src = cuda_source(fastdlight.build(tuned, H100.target))
+    for name in prim_funcs(mod):
+        assert f"{name}_kernel" in src, name
+    assert compile_cubin(src, H100.target).registers > 0  # the whole model's kernels, one nvcc run
