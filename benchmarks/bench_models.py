@@ -55,6 +55,8 @@ class Row:
     fastdlight_ms: float | None = None
     tune_s: float | None = None
     replay_s: float | None = None
+    replay_hits: int = 0  # functions the replay took from the database (of `functions`)
+    tune_stages: dict = field(default_factory=dict)  # where the tuning wall went (tune.clock)
     build_s: float | None = None
     stock_build_s: float | None = None
     functions: int = 0
@@ -123,6 +125,8 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
         warnings.simplefilter("ignore")
         replay(prepared)
     row.replay_s = round(time.perf_counter() - t0, 2)
+    row.replay_hits = sum(e.status == "database" for e in replay.report)
+    row.tune_stages = tuning.stage_seconds
     t0 = time.perf_counter()
     ex = build(tuned, arch.target)
     row.build_s = round(time.perf_counter() - t0, 2)
@@ -194,7 +198,7 @@ def markdown(rows: list[Row]) -> str:
             f"| {fmt(r.stock_sm_90a_ms)} | {fmt(r.stock_sm_90_ms)} | {fmt(r.fastdlight_ms)} "
             f"| {ratio(r.torch_graph_ms, r.fastdlight_ms)} | {ratio(r.torch_eager_ms, r.fastdlight_ms)} "
             f"| {ratio(r.torch_compile_ms, r.fastdlight_ms)} | {ratio(stock, r.fastdlight_ms)} | {r.tune_s} "
-            f"| {r.replay_s} | {r.build_s} ({r.stock_build_s}) | {len(r.untuned)}/{r.functions} "
+            f"| {r.replay_s} ({r.replay_hits} hits) | {r.build_s} ({r.stock_build_s}) | {len(r.untuned)}/{r.functions} "
             f"| {len(r.stock_won)} |")
     return "\n".join(lines) + "\n\nRatios are speedups of fastdlight (> 1: fastdlight faster).\n"
 
@@ -206,6 +210,9 @@ def profile_text(r: Row, top: int = 8) -> str:
         ms = f"{p['ms']:.4f}" if p["ms"] else "-"
         st = f"{p['stock_ms']:.4f}" if p["stock_ms"] else "-"
         lines.append(f"| {p['function']} | {p['calls']} | {p['winner']} | {ms} | {st} | {p['config'] or p['error']} |")
+    if r.tune_stages:
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r.tune_stages.items())
+        lines.append(f"\nTuning {r.tune_s} s wall; seconds by stage, summed over threads and workers: {stages}")
     return "\n".join(lines)
 
 

@@ -1,21 +1,21 @@
-"""``ApplyFastTuning``: tune every PrimFunc of an IRModule (e.g. a legalized Relax model).
+"""``ApplyFastTuning``: tune every PrimFunc of an IRModule (e.g. a legalized, fused Relax model).
 
-    mod = relax.transform.LegalizeOps()(mod)
-    mod = fastdlight.ApplyFastTuning(topk=20, target="cuda", meta_database_dir="tuned/")(mod)
-    ex = fastdlight.build(mod, target)
+    mod = fastdlight.relax.prepare(target)(mod)   # legalize and fuse, once
+    mod = fastdlight.ApplyFastTuning(topk=20, target=target, meta_database_dir="tuned/")(mod)
+    ex = fastdlight.build(mod, target)             # lowers without fusing again
 
-Compile the result with :func:`fastdlight.build` (``tvm.compile`` under fastdlight's PassContext
-options): the tensor-core kernels need TIR common-subexpression elimination off and every
-warp buffer lowered (see :mod:`fastdlight.tune.compile`); plain ``tvm.compile`` fails on them.
+Build the result with :func:`fastdlight.build` (:mod:`fastdlight.relax.pipeline`): it does not
+fuse or legalize again, so the tuned functions are what runs, and it sets the PassContext options
+the tensor-core kernels need (see :mod:`fastdlight.tune.compile`).
 
 For each PrimFunc not already scheduled (``tirx.is_scheduled``) the candidate path shared with
 ``fastdlight.tune`` and the CLI (:mod:`fastdlight.tune.candidates`) runs: a database hit is
-replayed (on a GPU built, probed, timed and verified again); otherwise the policy's top-k are
-built, timed and verified (compile-only and ranked by predicted cost when no GPU is present),
-and a verified winner is stored. The scheduled function replaces the original, marked ``tirx.is_scheduled`` so later
-Dlight passes leave it alone. A function fastdlight cannot tune (an op family no template
-covers, symbolic shapes, every candidate failing) is left as it was, with a warning naming it:
-follow with ``dlight.ApplyDefaultSchedule`` to schedule what is left.
+re-applied (a record was verified when stored; ``recheck_database=True`` checks it again on a
+GPU); otherwise the policy's top-k and stock Dlight's schedule are built, timed and verified
+(compile-only and ranked by predicted cost when no GPU is present), and a verified winner is
+stored. The scheduled function replaces the original, marked ``tirx.is_scheduled`` so later
+Dlight passes leave it alone. A function nothing could schedule is left as it was, with a
+warning naming it: the build's Dlight rules schedule what is left.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tvm.ir.transform import PassContext, module_pass
 
 from ..arch import CUDA, auto_arch
 from ..policies.config import Config
-from ..tune import build_task
+from ..tune import build_task, clock
 from ..tune.candidates import tune_function
 from ..tune.database import TuningDatabase
 from ..tune.options import TuneOptions
@@ -96,10 +96,12 @@ class ApplyFastTuning:
 
     target: a Target, tag or :class:`fastdlight.arch.CUDA` (default: the live GPU, else the
     H100 model). meta_database_dir: a directory holding fastdlight's tuning records (see
-    :mod:`fastdlight.tune.database`); a hit is replayed (and re-verified on a GPU). Other
+    :mod:`fastdlight.tune.database`); a hit is re-applied without building (``recheck_database=True``:
+    built, timed and verified again first). Other
     keywords are :class:`fastdlight.tune.TuneOptions` fields (``measure``, ``budget_ms``,
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
-    :class:`FunctionReport` per function. Structurally equal functions are tuned once; ``jobs``
+    :class:`FunctionReport` per function and ``.stage_seconds`` where the time went.
+    Structurally equal functions are tuned once; ``jobs``
     functions are tuned at a time, their candidates built by one shared worker pool while the
     GPU times one candidate at a time (``stages.GPU_TURN``)."""
 
@@ -115,12 +117,15 @@ class ApplyFastTuning:
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
         self.progress = progress
         self.report: list[FunctionReport] = []
+        #: where the last run's time went (:mod:`fastdlight.tune.clock`)
+        self.stage_seconds: dict[str, float] = {}
 
     def arch(self) -> CUDA:
         return self.target if isinstance(self.target, CUDA) else auto_arch(self.target)
 
     def transform_module(self, mod: IRModule, _ctx: PassContext) -> IRModule:
         arch = self.arch()
+        before = clock.snapshot()
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
         groups = _structural_groups((gv, f) for gv, f in mod.functions_items()
                                     if isinstance(f, tirx.PrimFunc) and not is_scheduled(f))
@@ -133,6 +138,7 @@ class ApplyFastTuning:
                 bar.update()
             bar.close()
         _rewarn(caught)
+        self.stage_seconds = clock.since(before)
         updated = {}
         for members, future in zip(groups, futures):
             scheduled, entry = future.result()

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from collections import OrderedDict
 
 import tvm
 
@@ -294,8 +295,13 @@ def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
 
 
 # -- the probe ------------------------------------------------------------------------------
-#: the probe process's inputs for the function it last probed: (func_json, seed, Workload)
-_PROBE_INPUTS: list = []
+#: the probe process's inputs, by (func_json, seed), most recently used last. Several functions
+#: of a model are tuned at once and their probes interleave: with one cached workload each
+#: switch re-made a function's random inputs (hundreds of ms for a weight matrix) while the
+#: GPU turn was held
+_PROBE_INPUTS: OrderedDict = OrderedDict()
+#: what the cache may hold: workloads, and bytes of device memory
+PROBE_CACHE_ENTRIES, PROBE_CACHE_BYTES = 16, 8 << 30
 
 
 def init_probe_worker() -> int:
@@ -312,11 +318,20 @@ def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
     timeout. Raises on any error."""
     from .measure import Workload, function_name
 
-    if not _PROBE_INPUTS or _PROBE_INPUTS[0][:2] != (func_json, seed):
-        _PROBE_INPUTS.clear()
-        _PROBE_INPUTS.append((func_json, seed, Workload(load_func(func_json), tvm.cuda(0), seed)))
-    wl = _PROBE_INPUTS[0][2]
+    wl = _probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(0), seed))
     mod = tvm.runtime.load_module(so_path)
     mod[function_name(mod, wl.func)](*wl.args)
     tvm.cuda(0).sync()
     return True
+
+
+def _probe_workload(func_json: str, seed: int, make):
+    key = (func_json, seed)
+    if key in _PROBE_INPUTS:
+        _PROBE_INPUTS.move_to_end(key)
+        return _PROBE_INPUTS[key]
+    wl = _PROBE_INPUTS[key] = make()
+    while len(_PROBE_INPUTS) > 1 and (len(_PROBE_INPUTS) > PROBE_CACHE_ENTRIES
+                                      or sum(w.bytes for w in _PROBE_INPUTS.values()) > PROBE_CACHE_BYTES):
+        _PROBE_INPUTS.popitem(last=False)
+    return wl

@@ -1,6 +1,6 @@
 """The one candidate path that ``fastdlight.tune``, the CLI and ``ApplyFastTuning`` share:
 
-    database hit?  -> replay the stored config (built, probed, timed and verified again on a GPU)
+    database hit?  -> re-apply the stored config (recheck_database: built, timed, verified again)
     policies       -> TensorCorePolicy first where the function is tensor-core eligible, then
                       DefaultPolicy if every tensor-core candidate fails
     apply_and_build each candidate set until one gives a verified winner

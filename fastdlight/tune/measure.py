@@ -30,6 +30,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from . import clock
+
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
 INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
 
@@ -153,7 +155,8 @@ def to_device(arr: np.ndarray, dtype: str, dev) -> tvm.runtime.Tensor:
         t = tvm.runtime.empty(arr.shape, "bfloat16", dev)
         t.copyfrom(_bf16_bits(arr))
         return t
-    return tvm.runtime.tensor(np.ascontiguousarray(arr), dev)
+    # np.require, not np.ascontiguousarray: the latter turns a 0-d array into shape (1,)
+    return tvm.runtime.tensor(np.require(arr, requirements="C"), dev)
 
 
 def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
@@ -250,7 +253,8 @@ class _WorkloadMaker:
 
     def _make(self, func, seed: int) -> None:
         try:
-            self.workload = Workload(func, tvm.cuda(0), seed)
+            with clock.stage("workload"):
+                self.workload = Workload(func, tvm.cuda(0), seed)
         except Exception as e:  # noqa: BLE001 - reported by get()'s caller
             self.error = f"{type(e).__name__}: {e}"
 

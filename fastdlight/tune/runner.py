@@ -32,6 +32,7 @@ import tvm
 from ..arch import CUDA, auto_arch, has_gpu
 from ..policies.prepare import check_index_range
 from ..policies.config import Config
+from . import clock
 from .candidate import BuildRequest, CompileResult
 from .measure import Workload, function_name
 from .options import TuneOptions
@@ -201,8 +202,10 @@ def _measured_run(p: Plan, opts: TuneOptions, t_start: float):
     timed = timer.retime_fastest([results[i] for i in range(len(p.configs))])
     # the reference runs after the last timing: numpy BLAS on every core would take the CPU
     # from the thread queueing the timed launches
-    expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
-    ranked, best = verify_and_pick(timed, wl, expected, opts.check, why)
+    with clock.stage("reference"):
+        expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
+    with clock.stage("verify"):
+        ranked, best = verify_and_pick(timed, wl, expected, opts.check, why)
     return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", wl.bytes)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from ..arch import CUDA
-from . import build_task
+from . import build_task, clock
 from .candidate import BuildArtifact, BuildRequest, CompileResult, Failure
 from .measure import Timing, Workload, flush_bytes_for, function_name, time_module
 from .options import TuneOptions
@@ -51,6 +51,7 @@ def _failure_of(out: Outcome) -> Failure:
 
 
 def built_of(out: Outcome) -> Built:
+    clock.add("build", out.seconds)
     if out.ok:
         return Built(out.key, out.value, None, out.seconds)
     return Built(out.key, None, _failure_of(out), out.seconds)
@@ -97,12 +98,22 @@ def build_stream(requests: Sequence[BuildRequest], opts: TuneOptions,
     else:
         stream = map(post, _run_serial(tasks))
     bar = _progress(len(tasks), "building", opts.progress)
-    for built in stream:
+    for built in _waited(stream):
         if bar is not None:
             bar.update(1)
         yield built if isinstance(built, Built) else built_of(built)  # a post that raised
     if bar is not None:
         bar.close()
+
+
+def _waited(stream: Iterator) -> Iterator:
+    """``stream``, with the time spent waiting for each item booked as "build wait"."""
+    while True:
+        with clock.stage("build wait"):
+            item = next(stream, None)
+        if item is None:
+            return
+        yield item
 
 
 # -- probe -----------------------------------------------------------------------------------
@@ -121,7 +132,7 @@ class Prober:
 
     def run(self, so_path: str, func_json: str) -> Failure | None:
         task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
-        with self.lock, GPU_TURN:
+        with self.lock, clock.holding(GPU_TURN, "probe"):
             (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
             if not res.ok:
                 self.pool.reset()
@@ -161,7 +172,7 @@ class Timer:
         wl = self.get_workload()
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
-        with GPU_TURN:
+        with clock.holding(GPU_TURN, "time"):
             return time_module(module, function_name(module, wl.func), self.arg_sets, wl.dev, self.opts.budget_ms,
                                self.opts.timing, self.flush)
 

@@ -166,3 +166,6 @@ def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
     wl = measure.Workload(scaled, dev=tvm.cpu(0))
     assert [tuple(b.shape) for b in measure.param_buffers(scaled)] == [(8, 16), (), (8, 16)]
     assert [h.shape for h in wl.host_inputs] == [(8, 16), ()]
+    # on the device it stays 0-d (np.ascontiguousarray would make it shape (1,), and the
+    # kernel's ndim check rejects that)
+    assert tuple(measure.to_device(wl.host_inputs[1], "float16", tvm.cpu(0)).shape) == ()

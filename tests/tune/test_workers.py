@@ -114,3 +114,29 @@ def test_stopping_early_with_post_returns(pool):
     closer.start()
     closer.join(60)
     assert not closer.is_alive()
+
+
+def test_the_probe_keeps_the_inputs_of_functions_tuned_side_by_side(monkeypatch):
+    """Probes of several functions interleave when a model is tuned; each function's random
+    inputs are made once, and the cache stays within its entry and byte bounds."""
+    from types import SimpleNamespace
+
+    from fastdlight.tune import build_task
+
+    monkeypatch.setattr(build_task, "_PROBE_INPUTS", build_task.OrderedDict())
+    monkeypatch.setattr(build_task, "PROBE_CACHE_ENTRIES", 3)
+    monkeypatch.setattr(build_task, "PROBE_CACHE_BYTES", 100)
+    made = []
+
+    def maker(name, nbytes=10):
+        return lambda: made.append(name) or SimpleNamespace(bytes=nbytes)
+
+    for name in ["a", "b", "a", "b", "c", "a"]:
+        build_task._probe_workload(name, 0, maker(name))
+    assert made == ["a", "b", "c"]
+    build_task._probe_workload("d", 0, maker("d"))  # a fourth: the least recently used (b) goes
+    build_task._probe_workload("a", 0, maker("a"))
+    build_task._probe_workload("b", 0, maker("b"))
+    assert made == ["a", "b", "c", "d", "b"]
+    build_task._probe_workload("big", 0, maker("big", 95))  # over the byte bound: all but it go
+    assert list(k[0] for k in build_task._PROBE_INPUTS) == ["big"]
