@@ -21,6 +21,8 @@ import sys
 import time
 import warnings
 
+from .tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS
+
 DEFAULT_TARGET = "nvidia/nvidia-h100"
 #: when the command started (set by :func:`entry`): the wall time we report includes imports
 _STARTED: list[tuple[float, float]] = []
@@ -116,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
     tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
     tune.add_argument("--timeout", type=_positive(float), default=120.0, help="seconds one candidate may take to build")
-    tune.add_argument("--budget-ms", type=_positive(float), default=100.0, help="timing budget per candidate")
+    tune.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
+                      help="timing budget of each finalist (the fastest few, timed again)")
+    tune.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
+                      help="timing budget of the first pass over every candidate")
     tune.add_argument("--timing", default="rotate", choices=("rotate", "flush"),
                       help="rotate: cycle inputs through copies so none is in L2 (default); "
                            "flush: flush L2 and synchronize before each launch")
@@ -310,7 +315,7 @@ def cmd_tune(args) -> int:
     from fastdlight.tune.runner import TuningError
 
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
-                       timeout=args.timeout, budget_ms=args.budget_ms, check=args.check, ref=ref,
+                       timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check, ref=ref,
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
     print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))

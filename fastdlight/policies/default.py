@@ -442,6 +442,12 @@ class _Gemv(_Planner):
 # -- CUDA-core matmul / conv ---------------------------------------------------------------------
 
 
+#: multiply-adds one thread's unrolled k step may hold (micro tile x rstep). nvcc time grows
+#: with it: fp16 NHWC conv candidates of 8x8 x 32 took 11-19 s each on a 2-core machine, 8x8 x
+#: 16 took 3-7 s; fp32 4096^3, the best CUDA-core GEMM, is 8x8 x 16
+MAX_UNROLLED_FMAS = 1024
+
+
 class _Matmul(_Planner):
     """Shared-memory tiled matmul: block tile over all spatial axes, a thread micro tile of
     1–8 × 1–8 on the last two (1 elsewhere), rstep 8–32 picked by coalescing, 1 or 2 stages."""
@@ -573,6 +579,14 @@ class _Matmul(_Planner):
                         out.append(tuple(r))
         return out
 
+    def _bounded_rsteps(self, tile, thread):
+        """The rsteps whose unrolled body (outputs per thread x rstep multiply-adds) stays within
+        MAX_UNROLLED_FMAS; the smallest one when none does."""
+        rsteps = self._rsteps(tile)
+        outs = math.prod(thread)
+        kept = [r for r in rsteps if outs * math.prod(r) <= MAX_UNROLLED_FMAS]
+        return kept or [min(rsteps, key=math.prod)]
+
     def _thread_tiles(self, tile):
         """Micro tiles minimizing the per-thread input footprint per output, among thread counts
         in the preferred range first: the best one and, when it is not square, its transpose
@@ -627,7 +641,7 @@ class _Matmul(_Planner):
 
     def _plans(self, tile, thread, regs, threads, orient):
         last = self.info.spatial_iters[-1]
-        for rstep in self._rsteps(tile):
+        for rstep in self._bounded_rsteps(tile, thread):
             ext = self.info.iter_extents(tile, rstep)
             stage_bytes = sum(self._shared_bytes(a, a.region(ext)) for a in self.inputs)
             stage_words = sum(_words(math.prod(a.region(ext)), a.tensor.bits) for a in self.inputs)

@@ -14,11 +14,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import tvm_ffi
+
 from ..arch import CUDA, has_gpu
 from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
+from . import build_task
 from .candidate import CompileResult
 from .options import TuneOptions
 from .pool import shared_pool
@@ -97,14 +100,29 @@ def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
 
 
 def stock_configs(func, arch: CUDA) -> tuple[Config, ...]:
-    """Stock Dlight's schedule at the tuning arch and, for a tensor-core eligible function on an
-    arch-specific target (``sm_90a``), also at its base (``sm_90``): there Dlight's Matmul rule
-    uses tensor cores, which it does not at ``sm_90a``. Elsewhere the two arches give Dlight the
-    same schedule (checked on softmax, GEMV and fp32 matmul), so one is built."""
-    configs = [Config("dlight", (), arch=arch.arch)]
-    if arch.arch[-1].isalpha() and get_tensorized_func_and_tags(func, arch)[1]:
-        configs.append(Config("dlight", (), arch=arch.arch.rstrip("abcdefghijklmnopqrstuvwxyz")))
-    return tuple(configs)
+    """Stock Dlight's schedule at the tuning arch and, on an arch-specific target (``sm_90a``),
+    also at its base (``sm_90``) when Dlight schedules the function differently there: its
+    Matmul rule uses tensor cores at ``sm_90`` (matmuls, convolutions), not at ``sm_90a``.
+    Where the two schedules are the same (softmax, GEMV, fp32 matmul, elementwise) one is built."""
+    own = Config("dlight", (), arch=arch.arch)
+    base = arch.arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+    if base == arch.arch:
+        return (own,)
+    other = Config("dlight", (), arch=base)
+    return (own, other) if _schedules_differ(func, arch, own, other) else (own,)
+
+
+def _schedules_differ(func, arch: CUDA, a: Config, b: Config) -> bool:
+    """Whether the two configs schedule ``func`` differently (True when either does not apply:
+    then measurement decides)."""
+    try:
+        with arch.target:
+            schedules = [build_task.apply_template(func, c) for c in (a, b)]
+    except Exception:  # noqa: BLE001 - a rule that raises is built and fails as a candidate
+        return True
+    if any(sch is None for sch in schedules):
+        return True
+    return not tvm_ffi.structural_equal(schedules[0].mod, schedules[1].mod)
 
 
 def _matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:

@@ -17,8 +17,12 @@ from typing import Any, Callable
 
 #: seconds one candidate may take to schedule + lower + nvcc before its worker is killed
 DEFAULT_TIMEOUT = 120.0
-#: timing budget per candidate: the median is taken over at least this many milliseconds
+#: timing budget of the finalists: their median is taken over at least this many milliseconds
 DEFAULT_BUDGET_MS = 100.0
+#: timing budget of the first pass over every candidate, which only has to find the finalists
+#: (the few fastest, timed again at ``budget_ms``): a model's tuning was GPU-bound at 100 ms
+#: for every candidate
+DEFAULT_SCREEN_MS = 25.0
 CHECKS = ("winner", "all", "none")
 TIMINGS = ("rotate", "flush")
 
@@ -31,7 +35,9 @@ class TuneOptions:
         compiled to cubins and ranked by the policy's predicted cost.
     parallel_build: compile in worker processes (crash- and hang-proof); False: in this process.
     max_workers: build processes (None: one per CPU). timeout: seconds per candidate build.
-    budget_ms: timing budget per candidate. timing: "rotate" or "flush" (see tune.measure).
+    budget_ms: timing budget of each finalist (the fastest few of the first pass, timed again).
+    screen_ms: timing budget of the first pass over every candidate (at most ``budget_ms``).
+    timing: "rotate" or "flush" (see tune.measure).
     check: "winner" (fastest first, then the next, until one verifies), "all", "none".
     ref: float64 numpy reference ``ref(*inputs) -> output(s)``; None: the PrimFunc itself,
         widened to float64 under a naive schedule (:mod:`fastdlight.tune.verify`).
@@ -51,6 +57,7 @@ class TuneOptions:
     max_workers: int | None = None
     timeout: float = DEFAULT_TIMEOUT
     budget_ms: float = DEFAULT_BUDGET_MS
+    screen_ms: float = DEFAULT_SCREEN_MS
     timing: str = "rotate"
     check: str = "winner"
     ref: Callable | None = None
@@ -69,7 +76,7 @@ class TuneOptions:
             raise ValueError(f"check must be one of {CHECKS}, got {self.check!r}")
         if self.timing not in TIMINGS:
             raise ValueError(f"timing must be one of {TIMINGS}, got {self.timing!r}")
-        for name in ("timeout", "budget_ms"):
+        for name in ("timeout", "budget_ms", "screen_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of {'seconds' if name == 'timeout' else 'ms'}, "

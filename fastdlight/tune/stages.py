@@ -161,19 +161,20 @@ def load_module(art: BuildArtifact, arch: CUDA):
 
 class Timer:
     """Loads and times candidates one at a time, as their builds finish (so timing overlaps
-    the builds still running), then re-times the fastest few."""
+    the builds still running), for ``screen_ms`` each; then times the fastest few again for
+    ``budget_ms``."""
 
     def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions):
         self.arch, self.get_workload, self.opts = arch, get_workload, opts
         self.flush = flush_bytes_for(arch.l2_bytes)
         self.arg_sets = None
 
-    def time(self, module) -> Timing:
+    def time(self, module, budget_ms: float) -> Timing:
         wl = self.get_workload()
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
         with clock.holding(GPU_TURN, "time"):
-            return time_module(module, function_name(module, wl.func), self.arg_sets, wl.dev, self.opts.budget_ms,
+            return time_module(module, function_name(module, wl.func), self.arg_sets, wl.dev, budget_ms,
                                self.opts.timing, self.flush)
 
     def measure(self, r: CompileResult) -> CompileResult:
@@ -185,7 +186,7 @@ class Timer:
         except Exception as e:  # noqa: BLE001
             return r.failed("load", f"load: {one_line(e)}", traceback.format_exc())
         try:
-            return r.replace(module=module, timing=self.time(module))
+            return r.replace(module=module, timing=self.time(module, min(self.opts.screen_ms, self.opts.budget_ms)))
         except Exception as e:  # noqa: BLE001 - launch failure (too many resources, ...)
             return r.replace(module=module).failed("run", f"run: {one_line(e)}", traceback.format_exc())
 
@@ -202,7 +203,7 @@ class Timer:
 
     def _retime(self, r: CompileResult) -> CompileResult:
         try:
-            again = self.time(r.module)
+            again = self.time(r.module, self.opts.budget_ms)
         except Exception as e:  # noqa: BLE001
             return r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
         return r.replace(timing=Timing(again.median_ms, r.timing.samples_ms + again.samples_ms))

@@ -12,6 +12,9 @@ Each float output is checked with one of two bounds, chosen per output by :func:
       |out - ref| <= u(acc) * (C_MAGNITUDE * S + C_DRIFT * sqrt(K) * |ref|)
                      + C_OUT * u(narrow) * |ref|  +  FLOOR
 
+  (``max(|ref|, S)`` in the last term where narrow is an intermediate coarser than the output:
+  fp32 sum -> fp16 -> fp32 + bias rounds the sum relative to the sum, which the bias may cancel)
+
   S is the reference run on |inputs| (the sum of |every term|); K the number of additions on
   the way (the summed extents of the sum reductions feeding the output); acc the least
   precise dtype those sums are carried in (integer sums are exact: u = 0); narrow the least
@@ -325,7 +328,10 @@ def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_
     if kind.sum_of_products and mag is not None:
         mag = np.abs(np.asarray(mag, dtype=np.float64))
         acc = _u(kind.acc_dtype) * (C_MAGNITUDE * mag + C_DRIFT * math.sqrt(kind.k) * np.abs(ref))
-        return acc + C_OUT * narrow * np.abs(ref) + FLOOR
+        # an intermediate rounded more coarsely than the output (fp32 sum -> fp16 -> fp32 + bias)
+        # errs relative to its own value, which a later addend can cancel in ref: S bounds it
+        scale = np.maximum(np.abs(ref), mag) if narrow > _u(out_dtype) else np.abs(ref)
+        return acc + C_OUT * narrow * scale + FLOOR
     rtol = C_REL * (narrow + _u(kind.acc_dtype) * math.sqrt(kind.k))
     finite = ref[np.isfinite(ref)]
     rms = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0

@@ -290,3 +290,16 @@ def test_nchw_convolution_gets_configs_with_channels_and_width_as_the_micro_axes
 def test_matmul_and_nhwc_conv_keep_their_last_two_axes_as_micro_axes():
     assert DefaultPolicy(ops.matmul(512, 512, 512, "float32").func, H100).planner.micro == (0, 1)
     assert DefaultPolicy(ops.conv2d_nhwc(8, 28, 28, 64, 64, dtype="float32").func, H100).planner.micro == (2, 3)
+
+
+def test_cuda_core_candidates_bound_their_unrolled_k_step():
+    """nvcc time grows with outputs per thread x rstep: ResNet's fp16 convolutions at 8x8 x 32
+    took 11-19 s each to compile. The bound keeps the shape of the best fp32 GEMM (8x8 x 16)."""
+    from fastdlight.policies.default import MAX_UNROLLED_FMAS
+
+    conv = ops.conv2d_nhwc(16, 56, 56, 64, 64, dtype="float16", out_dtype="float32").func
+    configs = DefaultPolicy(conv, H100).emit_config(20)
+    assert configs
+    assert max(math.prod(c.thread) * math.prod(c.rstep) for c in configs) <= MAX_UNROLLED_FMAS
+    gemm = DefaultPolicy(ops.matmul(4096, 4096, 4096, "float32").func, H100).emit_config(20)
+    assert any(sorted(c.thread) == [8, 8] and math.prod(c.rstep) == 16 for c in gemm)

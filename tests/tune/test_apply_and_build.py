@@ -149,7 +149,8 @@ def test_unknown_option_is_refused_before_building():
         quiet(func=standins.add_op().func, configs=flat_configs((64,)), opt_shape={"n": 4})
 
 
-@pytest.mark.parametrize("bad", [{"timeout": 0}, {"budget_ms": -5}, {"max_workers": 0}, {"timing": "x"}])
+@pytest.mark.parametrize("bad", [{"timeout": 0}, {"budget_ms": -5}, {"screen_ms": 0}, {"max_workers": 0},
+                                 {"timing": "x"}])
 def test_bad_option_values_are_refused(bad):
     with pytest.raises(ValueError):
         quiet(func=standins.add_op().func, configs=flat_configs((64,)), **bad)
@@ -248,16 +249,33 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample():
     results = []
     for i, (median, best) in enumerate([(1.0, 0.95), (1.1, 1.05), (1.2, 1.15), (1.3, 0.4), (2.0, 1.9)]):
         results.append(_row(i, median).replace(timing=Timing(median, (best, median, median)), module=i))
-    timer = Timer(H100, lambda: None, TuneOptions())
+    timer = Timer(H100, lambda: None, TuneOptions(budget_ms=80, screen_ms=15))
     retimed = []
 
-    def fake_time(module):
-        retimed.append(module)
+    def fake_time(module, budget_ms):
+        retimed.append((module, budget_ms))
         median = results[module].latency_ms
         return Timing(median * 0.5, (median * 0.5,))
 
     timer.time = fake_time
     out = timer.retime_fastest(results)
-    assert sorted(retimed) == [0, 1, 2, 3]
+    assert sorted(retimed) == [(0, 80), (1, 80), (2, 80), (3, 80)]  # finalists get the full budget
     assert out[3].latency_ms == 0.65 and out[4].latency_ms == 2.0
     assert len(out[0].timing.samples_ms) == 4  # both timings' samples are kept
+
+
+def test_the_first_pass_times_each_candidate_for_the_screen_budget(monkeypatch):
+    from fastdlight.tune import stages
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.options import TuneOptions
+
+    budgets = []
+    monkeypatch.setattr(stages, "load_module", lambda art, arch: "module")
+    timer = stages.Timer(H100, lambda: object(), TuneOptions(budget_ms=80, screen_ms=15))
+    monkeypatch.setattr(timer, "time", lambda module, budget_ms: budgets.append(budget_ms) or Timing(1.0, (1.0,)))
+    timer.measure(_row(0, None))
+    assert budgets == [15]
+    timer = stages.Timer(H100, lambda: object(), TuneOptions(budget_ms=10, screen_ms=15))
+    monkeypatch.setattr(timer, "time", lambda module, budget_ms: budgets.append(budget_ms) or Timing(1.0, (1.0,)))
+    timer.measure(_row(0, None))
+    assert budgets == [15, 10]  # never more than the full budget

@@ -53,6 +53,10 @@ def test_stock_configs_add_the_base_arch_only_where_dlight_would_use_tensor_core
     assert [c.arch for c in candidates.stock_configs(softmax, H100)] == ["sm_90a"]
     a100 = CUDA("nvidia/nvidia-a100")
     assert [c.arch for c in candidates.stock_configs(fp16_matmul, a100)] == ["sm_80"]
+    # a convolution is not tensor-core eligible for our policy, but Dlight's Matmul rule puts it
+    # on tensor cores at sm_90 (ResNet-18: 2x faster than at sm_90a), so both are measured
+    conv = ops.conv2d_nhwc(16, 28, 28, 128, 128, dtype="float16", out_dtype="float32").func
+    assert [c.arch for c in candidates.stock_configs(conv, H100)] == ["sm_90a", "sm_90"]
 
 
 def test_stock_joins_the_first_set_ranked_last_or_comes_last_alone():
