@@ -138,7 +138,7 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
     row.profile = sorted(
         ({"function": e.function, "calls": calls.get(e.function, 1), "winner": e.winner,
           "ms": e.latency_ms, "stock_ms": e.stock_ms, "config": repr(e.config) if e.config else None,
-          "seconds": e.seconds, "error": e.error} for e in tuning.report),
+          "seconds": e.seconds, "error": e.error, "failed": e.failed} for e in tuning.report),
         key=lambda p: -(p["ms"] or 0) * p["calls"])
     out = vm["main"](x_tvm)
     out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple

@@ -39,6 +39,7 @@ from ..tune import build_task, clock
 from ..tune.candidates import tune_function
 from ..tune.database import TuningDatabase
 from ..tune.options import TuneOptions
+from ..tune.report import failure_counts
 
 
 #: functions tuned at once: enough to keep the build workers busy while the GPU times another
@@ -75,6 +76,7 @@ class FunctionReport:
     error: str | None = None
     stock_ms: float | None = None
     same_as: str | None = None
+    failed: str = ""  # the candidates that failed, by stage ("2 wrong result, 1 nvcc")
 
     @property
     def winner(self) -> str | None:
@@ -173,7 +175,7 @@ class ApplyFastTuning:
         return scheduled, FunctionReport(
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
-            stock_ms=stock.latency_ms if stock else None)
+            stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results))
 
 
 def _rewarn(caught) -> None:

@@ -187,11 +187,10 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
 
 def _faster(stock_won: Tuned, later: Tuned) -> Tuned:
     """A later policy's winner against the stock Dlight winner of an earlier set: the faster
-    when both were timed (the policy's when not), keeping the stock rows for the report."""
+    when both were timed (the policy's when not), keeping both sets' rows for the report."""
     a, b = stock_won.best.latency_ms, later.best.latency_ms
     winner = stock_won if a is not None and b is not None and a < b else later
-    stock_rows = tuple(r for r in stock_won.results if r.config.is_stock)
-    return dataclasses.replace(winner, results=later.results + stock_rows)
+    return dataclasses.replace(winner, results=later.results + stock_won.results)
 
 
 def _replay(func, arch: CUDA, config: Config, opts: TuneOptions) -> Tuned | None:

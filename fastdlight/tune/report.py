@@ -16,6 +16,12 @@ def _reason(r: CompileResult) -> str | None:
     return r.failure.stage if r.failure.stage in STAGES else r.error
 
 
+def failure_counts(results: Sequence[CompileResult]) -> str:
+    """'2 wrong result, 1 nvcc' (empty when nothing failed)."""
+    counts = collections.Counter(filter(None, map(_reason, results)))
+    return ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
+
+
 def failure_summary(results: Sequence[CompileResult], limit: int = 3) -> str:
     """'N × reason' per reason, with the first few one-line messages of each."""
     by_reason: dict[str, list[CompileResult]] = collections.defaultdict(list)

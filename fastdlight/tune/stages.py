@@ -52,6 +52,11 @@ def _failure_of(out: Outcome) -> Failure:
 
 def built_of(out: Outcome) -> Built:
     clock.add("build", out.seconds)
+    phases = getattr(out.value, "phases", None) if out.ok else None
+    if phases is not None:
+        clock.add("build: schedule", phases.schedule_s)
+        clock.add("build: lower + nvcc", phases.compile_s)
+        clock.add("build: export", phases.export_s)
     if out.ok:
         return Built(out.key, out.value, None, out.seconds)
     return Built(out.key, None, _failure_of(out), out.seconds)

@@ -12,8 +12,9 @@ Each float output is checked with one of two bounds, chosen per output by :func:
       |out - ref| <= u(acc) * (C_MAGNITUDE * S + C_DRIFT * sqrt(K) * |ref|)
                      + C_OUT * u(narrow) * |ref|  +  FLOOR
 
-  (``max(|ref|, S)`` in the last term where narrow is an intermediate coarser than the output:
-  fp32 sum -> fp16 -> fp32 + bias rounds the sum relative to the sum, which the bias may cancel)
+  plus ``C_OUT * u(inner) * S`` where an intermediate buffer holds a float coarser than the
+  accumulator: fp32 sum -> fp16 -> + bias rounds the sum relative to the sum, which the bias
+  may cancel in ref (S bounds the sum).
 
   S is the reference run on |inputs| (the sum of |every term|); K the number of additions on
   the way (the summed extents of the sum reductions feeding the output); acc the least
@@ -146,6 +147,9 @@ class CheckKind:
     acc_dtype: str
     narrow_dtype: str
     output: str = ""
+    #: the least precise float an intermediate buffer holds ("" when none): a value rounded
+    #: there errs relative to itself, and a later addend (a bias) may cancel it in the output
+    inner_dtype: str = ""
 
     @property
     def bound(self) -> str:
@@ -303,8 +307,9 @@ def _kind_of(out, blocks) -> CheckKind:
     for b in blocks:
         rounded += [_expr_dtype(e) for e in _walk(b.body, ir.Expr)
                     if not isinstance(e, (ir.TensorLoad, ir.Var, tirx.FloatImm))]
+    inner = _least_precise(str(w.source.dtype) for b in blocks for w in b.writes if not w.source.same_as(out))
     return CheckKind(sop, max(1, sum(k for _, k in accumulating)), acc,
-                     _least_precise(rounded) or str(out.dtype), str(out.name))
+                     _least_precise(rounded) or str(out.dtype), str(out.name), inner)
 
 
 def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
@@ -328,10 +333,10 @@ def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_
     if kind.sum_of_products and mag is not None:
         mag = np.abs(np.asarray(mag, dtype=np.float64))
         acc = _u(kind.acc_dtype) * (C_MAGNITUDE * mag + C_DRIFT * math.sqrt(kind.k) * np.abs(ref))
-        # an intermediate rounded more coarsely than the output (fp32 sum -> fp16 -> fp32 + bias)
-        # errs relative to its own value, which a later addend can cancel in ref: S bounds it
-        scale = np.maximum(np.abs(ref), mag) if narrow > _u(out_dtype) else np.abs(ref)
-        return acc + C_OUT * narrow * scale + FLOOR
+        # an intermediate rounded more coarsely than the accumulator (fp32 sum -> fp16, then +
+        # bias) errs relative to its own value, which the bias may cancel in ref: S bounds it
+        inner = _u(kind.inner_dtype) if _u(kind.inner_dtype) > _u(kind.acc_dtype) else 0.0
+        return acc + C_OUT * (narrow * np.abs(ref) + inner * mag) + FLOOR
     rtol = C_REL * (narrow + _u(kind.acc_dtype) * math.sqrt(kind.k))
     finite = ref[np.isfinite(ref)]
     rms = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0

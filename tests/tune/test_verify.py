@@ -233,27 +233,32 @@ def _sop(func):
     return [k.sum_of_products for k in verify.output_kinds(func)]
 
 
-def test_an_intermediate_rounded_to_fp16_before_a_bias_is_judged_at_its_own_magnitude():
-    """ResNet's classifier after ToMixedPrecision: fp32 sum -> fp16 -> fp32 + fp32 bias. Where
-    the bias nearly cancels the sum, the fp16 rounding of the sum is large next to |ref|; a
-    correct kernel passes, one that drops the bias still fails."""
+@pytest.mark.parametrize("out_dtype", ["float32", "float16"])
+def test_an_intermediate_rounded_to_fp16_before_a_bias_is_judged_at_its_own_magnitude(out_dtype):
+    """After ToMixedPrecision: fp32 sum -> fp16, then + bias (ResNet's classifier adds in fp32,
+    a transformer's FFN in fp16). Where the bias nearly cancels the sum, the sum's fp16 rounding
+    is large next to |ref|; a correct kernel passes, one that drops the bias still fails."""
     a, b = te.placeholder((16, 512), "float16", name="A"), te.placeholder((512, 64), "float16", name="B")
-    bias = te.placeholder((64,), "float32", name="bias")
+    bias = te.placeholder((64,), out_dtype, name="bias")
     r = te.reduce_axis((0, 512), name="k")
     c = te.compute((16, 64), lambda i, j: te.sum(a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r))
     h = te.compute((16, 64), lambda i, j: c[i, j].astype("float16"))
-    d = te.compute((16, 64), lambda i, j: h[i, j].astype("float32") + bias[j], name="D")
+    d = te.compute((16, 64), lambda i, j: h[i, j].astype(out_dtype) + bias[j], name="D")
     func = te.create_prim_func([a, b, bias, d])
     x, y = uniform((16, 512), np.float16, 1), uniform((512, 64), np.float16, 2)
     exact = x.astype(np.float64) @ y.astype(np.float64)
-    bias_v = (-exact[0] + uniform((64,), np.float32, 3) * 1e-3).astype(np.float32)  # cancels row 0
+    bias_v = (-exact[0] + uniform((64,), np.float32, 3) * 1e-3).astype(out_dtype)  # cancels row 0
     expected = verify.expected_from_numpy(lambda p, q, z: (p @ q) + z, [x, y, bias_v], func)
-    assert expected.kinds[0].narrow_dtype == "float16"
-    kernel = (x.astype(np.float32) @ y.astype(np.float32)).astype(np.float16).astype(np.float32) + bias_v
-    verdict = verify.check_outputs([kernel], expected)
+    assert expected.kinds[0].inner_dtype == "float16"
+    summed = (x.astype(np.float32) @ y.astype(np.float32)).astype(np.float16).astype(out_dtype)
+    verdict = verify.check_outputs([summed + bias_v], expected)
     assert verdict.ok, verdict.message
-    no_bias = (x.astype(np.float32) @ y.astype(np.float32)).astype(np.float16).astype(np.float32)
-    assert not verify.check_outputs([no_bias], expected).ok
+    assert not verify.check_outputs([summed], expected).ok
+
+
+def test_a_plain_matmul_keeps_its_tight_output_rounding_bound(matmuls):
+    kind = matmuls["fp32_acc_fp16_out"][0].kinds[0]
+    assert (kind.inner_dtype, kind.narrow_dtype) == ("float32", "float16")  # only the output is fp16
 
 
 def test_which_outputs_are_sums_of_products():
