@@ -52,7 +52,8 @@ class Row:
     torch_compile_ms: float | None = None
     stock_sm_90a_ms: float | None = None
     stock_sm_90_ms: float | None = None
-    fastdlight_ms: float | None = None
+    fastdlight_ms: float | None = None  # the median of fastdlight_runs_ms
+    fastdlight_runs_ms: list = field(default_factory=list)  # three timings of the built model
     tune_s: float | None = None
     replay_s: float | None = None
     replay_hits: int = 0  # functions the replay took from the database (of `functions`)
@@ -65,17 +66,19 @@ class Row:
     max_rel_err: float | None = None
     errors: dict = field(default_factory=dict)
     profile: list = field(default_factory=list)
+    kernel_check: list = field(default_factory=list)  # --kernel-check: (function, ms alone, ms tuned)
 
 
-def time_vm(vm, args, dev) -> float:
+def time_vm(vm, args, dev, row: Row | None = None) -> float:
     """Median ms of one ``vm["main"](*args)`` inside a CUDA graph (queued launches if the VM
-    cannot be captured)."""
+    cannot be captured: noted in ``row.errors``)."""
     fn = vm["main"]
     estimate = time_launches(fn, [args], dev, budget_ms=20).median_ms
     try:
         return time_graph(fn, [args], dev, BUDGET_MS, per_launch_ms=estimate).median_ms
     except Exception as e:  # noqa: BLE001
-        warnings.warn(f"VM not capturable in a CUDA graph ({e}); queued launches instead")
+        if row is not None:
+            row.errors["cuda graph"] = f"not capturable, queued launches timed: {str(e).splitlines()[0][:150]}"
         return time_launches(fn, [args], dev, BUDGET_MS).median_ms
 
 
@@ -131,7 +134,8 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
     ex = build(tuned, arch.target)
     row.build_s = round(time.perf_counter() - t0, 2)
     vm = relax.VirtualMachine(ex, dev)
-    row.fastdlight_ms = time_vm(vm, [x_tvm], dev)
+    row.fastdlight_runs_ms = [round(time_vm(vm, [x_tvm], dev, row), 4) for _ in range(3)]
+    row.fastdlight_ms = float(np.median(row.fastdlight_runs_ms))
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     row.stock_won = [e.function for e in tuning.report if e.winner == "stock"]
     calls = call_counts(prepared)
@@ -140,9 +144,32 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
           "ms": e.latency_ms, "stock_ms": e.stock_ms, "config": repr(e.config) if e.config else None,
           "seconds": e.seconds, "error": e.error, "failed": e.failed} for e in tuning.report),
         key=lambda p: -(p["ms"] or 0) * p["calls"])
+    if args.kernel_check:
+        row.kernel_check = kernel_check(tuned, arch, dev, tuning.report)
     out = vm["main"](x_tvm)
     out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple
     return out.numpy().astype(np.float32)
+
+
+def kernel_check(tuned, arch: CUDA, dev, report) -> list:
+    """Each scheduled function of the tuned module, compiled alone and timed as the tuner does:
+    (function, ms now, ms the tuner measured). A function far slower now than when it was tuned
+    points at the build, not the kernel."""
+    from fastdlight.tune.build_task import lower_and_compile
+    from fastdlight.tune.measure import Workload, time_module
+
+    tuned_ms = {e.function: e.latency_ms for e in report}
+    rows = []
+    for name, func in prim_funcs(tuned).items():
+        func = func.with_attr("global_symbol", "main")
+        try:
+            ex, _, _ = lower_and_compile(tvm.IRModule({"main": func}), arch.target)
+            wl = Workload(func, dev)
+            ms = time_module(ex, "main", wl.timing_arg_sets(arch.l2_bytes), dev, 50).median_ms
+        except Exception as e:  # noqa: BLE001
+            ms = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+        rows.append((name, ms, tuned_ms.get(name)))
+    return rows
 
 
 def call_counts(mod) -> dict[str, int]:
@@ -241,6 +268,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_models_out")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--kernel-check", action="store_true",
+                    help="time each tuned function of the built model alone, beside its tuning time")
     ap.add_argument("--export-fixtures", metavar="DIR")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]

@@ -131,3 +131,25 @@ def test_fallback_handles_reductions_and_chains():
         sch = (res.schedule if res else dispatch_mod.FallbackTemplate().apply_config(op.func, RED))
         _, cubin = compile_mod_to_cubin(sch.mod, "nvidia/nvidia-h100")
         assert cubin.binary
+
+
+def test_a_gathered_fp16_vector_compiles():
+    """A slice + transpose fusion (attention's K^T in a decoder layer): the output is stored in
+    vectors while the input is read across rows. TVM packs 8 gathered fp16 lanes with an
+    8-argument make_uint4 that nvcc rejects, so the policy caps such vectors at 4 lanes."""
+    from tvm import te
+
+    from fastdlight.arch import CUDA
+    from fastdlight.policies import DefaultPolicy
+    from fastdlight.policies.default import GATHER_MAX_LANES
+    from fastdlight.schedules import apply_config
+
+    qkv = te.placeholder((3, 16, 256, 64), "float16", name="qkv")
+    kt = te.compute((16, 64, 256), lambda h, d, s: qkv[1, h, s, d], name="kt")
+    func = te.create_prim_func([qkv, kt])
+    h100 = CUDA("nvidia/nvidia-h100")
+    configs = DefaultPolicy(func, h100).emit_config(4)
+    assert configs and all(max(dict(c.vectorize).values(), default=1) <= GATHER_MAX_LANES for c in configs)
+    with h100.target:
+        _, cubin = compile_mod_to_cubin(apply_config(func, configs[0]).mod, "nvidia/nvidia-h100")
+    assert cubin.binary

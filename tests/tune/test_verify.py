@@ -454,3 +454,24 @@ def test_functions_without_a_float64_twin_are_refused():
         verify.widen_to_float64(bits)
     with pytest.raises(ValueError, match="expf"):
         verify.widen_to_float64(extern)
+
+
+def test_an_fp16_overflow_is_accepted_only_where_the_exact_value_overflows():
+    """fp16 arithmetic turns -66578 into -inf (a batch-norm epilogue of ResNet-18 with random
+    weights); the float64 reference does not overflow. That infinity is the function's own
+    result; an infinity where the value fits, or of the wrong sign, is still wrong."""
+    a = te.placeholder((4,), "float16", name="A")
+    d = te.compute((4,), lambda i: a[i] * te.const(4, "float16"), name="D")
+    func = te.create_prim_func([a, d])
+    x = np.array([20000, -17000, 15000, 1], np.float16)
+    expected = verify.expected_from_numpy(lambda v: v * 4, [x], func)
+    with np.errstate(over="ignore"):
+        fp16 = x * np.float16(4)  # [inf, -inf, 60000, 4] in fp16
+    assert np.isinf(fp16[:2]).all()
+    assert verify.check_outputs([fp16], expected).ok
+    wrong_sign = fp16.copy()
+    wrong_sign[1] = np.inf
+    assert not verify.check_outputs([wrong_sign], expected).ok
+    fits = fp16.copy()
+    fits[2] = np.inf  # 60000 is a finite fp16
+    assert not verify.check_outputs([fits], expected).ok
