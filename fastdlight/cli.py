@@ -183,13 +183,16 @@ def load_primfunc(path: str, name: str | None = None):
     import runpy
 
     import tvm
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
 
     if not os.path.isfile(path):
         raise UsageError(f"no such file: {path}")
     captured = io.StringIO()
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            namespace = runpy.run_path(path, run_name="__fastdlight_kernel__")
+            # T and I predefined: TVM's .script() prints its imports as comments
+            namespace = runpy.run_path(path, init_globals={"T": T, "I": I}, run_name="__fastdlight_kernel__")
     except SyntaxError as e:
         raise UsageError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
     except BaseException as e:  # noqa: BLE001 - TVMScript DiagnosticError, NameError, ... in the user's file

@@ -56,6 +56,19 @@ def test_tune_file_compile_only(tmp_path):
     assert "scale from" in proc.stdout and "__global__" in proc.stdout
 
 
+def test_a_file_as_tvm_prints_it_loads(tmp_path):
+    """``func.script()`` prints its imports as comments; the file still loads as it is."""
+    from fastdlight import ops
+    from fastdlight.cli import load_primfunc
+
+    text = ops.elementwise((64, 64), "float16", "add").func.script()
+    assert "# from tvm.script import tirx as T" in text
+    kernel = tmp_path / "printed.py"
+    kernel.write_text(text)
+    name, func = load_primfunc(str(kernel))
+    assert len(func.params) == 3 and name in text
+
+
 def one_error_line(capsys, argv):
     rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
