@@ -1,9 +1,10 @@
 """The Relax graphs of the benchmark's torch models (``benchmarks/bench_models.py
 --export-fixtures``: TVMScript, weights as parameters), through fastdlight's pipeline without
 torch (CPU): every function gets candidates, and one whole model tunes and builds with none
-left untuned."""
+left untuned, its tuned kernels in the built model unchanged."""
 
 import pathlib
+import re
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from fastdlight.arch import CUDA
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.tune.candidates import candidate_sets, stock_configs
+from fastdlight.tune.build_task import lower_and_compile
 from fastdlight.tune.compile import compile_cubin, cuda_source
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -56,4 +58,15 @@ def test_a_decoder_layer_tunes_and_builds_with_nothing_untuned():
     src = cuda_source(fastdlight.build(tuned, H100.target))
     for name in prim_funcs(mod):
         assert f"{name}_kernel" in src, name
+    # the tuned kernels are what runs: a sample, compiled alone, is the model's kernel to the letter
+    for name, func in sorted(prim_funcs(tuned).items())[::3]:
+        _, alone, _ = lower_and_compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), H100.target)
+        assert _kernel(alone, name) is not None and _kernel(alone, name) == _kernel(src, name), name
     assert compile_cubin(src, H100.target).registers > 0  # the whole model's kernels, one nvcc run
+
+
+def _kernel(source: str, name: str) -> str | None:
+    """The definition of kernel ``{name}_kernel`` in CUDA ``source``."""
+    head = r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?' + re.escape(name) + r"_kernel\([^)]*\) \{"
+    found = re.search(head + r".*?\n}\n", source, re.S)
+    return found.group(0) if found else None
