@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 
-from .tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS
+from .tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
 
 DEFAULT_TARGET = "nvidia/nvidia-h100"
 #: when the command started (set by :func:`entry`): the wall time we report includes imports
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
     tune.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
     tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
-    tune.add_argument("--timeout", type=_positive(float), default=120.0, help="seconds one candidate may take to build")
+    tune.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
     tune.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
                       help="timing budget of each finalist (the fastest few, timed again)")
     tune.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,

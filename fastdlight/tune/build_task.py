@@ -27,6 +27,7 @@ from collections import OrderedDict
 
 import tvm
 
+from ..arch.cuda import parse_sm
 from .candidate import BuildArtifact, BuildPhases, BuildRequest
 from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source
 
@@ -153,7 +154,7 @@ def as_module(scheduled) -> tvm.IRModule:
 def needs_tensor_intrinsics(config) -> bool:
     """Our tensor-core template, or stock Dlight at a plain arch (sm_80, sm_90), whose Matmul
     rule tensorizes there (TVM's own import of the intrinsics takes ~30 s; ours ~4 s)."""
-    return config.kind == "matmul_tc" or (config.kind == "dlight" and not config.arch[-1].isalpha())
+    return config.kind == "matmul_tc" or (config.kind == "dlight" and not parse_sm(config.arch)[1])
 
 
 def apply_template(func, config, template=None):

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import tvm_ffi
 
 from ..arch import CUDA, has_gpu
+from ..arch.cuda import parse_sm
 from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
@@ -105,10 +106,10 @@ def stock_configs(func, arch: CUDA) -> tuple[Config, ...]:
     Matmul rule uses tensor cores at ``sm_90`` (matmuls, convolutions), not at ``sm_90a``.
     Where the two schedules are the same (softmax, GEMV, fp32 matmul, elementwise) one is built."""
     own = Config("dlight", (), arch=arch.arch)
-    base = arch.arch.rstrip("abcdefghijklmnopqrstuvwxyz")
-    if base == arch.arch:
+    suffix = parse_sm(arch.arch)[1]
+    if not suffix:
         return (own,)
-    other = Config("dlight", (), arch=base)
+    other = Config("dlight", (), arch=arch.arch[: -len(suffix)])
     return (own, other) if _schedules_differ(func, arch, own, other) else (own,)
 
 
