@@ -30,8 +30,12 @@ KINDS = (
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
+    "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
 )
+
+#: kinds whose ``block``/``warp`` are over the normalized matmul view ``(I, J)``
+TENSOR_CORE_KINDS = ("matmul_tc", "matmul_wgmma")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Config:
     # -- derived quantities -------------------------------------------------------------
     @property
     def threads_per_axis(self) -> tuple[int, ...]:
-        if self.kind == "matmul_tc":
+        if self.kind in TENSOR_CORE_KINDS:
             return tuple(b // w for b, w in zip(self.block, self.warp))
         return tuple(b // t for b, t in zip(self.block, self.thread))
 
@@ -80,7 +84,10 @@ class Config:
 
     @property
     def num_threads(self) -> int:
-        """Threads in one block (for tensor-core configs: warps × 32)."""
+        """Threads in one block (tensor-core configs: warps × 32; wgmma: a producer warpgroup
+        and one consumer warpgroup per 64-row warp tile)."""
+        if self.kind == "matmul_wgmma":
+            return 128 * (1 + self.block[0] // self.warp[0])
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
@@ -106,7 +113,7 @@ class Config:
             raise ValueError(f"arch is for dlight configs only, not {self.kind!r}")
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
-        if self.kind == "matmul_tc":
+        if self.kind in TENSOR_CORE_KINDS:
             if len(self.block) != 2 or len(self.warp) != 2:
                 raise ValueError("tensor-core configs need block=(I, J) and warp=(I, J)")
             for b, w in zip(self.block, self.warp):
@@ -147,7 +154,7 @@ class Config:
         if self.kind == "dlight":
             return f"Config[dlight]({self.arch})"
         parts = [f"block={list(self.block)}"]
-        if self.kind == "matmul_tc":
+        if self.kind in TENSOR_CORE_KINDS:
             parts.append(f"warp={list(self.warp)}")
         elif self.thread:
             parts.append(f"thread={list(self.thread)}")
@@ -162,5 +169,5 @@ class Config:
         if self.use_async_copy:
             parts.append("async")
         if self.rasterization:
-            parts.append(f"raster={self.rasterization}")
+            parts.append(f"{'group_m' if self.kind == 'matmul_wgmma' else 'raster'}={self.rasterization}")
         return f"Config[{self.kind}]({', '.join(parts)})"

@@ -23,7 +23,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
-from ..tune.compile import PASS_CONFIG, as_target
+from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 
@@ -132,7 +132,7 @@ def build(mod: IRModule, target) -> tvm.runtime.Module:
     if not has_relax_functions(mod):
         return build_prim_funcs(mod, target)
     with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
-        return tvm.compile(mod, target=target, relax_pipeline=lowering(target))
+        return tvm.compile(mod, target=target, relax_pipeline=lowering(target), tir_pipeline=tir_pipeline(mod))
 
 
 def compile_model(mod: IRModule, target=None, *, tuning: ApplyFastTuning | None = None, **tune_kwargs):

@@ -100,8 +100,7 @@ def dispatch_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = 
         mods = [m for m in IMPORT_ERRORS if kind in _MODULE_KINDS.get(m, ())]
         why = f"; module {mods[0]} failed to import: {IMPORT_ERRORS[mods[0]]}" if mods else ""
         failures.append(("<registry>", f"no template registered for kind {kind!r}{why}"))
-    # a stock config is Dlight's schedule or nothing: the fallback would pass off ours as Dlight's
-    for template in templates_for(kind, allow_fallback and kind != "dlight"):
+    for template in templates_for(kind, allow_fallback and kind not in NO_FALLBACK):
         try:
             sch = template.apply_config(func, config)
         except Exception as e:  # noqa: BLE001 - one template's bug must not stop the others
@@ -168,7 +167,11 @@ def _func_name(func) -> str:
 _OPTIONAL = {
     "fastdlight.schedules.matmul": ("MatmulTemplate", ("matmul",)),
     "fastdlight.schedules.matmul_tensorcore": ("TensorCoreMatmulTemplate", ("matmul_tc",)),
+    "fastdlight.schedules.matmul_wgmma": ("WgmmaMatmulTemplate", ("matmul_wgmma",)),
 }
+#: kinds the fallback must not stand in for: stock Dlight is Dlight's schedule or nothing, and a
+#: wgmma config that the wgmma template refuses would otherwise be built as something else
+NO_FALLBACK = ("dlight", "matmul_wgmma")
 _MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
 
 

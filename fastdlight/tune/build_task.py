@@ -29,7 +29,7 @@ import tvm
 
 from ..arch.cuda import parse_sm
 from .candidate import BuildArtifact, BuildPhases, BuildRequest
-from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source
+from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source, tir_pipeline
 
 #: PrimFuncs already parsed in this process, by their JSON text (one func, many candidates).
 _FUNCS: dict[int, tuple[str, object]] = {}
@@ -192,7 +192,7 @@ def first_error_line(text: str) -> str:
 def _compile(mod, target):
     with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         try:
-            return tvm.compile(mod, target=target)
+            return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(mod))
         except CompileError as e:
             raise StageError("nvcc", first_error_line(str(e)), str(e)) from e
         except Exception as e:
@@ -290,7 +290,7 @@ def rebuild_with_cubin(mod_json: str, target, cubin: bytes):
     _FORCED_CUBIN.append(cubin)
     try:
         with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
-            return tvm.compile(mod, target=target).mod
+            return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(mod)).mod
     finally:
         _FORCED_CUBIN.pop()
 

@@ -82,7 +82,57 @@ def build(mod: tvm.IRModule, target) -> tvm.runtime.Module:
     is runnable; without one it only carries CUDA source (see module docstring)."""
     target = as_target(target)
     with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
-        return tvm.compile(mod, target=target)
+        return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(mod))
+
+
+#: attribute of a PrimFunc written in TIRx (a hand-built kernel such as the wgmma template's)
+TIRX_KERNEL = "tirx.kernel"
+#: the TIR pipeline that lowers each PrimFunc of a module with the pipeline it was written for
+HYBRID_PIPELINE = "fastdlight.hybrid"
+
+
+def is_tirx_kernel(func) -> bool:
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and bool(attrs.get(TIRX_KERNEL, False))
+
+
+def tir_pipeline(mod: tvm.IRModule) -> str:
+    """``"tirx"`` for a module of TIRx kernels only, the hybrid pipeline when it mixes them with
+    scheduled (s_tir) functions, else TVM's default: TVM's s_tir pipeline cannot lower a TIRx
+    kernel and the TIRx pipeline cannot lower s_tir blocks."""
+    kinds = {is_tirx_kernel(f) for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    if True not in kinds:
+        return "default"
+    if kinds == {True} and not any(not isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items()):
+        return "tirx"
+    _register_hybrid_pipeline()
+    return HYBRID_PIPELINE
+
+
+def _register_hybrid_pipeline() -> None:
+    from tvm.s_tir import pipeline as _s_tir  # noqa: F401 - registers "s_tir"
+    from tvm.tirx import compilation_pipeline as cp
+
+    if HYBRID_PIPELINE in cp.PIPELINE_MAP:
+        return
+
+    def hybrid():
+        tirx_pass, _, _ = cp.get_tir_pipeline("tirx")
+        s_tir_pass, finalize_host, finalize_device = cp.get_tir_pipeline("s_tir")
+
+        @tvm.transform.module_pass(opt_level=0, name="fastdlight.HybridTIRPipeline")
+        def lower(mod, _ctx):
+            kernels, others = tvm.IRModule(attrs=mod.attrs), tvm.IRModule(attrs=mod.attrs)
+            for gvar, func in mod.functions_items():
+                (kernels if is_tirx_kernel(func) else others)[gvar] = func
+            out = tirx_pass(kernels) if kernels.functions else kernels
+            if others.functions:
+                out.update(s_tir_pass(others))
+            return out
+
+        return lower, finalize_host, finalize_device
+
+    cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
 
 
 def cuda_source(built) -> str:

@@ -1,0 +1,245 @@
+"""Hopper wgmma matmul: which functions the TMA + wgmma template takes (``match_wgmma``) and
+which tiles it should try (``WgmmaPolicy``).
+
+The template (``fastdlight.schedules.matmul_wgmma``) reads A and B with TMA straight from the
+function's parameters, so after inlining the elementwise producers of the matmul block both
+operands must be parameters indexed by plain variables: ``[batch?, M|N, K]`` (K-major) or
+``[batch?, K, M|N]`` (MN-major). The output is the function's only written parameter,
+``[batch?, M, N]``, produced by the matmul and an elementwise tail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from ..arch import CUDA
+from .config import Config
+from .tensorcore import NBYTES, _load_of, match_matmul
+
+#: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
+WGMMA_DTYPES = ("float16", "bfloat16")
+#: output dtypes the TMA-store epilogue writes
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+#: TMA: every row of a tensor (all strides) must be a multiple of 16 bytes
+TMA_STRIDE_BYTES = 16
+#: the K step of a stage: one 128-byte swizzled row of 16-bit elements
+BK = 64
+#: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
+WGMMA_EFFICIENCY = 0.80
+#: per-tile cost of the epilogue and the pipeline fill, in cycles
+TILE_OVERHEAD_CYCLES = 2500
+CLOCK_HZ = 1.5e9
+#: shared memory kept free besides the stage ring (staging chunks, barriers, alignment)
+STAGING_BYTES = lambda consumers: consumers * 2 * 64 * 128 + 2048  # noqa: E731
+
+
+@dataclass(frozen=True)
+class WgmmaMatch:
+    block: str
+    in_dtype: str
+    out_dtype: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    a_name: str
+    b_name: str
+    d_name: str
+    a_k_major: bool
+    b_k_major: bool
+    a_batched: bool
+    b_batched: bool
+
+    @property
+    def in_bytes(self) -> int:
+        return NBYTES[self.in_dtype]
+
+    @property
+    def out_bytes(self) -> int:
+        return NBYTES[self.out_dtype]
+
+
+def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
+    """``(match, "")`` when the wgmma template can compute ``func``, else ``(None, reason)``."""
+    base, reason = match_matmul(func)
+    if base is None:
+        return None, reason
+    sch = s_tir.Schedule(func)
+    try:
+        from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+
+        block_rv = sch.get_sblock(base.block)
+        auto_inline_producers(sch, block_rv)
+    except Exception as e:  # noqa: BLE001
+        return None, f"cannot inline the matmul's producers: {type(e).__name__}"
+    block = sch.get(block_rv)
+    value = block.body.value
+    load_x, load_y = _load_of(value.b.a), _load_of(value.b.b)
+    params = {str(p.name): p for p in func.params}
+    if load_x is None or load_y is None:
+        return None, "matmul operands are not loads"
+    if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
+        return None, "a matmul operand is computed in the function (TMA reads parameters only)"
+    in_dtype = str(load_x.source.dtype)
+    if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
+        return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
+    written = [p for p in func.params if _writes(func, p)]
+    if len(written) != 1:
+        return None, f"{len(written)} outputs (need one)"
+    out = written[0]
+    if str(out.dtype) not in OUT_DTYPES:
+        return None, f"output dtype {out.dtype}"
+    reduce_vars = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reduce_vars) != 1:
+        return None, "need one reduction axis"
+    k_var = reduce_vars[0]
+    x_vars, y_vars = _vars(load_x), _vars(load_y)
+    c_vars = _vars(block.body)
+    if x_vars is None or y_vars is None or c_vars is None:
+        return None, "operands not indexed by plain variables"
+    if len(c_vars) not in (2, 3):
+        return None, "more than one batch axis"
+    i_var, j_var = c_vars[-2:]
+    if _has(i_var, y_vars):  # the load that holds the M axis is A
+        load_x, load_y, x_vars, y_vars = load_y, load_x, y_vars, x_vars
+    batch_var = c_vars[0] if len(c_vars) == 3 else None
+    a_k, a_ok = _layout(x_vars, i_var, k_var, batch_var)
+    b_k, b_ok = _layout(y_vars, j_var, k_var, batch_var)
+    if not (a_ok and b_ok):
+        return None, "operand axes are not [batch?, rows, K] or [batch?, K, rows]"
+    if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n]:
+        return None, "output is not [batch?, M, N]"
+    match = WgmmaMatch(
+        block=base.block, in_dtype=in_dtype, out_dtype=str(out.dtype), batch=base.batch,
+        m=base.m, n=base.n, k=base.k, a_name=str(load_x.source.name), b_name=str(load_y.source.name),
+        d_name=str(out.name), a_k_major=a_k, b_k_major=b_k,
+        a_batched=batch_var is not None and _has(batch_var, x_vars),
+        b_batched=batch_var is not None and _has(batch_var, y_vars),
+    )  # fmt: skip
+    inner = {"A": match.k if a_k else match.m, "B": match.k if b_k else match.n}
+    for name, extent in inner.items():
+        if extent * match.in_bytes % TMA_STRIDE_BYTES:
+            return None, f"{name}'s rows are {extent * match.in_bytes} bytes: TMA needs multiples of 16"
+    if match.n * match.out_bytes % TMA_STRIDE_BYTES:
+        return None, f"output rows are {match.n * match.out_bytes} bytes: TMA needs multiples of 16"
+    if match.m < 64 or match.n < 16:
+        return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
+    return match, ""
+
+
+def _writes(func, param) -> bool:
+    stores = []
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, stores.append), order="pre")
+    return any(st.buffer.same_as(param) or str(st.buffer.name) == str(param.name) for st in stores)
+
+
+def _vars(access) -> list | None:
+    out = []
+    for idx in access.indices:
+        if isinstance(idx, tirx.Var):
+            out.append(idx)
+        elif not (isinstance(idx, tirx.IntImm) and idx.value == 0):
+            return None
+    return out
+
+
+def _has(var, seq) -> bool:
+    return any(var.same_as(x) for x in seq)
+
+
+def _layout(vars_, row_var, k_var, batch_var) -> tuple[bool, bool]:
+    """(k_major, ok) of an operand indexed ``[batch?, row, k]`` or ``[batch?, k, row]``."""
+    core = [v for v in vars_ if batch_var is None or not v.same_as(batch_var)]
+    if len(core) != 2 or (batch_var is not None and len(vars_) == 3 and not vars_[0].same_as(batch_var)):
+        return False, False
+    if core[0].same_as(row_var) and core[1].same_as(k_var):
+        return True, True
+    if core[0].same_as(k_var) and core[1].same_as(row_var):
+        return False, True
+    return False, False
+
+
+def _nonunit(shape) -> list[int]:
+    return [int(x) for x in shape if int(x) != 1]
+
+
+# -- the policy ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Tile:
+    bm: int
+    bn: int
+    stages: int
+
+
+class WgmmaPolicy:
+    """Tiles for the wgmma template: 64 or 128 rows (one or two consumer warpgroups) by
+    64..256 columns, the deepest stage ring the SM's shared memory holds, scored by an estimated
+    time: waves of persistent tiles x (K steps x the step's tensor-core time, or its load time
+    when the tile is too small to hide it) + a per-tile overhead; padding waste included."""
+
+    BLOCK_M = (128, 64)
+    BLOCK_N = (256, 192, 128, 64)
+
+    def __init__(self, func, arch: CUDA, match: WgmmaMatch | None = None):
+        self.arch = arch if isinstance(arch, CUDA) else CUDA(arch)
+        if match is None:
+            match, reason = match_wgmma(func)
+            if match is None:
+                raise ValueError(f"no wgmma path: {reason}")
+        self.match = match
+
+    def tiles(self) -> list[_Tile]:
+        out = []
+        mt = self.match
+        for bm in self.BLOCK_M:
+            for bn in self.BLOCK_N:
+                if bn % (128 // mt.out_bytes) or (not mt.b_k_major and bn % 64):
+                    continue
+                if bn > 64 and bn >= 2 * mt.n:  # tiles much wider than N only pad
+                    continue
+                stage = (bm + bn) * BK * mt.in_bytes
+                room = self.arch.smem_per_block_optin - STAGING_BYTES(bm // 64)
+                stages = min(room // stage, 8)
+                if stages >= 2:
+                    out.append(_Tile(bm, bn, stages))
+        return out
+
+    def cost(self, t: _Tile) -> float:
+        mt, arch = self.match, self.arch
+        tiles = mt.batch * -(-mt.m // t.bm) * -(-mt.n // t.bn)
+        waves = -(-tiles // arch.sm_count)
+        steps = -(-mt.k // BK)
+        peak = arch.peak_tc_tflops.get(mt.in_dtype, max(arch.peak_tc_tflops.values())) * 1e12
+        per_sm_flops_per_cycle = peak * WGMMA_EFFICIENCY / (arch.sm_count * CLOCK_HZ)
+        mma = 2 * t.bm * t.bn * BK / per_sm_flops_per_cycle
+        # a consumer warpgroup issues m64 slices: one consumer cannot keep the tensor cores fed
+        mma /= 1.0 if t.bm >= 128 else 0.75
+        l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
+        load = (t.bm + t.bn) * BK * mt.in_bytes / l2_per_cycle
+        cycles = waves * (steps * max(mma, load) + TILE_OVERHEAD_CYCLES)
+        return cycles / CLOCK_HZ
+
+    def group_m(self, t: _Tile) -> int:
+        """M-tiles per rasterization group: L2 reuse of B when the output spans many tiles."""
+        grid_m = -(-self.match.m // t.bm)
+        return 16 if grid_m >= 32 else 8 if grid_m >= 8 else 1
+
+    def emit_config(self, topk: int = 8) -> list[Config]:
+        ranked = sorted(self.tiles(), key=lambda t: (self.cost(t), -t.bm * t.bn))
+        return [
+            Config("matmul_wgmma", block=(t.bm, t.bn), warp=(64, t.bn), rstep=(BK,), pipeline_stages=t.stages,
+                   use_async_copy=True, rasterization=self.group_m(t), cost=self.cost(t))
+            for t in ranked[:topk]
+        ]
+
+
+def wgmma_eligible(func, arch: CUDA) -> tuple[WgmmaMatch | None, str]:
+    """The match when ``arch`` has wgmma (``sm_90a``) and the template takes ``func``."""
+    if not getattr(arch, "has_wgmma", False):
+        return None, f"{arch.arch} has no wgmma (needs sm_90a)"
+    return match_wgmma(func)
+
+

@@ -1,0 +1,447 @@
+"""Hopper tensor-core matmul template: warp-specialized wgmma fed by TMA (sm_90a).
+
+For a ``matmul_wgmma`` config (block (bm, bn), warp (64, bn), rstep (64,), stages,
+rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes one TIRx kernel
+(``wgmma_kernel.tvmscript``, built with ``tir_pipeline="tirx"``):
+
+* a persistent grid of one CTA per SM walks the output tiles (batch, then groups of
+  ``rasterization`` M-tiles so concurrently running CTAs share B tiles in L2);
+* warpgroup 0 is the producer: one thread issues TMA loads of the A and B tiles into a
+  ``stages``-deep ring of 128-byte-swizzled shared-memory stages (full/empty mbarriers);
+* ``bm / 64`` consumer warpgroups each issue ``wgmma.m64n{bn}k16`` (fp32 accumulation) straight
+  from shared memory; registers are moved from the producer to them with ``setmaxnreg``;
+* epilogue: the elementwise blocks that follow the matmul in the function (cast, bias,
+  activation, multiply by another tensor...) are evaluated on the accumulators, staged through
+  swizzled shared memory and written by TMA stores that overlap the next tile's main loop.
+
+Operands may be K-major (``A[M, K]``, ``B[N, K]``) or MN-major (``A[K, M]``, ``B[K, N]``: the
+transpose bit of wgmma, the tile loaded as 64-wide column chunks), with one batch axis or none
+(a 3-D tensor map; an operand without it is shared by every batch). TMA zero-fills loads past
+the edges and clips stores, so any M, N and K work as long as every row is 16-byte aligned
+(fp16/bf16: the innermost extent a multiple of 8), which :func:`match_wgmma` checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+import re
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+
+from ..policies.config import Config
+from ..policies.wgmma import WgmmaMatch, match_wgmma
+from .base import ScheduleTemplate
+
+KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
+SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
+L2_PROMO_256B = 3  # CUtensorMapL2promotion
+SWIZZLE_BYTES = 128  # one swizzled row: 64 fp16 elements
+ATOM_ROWS = 8  # a 128B swizzle atom is 8 rows x 128 bytes (1024 bytes)
+PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 40*128 + 232*256 <= 64K registers
+ABBR = {"float16": "f16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How one input is loaded (TMA box, coordinates) and described to wgmma (LBO/SBO)."""
+
+    k_major: bool
+    rows: int  # the tile's extent along M (A) or N (B)
+    bk: int
+    dims: tuple[int, ...]  # the global tensor, innermost first (TMA order)
+    elem_bytes: int
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dims[0] * self.elem_bytes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(self.rank - 1))
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        inner = (self.bk, self.rows) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
+        return inner + (1,) * (self.rank - 2)
+
+    @property
+    def elem_strides(self) -> tuple[int, ...]:
+        return (1,) * self.rank
+
+    @property
+    def loads(self) -> int:
+        """TMA loads per stage: one box, or one per 64-wide column chunk when MN-major."""
+        return 1 if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
+
+    @property
+    def chunk_elems(self) -> int:
+        return 0 if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
+
+    @property
+    def warpgroup_elems(self) -> int:
+        """Offset of the next 64 rows (one consumer warpgroup's share of A) in a stage."""
+        return 64 * self.bk
+
+    @property
+    def lbo(self) -> int:
+        """Leading byte offset >> 4: unused for swizzled K-major; the column-chunk stride else."""
+        return 1 if self.k_major else self.bk * SWIZZLE_BYTES // 16
+
+    @property
+    def sbo(self) -> int:
+        """Stride byte offset >> 4: from one 8-row swizzle atom to the next."""
+        return ATOM_ROWS * SWIZZLE_BYTES // 16
+
+    @property
+    def k16_step(self) -> int:
+        """Descriptor address step (16-byte units) between wgmma k16 slices of a stage."""
+        return 16 * self.elem_bytes // 16 if self.k_major else 16 * SWIZZLE_BYTES // 16
+
+    @property
+    def transposed(self) -> int:
+        return 0 if self.k_major else 1
+
+    @property
+    def load_op(self) -> str:
+        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+    def coords(self, b, blk, k, c):
+        batch = [b] if self.rank == 3 else []
+        if self.k_major:
+            return [k * self.bk, blk * self.rows] + batch
+        return [blk * self.rows + c * (SWIZZLE_BYTES // self.elem_bytes), k * self.bk] + batch
+
+
+@dataclass(frozen=True)
+class Output:
+    """The output's TMA store: 64-row x 128-byte chunks, one consumer warpgroup's rows each."""
+
+    dims: tuple[int, ...]
+    elem_bytes: int
+    bm: int
+    bn: int
+
+    @property
+    def chunk_cols(self) -> int:
+        return SWIZZLE_BYTES // self.elem_bytes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(len(self.dims) - 1))
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        return (self.chunk_cols, 64) + (1,) * (len(self.dims) - 2)
+
+    @property
+    def elem_strides(self) -> tuple[int, ...]:
+        return (1,) * len(self.dims)
+
+    @property
+    def store_op(self) -> str:
+        return f"cp.async.bulk.tensor.{len(self.dims)}d.global.shared::cta.tile.bulk_group"
+
+    def store_coords(self, b, m, n, cw, c):
+        return [n * self.bn + c * self.chunk_cols, m * self.bm + cw * 64] + ([b] if len(self.dims) == 3 else [])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The kernel's compile-time numbers for one (function, config)."""
+
+    match: WgmmaMatch
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    group_m: int
+    num_sms: int
+
+    @property
+    def consumers(self) -> int:
+        return self.bm // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @property
+    def grid_m(self) -> int:
+        return -(-self.match.m // self.bm)
+
+    @property
+    def grid_n(self) -> int:
+        return -(-self.match.n // self.bn)
+
+    @property
+    def tiles(self) -> int:
+        return self.match.batch * self.grid_m * self.grid_n
+
+    @property
+    def ctas(self) -> int:
+        return min(self.num_sms, self.tiles)
+
+    @property
+    def tiles_per_cta(self) -> int:
+        return -(-self.tiles // self.ctas)
+
+    @property
+    def k_steps(self) -> int:
+        return -(-self.match.k // self.bk)
+
+    @property
+    def a_tile(self) -> int:
+        return self.bm * self.bk
+
+    @property
+    def b_tile(self) -> int:
+        return self.bn * self.bk
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * self.bk * self.match.in_bytes
+
+    @property
+    def acc_regs(self) -> int:
+        return self.bn // 2
+
+    @property
+    def chunk_cols(self) -> int:
+        return SWIZZLE_BYTES // self.match.out_bytes
+
+    @property
+    def chunks(self) -> int:
+        return self.bn // self.chunk_cols
+
+    @property
+    def mma_per_step(self) -> int:
+        return self.bk // 16
+
+    @property
+    def mma(self) -> str:
+        ab = ABBR[self.match.in_dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k16.f32.{ab}.{ab}"
+
+    producer_regs = PRODUCER_REGS
+    consumer_regs = CONSUMER_REGS
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + self.consumers * 2 * 64 * SWIZZLE_BYTES + 16 * self.stages + 1024
+
+    def coords(self, tile):
+        """(batch, M tile, N tile) of a linear tile index: batch outermost, then groups of
+        ``group_m`` M-tiles walked column by column (the last group may be shorter)."""
+        per_batch = self.grid_m * self.grid_n
+        b, t = tile // per_batch, tile % per_batch
+        if self.group_m <= 1:
+            return b, t % self.grid_m, t // self.grid_m
+        group = self.group_m * self.grid_n
+        first_m = (t // group) * self.group_m
+        height = tirx.min(self.grid_m - first_m, self.group_m)
+        return b, first_m + (t % group) % height, (t % group) // height
+
+    def swizzled(self, row, col):
+        """Element index of (row, col) in a 128B-swizzled row of the staging chunk."""
+        per16 = 16 // self.match.out_bytes
+        return ((col // per16) ^ (row % ATOM_ROWS)) * per16 + col % per16
+
+
+def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Operand, Output]:
+    def dims(inner, outer, batched):
+        return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
+
+    eb = match.in_bytes
+    a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
+                else dims(match.m, match.k, match.a_batched), eb)
+    b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
+                else dims(match.n, match.k, match.b_batched), eb)
+    d = Output(dims(match.n, match.m, True), match.out_bytes, bm, bn)
+    return a, b, d
+
+
+def config_fits(match: WgmmaMatch, config: Config) -> bool:
+    if config.kind != "matmul_wgmma":
+        return False
+    (bm, bn), (bk,) = config.block, config.rstep
+    chunk = SWIZZLE_BYTES // match.in_bytes
+    return (
+        bm in (64, 128) and config.warp == (64, bn) and bk == chunk and 16 <= bn <= 256
+        and bn % (SWIZZLE_BYTES // match.out_bytes) == 0
+        and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
+    )  # fmt: skip
+
+
+class WgmmaMatmulTemplate(ScheduleTemplate):
+    kinds = ("matmul_wgmma",)
+    name = "matmul_wgmma"
+
+    def apply_config(self, func: tirx.PrimFunc, config: Config):
+        match, _reason = match_wgmma(func)
+        if match is None or not config_fits(match, config):
+            return None
+        from ..arch import CUDA
+
+        target = tvm.target.Target.current(allow_none=True)
+        num_sms = CUDA(target).sm_count if target is not None else 132
+        plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
+                    config.rasterization, num_sms)
+        return build_kernel(func, plan)
+
+
+def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
+    """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
+    register_codegen_fixes()
+    epilogue = extract_epilogue(func, plan.match)
+    a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk)
+    names = [str(p.name) for p in func.params]
+    params = ", ".join(f'{n}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for n, p in zip(names, func.params))
+    text = (_kernel_text()
+            .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
+            .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
+            .replace("{EVARS}", epilogue.bindings(plan)).replace("{EPILOGUE}", epilogue.value(plan)))
+    from tvm.script import tirx as T
+
+    env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
+           "K_OUT_DTYPE": plan.match.out_dtype, "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_PROMO": L2_PROMO_256B,
+           "len": len, "range": range}
+    kernel = tvm.script.from_source(text, extra_vars=env)
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        attrs["global_symbol"] = func.attrs["global_symbol"]
+    return kernel.with_attrs(attrs) if hasattr(kernel, "with_attrs") else _with_attrs(kernel, attrs)
+
+
+def _with_attrs(func, attrs):
+    for k, v in attrs.items():
+        func = func.with_attr(k, v)
+    return func
+
+
+@functools.cache
+def _kernel_text() -> str:
+    return KERNEL_SOURCE.read_text()
+
+
+#: identifiers the kernel text defines; an epilogue that uses one of them cannot be pasted in
+RESERVED = re.compile(r"\b(k_\w+|K_\w+|A_map|B_map|D_map|T|i|s|kk)\b")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The elementwise tail of the function as TVMScript text over its own block variables,
+    with the matmul's accumulator read as ``K_ACC``."""
+
+    text: str
+    index_vars: tuple[str | None, ...]  # the output's indices: block var names (None: a constant)
+    guarded: bool  # reads inputs besides the accumulator: masked past the edges
+
+    def bindings(self, plan: Plan) -> str:
+        """``v = T.meta_var(...)`` lines binding the output's index vars to the thread's element."""
+        exprs = ["k_b", f"k_m * {plan.bm} + k_cw * 64 + k_row", f"k_n * {plan.bn} + k_c * {plan.chunk_cols} + k_col"]
+        names = self.index_vars
+        values = exprs[-len(names):] if len(names) <= 3 else None
+        indent = "\n" + " " * 32
+        lines = [f"{n} = T.meta_var({v})" for n, v in zip(names, values) if n is not None]
+        return indent.join(lines) if lines else "pass"
+
+    def value(self, plan: Plan) -> str:
+        if not self.guarded:
+            return self.text
+        i, j = self.index_vars[-2:]
+        zero = f'T.Cast("{plan.match.out_dtype}", 0)'
+        return f"T.if_then_else({i} < {plan.match.m}, T.if_then_else({j} < {plan.match.n}, {self.text}, {zero}), {zero})"
+
+
+def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
+    """Inline every elementwise block after the matmul into the last one and read its value."""
+    sch = s_tir.Schedule(func)
+    mm = sch.get_sblock(match.block)
+    auto_inline_producers(sch, mm)
+    params = {str(p.name) for p in func.params}
+    root = sch.get_sblock("root") if _has_root(sch) else None
+    progress = True
+    while progress:
+        progress = False
+        for block in sch.get_child_blocks(root) if root is not None else []:
+            stmt = sch.get(block)
+            if stmt.name_hint == match.block or str(stmt.writes[0].source.name) in params:
+                continue
+            try:
+                sch.compute_inline(block)
+                progress = True
+                break
+            except Exception:  # noqa: BLE001 - not inlinable: the match below rejects the function
+                continue
+    acc_buf = sch.get(mm).writes[0].source
+    tail = [sch.get(b) for b in sch.get_child_blocks(root)] if root is not None else []
+    tail = [b for b in tail if b.name_hint != match.block]
+    acc_dtype = str(acc_buf.dtype)
+    acc = "K_ACC" if acc_dtype == "float32" else f'T.Cast("{acc_dtype}", K_ACC)'
+    if not tail:  # the matmul writes the output itself
+        out = match.out_dtype
+        text = acc if out == acc_dtype == "float32" else f'T.Cast("{out}", {acc})'
+        n = len(sch.get(mm).writes[0].region)
+        return Epilogue(text, (None,) * (n - 2) + ("k_i", "k_j"), False)
+    if len(tail) != 1:
+        raise ValueError(f"{len(tail)} blocks remain after inlining the epilogue")
+    store = tail[0].body
+    names = []
+    for idx in store.indices:
+        if isinstance(idx, tirx.Var):
+            names.append(str(idx.name))
+        elif isinstance(idx, tirx.IntImm) and idx.value == 0:
+            names.append(None)
+        else:
+            raise ValueError("the output is not indexed by plain variables")
+    text = store.value.script()
+    acc_name = str(acc_buf.name)
+    index_text = ", ".join(n if n is not None else "0" for n in names)
+    for found in re.findall(rf"\b{re.escape(acc_name)}\[([^\]]*)\]", text):
+        if found.replace("T.int64(0)", "0") != index_text:
+            raise ValueError("the epilogue reads the accumulator at another element")
+    text = re.sub(rf"\b{re.escape(acc_name)}\[[^\]]*\]", acc, text)
+    others = {m for m in re.findall(r"\b(\w+)\[", text)} - {"T"}
+    if others - params:
+        raise ValueError(f"the epilogue reads intermediates {sorted(others - params)}")
+    if RESERVED.search(re.sub(r"\bT\.\w+|K_ACC|\"[^\"]*\"", "", text)):
+        raise ValueError("an epilogue name collides with the kernel's own")
+    return Epilogue(text, tuple(names), bool(others))
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@functools.cache
+def register_codegen_fixes() -> None:
+    """TVM 0.27's CUDA codegen of ``T.cuda.wgmma.noop_barrier`` reads ``.dtype`` of a
+    ``TensorLoad``, which 0.27's loads no longer have (they carry ``.ty``): re-register it."""
+    from tvm.backend.cuda.codegen.registry import CODEGEN_REGISTRY, register_codegen
+    from tvm.backend.cuda.codegen.types import PTXDataType
+
+    @register_codegen("cuda_wgmma_noop_barrier")
+    def _noop_barrier(reg):
+        dtype = getattr(reg, "dtype", None) or str(reg.ty)
+        dtype = str(dtype).split("(")[-1].rstrip(")").strip('"')
+        kind = PTXDataType.from_string(dtype)
+        if kind == PTXDataType.UINT32:
+            op = "tirx.cuda_wgmma_noop_barrier_uint32"
+        elif kind == PTXDataType.FLOAT32:
+            op = "tirx.cuda_wgmma_noop_barrier_float32"
+        else:
+            raise ValueError(f"noop_barrier supports uint32/float32 registers, got {dtype}")
+        result = CODEGEN_REGISTRY[op]([reg])
+        return result[0] if isinstance(result, tuple) else result
