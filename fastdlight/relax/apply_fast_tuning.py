@@ -57,7 +57,7 @@ def schedule_with(func: tirx.PrimFunc, config, arch: CUDA) -> tirx.PrimFunc:
         sch = build_task.apply_template(func, config)
     if sch is None:
         raise ValueError(f"{config!r} does not apply to this function")
-    return sch.mod["main"]
+    return build_task.as_module(sch)["main"]
 
 
 @dataclass(frozen=True)
