@@ -60,9 +60,10 @@ def default_out_dtype(dtype: str) -> str:
     return {"int8": "int32", "float16": "float16", "bfloat16": "float32"}.get(dtype, dtype)
 
 
-def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None) -> Op:
+def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, acc_dtype=None) -> Op:
     """C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]; layout letters say whether A / B are transposed
-    in memory (N: A is M×K, B is K×N; T: A is K×M, B is N×K)."""
+    in memory (N: A is M×K, B is K×N; T: A is K×M, B is N×K). ``acc_dtype``: accumulate in it and
+    cast the result to ``out_dtype`` (an epilogue block), as cuBLAS does for fp16 with fp32 sums."""
     _check_shape(m, n, k, *(() if batch is None else (batch,)))
     _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8"))
     out_dtype = _check_dtype(out_dtype or default_out_dtype(dtype))
@@ -84,11 +85,15 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None) ->
         idx = (j, kk) if layout[1] == "T" else (kk, j)
         return B[b + idx] if b else B[idx]
 
+    acc = _check_dtype(acc_dtype or out_dtype)
+
     def body(*ax):
         b, (i, j) = ax[:-2], ax[-2:]
-        return te.sum(a_at(b, i, r).astype(out_dtype) * b_at(b, j, r).astype(out_dtype), axis=r)
+        return te.sum(a_at(b, i, r).astype(acc) * b_at(b, j, r).astype(acc), axis=r)
 
     C = te.compute(pre + (m, n), body, name="C")
+    if acc != out_dtype:
+        C = te.compute(pre + (m, n), lambda *ax: C[ax].astype(out_dtype), name="D")
 
     def ref(a, b):
         a = a.astype(np.float64)

@@ -249,10 +249,11 @@ class Plan:
         height = tirx.min(self.grid_m - first_m, self.group_m)
         return b, first_m + (t % group) % height, (t % group) // height
 
-    def swizzled(self, row, col):
-        """Element index of (row, col) in a 128B-swizzled row of the staging chunk."""
-        per16 = 16 // self.match.out_bytes
-        return ((col // per16) ^ (row % ATOM_ROWS)) * per16 + col % per16
+    def swizzled_word(self, row, col):
+        """32-bit word of (row, col) in a 128B-swizzled staging row (``col`` even: the pair of
+        16-bit outputs at col, col + 1 is one word; an fp32 output is one word each)."""
+        byte = col * self.match.out_bytes
+        return (((byte // 16) ^ (row % ATOM_ROWS)) * 16 + byte % 16) // 4
 
 
 def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Operand, Output]:
@@ -307,7 +308,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
-            .replace("{EVARS}", epilogue.bindings(plan)).replace("{EPILOGUE}", epilogue.value(plan)))
+            .replace("{STORE}", epilogue.stores(plan)))
     from tvm.script import tirx as T
 
     env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
@@ -332,7 +333,13 @@ def _kernel_text() -> str:
 
 
 #: identifiers the kernel text defines; an epilogue that uses one of them cannot be pasted in
-RESERVED = re.compile(r"\b(k_\w+|K_\w+|A_map|B_map|D_map|T|i|s|kk)\b")
+RESERVED = re.compile(r"\b(k_\w+|K_\w+|A_map|B_map|D_map|i|s|kk)\b")
+
+
+#: the 16-bit pack helpers TVM's CUDA codegen defines
+PACK = {"float16": "__pack_half2", "bfloat16": "__pack_nv_bfloat162"}
+#: indentation of the ``{STORE}`` line in the kernel text
+STORE_INDENT = " " * 28
 
 
 @dataclass(frozen=True)
@@ -344,21 +351,28 @@ class Epilogue:
     index_vars: tuple[str | None, ...]  # the output's indices: block var names (None: a constant)
     guarded: bool  # reads inputs besides the accumulator: masked past the edges
 
-    def bindings(self, plan: Plan) -> str:
-        """``v = T.meta_var(...)`` lines binding the output's index vars to the thread's element."""
-        exprs = ["k_b", f"k_m * {plan.bm} + k_cw * 64 + k_row", f"k_n * {plan.bn} + k_c * {plan.chunk_cols} + k_col"]
-        names = self.index_vars
-        values = exprs[-len(names):] if len(names) <= 3 else None
-        indent = "\n" + " " * 32
-        lines = [f"{n} = T.meta_var({v})" for n, v in zip(names, values) if n is not None]
-        return indent.join(lines) if lines else "pass"
+    def value(self, plan: Plan, e: int) -> str:
+        """The output element at column ``k_col + e`` of the thread's row, as an expression over
+        the kernel's own names (the block vars replaced by the element's coordinates)."""
+        coords = ["k_b", f"(k_m * {plan.bm} + k_cw * 64 + k_row)",
+                  f"(k_n * {plan.bn} + k_c * {plan.chunk_cols} + k_col + {e})"]
+        text = self.text.replace("K_ACC", f"k_acc[k_reg + {e}]")
+        for name, coord in zip(reversed(self.index_vars), reversed(coords)):
+            if name is not None:
+                text = re.sub(rf"\b{re.escape(name)}\b", coord, text)
+        if self.guarded:
+            zero = f'T.Cast("{plan.match.out_dtype}", 0)'
+            text = f"T.if_then_else({coords[1]} < {plan.match.m}, T.if_then_else({coords[2]} < {plan.match.n}, {text}, {zero}), {zero})"
+        return text
 
-    def value(self, plan: Plan) -> str:
-        if not self.guarded:
-            return self.text
-        i, j = self.index_vars[-2:]
-        zero = f'T.Cast("{plan.match.out_dtype}", 0)'
-        return f"T.if_then_else({i} < {plan.match.m}, T.if_then_else({j} < {plan.match.n}, {self.text}, {zero}), {zero})"
+    def stores(self, plan: Plan) -> str:
+        """The staging stores of the thread's two adjacent outputs (``k_at``: their word)."""
+        dst = "k_Cs[k_cw, k_buf, k_at{}]"
+        if plan.match.out_bytes == 2:
+            pack = PACK[plan.match.out_dtype]
+            return f'{dst.format("")} = T.call_pure_extern("uint32", "{pack}", {self.value(plan, 0)}, {self.value(plan, 1)})'
+        return ("\n" + STORE_INDENT).join(
+            f'{dst.format(f" + {e}")} = T.reinterpret("uint32", {self.value(plan, e)})' for e in (0, 1))
 
 
 def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
@@ -389,8 +403,7 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     if not tail:  # the matmul writes the output itself
         out = match.out_dtype
         text = acc if out == acc_dtype == "float32" else f'T.Cast("{out}", {acc})'
-        n = len(sch.get(mm).writes[0].region)
-        return Epilogue(text, (None,) * (n - 2) + ("k_i", "k_j"), False)
+        return Epilogue(text, (), False)
     if len(tail) != 1:
         raise ValueError(f"{len(tail)} blocks remain after inlining the epilogue")
     store = tail[0].body

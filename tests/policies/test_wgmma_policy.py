@@ -1,0 +1,86 @@
+"""Which functions the Hopper wgmma template takes (match_wgmma) and the tiles WgmmaPolicy emits
+(CPU only)."""
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.wgmma import WgmmaPolicy, match_wgmma, wgmma_eligible
+from fastdlight.schedules.matmul_wgmma import Plan, config_fits
+from fastdlight.tune.candidates import candidate_sets
+
+H100 = CUDA("nvidia/nvidia-h100")  # sm_90a
+
+
+def gemm(m, n, k, dtype="float16", layout="NN", batch=None, out=None):
+    return ops.matmul(m, n, k, dtype, out or dtype, layout, batch, acc_dtype="float32").func
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_layouts_and_dtypes(layout, dtype):
+    match, reason = match_wgmma(gemm(256, 128, 64, dtype, layout))
+    assert match is not None, reason
+    assert (match.m, match.n, match.k, match.batch, match.in_dtype, match.out_dtype) == (256, 128, 64, 1, dtype, dtype)
+    assert match.a_k_major == (layout[0] == "N") and match.b_k_major == (layout[1] == "T")
+    assert (match.a_name, match.b_name) == ("A", "B")
+
+
+def test_batched_operands_and_fp32_output():
+    match, _ = match_wgmma(gemm(128, 64, 64, "float16", "NN", batch=3, out="float32"))
+    assert match.batch == 3 and match.a_batched and match.b_batched and match.out_dtype == "float32"
+
+
+@pytest.mark.parametrize("func,why", [
+    (ops.matmul(256, 128, 64, "float32", "float32", "NN").func, "fp16 or bf16"),
+    (gemm(256, 128, 68), "multiples of 16"),  # B rows of 128 fp16 are fine, A rows of 68 are not
+    (gemm(16, 256, 256), "below one wgmma tile"),  # decode: the GEMV path
+    (ops.elementwise((256, 256)).func, "reduction"),
+])  # fmt: skip
+def test_refusals_say_why(func, why):
+    match, reason = match_wgmma(func)
+    assert match is None and why in reason
+
+
+def test_only_sm_90a_has_the_path():
+    func = gemm(512, 512, 512)
+    assert wgmma_eligible(func, H100)[0] is not None
+    with pytest.warns(UserWarning, match="generic sm_90"):
+        plain_sm_90 = CUDA(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))  # wgmma is sm_90a-only PTX
+    for arch in (CUDA("nvidia/nvidia-a100"), plain_sm_90):
+        match, reason = wgmma_eligible(func, arch)
+        assert match is None and "needs sm_90a" in reason
+
+
+def test_policy_tiles_fit_the_sm_and_the_template():
+    func = gemm(4096, 4096, 4096, layout="NT")
+    policy = WgmmaPolicy(func, H100)
+    configs = policy.emit_config(8)
+    assert len(configs) == 8 and configs == sorted(configs, key=lambda c: c.cost)
+    for c in configs:
+        assert config_fits(policy.match, c), c
+        plan = Plan(policy.match, *c.block, c.rstep[0], c.pipeline_stages, c.rasterization, H100.sm_count)
+        assert plan.smem_bytes() <= H100.smem_per_block_optin, c
+        assert c.num_threads == 128 * (1 + c.block[0] // 64)
+    # at 4096^3 the widest tile (two consumer warpgroups, 256 columns) is predicted fastest
+    assert configs[0].block == (128, 256) and configs[0].pipeline_stages == 4
+
+
+def test_narrow_n_gets_no_padding_tiles():
+    policy = WgmmaPolicy(gemm(4096, 64, 4096, layout="NT"), H100)
+    assert {c.block[1] for c in policy.emit_config(8)} == {64}
+
+
+def test_candidate_set_holds_wgmma_and_mma_sync_on_sm_90a_only():
+    func = gemm(2048, 2048, 2048)
+    first = next(iter(candidate_sets(func, H100, 20)))
+    kinds = [c.kind for c in first.configs]
+    assert kinds[0] == "matmul_wgmma" and "matmul_tc" in kinds and len(kinds) <= 20
+    a100 = next(iter(candidate_sets(func, CUDA("nvidia/nvidia-a100"), 20)))
+    assert "matmul_wgmma" not in {c.kind for c in a100.configs}
+
+
+def test_bf16_gets_wgmma_where_mma_sync_has_no_intrinsic():
+    first = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16"), H100, 8)))
+    assert first.policy == "WgmmaPolicy" and {c.kind for c in first.configs} == {"matmul_wgmma"}

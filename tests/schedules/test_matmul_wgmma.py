@@ -1,0 +1,117 @@
+"""Hopper wgmma + TMA template, CPU only: the kernels it generates for sm_90a hold wgmma, TMA
+loads and stores, mbarriers and setmaxnreg, compile to a cubin without spills, keep the
+function's signature, and fuse the model functions' epilogues; a model with them builds."""
+
+import pathlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.config import Config
+from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.schedules import apply_config
+from fastdlight.schedules.matmul_wgmma import Epilogue, extract_epilogue
+from fastdlight.policies.wgmma import match_wgmma
+from fastdlight.tune.compile import build, compile_cubin, cuda_source, tir_pipeline
+
+H100 = CUDA("nvidia/nvidia-h100")
+FIXTURES = pathlib.Path(__file__).parents[1] / "relax" / "fixtures"
+
+
+def gemm(m, n, k, dtype="float16", layout="NN", batch=None, out=None):
+    return ops.matmul(m, n, k, dtype, out or dtype, layout, batch, acc_dtype="float32").func
+
+
+def wgmma(bm=128, bn=256, stages=4, group=8) -> Config:
+    return Config("matmul_wgmma", block=(bm, bn), warp=(64, bn), rstep=(64,), pipeline_stages=stages,
+                  use_async_copy=True, rasterization=group)
+
+
+def kernel(func, config):
+    with H100.target:
+        return apply_config(func, config)
+
+
+def compile_all(jobs):
+    """[(func, config)] -> [(kernel PrimFunc, source, cubin)]; nvcc two at a time."""
+    kernels = [kernel(f, c) for f, c in jobs]
+    sources = [cuda_source(build(tvm.IRModule({"main": k}), H100.target)) for k in kernels]
+    with ThreadPoolExecutor(2) as pool:
+        cubins = list(pool.map(lambda s: compile_cubin(s, H100.target), sources))
+    return list(zip(kernels, sources, cubins))
+
+
+def check_hopper_kernel(src, cubin, bn, in_abbr="f16"):
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{in_abbr}.{in_abbr}" in src
+    assert "cp.async.bulk.tensor" in src and "mbarrier" in src and "setmaxnreg" in src
+    assert "global.shared::cta.tile.bulk_group" in src  # the TMA-store epilogue
+    assert cubin.spill_bytes == 0 and 0 < cubin.registers <= 255
+
+
+def test_layouts_dtypes_and_odd_shapes_compile_to_cubin():
+    jobs = [
+        (gemm(1000, 520, 264, "float16", "NT"), wgmma(128, 256)),  # K-major B, edges in M and N
+        (gemm(1000, 520, 264, "bfloat16", "NN"), wgmma(64, 192, 6)),  # MN-major B (transposed smem)
+        (gemm(200, 136, 72, "float16", "TN", out="float32"), wgmma(128, 64, 8)),  # M-major A, fp32 out
+        (gemm(512, 256, 128, "float16", "NN", batch=3), wgmma(128, 128, 6, 1)),  # one batch axis (3-D maps)
+    ]
+    for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
+        check_hopper_kernel(src, cubin, config.block[1], {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)])
+        assert k.attrs["tirx.kernel"] and k.attrs["tirx.is_scheduled"]
+        assert [str(p.name) for p in k.params] == [str(p.name) for p in func.params]
+        assert [tuple(int(x) for x in p.shape) for p in k.params] == [tuple(int(x) for x in p.shape) for p in func.params]
+    assert "cp.async.bulk.tensor.3d" in compile_all(jobs[-1:])[0][1]
+
+
+def test_policy_top_configs_compile():
+    func = gemm(4096, 4096, 4096, layout="NT")
+    configs = WgmmaPolicy(func, H100).emit_config(3)
+    for config, (_, src, cubin) in zip(configs, compile_all([(func, c) for c in configs])):
+        check_hopper_kernel(src, cubin, config.block[1])
+
+
+@pytest.mark.parametrize("func,config", [
+    (ops.matmul(256, 256, 256, "float32", "float32").func, wgmma()),  # fp32: no wgmma path here
+    (gemm(256, 256, 256), wgmma(256, 128)),  # three or more consumer warpgroups: not a template shape
+])  # fmt: skip
+def test_what_the_template_cannot_take_is_refused_not_rebuilt_otherwise(func, config):
+    with pytest.raises(Exception, match="no template could schedule") as info:
+        kernel(func, config)
+    assert "fallback" not in str(info.value).lower()
+
+
+def model_function(fixture: str, name: str):
+    from fastdlight.relax import for_inference, prepare
+    from fastdlight.relax.pipeline import prim_funcs
+
+    mod = tvm.script.from_source((FIXTURES / f"{fixture}.py").read_text())
+    return prim_funcs(prepare(H100.target)(for_inference(mod)))[name]
+
+
+def test_model_epilogues_are_fused():
+    """Bias + GELU (with the fp16 rounding of the matmul in between) and SiLU-gate multiply by a
+    second tensor: one kernel each, the tail evaluated on the accumulators."""
+    gelu = model_function("mlp_gelu", "fused_matmul_cast2_cast3_add_gelu_cast2")
+    gate = model_function("mlp_silu", "fused_matmul_cast2_tir_sigmoid_multiply_multiply")
+    epi = extract_epilogue(gelu, match_wgmma(gelu)[0])
+    assert isinstance(epi, Epilogue) and "T.erf" in epi.text and "p_up_bias" in epi.text and "K_ACC" in epi.text
+    assert "matmul_intermediate" not in epi.text and epi.guarded
+    epi = extract_epilogue(gate, match_wgmma(gate)[0])
+    assert "T.sigmoid" in epi.text and "lv5" in epi.text
+    for func, (_, src, cubin) in zip((gelu, gate), compile_all([(gelu, wgmma()), (gate, wgmma())])):
+        check_hopper_kernel(src, cubin, 256)
+        assert "erf" in src if func is gelu else "exp" in src
+
+
+def test_a_module_mixing_wgmma_and_scheduled_functions_builds():
+    gelu = model_function("mlp_gelu", "fused_matmul_cast2_cast3_add_gelu_cast2")
+    ew = ops.elementwise((256, 256)).func
+    mod = tvm.IRModule({"gemm": kernel(gelu, wgmma()).with_attr("global_symbol", "gemm"),
+                        "add": apply_config(ew, Config("elementwise", block=(1, 256), thread=(1, 1))).mod["main"]
+                        .with_attr("global_symbol", "add")})
+    assert tir_pipeline(mod) == "fastdlight.hybrid"
+    src = cuda_source(build(mod, H100.target))
+    assert "gemm_kernel" in src and "add_kernel" in src and "wgmma.mma_async" in src

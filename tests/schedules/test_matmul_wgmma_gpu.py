@@ -1,0 +1,44 @@
+"""Hopper wgmma + TMA template on the GPU: every config WgmmaPolicy emits gives correct results
+on odd shapes, every layout, fp16 and bf16, batched, with edges in M, N and K (TMA zero-fill and
+clipped stores), and on tile counts that are not a multiple of the CTAs (uneven persistent loops,
+an odd number of epilogue chunks per tile). Needs an sm_90a GPU (skipped elsewhere)."""
+
+import pytest
+
+from fastdlight import ops
+from fastdlight.arch import auto_arch, has_gpu
+from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.tune.runner import apply_and_build
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "fp16_NT_edges": (1000, 520, 264, "float16", "NT", None),
+    "fp16_NN_edges": (200, 136, 72, "float16", "NN", None),
+    "bf16_TN_edges": (1000, 520, 264, "bfloat16", "TN", None),
+    "bf16_TT_edges": (200, 136, 72, "bfloat16", "TT", None),
+    "fp16_NN_batched_odd_chunks": (512, 512, 128, "float16", "NN", 64),
+    "bf16_NT_batched_edges": (264, 200, 128, "bfloat16", "NT", 2),
+}
+
+
+@pytest.fixture(scope="module")
+def arch():
+    if not has_gpu():
+        pytest.skip("no CUDA GPU")
+    arch = auto_arch()
+    if not arch.has_wgmma:
+        pytest.skip(f"{arch.arch}: no wgmma")
+    return arch
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_wgmma_config_is_correct(name, arch):
+    m, n, k, dtype, layout, batch = CASES[name]
+    op = ops.matmul(m, n, k, dtype, dtype, layout, batch, acc_dtype="float32")
+    configs = WgmmaPolicy(op.func, arch).emit_config(8)
+    results, best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                    progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
+    assert best.config.kind == "matmul_wgmma"
