@@ -85,9 +85,9 @@ class Config:
     @property
     def num_threads(self) -> int:
         """Threads in one block (tensor-core configs: warps × 32; wgmma: a producer warpgroup
-        and one consumer warpgroup per 64-row warp tile)."""
+        and two consumer warpgroups)."""
         if self.kind == "matmul_wgmma":
-            return 128 * (1 + self.block[0] // self.warp[0])
+            return 3 * 128
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))

@@ -29,8 +29,6 @@ TMA_STRIDE_BYTES = 16
 BK = 64
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
-#: per-tile cost of the epilogue and the pipeline fill, in cycles
-TILE_OVERHEAD_CYCLES = 2500
 CLOCK_HZ = 1.5e9
 #: shared memory kept free besides the stage ring (staging chunks, barriers, alignment)
 STAGING_BYTES = lambda consumers: consumers * 2 * 64 * 128 + 2048  # noqa: E731
@@ -167,20 +165,33 @@ def _nonunit(shape) -> list[int]:
 
 
 # -- the policy ------------------------------------------------------------------------------
+#: per-tile cost of the epilogue and the pipeline fill, in cycles (cooperative: exposed; ping-pong:
+#: the other warpgroup's main loop runs meanwhile, only the fill shows)
+TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
+#: accumulator registers per consumer thread the template allows (wm / 64 * bn / 2)
+MAX_ACC_REGS = 128
+
+
 @dataclass(frozen=True)
 class _Tile:
     bm: int
     bn: int
+    wm: int  # rows per consumer warpgroup: bm = 2 wm (cooperative) or bm = wm (ping-pong)
     stages: int
+
+    @property
+    def schedule(self) -> str:
+        return "pingpong" if self.bm == self.wm else "cooperative"
 
 
 class WgmmaPolicy:
-    """Tiles for the wgmma template: 64 or 128 rows (one or two consumer warpgroups) by
-    64..256 columns, the deepest stage ring the SM's shared memory holds, scored by an estimated
-    time: waves of persistent tiles x (K steps x the step's tensor-core time, or its load time
-    when the tile is too small to hide it) + a per-tile overhead; padding waste included."""
+    """Tiles for the wgmma template: two consumer warpgroups of 64 or 128 rows by 64..256 columns,
+    sharing each tile (cooperative) or taking turns (ping-pong), the deepest stage ring the SM's
+    shared memory holds; scored by an estimated time: waves of persistent tiles x (K steps x the
+    step's tensor-core time, or its load time when the tile is too small to hide it) + a per-tile
+    overhead; padding waste included."""
 
-    BLOCK_M = (128, 64)
+    WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
 
     def __init__(self, func, arch: CUDA, match: WgmmaMatch | None = None):
@@ -194,17 +205,19 @@ class WgmmaPolicy:
     def tiles(self) -> list[_Tile]:
         out = []
         mt = self.match
-        for bm in self.BLOCK_M:
-            for bn in self.BLOCK_N:
-                if bn % (128 // mt.out_bytes) or (not mt.b_k_major and bn % 64):
-                    continue
-                if bn > 64 and bn >= 2 * mt.n:  # tiles much wider than N only pad
-                    continue
-                stage = (bm + bn) * BK * mt.in_bytes
-                room = self.arch.smem_per_block_optin - STAGING_BYTES(bm // 64)
-                stages = min(room // stage, 8)
-                if stages >= 2:
-                    out.append(_Tile(bm, bn, stages))
+        for wm in self.WARP_M:
+            for bm in (2 * wm, wm):
+                for bn in self.BLOCK_N:
+                    if bn % (128 // mt.out_bytes) or (not mt.b_k_major and bn % 64):
+                        continue
+                    if wm // 64 * bn // 2 > MAX_ACC_REGS:
+                        continue
+                    if bn > 64 and bn >= 2 * mt.n or bm > 64 and bm >= 2 * mt.m:  # tiles that only pad
+                        continue
+                    stage = (bm + bn) * BK * mt.in_bytes
+                    stages = min((self.arch.smem_per_block_optin - STAGING_BYTES(2)) // stage, 8)
+                    if stages >= 2:
+                        out.append(_Tile(bm, bn, wm, stages))
         return out
 
     def cost(self, t: _Tile) -> float:
@@ -215,11 +228,9 @@ class WgmmaPolicy:
         peak = arch.peak_tc_tflops.get(mt.in_dtype, max(arch.peak_tc_tflops.values())) * 1e12
         per_sm_flops_per_cycle = peak * WGMMA_EFFICIENCY / (arch.sm_count * CLOCK_HZ)
         mma = 2 * t.bm * t.bn * BK / per_sm_flops_per_cycle
-        # a consumer warpgroup issues m64 slices: one consumer cannot keep the tensor cores fed
-        mma /= 1.0 if t.bm >= 128 else 0.75
         l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
         load = (t.bm + t.bn) * BK * mt.in_bytes / l2_per_cycle
-        cycles = waves * (steps * max(mma, load) + TILE_OVERHEAD_CYCLES)
+        cycles = waves * (steps * max(mma, load) + TILE_OVERHEAD_CYCLES[t.schedule])
         return cycles / CLOCK_HZ
 
     def group_m(self, t: _Tile) -> int:
@@ -228,9 +239,9 @@ class WgmmaPolicy:
         return 16 if grid_m >= 32 else 8 if grid_m >= 8 else 1
 
     def emit_config(self, topk: int = 8) -> list[Config]:
-        ranked = sorted(self.tiles(), key=lambda t: (self.cost(t), -t.bm * t.bn))
+        ranked = sorted(self.tiles(), key=lambda t: (self.cost(t), -t.bm * t.bn, t.bm != t.wm))
         return [
-            Config("matmul_wgmma", block=(t.bm, t.bn), warp=(64, t.bn), rstep=(BK,), pipeline_stages=t.stages,
+            Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(BK,), pipeline_stages=t.stages,
                    use_async_copy=True, rasterization=self.group_m(t), cost=self.cost(t))
             for t in ranked[:topk]
         ]

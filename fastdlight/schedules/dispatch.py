@@ -76,12 +76,14 @@ def templates_for(kind: str, with_fallback: bool = True) -> list[ScheduleTemplat
 @functools.cache
 def template_fingerprint(kind: str) -> str:
     """A short hash of the source of every module that can schedule a ``kind`` config (its
-    templates, the fallback, the shared helpers in ``base``): a stored config is replayed only
-    by the code that chose it."""
+    templates, the fallback, the shared helpers in ``base``, and files a template declares in
+    ``sources``): a stored config is replayed only by the code that chose it."""
     modules = {type(t).__module__ for t in templates_for(kind)} | {__name__, f"{__package__}.base"}
+    files = [sys.modules[name].__file__ for name in sorted(modules)]
+    files += sorted(str(p) for t in templates_for(kind) for p in getattr(t, "sources", ()))  # e.g. kernel text
     digest = hashlib.sha256()
-    for name in sorted(modules):
-        with open(sys.modules[name].__file__, "rb") as f:
+    for path in files:
+        with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()[:16]
 

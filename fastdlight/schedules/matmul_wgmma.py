@@ -1,6 +1,6 @@
 """Hopper tensor-core matmul template: warp-specialized wgmma fed by TMA (sm_90a).
 
-For a ``matmul_wgmma`` config (block (bm, bn), warp (64, bn), rstep (64,), stages,
+For a ``matmul_wgmma`` config (block (bm, bn), warp (wm, bn), rstep (64,), stages,
 rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes one TIRx kernel
 (``wgmma_kernel.tvmscript``, built with ``tir_pipeline="tirx"``):
 
@@ -8,8 +8,10 @@ rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes o
   ``rasterization`` M-tiles so concurrently running CTAs share B tiles in L2);
 * warpgroup 0 is the producer: one thread issues TMA loads of the A and B tiles into a
   ``stages``-deep ring of 128-byte-swizzled shared-memory stages (full/empty mbarriers);
-* ``bm / 64`` consumer warpgroups each issue ``wgmma.m64n{bn}k16`` (fp32 accumulation) straight
-  from shared memory; registers are moved from the producer to them with ``setmaxnreg``;
+* two consumer warpgroups issue ``wgmma.m64n{bn}k16`` (fp32 accumulation) straight from shared
+  memory, ``wm / 64`` slices of 64 rows each; registers are moved from the producer to them
+  with ``setmaxnreg``. Cooperative (``bm = 2 wm``): they split every tile. Ping-pong
+  (``bm = wm``): they take alternate tiles, so one's epilogue overlaps the other's main loop;
 * epilogue: the elementwise blocks that follow the matmul in the function (cast, bias,
   activation, multiply by another tensor...) are evaluated on the accumulators, staged through
   swizzled shared memory and written by TMA stores that overlap the next tile's main loop.
@@ -87,11 +89,6 @@ class Operand:
         return 0 if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
 
     @property
-    def warpgroup_elems(self) -> int:
-        """Offset of the next 64 rows (one consumer warpgroup's share of A) in a stage."""
-        return 64 * self.bk
-
-    @property
     def lbo(self) -> int:
         """Leading byte offset >> 4: unused for swizzled K-major; the column-chunk stride else."""
         return 1 if self.k_major else self.bk * SWIZZLE_BYTES // 16
@@ -127,8 +124,6 @@ class Output:
 
     dims: tuple[int, ...]
     elem_bytes: int
-    bm: int
-    bn: int
 
     @property
     def chunk_cols(self) -> int:
@@ -150,13 +145,16 @@ class Output:
     def store_op(self) -> str:
         return f"cp.async.bulk.tensor.{len(self.dims)}d.global.shared::cta.tile.bulk_group"
 
-    def store_coords(self, b, m, n, cw, c):
-        return [n * self.bn + c * self.chunk_cols, m * self.bm + cw * 64] + ([b] if len(self.dims) == 3 else [])
+    def store_coords(self, b, col, row):
+        return [col, row] + ([b] if len(self.dims) == 3 else [])
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The kernel's compile-time numbers for one (function, config)."""
+    """The kernel's compile-time numbers for one (function, config). Two consumer warpgroups,
+    each computing ``wg_m`` rows (one or two wgmma m64 slices) by ``bn`` columns: cooperative
+    when the tile is ``2 * wg_m`` rows (they split it), ping-pong when it is ``wg_m`` rows (they
+    take alternate tiles)."""
 
     match: WgmmaMatch
     bm: int
@@ -165,14 +163,51 @@ class Plan:
     stages: int
     group_m: int
     num_sms: int
+    wg_m: int = 64
+
+    consumers = 2
+    producer_regs = PRODUCER_REGS
+    consumer_regs = CONSUMER_REGS
 
     @property
-    def consumers(self) -> int:
-        return self.bm // 64
+    def pingpong(self) -> bool:
+        return self.bm == self.wg_m
+
+    @property
+    def m_per_wg(self) -> int:
+        return self.wg_m // 64
 
     @property
     def threads(self) -> int:
         return 128 * (1 + self.consumers)
+
+    @property
+    def tile_step(self) -> int:
+        return 2 if self.pingpong else 1
+
+    def first_tile(self, cw):
+        return cw if self.pingpong else 0
+
+    @property
+    def consumer_iters(self) -> int:
+        return -(-self.tiles_per_cta // self.tile_step)
+
+    @property
+    def empty_arrivals(self) -> int:
+        """Consumers that release each stage: the one whose tile it is, or both."""
+        return 1 if self.pingpong else self.consumers
+
+    def row0(self, cw):
+        """First tile row of consumer ``cw``."""
+        return 0 if self.pingpong else cw * self.wg_m
+
+    def row0_text(self) -> str:
+        return "0" if self.pingpong else f"k_cw * {self.wg_m}"
+
+    def a_offset(self, cw, mi):
+        """Element offset of 64-row slice ``mi`` of consumer ``cw`` in an A stage (K-major rows
+        of ``bk``, or MN-major 64-column chunks of ``bk`` rows: the same number)."""
+        return (self.row0(cw) + mi * 64) * self.bk
 
     @property
     def grid_m(self) -> int:
@@ -211,8 +246,13 @@ class Plan:
         return (self.bm + self.bn) * self.bk * self.match.in_bytes
 
     @property
-    def acc_regs(self) -> int:
+    def slice_regs(self) -> int:
+        """fp32 accumulator registers per thread of one m64nBN slice."""
         return self.bn // 2
+
+    @property
+    def acc_regs(self) -> int:
+        return self.m_per_wg * self.slice_regs
 
     @property
     def chunk_cols(self) -> int:
@@ -230,9 +270,6 @@ class Plan:
     def mma(self) -> str:
         ab = ABBR[self.match.in_dtype]
         return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k16.f32.{ab}.{ab}"
-
-    producer_regs = PRODUCER_REGS
-    consumer_regs = CONSUMER_REGS
 
     def smem_bytes(self) -> int:
         return self.stages * self.stage_bytes + self.consumers * 2 * 64 * SWIZZLE_BYTES + 16 * self.stages + 1024
@@ -265,18 +302,24 @@ def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Ope
                 else dims(match.m, match.k, match.a_batched), eb)
     b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
                 else dims(match.n, match.k, match.b_batched), eb)
-    d = Output(dims(match.n, match.m, True), match.out_bytes, bm, bn)
+    d = Output(dims(match.n, match.m, True), match.out_bytes)
     return a, b, d
 
 
+#: accumulator registers a consumer thread may hold (of the 232 setmaxnreg gives it)
+MAX_ACC_REGS = 128
+
+
 def config_fits(match: WgmmaMatch, config: Config) -> bool:
+    """Structural legality: warp tile (64 | 128 rows, bn) per consumer warpgroup, block tile of
+    one (ping-pong) or two (cooperative) warp tiles, K step = one 128-byte swizzled row."""
     if config.kind != "matmul_wgmma":
         return False
-    (bm, bn), (bk,) = config.block, config.rstep
+    (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
     chunk = SWIZZLE_BYTES // match.in_bytes
     return (
-        bm in (64, 128) and config.warp == (64, bn) and bk == chunk and 16 <= bn <= 256
-        and bn % (SWIZZLE_BYTES // match.out_bytes) == 0
+        wm in (64, 128) and bm in (wm, 2 * wm) and wn == bn and bk == chunk and 16 <= bn <= 256
+        and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % (SWIZZLE_BYTES // match.out_bytes) == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
     )  # fmt: skip
 
@@ -284,6 +327,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
 class WgmmaMatmulTemplate(ScheduleTemplate):
     kinds = ("matmul_wgmma",)
     name = "matmul_wgmma"
+    sources = (KERNEL_SOURCE,)  # part of the template's identity in the tuning database
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
         match, _reason = match_wgmma(func)
@@ -294,7 +338,7 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         target = tvm.target.Target.current(allow_none=True)
         num_sms = CUDA(target).sm_count if target is not None else 132
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
-                    config.rasterization, num_sms)
+                    config.rasterization, num_sms, config.warp[0])
         return build_kernel(func, plan)
 
 
@@ -338,8 +382,6 @@ RESERVED = re.compile(r"\b(k_\w+|K_\w+|A_map|B_map|D_map|i|s|kk)\b")
 
 #: the 16-bit pack helpers TVM's CUDA codegen defines
 PACK = {"float16": "__pack_half2", "bfloat16": "__pack_nv_bfloat162"}
-#: indentation of the ``{STORE}`` line in the kernel text
-STORE_INDENT = " " * 28
 
 
 @dataclass(frozen=True)
@@ -354,7 +396,7 @@ class Epilogue:
     def value(self, plan: Plan, e: int) -> str:
         """The output element at column ``k_col + e`` of the thread's row, as an expression over
         the kernel's own names (the block vars replaced by the element's coordinates)."""
-        coords = ["k_b", f"(k_m * {plan.bm} + k_cw * 64 + k_row)",
+        coords = ["k_b", f"(k_m * {plan.bm} + {plan.row0_text()} + k_mi * 64 + k_row)",
                   f"(k_n * {plan.bn} + k_c * {plan.chunk_cols} + k_col + {e})"]
         text = self.text.replace("K_ACC", f"k_acc[k_reg + {e}]")
         for name, coord in zip(reversed(self.index_vars), reversed(coords)):
@@ -371,7 +413,8 @@ class Epilogue:
         if plan.match.out_bytes == 2:
             pack = PACK[plan.match.out_dtype]
             return f'{dst.format("")} = T.call_pure_extern("uint32", "{pack}", {self.value(plan, 0)}, {self.value(plan, 1)})'
-        return ("\n" + STORE_INDENT).join(
+        indent = re.search(r"\n( *)\{STORE\}", _kernel_text()).group(1)
+        return ("\n" + indent).join(
             f'{dst.format(f" + {e}")} = T.reinterpret("uint32", {self.value(plan, e)})' for e in (0, 1))
 
 

@@ -60,9 +60,11 @@ def test_policy_tiles_fit_the_sm_and_the_template():
     assert len(configs) == 8 and configs == sorted(configs, key=lambda c: c.cost)
     for c in configs:
         assert config_fits(policy.match, c), c
-        plan = Plan(policy.match, *c.block, c.rstep[0], c.pipeline_stages, c.rasterization, H100.sm_count)
+        plan = Plan(policy.match, *c.block, c.rstep[0], c.pipeline_stages, c.rasterization, H100.sm_count, c.warp[0])
         assert plan.smem_bytes() <= H100.smem_per_block_optin, c
-        assert c.num_threads == 128 * (1 + c.block[0] // 64)
+        assert plan.acc_regs <= 128 and c.num_threads == 384  # a producer and two consumer warpgroups
+    schedules = {"pingpong" if c.block[0] == c.warp[0] else "cooperative" for c in policy.emit_config(20)}
+    assert schedules == {"pingpong", "cooperative"}
     # at 4096^3 the widest tile (two consumer warpgroups, 256 columns) is predicted fastest
     assert configs[0].block == (128, 256) and configs[0].pipeline_stages == 4
 

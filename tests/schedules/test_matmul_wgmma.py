@@ -25,8 +25,9 @@ def gemm(m, n, k, dtype="float16", layout="NN", batch=None, out=None):
     return ops.matmul(m, n, k, dtype, out or dtype, layout, batch, acc_dtype="float32").func
 
 
-def wgmma(bm=128, bn=256, stages=4, group=8) -> Config:
-    return Config("matmul_wgmma", block=(bm, bn), warp=(64, bn), rstep=(64,), pipeline_stages=stages,
+def wgmma(bm=128, bn=256, stages=4, group=8, wm=64) -> Config:
+    """bm = 2 wm: cooperative (both consumer warpgroups on each tile); bm = wm: ping-pong."""
+    return Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=stages,
                   use_async_copy=True, rasterization=group)
 
 
@@ -54,9 +55,9 @@ def check_hopper_kernel(src, cubin, bn, in_abbr="f16"):
 def test_layouts_dtypes_and_odd_shapes_compile_to_cubin():
     jobs = [
         (gemm(1000, 520, 264, "float16", "NT"), wgmma(128, 256)),  # K-major B, edges in M and N
-        (gemm(1000, 520, 264, "bfloat16", "NN"), wgmma(64, 192, 6)),  # MN-major B (transposed smem)
-        (gemm(200, 136, 72, "float16", "TN", out="float32"), wgmma(128, 64, 8)),  # M-major A, fp32 out
-        (gemm(512, 256, 128, "float16", "NN", batch=3), wgmma(128, 128, 6, 1)),  # one batch axis (3-D maps)
+        (gemm(1000, 520, 264, "bfloat16", "NN"), wgmma(64, 192, 6, wm=64)),  # MN-major B; ping-pong
+        (gemm(200, 136, 72, "float16", "TN", out="float32"), wgmma(256, 64, 4, wm=128)),  # M-major A, fp32 out
+        (gemm(512, 256, 128, "float16", "NN", batch=3), wgmma(128, 128, 6, 1, wm=128)),  # 3-D maps; ping-pong
     ]
     for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
         check_hopper_kernel(src, cubin, config.block[1], {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)])
@@ -75,7 +76,8 @@ def test_policy_top_configs_compile():
 
 @pytest.mark.parametrize("func,config", [
     (ops.matmul(256, 256, 256, "float32", "float32").func, wgmma()),  # fp32: no wgmma path here
-    (gemm(256, 256, 256), wgmma(256, 128)),  # three or more consumer warpgroups: not a template shape
+    (gemm(256, 256, 256), wgmma(256, 128, wm=64)),  # four 64-row slices: not a template shape
+    (gemm(256, 256, 256), wgmma(128, 256, wm=128)),  # 256 accumulators per thread
 ])  # fmt: skip
 def test_what_the_template_cannot_take_is_refused_not_rebuilt_otherwise(func, config):
     with pytest.raises(Exception, match="no template could schedule") as info:
