@@ -19,6 +19,8 @@ CASES = {
     "bf16_TT_edges": (200, 136, 72, "bfloat16", "TT", None),
     "fp16_NN_batched_odd_chunks": (512, 512, 128, "float16", "NN", 64),
     "bf16_NT_batched_edges": (264, 200, 128, "bfloat16", "NT", 2),
+    # many tiles per CTA: ping-pong warpgroups many stage-ring phases apart
+    "fp16_NN_many_tiles": (2048, 2048, 512, "float16", "NN", None),
 }
 
 
@@ -36,9 +38,10 @@ def arch():
 def test_every_wgmma_config_is_correct(name, arch):
     m, n, k, dtype, layout, batch = CASES[name]
     op = ops.matmul(m, n, k, dtype, dtype, layout, batch, acc_dtype="float32")
-    configs = WgmmaPolicy(op.func, arch).emit_config(8)
+    configs = WgmmaPolicy(op.func, arch).emit_config(20)  # cooperative and ping-pong
     results, best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
                                     progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
     assert best.config.kind == "matmul_wgmma"
+    assert {c.block[0] == c.warp[0] for c in configs} == {True, False}
