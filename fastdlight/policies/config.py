@@ -4,13 +4,14 @@ Axis conventions (the contract between policies and templates):
 
 * ``block``, ``thread`` and ``warp`` have one entry per *spatial* axis of the function's
   output-defining block (its iter vars in order, see ``analysis.FuncInfo.spatial_axes``).
-  For ``kind == "matmul_tc"`` they are instead over the normalized matmul view
+  For the tensor-core kinds (``matmul_tc``, ``matmul_wgmma``) they are instead over the normalized matmul view
   ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` and have exactly two entries ``(I, J)``;
   one block always covers one batch index ``S``.
 * ``block[i]``  – output elements one thread block computes along axis ``i``.
 * ``thread[i]`` – output elements one thread computes along axis ``i`` (its micro tile), so
   the block has ``block[i] // thread[i]`` threads along axis ``i``.
-* ``warp[i]``   – tensor-core only: output elements one warp computes along axis ``i``.
+* ``warp[i]``   – tensor-core only: output elements one warp (wgmma: one consumer warpgroup)
+  computes along axis ``i``.
 * ``rstep[r]``  – reduction elements per main-loop step along reduction axis ``r``
   (the shared-memory stage for matmul-like kernels).
 * ``reduce_thread[r]`` – threads cooperating on reduction axis ``r`` (cross-thread reduction).

@@ -107,3 +107,32 @@ def test_an_unusable_directory_is_one_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(OSError, match="cannot use .* as a tuning database"):
         TuningDatabase(blocker / "db")
+
+
+def test_a_wgmma_record_replays_as_the_same_kernel_and_its_kernel_text_is_in_the_fingerprint(tmp_path, monkeypatch):
+    """TIRx kernels have no schedule trace: the record holds the config, and replay regenerates
+    the kernel from it; editing the kernel text (not a Python module) retires the record."""
+    import tvm_ffi
+
+    from fastdlight.schedules import apply_config, dispatch
+    from fastdlight.schedules.matmul_wgmma import WgmmaMatmulTemplate
+
+    gemm = ops.matmul(512, 512, 512, "float16", "float16", "NN", acc_dtype="float32").func
+    config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                    use_async_copy=True, rasterization=1)
+    TuningDatabase(tmp_path).commit(gemm, H100, config, 0.01, True)
+    hit = TuningDatabase(tmp_path).lookup(gemm, H100)
+    assert hit.config == config
+    with H100.target:
+        assert tvm_ffi.structural_equal(apply_config(gemm, hit.config), apply_config(gemm, config))
+
+    before = dispatch.template_fingerprint("matmul_wgmma")
+    edited = tmp_path / "kernel.tvmscript"
+    edited.write_text(WgmmaMatmulTemplate.sources[0].read_text() + "\n# edited\n")
+    monkeypatch.setattr(WgmmaMatmulTemplate, "sources", (edited,))
+    dispatch.template_fingerprint.cache_clear()
+    try:
+        assert dispatch.template_fingerprint("matmul_wgmma") != before
+        assert TuningDatabase(tmp_path).lookup(gemm, H100) is None
+    finally:
+        dispatch.template_fingerprint.cache_clear()
