@@ -1,4 +1,5 @@
-"""Tensor-core matmul benchmark: best of the TensorCorePolicy's top-k vs cuBLAS (torch), same run.
+"""mma.sync tensor-core matmul benchmark: best of the TensorCorePolicy's mma.sync top-k vs cuBLAS
+(torch), same run (the Hopper wgmma template has ``bench_gemm_hopper.py``).
 
     python benchmarks/bench_matmul_tc.py [--topk 20] [--budget-ms 100] [--only NAME ...]
 
@@ -110,7 +111,7 @@ def run_case(name, m, n, k, dtype, layout, arch, topk, budget_ms, log):
     flops = 2.0 * m * n * k
     tags, reason = tensorcore_tags(func, arch)
     if tags is not None:
-        configs, template, used = TensorCorePolicy(func, arch, tags).emit_config(topk), apply_tensorcore, "tensor cores"
+        configs, template, used = TensorCorePolicy(func, arch, tags, instructions=("mma.sync",)).emit_config(topk), apply_tensorcore, "tensor cores"
     else:
         configs, template, used = DefaultPolicy(func, arch).emit_config(topk), None, f"CUDA cores ({reason})"
     t0 = time.perf_counter()

@@ -220,17 +220,22 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
     if match is None:
         return None, reason
     pair = (match.in_dtype, match.acc_dtype)
+    wgmma = _wgmma_takes(func, arch)
+    if match.in_dtype == "bfloat16" and not wgmma:
+        return None, "no bf16 mma intrinsic in TVM 0.27 (tvm.s_tir.tensor_intrin.cuda) and no wgmma (needs sm_90a): CUDA cores"
     if match.in_dtype == "bfloat16":
-        return None, "no bf16 mma intrinsic in TVM 0.27 (tvm.s_tir.tensor_intrin.cuda): CUDA cores"
-    if pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
+        instructions = ("wgmma",)
+    elif pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
         return None, f"dtypes {pair} have no tensor-core path"
-    if match.in_dtype == "int8" and match.layout != "NT":
+    elif match.in_dtype == "int8" and match.layout != "NT":
         # TVM 0.27 has no int8 A-trans ldmatrix and its int8 B non-trans "ldmatrix" is a manual
         # loop; transposing int8 operands while copying them to shared memory crashed on the
         # GPU (illegal access) in an earlier version of the template: CUDA cores instead
         return None, f"int8 layout {match.layout}: tensor cores only for NT (A and B K-inner)"
-    if min(match.m, match.n, match.k) < 16:
+    elif min(match.m, match.n, match.k) < 16:
         return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
+    else:
+        instructions = ("wgmma", "mma.sync") if wgmma else ("mma.sync",)
     smem_a_k_inner, smem_b_k_inner = smem_layout(match)
     tags = {
         "in_dtype": match.in_dtype,
@@ -242,12 +247,19 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         "M": match.m,
         "N": match.n,
         "K": match.k,
-        "mma_shape": tuple(arch.mma_shapes[pair]),
-        "intrin_group": intrin_group(match, smem_a_k_inner, smem_b_k_inner),
+        "mma_shape": tuple(arch.mma_shapes.get(pair, (16, 8, 16))),
+        "intrin_group": intrin_group(match, smem_a_k_inner, smem_b_k_inner) if "mma.sync" in instructions else None,
+        "instructions": instructions,
         "block": match.block,
         "epilogue": match.num_epilogue,
     }
     return tags, ""
+
+
+def _wgmma_takes(func, arch: CUDA) -> bool:
+    from .wgmma import wgmma_eligible  # wgmma builds on this module's matmul match
+
+    return wgmma_eligible(func, arch)[0] is not None
 
 
 def smem_layout(match: MatmulMatch) -> tuple[bool, bool]:
@@ -272,6 +284,8 @@ BARRIER_CYCLES_PER_WARP = 20
 REG_OVERHEAD = 24
 #: fraction of the datasheet tensor peak mma.sync reaches on Hopper (wgmma gets the rest)
 HOPPER_MMA_SYNC_EFFICIENCY = 0.62
+#: share of a top-k that goes to wgmma tiles where mma.sync configs compete with them
+WGMMA_SHARE = 0.5
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 WARP_SIZES = (16, 32, 64, 128)
 MAX_WARPS = 8
@@ -300,7 +314,8 @@ class TensorCorePolicy:
     (ldmatrix + cp.async writes) and L2 traffic per step, but no faster than the pipeline can
     hide load latency. Padding waste is included (tiles need not divide the shape)."""
 
-    def __init__(self, func, arch, tags: dict | None = None, opt_shapes: dict | None = None):
+    def __init__(self, func, arch, tags: dict | None = None, opt_shapes: dict | None = None,
+                 instructions: tuple[str, ...] | None = None):
         self.func = func
         self.arch = _as_arch(arch)
         if tags is None:
@@ -308,6 +323,11 @@ class TensorCorePolicy:
             if tags is None:
                 raise ValueError(f"function is not tensor-core eligible: {reason}")
         self.tags = dict(tags)
+        available = tuple(self.tags.get("instructions", ("mma.sync",)))
+        #: "wgmma" (Hopper template, sm_90a) and/or "mma.sync": which templates' configs to emit
+        self.instructions = tuple(i for i in available if instructions is None or i in instructions)
+        if not self.instructions:
+            raise ValueError(f"none of {instructions} applies here (available: {available})")
         for key in ("M", "N", "K", "batch"):  # symbolic dims specialized by the caller
             if opt_shapes and key in opt_shapes:
                 self.tags[key] = int(opt_shapes[key])
@@ -435,9 +455,24 @@ class TensorCorePolicy:
         return 0
 
     def emit_config(self, topk: int = 10) -> list[Config]:
-        """The ``topk`` best configs, best first (ascending estimated cost). Equal estimates
-        prefer square warp tiles, deeper pipelines, then longer K steps. Only the two best
-        pipeline depths of each tile shape are emitted, so a measured top-k sees more tiles."""
+        """The ``topk`` best configs, best first (ascending estimated time). On ``sm_90a`` the
+        Hopper wgmma template's tiles (``WgmmaPolicy``) take ``WGMMA_SHARE`` of the top-k and
+        mma.sync's the rest, so both are measured; their estimates are in the same seconds."""
+        wgmma = []
+        if "wgmma" in self.instructions:
+            from .wgmma import WgmmaPolicy
+
+            share = 1.0 if self.instructions == ("wgmma",) else WGMMA_SHARE
+            wgmma = WgmmaPolicy(self.func, self.arch).emit_config(max(1, int(topk * share)))
+        mma = self.mma_sync_configs(topk - len(wgmma)) if "mma.sync" in self.instructions else []
+        return sorted(wgmma + mma, key=lambda c: c.cost)
+
+    def mma_sync_configs(self, topk: int) -> list[Config]:
+        """The ``topk`` best mma.sync configs, best first. Equal estimates prefer square warp
+        tiles, deeper pipelines, then longer K steps. Only the two best pipeline depths of each
+        tile shape are emitted, so a measured top-k sees more tiles."""
+        if topk <= 0:
+            return []
         ranked = sorted(
             self.candidates(),
             key=lambda c: (self.cost(c), abs(math.log2(c.wm / c.wn)), -c.stages, -c.bk, c.bm, c.bn, c.wm, c.wn),

@@ -22,7 +22,6 @@ from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
-from ..policies.wgmma import WgmmaPolicy, wgmma_eligible
 from . import build_task
 from .candidate import CompileResult
 from .options import TuneOptions
@@ -66,14 +65,11 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     configs; ``stock_last`` (nothing is timed, so stock could not win anyway): a set of its own
     after the policies', built only when all of theirs fail."""
     sets = []
-    wgmma = _wgmma_configs(func, arch, topk)
     tc_func, tags = get_tensorized_func_and_tags(func, arch)
     if tags:
-        configs = tuple(TensorCorePolicy(tc_func, arch, tags).emit_config(topk - len(wgmma)))
-        if configs or wgmma:
-            sets.append(CandidateSet("TensorCorePolicy", tc_func, wgmma + configs))
-    elif wgmma:
-        sets.append(CandidateSet("WgmmaPolicy", func, wgmma))
+        configs = tuple(TensorCorePolicy(tc_func, arch, tags).emit_config(topk))
+        if configs:
+            sets.append(CandidateSet("TensorCorePolicy", tc_func, configs))
     try:
         sets.append(CandidateSet("DefaultPolicy", func, _default_configs(func, arch, topk)))
     except ValueError as e:
@@ -91,20 +87,6 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
         else:
             sets.append(CandidateSet("stock Dlight", func, stock))
     yield from sets
-
-
-#: share of a top-k that goes to wgmma tiles where mma.sync configs compete with them
-WGMMA_SHARE = 0.5
-
-
-def _wgmma_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
-    """Hopper (sm_90a) TMA + wgmma configs, ranked first: on an H100 mma.sync reaches about
-    0.6x of wgmma's throughput, but both are measured (half of the top-k each)."""
-    match, _reason = wgmma_eligible(func, arch)
-    if match is None:
-        return ()
-    configs = WgmmaPolicy(func, arch, match).emit_config(max(1, int(topk * WGMMA_SHARE)))
-    return tuple(dataclasses.replace(c, cost=i * 1e-9) for i, c in enumerate(configs))
 
 
 def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
@@ -158,7 +140,8 @@ def prewarm(func, arch: CUDA, opts: TuneOptions) -> None:
     ``func`` is tensor-core eligible) so they are ready when the policy's configs arrive."""
     if not opts.parallel_build or opts.pool is not None:
         return
-    tc = bool(get_tensorized_func_and_tags(func, arch)[1])
+    tags = get_tensorized_func_and_tags(func, arch)[1]
+    tc = bool(tags) and "mma.sync" in tags["instructions"]
     shared_pool(opts.max_workers).warm_up(("tensor_intrin",) if tc else ())
 
 

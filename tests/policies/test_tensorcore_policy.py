@@ -46,11 +46,33 @@ def test_batched_and_sm90a():
     assert CUDA(H100).arch == "sm_90a"  # Dlight's check_sm_version gives -1 here: we must not
 
 
+def test_bf16_takes_tensor_cores_only_through_wgmma():
+    op = ops.matmul(256, 128, 64, "bfloat16", "float32")
+    _, tags = get_tensorized_func_and_tags(op.func, H100)
+    assert tags["instructions"] == ("wgmma",) and tags["intrin_group"] is None
+    assert {c.kind for c in TensorCorePolicy(op.func, CUDA(H100), tags).emit_config(6)} == {"matmul_wgmma"}
+    out, tags = get_tensorized_func_and_tags(op.func, A100)
+    assert tags is None and "bf16" in tensorcore_tags(op.func, A100)[1]
+
+
+def test_fp16_on_sm_90a_gets_both_instructions_and_can_ask_for_one():
+    op = ops.matmul(1024, 1024, 1024, "float16", "float32", "NN")
+    _, tags = get_tensorized_func_and_tags(op.func, H100)
+    assert tags["instructions"] == ("wgmma", "mma.sync")
+    both = TensorCorePolicy(op.func, CUDA(H100), tags).emit_config(10)
+    assert {c.kind for c in both} == {"matmul_wgmma", "matmul_tc"} and len(both) == 10
+    assert [c.cost for c in both] == sorted(c.cost for c in both)
+    only = TensorCorePolicy(op.func, CUDA(H100), tags, instructions=("mma.sync",)).emit_config(10)
+    assert {c.kind for c in only} == {"matmul_tc"}
+    assert get_tensorized_func_and_tags(op.func, A100)[1]["instructions"] == ("mma.sync",)
+    with pytest.raises(ValueError, match="available"):
+        TensorCorePolicy(op.func, CUDA(A100), instructions=("wgmma",))
+
+
 @pytest.mark.parametrize(
     "make,why",
     [
         (lambda: ops.matmul(256, 128, 64, "float32"), "no tensor-core path"),
-        (lambda: ops.matmul(256, 128, 64, "bfloat16", "float32"), "bf16"),
         (lambda: ops.matmul(256, 8, 64), "below 16"),
         (lambda: ops.matmul(8, 256, 64), "below 16"),
         (lambda: ops.matmul(256, 256, 8), "below 16"),
@@ -82,9 +104,10 @@ def test_epilogue_counted():
 
 
 def _policy(target, m=4096, n=4096, k=4096, dtype="float16", out="float32", layout="NT"):
+    """The mma.sync search (on the H100 the wgmma tiles join it: see the wgmma policy's tests)."""
     op = ops.matmul(m, n, k, dtype, out, layout)
     func, tags = get_tensorized_func_and_tags(op.func, target)
-    return TensorCorePolicy(func, CUDA(target), tags)
+    return TensorCorePolicy(func, CUDA(target), tags, instructions=("mma.sync",))
 
 
 def test_policy_4096_nt_h100():

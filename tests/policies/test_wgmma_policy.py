@@ -85,4 +85,4 @@ def test_candidate_set_holds_wgmma_and_mma_sync_on_sm_90a_only():
 
 def test_bf16_gets_wgmma_where_mma_sync_has_no_intrinsic():
     first = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16"), H100, 8)))
-    assert first.policy == "WgmmaPolicy" and {c.kind for c in first.configs} == {"matmul_wgmma"}
+    assert first.policy == "TensorCorePolicy" and {c.kind for c in first.configs} == {"matmul_wgmma"}

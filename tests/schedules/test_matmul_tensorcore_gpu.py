@@ -50,7 +50,7 @@ def test_top5_configs_correct(name):
     arch = auto_arch()
     tc_func, tags = get_tensorized_func_and_tags(func, arch)
     assert tags is not None, f"{name} should be tensor-core eligible on {arch.name}"
-    configs = TensorCorePolicy(tc_func, arch, tags).emit_config(TOPK)
+    configs = TensorCorePolicy(tc_func, arch, tags, instructions=("mma.sync",)).emit_config(TOPK)
     assert len(configs) == TOPK
     results, best = apply_and_build(
         tc_func, configs, arch, check="all", ref=ref, budget_ms=5, template=apply_tensorcore, progress=False
