@@ -5,7 +5,7 @@ candidates measured together) against cuBLAS (torch), same run.
 
 Each case is ``D = cast(A @ B)`` with fp32 accumulation (fp16 or bf16 in and out), tuned
 through ``fastdlight.tune``'s candidate path (``candidate_sets``: wgmma and mma.sync configs in
-one measured set, stock Dlight beside them; the tuner's defaults: the fastest candidate that
+one measured set, stock Dlight beside them; ``tune_function``, the tuner's own path and defaults: the fastest candidate that
 verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the same way on the same inputs, alternately in
 five rounds (medians; inputs rotated out of L2; kernels under the graph threshold in CUDA graphs
 on both sides).
@@ -33,10 +33,10 @@ import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
 from fastdlight.arch import auto_arch  # noqa: E402
-from fastdlight.tune.candidates import candidate_sets, stock_configs  # noqa: E402
+from fastdlight.tune.candidates import tune_function  # noqa: E402
+from fastdlight.tune.options import TuneOptions  # noqa: E402
 from fastdlight.tune.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
 from fastdlight.tune.measure import Workload, function_name, rotation_copies, time_launches, time_torch  # noqa: E402
-from fastdlight.tune.runner import apply_and_build  # noqa: E402
 
 # name, M, N, K, dtype, layout (N: A is M×K / B is K×N; T: transposed), batch
 CASES = [
@@ -51,7 +51,15 @@ CASES = [
     ("llama down 4096×4096×11008", 4096, 4096, 11008, "float16", "NN", 1),
     ("odd 3000×5120×1000", 3000, 5120, 1000, "float16", "NT", 1),
     ("odd 4000³", 4000, 4000, 4000, "float16", "NT", 1),
+    ("aligned 3072×5120×1024", 3072, 5120, 1024, "float16", "NT", 1),  # the odd shape, tile-aligned
     ("batched 64×512×512×128", 512, 512, 128, "float16", "NN", 64),
+    # decode: X[M, K] · W[N, K]ᵀ with M = 1 and 16 (the weights, 32-88 MB, rotated out of L2)
+    ("decode 1×4096×4096", 1, 4096, 4096, "float16", "NT", 1),
+    ("decode 16×4096×4096", 16, 4096, 4096, "float16", "NT", 1),
+    ("decode 1×11008×4096", 1, 11008, 4096, "float16", "NT", 1),
+    ("decode 16×11008×4096", 16, 11008, 4096, "float16", "NT", 1),
+    ("decode 1×4096×11008", 1, 4096, 11008, "float16", "NT", 1),
+    ("decode 16×4096×11008", 16, 4096, 11008, "float16", "NT", 1),
     ("fp16 8192³ NT", 8192, 8192, 8192, "float16", "NT", 1),
     ("bf16 8192³ NN", 8192, 8192, 8192, "bfloat16", "NN", 1),
 ]
@@ -101,11 +109,10 @@ def gpu_reference(layout):
 
 
 def tune(func, arch, topk, layout, check="all"):
-    cand = next(iter(candidate_sets(func, arch, topk, stock_configs(func, arch))))
+    """The tuner's own path (``tune_function``: policies in order, stock Dlight measured beside)."""
     t0 = time.perf_counter()
-    results, best = apply_and_build(cand.func, cand.configs, arch, check=check, ref=gpu_reference(layout),
-                                    progress=False)
-    return results, best, time.perf_counter() - t0
+    tuned = tune_function(func, arch, topk, TuneOptions(check=check, ref=gpu_reference(layout), progress=False))
+    return list(tuned.results), tuned.best, time.perf_counter() - t0
 
 
 def family_best(results, kind):
@@ -145,7 +152,7 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
     graph_ms = time_graph(launch, arg_sets, wl.dev, budget_ms, ours).median_ms
     cublas_graph_ms = time_torch_graph(fns, budget_ms, cublas).median_ms
     flops = 2.0 * batch * m * n * k
-    fam = {kind: family_best(results, kind) for kind in ("matmul_wgmma", "matmul_tc", "dlight")}
+    fam = {kind: family_best(results, kind) for kind in ("matmul_wgmma", "matmul_tc", "dlight", "gemv")}
     bad = [r for r in results if r.config.kind == "matmul_wgmma" and (r.error or r.verified is False)]
     return {
         "case": name, "M": m, "N": n, "K": k, "batch": batch, "dtype": dtype, "layout": layout,
@@ -183,7 +190,7 @@ def markdown(rows, device) -> str:
         f"{ROUNDS} rounds (CUDA events, inputs rotated out of L2), medians.",
         "",
         "| case | winner | ms | TFLOPS | cuBLAS ms | cuBLAS TFLOPS | ratio | in CUDA graphs: ms / cuBLAS ms / ratio "
-        "| best wgmma / mma.sync / stock ms (tuning) | tune s |",
+        "| best wgmma / mma.sync / stock / GEMV ms (tuning) | tune s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
