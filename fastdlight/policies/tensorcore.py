@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits
 
 from ..arch import CUDA
 from .config import Config
@@ -126,7 +128,8 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
 
     a_vars, b_vars, c_vars = access_vars(load_a), access_vars(load_b), access_vars(store)
     if a_vars is None or b_vars is None or c_vars is None:
-        return None, "non-trivial index expressions"
+        # an implicit GEMM (convolution: A read at h + r, w + s): Dlight's iterator traits
+        return _match_implicit_gemm(func, block, blocks.index(red), len(blocks))
     roles: dict[str, list] = {r: [] for r in "SIJK"}
     for iv in iter_vars:
         v = iv.var
@@ -176,6 +179,50 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
         num_epilogue=len(blocks) - 1 - blocks.index(red),
     )
     return match, ""
+
+
+def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[MatmulMatch | None, str]:
+    """A reduction whose operands are indexed by sums of iterators (a convolution's input at
+    ``h * stride + r``) seen through Dlight's iterator traits: I = the output's spatial axes it
+    shares with A, J = those it shares with B, K = the reduction axes. The template reindexes
+    A into that view while copying it to shared memory (no im2col buffer). The stored layout
+    must keep K (A) and K or J (B) innermost and contiguous: NHWC data, OHWI weights."""
+    raw = s_tir.Schedule(func)  # the template schedules the function as given, not normalized
+    block = raw.get(raw.get_sblock(block.name_hint))
+    traits = detect_iter_traits(block)
+    if traits is None:
+        return None, "non-trivial index expressions (not an implicit GEMM either)"
+    *_, block_traits = traits
+    kinds = {iv.var: t.kind for iv, t in zip(block.iter_vars, block_traits)}
+    extent = {k: math.prod(int(t.extent) for t in block_traits if t.kind == k) for k in IterKind}
+    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+        return None, "symbolic extent (specialize the shape first)"
+
+    def innermost_kind(region):
+        used = [v for v in kinds if _uses(region[-1].min, v)]
+        found = {kinds[v] for v in used} - {IterKind.kIter_T}
+        return found.pop() if len(found) == 1 else None
+
+    a_inner, b_inner = innermost_kind(block.reads[0].region), innermost_kind(block.reads[1].region)
+    if a_inner not in (IterKind.kIter_I, IterKind.kIter_K) or b_inner not in (IterKind.kIter_J, IterKind.kIter_K):
+        return None, "implicit GEMM whose operands mix axes innermost (NCHW): no contiguous tile rows"
+    if innermost_kind(block.writes[0].region) != IterKind.kIter_J:
+        return None, "implicit GEMM whose output is not channels-last"
+    out_buf = func.params[-1]
+    in_a, in_b = str(block.reads[0].source.dtype), str(block.reads[1].source.dtype)
+    return MatmulMatch(
+        block=block.name_hint, in_dtype=in_a if in_a == in_b else f"{in_a}x{in_b}",
+        acc_dtype=str(block.writes[0].source.dtype), out_dtype=str(out_buf.dtype),
+        batch=extent[IterKind.kIter_S], m=extent[IterKind.kIter_I], n=extent[IterKind.kIter_J],
+        k=extent[IterKind.kIter_K], a_k_inner=a_inner == IterKind.kIter_K, b_k_inner=b_inner == IterKind.kIter_K,
+        num_epilogue=num_blocks - 1 - index,
+    ), ""  # fmt: skip
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None), order="pre")
+    return bool(found)
 
 
 def intrin_group(match: MatmulMatch, smem_a_k_inner: bool, smem_b_k_inner: bool) -> dict[str, str]:

@@ -129,14 +129,17 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     # 1. Normalize to C[S, I, J] += A[S, I|K, K|I] * B[S, J|K, K|J]: the operands keep the layout
     #    they will have in shared memory, so every global load stays contiguous.
     S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+    #    Reindex first, then read the traits off the reindexed accesses (as Dlight does): a
+    #    convolution's input (h + r) becomes a plain [n, h, w, r, s, c] view, and unit axes (a
+    #    batch of 1, a 1x1 kernel) are counted the way the reindexed buffers have them.
+    a_re = sch.reindex(main, ("read", 0))
+    b_re = sch.reindex(main, ("read", 1))
+    c_re = sch.reindex(main, ("write", 0))
     a_traits, b_traits, c_traits, block_traits = detect_iter_traits(sch.get(main))
     a_map = make_iter_fusion_index_map(a_traits, [S, I, K] if a_k_inner else [S, K, I])
     b_map = make_iter_fusion_index_map(b_traits, [S, J, K] if b_k_inner else [S, K, J])
     c_map = make_iter_fusion_index_map(c_traits, [S, I, J])
     m_map = make_iter_fusion_index_map(block_traits, [S, I, J, K])
-    a_re = sch.reindex(main, ("read", 0))
-    b_re = sch.reindex(main, ("read", 1))
-    c_re = sch.reindex(main, ("write", 0))
     sch.transform_layout(a_re, ("write", 0), a_map)
     sch.transform_layout(b_re, ("write", 0), b_map)
     sch.transform_layout(c_re, ("read", 0), c_map)

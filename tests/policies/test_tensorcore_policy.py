@@ -80,7 +80,6 @@ def test_fp16_on_sm_90a_gets_both_instructions_and_can_ask_for_one():
         (lambda: ops.softmax(64, 64), "reduction"),
         (lambda: ops.reduce((64, 64)), "sum of products"),
         (lambda: ops.gemv(4096, 4096, 1), "M, one N"),
-        (lambda: ops.conv2d_nhwc(1, 16, 16, 32, 32), "index"),
     ],
 )
 def test_ineligible(make, why):
@@ -89,6 +88,17 @@ def test_ineligible(make, why):
     assert out is func and tags is None
     _, reason = tensorcore_tags(func, H100)
     assert why in reason
+
+
+@pytest.mark.parametrize("r,stride,pad", [(3, 1, 1), (1, 2, 0), (7, 2, 3)])
+def test_nhwc_convolution_is_an_implicit_gemm(r, stride, pad):
+    """I = N·P·Q output pixels, J = output channels, K = R·S·C: no im2col buffer, the template
+    reindexes the input while copying it to shared memory."""
+    op = ops.conv2d_nhwc(1, 16, 16, 32, 64, r, r, stride, pad)
+    _, tags = get_tensorized_func_and_tags(op.func, H100)
+    out = (16 + 2 * pad - r) // stride + 1
+    assert (tags["M"], tags["N"], tags["K"], tags["batch"]) == (out * out, 64, r * r * 32, 1)
+    assert tags["layout"] == "NN" and tags["instructions"] == ("mma.sync",)  # HWIO weights: C·K rows
 
 
 def test_no_tensor_cores_before_sm80():

@@ -131,3 +131,17 @@ def test_refuses_what_it_cannot_build():
     assert TEMPLATE.apply_config(ops.matmul(256, 256, 256, "float32").func, good) is None
     assert TEMPLATE.apply_config(ops.softmax(256, 256).func, good) is None
     assert TEMPLATE.kinds == ("matmul_tc",)
+
+
+def test_nhwc_convolutions_compile_as_implicit_gemms():
+    """A 3x3 conv (batch 1: a unit axis), a 1x1 stride-2 downsample and ResNet's 3-channel 7x7
+    stem: the input reindexed while it is copied (predicated 16-byte cp.async for the padding)."""
+    jobs = []
+    for n, h, c, k, r, stride, pad in [(1, 28, 64, 64, 3, 1, 1), (4, 28, 64, 128, 1, 2, 0), (4, 64, 3, 64, 7, 2, 3)]:
+        func = ops.conv2d_nhwc(n, h, h, c, k, r, r, stride, pad).func
+        tc_func, tags = get_tensorized_func_and_tags(func, H100)
+        assert tags is not None, (n, h, c, k, r)
+        config = TensorCorePolicy(tc_func, H100, tags, instructions=("mma.sync",)).emit_config(1)[0]
+        jobs.append((tc_func, config, H100))
+    for (_, config, _), (src, cubin) in zip(jobs, compile_all(jobs)):
+        check_kernel(src, cubin, config, "conv")

@@ -24,6 +24,11 @@ def bias_relu_cast(m, n, k):
     return op.func, op.reference
 
 
+def conv_case(*args):
+    op = ops.conv2d_nhwc(*args)
+    return op.func, op.reference
+
+
 def op_case(*args, **kw):
     op = ops.matmul(*args, **kw)
     return op.func, op.reference
@@ -41,6 +46,10 @@ CASES = {
     "batched_4x512x256x256": lambda: op_case(512, 256, 256, "float16", "float32", "NT", batch=4),
     "seed_512x16x512": lambda: op_case(512, 16, 512, "float16", "float32", "NN"),
     "epilogue_bias_relu_cast": lambda: bias_relu_cast(1024, 512, 256),
+    # implicit GEMMs: NHWC convolutions (the input reindexed while copied to shared memory)
+    "conv_nhwc_3x3": lambda: conv_case(2, 28, 28, 64, 64, 3, 3, 1, 1),
+    "conv_nhwc_1x1_stride2": lambda: conv_case(4, 28, 28, 64, 128, 1, 1, 2, 0),
+    "conv_nhwc_7x7_stem": lambda: conv_case(2, 32, 32, 3, 64, 7, 7, 2, 3),
 }
 
 
