@@ -17,7 +17,8 @@ from tvm import s_tir, tirx
 
 from ..arch import CUDA
 from .config import Config
-from .tensorcore import NBYTES, _load_of, match_matmul
+from .matmul_match import _load_of, match_matmul
+from .tensorcore import NBYTES
 
 #: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
 WGMMA_DTYPES = ("float16", "bfloat16")
