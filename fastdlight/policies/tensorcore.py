@@ -132,8 +132,10 @@ BARRIER_CYCLES_PER_WARP = 20
 REG_OVERHEAD = 24
 #: fraction of the datasheet tensor peak mma.sync reaches on Hopper (wgmma gets the rest)
 HOPPER_MMA_SYNC_EFFICIENCY = 0.62
-#: share of a top-k that goes to wgmma tiles where mma.sync configs compete with them
-WGMMA_SHARE = 0.5
+#: mma.sync configs measured beside the wgmma tiles on sm_90a (at most half the top-k): on the
+#: H100 the best mma.sync candidate was 1.4-1.8x slower than the best wgmma one in every GEMM
+#: benchmark row and model function measured (2026-11-25); they stay as a fallback
+MMA_SYNC_BESIDE_WGMMA = 4
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 WARP_SIZES = (16, 32, 64, 128)
 MAX_WARPS = 8
@@ -304,16 +306,15 @@ class TensorCorePolicy:
 
     def emit_config(self, topk: int = 10) -> list[Config]:
         """The ``topk`` best configs, best first (ascending estimated time). On ``sm_90a`` the
-        Hopper wgmma template's tiles (``WgmmaPolicy``) take ``WGMMA_SHARE`` of the top-k and
-        mma.sync's the rest, so both are measured; their estimates are in the same seconds."""
-        wgmma = []
-        if "wgmma" in self.instructions:
-            from .wgmma import WgmmaPolicy
+        Hopper wgmma template's tiles (``WgmmaPolicy``) come first and ``MMA_SYNC_BESIDE_WGMMA``
+        mma.sync configs are measured beside them; their estimates are in the same seconds."""
+        if "wgmma" not in self.instructions:
+            return self.mma_sync_configs(topk)
+        from .wgmma import WgmmaPolicy
 
-            share = 1.0 if self.instructions == ("wgmma",) else WGMMA_SHARE
-            wgmma = WgmmaPolicy(self.func, self.arch).emit_config(max(1, int(topk * share)))
-        mma = self.mma_sync_configs(topk - len(wgmma)) if "mma.sync" in self.instructions else []
-        return sorted(wgmma + mma, key=lambda c: c.cost)
+        n_mma = min(MMA_SYNC_BESIDE_WGMMA, topk // 2) if "mma.sync" in self.instructions else 0
+        wgmma = WgmmaPolicy(self.func, self.arch).emit_config(max(1, topk - n_mma))
+        return sorted(wgmma + self.mma_sync_configs(n_mma), key=lambda c: c.cost)
 
     def mma_sync_configs(self, topk: int) -> list[Config]:
         """The ``topk`` best mma.sync configs, best first. Equal estimates prefer square warp
