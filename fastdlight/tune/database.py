@@ -4,7 +4,9 @@
     hit = db.lookup(func, arch)              # a Record or None
     db.commit(func, arch, config, latency_ms, verified=True, reference="...")
 
-The JSON-lines file is the source of truth. A record stores the winning :class:`Config` (not a
+The JSON-lines file is the source of truth; a MetaSchedule JSON database beside it
+(:mod:`fastdlight.tune.meta_schedule_view`) mirrors the records whose schedule has a trace, for
+TVM's ``ms.database.JSONDatabase`` and ``relax.transform.MetaScheduleApplyDatabase``. A record stores the winning :class:`Config` (not a
 schedule trace: re-applying a config is deterministic and takes milliseconds, and it works for
 the tensor-core path, whose schedule is made on a rewritten copy of the function) and the
 function itself, so a hit is decided by structural equality, never by a hash alone.
@@ -33,6 +35,7 @@ import tvm_ffi
 from ..arch import CUDA
 from ..policies.config import Config
 from ..schedules.dispatch import template_fingerprint
+from .meta_schedule_view import MetaScheduleView
 
 FILE_NAME = "fastdlight_records.jsonl"
 #: keys every record has; a line without them is not a record
@@ -76,6 +79,7 @@ class TuningDatabase:
         except OSError as e:
             raise OSError(f"cannot use {self.dir} as a tuning database: {e.strerror}") from None
         self.file = os.path.join(self.dir, FILE_NAME)
+        self.meta_schedule = MetaScheduleView(self.dir)
         self._lock = threading.Lock()
         self._rows: list[dict] = []
         self._read_upto = 0  # bytes of the file already parsed
@@ -152,6 +156,7 @@ class TuningDatabase:
                 os.fsync(fd)
             finally:
                 os.close(fd)  # closing releases the lock
+        self.meta_schedule.add(func, arch, config, latency_ms)
 
     def __len__(self) -> int:
         """Records usable by this TVM version and template code."""

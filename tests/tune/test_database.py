@@ -136,3 +136,36 @@ def test_a_wgmma_record_replays_as_the_same_kernel_and_its_kernel_text_is_in_the
         assert TuningDatabase(tmp_path).lookup(gemm, H100) is None
     finally:
         dispatch.template_fingerprint.cache_clear()
+
+
+def test_metaschedule_reads_the_records_and_applies_the_same_schedules(tmp_path):
+    """TVM's own JSONDatabase opens the view written beside our records, and
+    MetaScheduleApplyDatabase schedules the function exactly as our template does."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from fastdlight.schedules import apply_config
+
+    func = ops.softmax(256, 1024).func
+    config = Config("general_reduction", (1,), (1,), rstep=(256,), reduce_thread=(128,))
+    TuningDatabase(tmp_path).commit(func, H100, config, 0.02, True)
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(database) == 1
+    with database, H100.target:
+        applied = relax.transform.MetaScheduleApplyDatabase()(tvm.IRModule({"softmax": func}))["softmax"]
+    with H100.target:
+        ours = apply_config(func, config).mod["main"]
+    assert applied.attrs["tirx.is_scheduled"]
+    assert tvm_ffi.structural_equal(applied.without_attr("tirx.is_scheduled"), ours.with_attrs(dict(applied.attrs)).without_attr("tirx.is_scheduled"))
+
+
+def test_a_kernel_without_a_trace_stays_out_of_the_view(tmp_path):
+    gemm = ops.matmul(512, 512, 512, "float16", "float16", "NN", acc_dtype="float32").func
+    wgmma = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                   use_async_copy=True, rasterization=1)
+    db = TuningDatabase(tmp_path)
+    db.commit(gemm, H100, wgmma, 0.01, True)
+    assert db.lookup(gemm, H100).config == wgmma  # our records keep it
+    assert not db.meta_schedule.add(gemm, H100, wgmma, 0.01)
