@@ -2,8 +2,10 @@
 
 * :class:`Config` – the contract with the schedule templates (:mod:`.config`).
 * :class:`DefaultPolicy` – Roller on CUDA cores (:mod:`.default`), for every family.
-* :class:`TensorCorePolicy`, :func:`get_tensorized_func_and_tags` – tensor-core matmul
-  (:mod:`.tensorcore`, imported lazily: a missing or broken module only disables those two).
+* :class:`TensorCorePolicy`, :func:`get_tensorized_func_and_tags` – tensor-core matmul and
+  implicit-GEMM convolution (:mod:`.tensorcore`, imported lazily: a missing or broken module
+  only disables those two); on ``sm_90a`` it includes the Hopper wgmma tiles of
+  :class:`.wgmma.WgmmaPolicy`. :mod:`.matmul_match` says what is a matmul.
 * :func:`analyze` / :class:`FuncInfo` – the PrimFunc analysis both policies share.
 """
 
