@@ -31,8 +31,9 @@ BK = 64
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
 CLOCK_HZ = 1.5e9
-#: shared memory kept free besides the stage ring (staging chunks, barriers, alignment)
-STAGING_BYTES = lambda consumers: consumers * 2 * 64 * 128 + 2048  # noqa: E731
+#: shared memory kept free besides the stage ring: two 8 KB epilogue staging chunks per consumer
+#: warpgroup (two warpgroups), barriers and the 1 KB alignment of the swizzled tiles
+STAGING_BYTES = 2 * 2 * 64 * 128 + 2048
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class WgmmaPolicy:
                     if bn > 64 and bn >= 2 * mt.n or bm > 64 and bm >= 2 * mt.m:  # tiles that only pad
                         continue
                     stage = (bm + bn) * BK * mt.in_bytes
-                    stages = min((self.arch.smem_per_block_optin - STAGING_BYTES(2)) // stage, 8)
+                    stages = min((self.arch.smem_per_block_optin - STAGING_BYTES) // stage, 8)
                     if stages >= 2:
                         out.append(_Tile(bm, bn, wm, stages))
         return out

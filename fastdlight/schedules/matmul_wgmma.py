@@ -63,10 +63,6 @@ class Operand:
         return len(self.dims)
 
     @property
-    def row_bytes(self) -> int:
-        return self.dims[0] * self.elem_bytes
-
-    @property
     def strides(self) -> tuple[int, ...]:
         return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(self.rank - 1))
 
@@ -362,13 +358,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
     attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]
-    return kernel.with_attrs(attrs) if hasattr(kernel, "with_attrs") else _with_attrs(kernel, attrs)
-
-
-def _with_attrs(func, attrs):
-    for k, v in attrs.items():
-        func = func.with_attr(k, v)
-    return func
+    return kernel.with_attrs(attrs)
 
 
 @functools.cache
