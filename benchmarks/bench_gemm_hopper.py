@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
+from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.tune.candidates import tune_function  # noqa: E402
 from fastdlight.tune.options import TuneOptions  # noqa: E402
@@ -212,20 +213,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check-odd", action="store_true")
     parser.add_argument("--no-cases", action="store_true")
     args = parser.parse_args(argv)
-    out_dir = os.environ.get("OUT", ".")
-    os.makedirs(out_dir, exist_ok=True)
-    log_file = open(os.path.join(out_dir, "bench_gemm_hopper.log"), "a")
-
-    def log(msg):
-        print(msg, flush=True)
-        log_file.write(msg + "\n")
-        log_file.flush()
-
-    import torch
-
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    out_dir, log = open_log("bench_gemm_hopper")
+    torch_fp32_accumulation()
     arch = auto_arch()
     device = f"{tvm.cuda(0).device_name} ({arch.arch}, {arch.sm_count} SMs)"
     log(f"device: {device}")

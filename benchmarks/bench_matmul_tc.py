@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
+from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.policies.tensorcore import TensorCorePolicy, tensorcore_tags  # noqa: E402
@@ -176,19 +177,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-ms", type=float, default=100.0)
     parser.add_argument("--only", nargs="*", help="substrings of case names to run")
     args = parser.parse_args(argv)
-    out_dir = os.environ.get("OUT", ".")
-    os.makedirs(out_dir, exist_ok=True)
-    log_file = open(os.path.join(out_dir, "bench_matmul_tc.log"), "a")
-
-    def log(msg):
-        print(msg, flush=True)
-        log_file.write(msg + "\n")
-        log_file.flush()
-
-    import torch
-
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # fp32 accumulation, as ours
-    torch.backends.cuda.matmul.allow_tf32 = False
+    out_dir, log = open_log("bench_matmul_tc")
+    torch_fp32_accumulation()
     arch = auto_arch()
     device = f"{tvm.cuda(0).device_name} ({arch.arch}, {arch.sm_count} SMs)"
     log(f"device: {device}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits
@@ -178,15 +177,15 @@ def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[Matm
     traits = detect_iter_traits(block)
     if traits is None:
         return None, "non-trivial index expressions (not an implicit GEMM either)"
+    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+        return None, "symbolic extent (specialize the shape first)"
     *_, block_traits = traits
     kinds = {iv.var: t.kind for iv, t in zip(block.iter_vars, block_traits)}
     extent = {k: math.prod(int(t.extent) for t in block_traits if t.kind == k) for k in IterKind}
-    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
-        return None, "symbolic extent (specialize the shape first)"
 
     def innermost_kind(region):
-        used = [v for v in kinds if _uses(region[-1].min, v)]
-        found = {kinds[v] for v in used} - {IterKind.kIter_T}
+        found = {kinds[v] for v in tirx.analysis.undefined_vars(region[-1].min) if v in kinds}
+        found -= {IterKind.kIter_T}
         return found.pop() if len(found) == 1 else None
 
     a_inner, b_inner = innermost_kind(block.reads[0].region), innermost_kind(block.reads[1].region)
@@ -203,9 +202,3 @@ def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[Matm
         k=extent[IterKind.kIter_K], a_k_inner=a_inner == IterKind.kIter_K, b_k_inner=b_inner == IterKind.kIter_K,
         num_epilogue=num_blocks - 1 - index,
     ), ""  # fmt: skip
-
-
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None), order="pre")
-    return bool(found)

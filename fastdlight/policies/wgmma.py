@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
 from ..arch import CUDA
 from .config import Config
-from .matmul_match import _load_of, match_matmul
+from .matmul_match import _has, _load_of, match_matmul
 from .tensorcore import NBYTES
 
 #: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
@@ -69,8 +70,6 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
         return None, reason
     sch = s_tir.Schedule(func)
     try:
-        from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
-
         block_rv = sch.get_sblock(base.block)
         auto_inline_producers(sch, block_rv)
     except Exception as e:  # noqa: BLE001
@@ -86,7 +85,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     in_dtype = str(load_x.source.dtype)
     if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
         return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
-    written = [p for p in func.params if _writes(func, p)]
+    stored = _stored_names(func)
+    written = [p for p in func.params if str(p.name) in stored]
     if len(written) != 1:
         return None, f"{len(written)} outputs (need one)"
     out = written[0]
@@ -130,10 +130,11 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     return match, ""
 
 
-def _writes(func, param) -> bool:
+def _stored_names(func) -> set[str]:
+    """Names of the buffers the function stores to (one walk of its body)."""
     stores = []
     tvm_ffi.structural_walk(func.body, (tirx.BufferStore, stores.append), order="pre")
-    return any(st.buffer.same_as(param) or str(st.buffer.name) == str(param.name) for st in stores)
+    return {str(st.buffer.name) for st in stores}
 
 
 def _vars(access) -> list | None:
@@ -144,10 +145,6 @@ def _vars(access) -> list | None:
         elif not (isinstance(idx, tirx.IntImm) and idx.value == 0):
             return None
     return out
-
-
-def _has(var, seq) -> bool:
-    return any(var.same_as(x) for x in seq)
 
 
 def _layout(vars_, row_var, k_var, batch_var) -> tuple[bool, bool]:

@@ -35,9 +35,10 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
+from ..arch import CUDA
 from ..policies.config import Config
 from ..policies.wgmma import WgmmaMatch, match_wgmma
-from .base import ScheduleTemplate
+from .base import ScheduleTemplate, root_block
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
 SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
@@ -329,8 +330,6 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         match, _reason = match_wgmma(func)
         if match is None or not config_fits(match, config):
             return None
-        from ..arch import CUDA
-
         target = tvm.target.Target.current(allow_none=True)
         num_sms = CUDA(target).sm_count if target is not None else 132
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
@@ -343,8 +342,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
     register_codegen_fixes()
     epilogue = extract_epilogue(func, plan.match)
     a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk)
-    names = [str(p.name) for p in func.params]
-    params = ", ".join(f'{n}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for n, p in zip(names, func.params))
+    params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
@@ -414,11 +412,13 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     mm = sch.get_sblock(match.block)
     auto_inline_producers(sch, mm)
     params = {str(p.name) for p in func.params}
-    root = sch.get_sblock("root") if _has_root(sch) else None
+    root = root_block(sch)
+    if root is None:
+        raise ValueError("the function is not in block form")
     progress = True
     while progress:
         progress = False
-        for block in sch.get_child_blocks(root) if root is not None else []:
+        for block in sch.get_child_blocks(root):
             stmt = sch.get(block)
             if stmt.name_hint == match.block or str(stmt.writes[0].source.name) in params:
                 continue
@@ -429,7 +429,7 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
             except Exception:  # noqa: BLE001 - not inlinable: the match below rejects the function
                 continue
     acc_buf = sch.get(mm).writes[0].source
-    tail = [sch.get(b) for b in sch.get_child_blocks(root)] if root is not None else []
+    tail = [sch.get(b) for b in sch.get_child_blocks(root)]
     tail = [b for b in tail if b.name_hint != match.block]
     acc_dtype = str(acc_buf.dtype)
     acc = "K_ACC" if acc_dtype == "float32" else f'T.Cast("{acc_dtype}", K_ACC)'
@@ -461,14 +461,6 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     if RESERVED.search(re.sub(r"\bT\.\w+|K_ACC|\"[^\"]*\"", "", text)):
         raise ValueError("an epilogue name collides with the kernel's own")
     return Epilogue(text, tuple(names), bool(others))
-
-
-def _has_root(sch) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 @functools.cache
