@@ -26,6 +26,9 @@ _LAZY = {
     "build": "fastdlight.relax.pipeline",
     "compile_model": "fastdlight.relax.pipeline",
     "TuningDatabase": "fastdlight.tune.database",
+    "tune_dispatch": "fastdlight.tune.tuner",
+    "autotune": "fastdlight.tune.autotune",
+    "export": "fastdlight.export",
 }
 
 __all__ = sorted([*_LAZY, "tune"])

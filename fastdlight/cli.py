@@ -59,11 +59,14 @@ def _positive(kind):
     return parse
 
 
-def _shape_var(text: str) -> tuple[str, int]:
+def _shape_var(text: str) -> tuple[str, int | tuple[int, ...]]:
+    """NAME=VALUE (specialize to one value) or NAME=V1,V2,... (a kernel per value, dispatched)."""
     name, sep, value = text.partition("=")
-    if not sep or not name.strip() or not value.strip().isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a positive integer VALUE, got {text!r}")
-    return name.strip(), int(value)
+    parts = [v.strip() for v in value.split(",")]
+    if not sep or not name.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE or NAME=V1,V2,... with positive integers, got {text!r}")
+    values = tuple(int(p) for p in parts)
+    return name.strip(), values[0] if len(values) == 1 else values
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hardware-aware, seconds-fast GPU kernel tuning for Apache TVM (Roller-style).",
         epilog="Run 'fastdlight tune --help' for the operators and tuning options.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{tune,arch}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{tune,export,arch}", parser_class=_Parser)
 
     ops_help = "; ".join(f"{name} {dims}" for name, (_, dims) in OPS.items())
     tune = sub.add_parser(
@@ -102,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--file", help="tune the TVMScript PrimFunc in this Python file instead of OP")
     tune.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to tune")
     tune.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
-                      help="give a symbolic dimension of the --file function a value (repeatable)")
+                      help="give a symbolic dimension of the --file function a value (repeatable); "
+                           "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
     tune.add_argument("--dtype", default="float16", help="input dtype")
     tune.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
     tune.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
@@ -135,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Print the hardware model (SMs, registers, shared memory, L2, bandwidth, "
                           "tensor-core shapes) for a target, the live GPU, or the H100 model.")
     arch.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    from .export import add_parser as add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 
@@ -322,6 +329,8 @@ def cmd_tune(args) -> int:
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
     print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
+    if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
+        return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
                               on_set=lambda c: print(f"{c.policy}: {len(c.configs)} configs"))
@@ -343,6 +352,30 @@ def cmd_tune(args) -> int:
     if args.json:
         _write_json(args, fname, arch, measure, wall, results, best, (flops, nbytes, memory_bound))
     return 0
+
+
+def _tune_dispatch(func, fname: str, arch, args, opts, opt_shapes: dict, t0: float) -> int:
+    from fastdlight.tune.dynamic import check_dispatch, tune_dispatch
+    from fastdlight.tune.runner import TuningError
+
+    try:
+        dispatched = tune_dispatch(func, arch, args.topk, opts, opt_shapes)
+        checks = check_dispatch(dispatched, func, arch, opts)
+    except ValueError as e:
+        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    if dispatched.defaulted:
+        print(f"Default values (from the hardware model) for {', '.join(dispatched.defaulted)}")
+    print("Dispatcher: the kernel tuned at each value serves the values above the previous one up to it")
+    print(dispatched.describe())
+    for c in checks:
+        at = ", ".join(f"{n}={v}" for n, v in c.point)
+        timing = f"  {c.latency_ms:.4f} ms (static winner {c.static_ms:.4f} ms)" if c.latency_ms and c.static_ms else ""
+        print(f"  check {at}: {'ok' if c.passed else 'WRONG'} ({c.message}){timing}")
+    print(f"Tuning wall time: {time.perf_counter() - t0:.1f} s")
+    return 0 if all(c.passed for c in checks) else 1
 
 
 def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
@@ -385,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        if args.command == "export":
+            from .export import run as cmd_export
+
+            return cmd_export(args)
         return cmd_tune(args) if args.command == "tune" else cmd_arch(args)
     except UsageError as e:
         print(f"fastdlight: error: {e}", file=sys.stderr)

@@ -33,6 +33,7 @@ KINDS = (
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
+    "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
 )
 
 #: kinds whose ``block``/``warp`` are over the normalized matmul view ``(I, J)``
@@ -112,6 +113,11 @@ class Config:
             return
         if self.arch:
             raise ValueError(f"arch is for dlight configs only, not {self.kind!r}")
+        if self.kind == "prebuilt":
+            if len(self.block) != 1 or self.block[0] < 0 or self.thread or self.rstep or self.reduce_thread \
+                    or self.warp or self.vectorize:
+                raise ValueError("a prebuilt config is block=(candidate number,) only: the caller scheduled it")
+            return
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
         if self.kind in TENSOR_CORE_KINDS:
@@ -154,6 +160,8 @@ class Config:
     def __repr__(self) -> str:
         if self.kind == "dlight":
             return f"Config[dlight]({self.arch})"
+        if self.kind == "prebuilt":
+            return f"Config[prebuilt](#{self.block[0]})"
         parts = [f"block={list(self.block)}"]
         if self.kind in TENSOR_CORE_KINDS:
             parts.append(f"warp={list(self.warp)}")

@@ -22,35 +22,40 @@ def specialize(func: tirx.PrimFunc, opt_shapes: dict | None) -> tirx.PrimFunc:
     var is bound where it is defined: a scalar parameter, or a buffer whose symbolic dims are
     all bare vars. Buffers with composite dims (``n * 256``) follow from those bindings."""
     opt_shapes = dict(opt_shapes or {})
-    missing = [n for n in _shape_var_names(func) if n not in opt_shapes]
+    missing = [n for n in shape_var_names(func) if n not in opt_shapes]
     if missing:
         raise ValueError(
             f"symbolic shape var(s) {', '.join(missing)} of {func_name(func)} need values: pass opt_shapes="
-            + "{" + ", ".join(f"'{m}': <int>" for m in missing) + "}"
+            + "{" + ", ".join(f"'{m}': <int>" for m in missing) + "} (or tune a dispatcher over several "
+            "values with fastdlight.tune_dispatch)"
         )
+    lists = [n for n, v in opt_shapes.items() if not isinstance(v, int)]
+    if lists:
+        raise ValueError(f"opt_shapes[{lists[0]!r}] = {opt_shapes[lists[0]]!r} is not one integer: several values "
+                         "tune one kernel each behind a dispatcher (fastdlight.tune_dispatch)")
     binds, bound = {}, set()
     for p in func.params:
         shape = _param_shape(p)
         if shape is None:  # a scalar parameter
             if str(p.name) in opt_shapes:
-                binds[p] = tirx.IntImm(_scalar_dtype(p), int(opt_shapes[str(p.name)]))
+                binds[p] = tirx.IntImm(scalar_dtype(p), int(opt_shapes[str(p.name)]))
                 bound.add(str(p.name))
             continue
         if all(isinstance(d, tirx.IntImm) for d in shape) or not all(
                 isinstance(d, (tirx.IntImm, ir.expr.Var)) for d in shape):
             continue  # static, or composite dims: follows from the other bindings
-        dims = [d if isinstance(d, tirx.IntImm) else tirx.IntImm(_scalar_dtype(d), int(opt_shapes[str(d.name)]))
+        dims = [d if isinstance(d, tirx.IntImm) else tirx.IntImm(scalar_dtype(d), int(opt_shapes[str(d.name)]))
                 for d in shape]
         binds[p] = tirx.decl_buffer(dims, str(p.dtype), name=str(p.name))
         bound.update(str(d.name) for d in shape if isinstance(d, ir.expr.Var))
-    unbound = [n for n in _shape_var_names(func) if n not in bound]
+    unbound = [n for n in shape_var_names(func) if n not in bound]
     if unbound:
         raise ValueError(f"symbolic var(s) {', '.join(unbound)} of {func_name(func)} appear only inside composite "
                          "dimensions (like n * 256): no parameter defines them, so they cannot be given a value")
     return func.specialize(binds) if binds else func
 
 
-def _shape_var_names(func: tirx.PrimFunc) -> list[str]:
+def shape_var_names(func: tirx.PrimFunc) -> list[str]:
     names = []
     for p in func.params:
         for d in _param_shape(p) or ():
@@ -58,7 +63,7 @@ def _shape_var_names(func: tirx.PrimFunc) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _scalar_dtype(v) -> str:
+def scalar_dtype(v) -> str:
     return str(getattr(v.ty, "dtype", "int64"))
 
 
@@ -83,7 +88,7 @@ def check_index_range(func: tirx.PrimFunc) -> None:
         if not buf.shape or any(not isinstance(d, tirx.IntImm) for d in buf.shape):
             continue
         n = math.prod(int(d) for d in buf.shape)
-        if n > INT32_MAX and all(_scalar_dtype(d) == "int32" for d in buf.shape):
+        if n > INT32_MAX and all(scalar_dtype(d) == "int32" for d in buf.shape):
             raise ValueError(f"buffer {buf.name} has {n} elements, beyond int32 indexing; "
                              "declare its dimensions as T.int64 (or te.create_prim_func(..., index_dtype_override='int64'))")
 

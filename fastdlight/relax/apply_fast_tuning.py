@@ -35,9 +35,11 @@ from tvm.ir.transform import PassContext, module_pass
 
 from ..arch import CUDA, auto_arch
 from ..policies.config import Config
+from ..policies.prepare import shape_var_names
 from ..tune import build_task, clock
 from ..tune.candidates import tune_function
 from ..tune.database import TuningDatabase
+from ..tune.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from ..tune.options import TuneOptions
 from ..tune.report import failure_counts
 
@@ -77,6 +79,7 @@ class FunctionReport:
     stock_ms: float | None = None
     same_as: str | None = None
     failed: str = ""  # the candidates that failed, by stage ("2 wrong result, 1 nvcc")
+    dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
 
     @property
     def winner(self) -> str | None:
@@ -109,12 +112,16 @@ class ApplyFastTuning:
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
                  options: TuneOptions | None = None, progress: bool | None = None, jobs: int = DEFAULT_JOBS,
-                 **tune_options):
+                 opt_shapes: dict | None = None, **tune_options):
         if not isinstance(topk, int) or topk <= 0:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
         if not isinstance(jobs, int) or jobs <= 0:
             raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
         self.jobs = jobs
+        #: symbolic dimensions' values, by name ({"seq_len": [1, 128, 2048]}): functions with
+        #: symbolic dimensions get one kernel per value behind a dispatcher (values a function's
+        #: variable is not given come from the hardware model: ``tune.dynamic.default_points``)
+        self.opt_shapes = dict(opt_shapes or {})
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
         self.progress = progress
@@ -163,6 +170,8 @@ class ApplyFastTuning:
 
     def _tune_one(self, name: str, func, arch: CUDA, db) -> tuple[tirx.PrimFunc | None, FunctionReport]:
         t0 = time.perf_counter()
+        if is_symbolic(func):
+            return self._dispatch_one(name, func, arch, db, t0)
         try:
             tuned = tune_function(func, arch, self.topk, self.options, db=db)
             # the winner's schedule, re-applied to the function exactly as the module holds it
@@ -176,6 +185,30 @@ class ApplyFastTuning:
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results))
+
+
+    def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):
+        """A function with symbolic dimensions: a kernel per value, one dispatcher, checked on
+        the GPU at and between the values before it replaces the function."""
+        own = {k: v for k, v in self.opt_shapes.items() if k in shape_var_names(func)}
+        try:
+            dispatched = tune_dispatch(func, arch, self.topk, self.options, own, db=db)
+            checks = check_dispatch(dispatched, func, arch, self.options)
+            wrong = [c for c in checks if not c.passed]
+            if wrong:
+                at = ", ".join(f"{n}={v}" for n, v in wrong[0].point)
+                raise ValueError(f"the dispatcher is wrong at {at}: {wrong[0].message}")
+        except Exception as e:  # noqa: BLE001 - this function stays as it was
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)
+            return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
+        top = dispatched.buckets[-1]
+        summary = "; ".join(", ".join(f"{n}<={v}" for n, v in b.point) + f": {b.config.kind}" for b in dispatched.buckets)
+        if dispatched.defaulted:
+            summary += f" (default values for {', '.join(dispatched.defaulted)})"
+        return dispatched.func, FunctionReport(
+            name, "tuned", round(time.perf_counter() - t0, 3), top.config, top.kernel_ms,
+            all(c.passed for c in checks) if checks else None, dispatch=summary)
 
 
 def _rewarn(caught) -> None:

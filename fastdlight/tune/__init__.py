@@ -15,6 +15,7 @@ _LAZY = {
     "TuningError": ".runner",
     "format_table": ".report",
     "tune": ".tuner",
+    "tune_dispatch": ".tuner",
 }
 
 __all__ = sorted(_LAZY)

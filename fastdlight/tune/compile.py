@@ -96,12 +96,23 @@ def is_tirx_kernel(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and bool(attrs.get(TIRX_KERNEL, False))
 
 
+#: the s_tir pipeline with its per-kernel passes run after the host/device split
+DISPATCH_PIPELINE = "fastdlight.dispatch"
+
+
 def tir_pipeline(mod: tvm.IRModule) -> str:
     """``"tirx"`` for a module of TIRx kernels only, the hybrid pipeline when it mixes them with
-    scheduled (s_tir) functions, else TVM's default: TVM's s_tir pipeline cannot lower a TIRx
+    scheduled (s_tir) functions, the dispatch pipeline when a function launches its kernels
+    under host conditions, else TVM's default: TVM's s_tir pipeline cannot lower a TIRx
     kernel and the TIRx pipeline cannot lower s_tir blocks."""
-    kinds = {is_tirx_kernel(f) for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    kinds = {is_tirx_kernel(f) for f in funcs}
     if True not in kinds:
+        from ..schedules.symbolic import DISPATCHER
+
+        if any(f.attrs is not None and DISPATCHER in f.attrs for f in funcs):
+            _register_dispatch_pipeline()
+            return DISPATCH_PIPELINE
         return "default"
     if kinds == {True} and not any(not isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items()):
         return "tirx"
@@ -133,6 +144,60 @@ def _register_hybrid_pipeline() -> None:
         return lower, finalize_host, finalize_device
 
     cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
+
+
+#: the s_tir passes that plan within one kernel (barriers, fragments, warp reductions, shared
+#: memory is merged before: the split needs one allocation per kernel): TVM runs them on the
+#: host function before the split, where they refuse kernels
+#: under a host condition ("cannot insert syncs inside condition"); after the split each kernel
+#: is a function of its own
+_PER_KERNEL_PASSES = ("ThreadSync", "InferFragment", "LowerThreadAllreduce", "InjectPTXAsyncCopy", "InjectPTXLDG32")
+
+
+def _register_dispatch_pipeline() -> None:
+    from tvm.s_tir import pipeline as s_tir_pipeline
+    from tvm.tirx import compilation_pipeline as cp
+
+    if DISPATCH_PIPELINE in cp.PIPELINE_MAP:
+        return
+
+    def dispatch():
+        _, finalize_host, finalize_device = cp.get_tir_pipeline("s_tir")
+
+        @tvm.transform.module_pass(opt_level=0, name="fastdlight.DispatchTIRPipeline")
+        def lower(mod, _ctx):
+            passes = _s_tir_passes(s_tir_pipeline)
+            name = lambda p: p.info.name.rsplit(".", 1)[-1]  # noqa: E731 - "s_tir.ThreadSync"
+            per_kernel = [p for p in passes if name(p) in _PER_KERNEL_PASSES]
+            rest = [p for p in passes if name(p) not in _PER_KERNEL_PASSES]
+            split = next(i for i, p in enumerate(rest) if name(p) == "SplitHostDevice") + 1
+            return tvm.transform.Sequential(rest[:split] + per_kernel + rest[split:])(mod)
+
+        return lower, finalize_host, finalize_device
+
+    cp.register_tir_pipeline(DISPATCH_PIPELINE, dispatch)
+
+
+def _s_tir_passes(s_tir_pipeline) -> list:
+    """The passes TVM's s_tir pipeline would run under the current PassContext, in order: its
+    pipeline function builds the list and runs ``Sequential(passes)``, so it is called with a
+    ``Sequential`` that records the list instead."""
+    recorded = []
+
+    class _Record:
+        def __init__(self, passes):
+            recorded.extend(passes)
+
+        def __call__(self, mod):
+            return mod
+
+    original = tvm.ir.transform.Sequential
+    tvm.ir.transform.Sequential = _Record
+    try:
+        s_tir_pipeline.default_s_tir_pipeline()[0](tvm.IRModule())
+    finally:
+        tvm.ir.transform.Sequential = original
+    return recorded
 
 
 def cuda_source(built) -> str:

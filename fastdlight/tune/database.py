@@ -3,6 +3,8 @@
     db = TuningDatabase("tuned/")            # a directory; one JSON-lines file in it
     hit = db.lookup(func, arch)              # a Record or None
     db.commit(func, arch, config, latency_ms, verified=True, reference="...")
+    db.commit_key("my_gemm_1024", arch, params, func, ...)   # @autotune's winners, by a name
+    db.lookup_key("my_gemm_1024", arch)                      # a KeyRecord or None
 
 The JSON-lines file is the source of truth; a MetaSchedule JSON database beside it
 (:mod:`fastdlight.tune.meta_schedule_view`) mirrors the records whose schedule has a trace, for
@@ -14,7 +16,10 @@ function itself, so a hit is decided by structural equality, never by a hash alo
 A record is keyed by the function's structural hash, the target (GPU name and arch), the TVM
 version and a fingerprint of the template code for the config's kind: a record of another TVM,
 GPU or template version is ignored (and counted), so a changed template never replays a stale
-config. Only verified winners are stored. Appends are one ``write`` of one line under an
+config. Only verified winners are stored. ``@fastdlight.autotune`` winners (a user's own
+schedule, chosen from a user's search space) are rows of the same file keyed by the name the
+user gave (``commit_key`` / ``lookup_key``): the winning parameters and the scheduled function
+itself, for the target and TVM version. Appends are one ``write`` of one line under an
 exclusive ``flock``, then fsynced, so concurrent tuning runs may share a directory; a torn or
 garbled line is skipped with one warning naming the file and line. The newest record wins.
 """
@@ -40,6 +45,8 @@ from .meta_schedule_view import MetaScheduleView
 FILE_NAME = "fastdlight_records.jsonl"
 #: keys every record has; a line without them is not a record
 _REQUIRED = ("key", "arch", "target", "tvm", "template", "config", "func", "verified")
+#: keys every ``@autotune`` record has (a winner stored under a user's key, not a Config)
+_REQUIRED_KEYED = ("autotune", "arch", "target", "tvm", "params", "func", "verified")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,22 @@ class Record:
     verified: bool
     reference: str | None  # what the winner was verified against
     created: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """An ``@autotune`` winner: its parameters (JSON values), the scheduled function (TVM JSON),
+    the space it was chosen from (name -> values, JSON) and what it was verified against."""
+
+    key: str
+    params: dict
+    func_json: str
+    space: dict | None
+    arch: str
+    latency_ms: float | None
+    verified: bool
+    reference: str | None
+    created: float
 
 
 @dataclass(frozen=True)
@@ -115,7 +138,7 @@ class TuningDatabase:
     def _count(self, row: dict) -> None:
         if row["tvm"] != tvm.__version__:
             self.stats = _bump(self.stats, other_version=1)
-        elif row["template"] != template_fingerprint(row["config"].get("kind", "")):
+        elif "autotune" not in row and row["template"] != template_fingerprint(row["config"].get("kind", "")):
             self.stats = _bump(self.stats, stale_template=1)
         else:
             self.stats = _bump(self.stats, records=1)
@@ -125,7 +148,7 @@ class TuningDatabase:
         made by this TVM version and the current template code."""
         key, target = func_key(func), target_key(arch)
         with self._lock:
-            same_func = [r for r in self._refresh() if r["key"] == key]
+            same_func = [r for r in self._refresh() if r.get("key") == key]
             rows = [r for r in same_func if r["target"] == target]
             self.stats = _bump(self.stats, other_target=len(same_func) - len(rows))
         for row in reversed(rows):
@@ -134,6 +157,18 @@ class TuningDatabase:
             if tvm_ffi.structural_equal(tvm.ir.load_json(row["func"]), func):
                 return Record(Config.from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
                               row.get("reference"), row.get("created", 0.0))
+        return None
+
+    def lookup_key(self, key: str, arch: CUDA) -> KeyRecord | None:
+        """The newest ``@autotune`` record stored under ``key`` for ``arch`` by this TVM version."""
+        target = target_key(arch)
+        with self._lock:
+            rows = [r for r in self._refresh() if r.get("autotune") == key]
+            self.stats = _bump(self.stats, other_target=sum(r["target"] != target for r in rows))
+        for row in reversed(rows):
+            if row["target"] == target and _current(row):
+                return KeyRecord(key, dict(row["params"]), row["func"], row.get("space"), row["arch"],
+                                 row.get("latency_ms"), True, row.get("reference"), row.get("created", 0.0))
         return None
 
     # -- writing ----------------------------------------------------------------------------
@@ -147,6 +182,22 @@ class TuningDatabase:
             "template": template_fingerprint(config.kind), "config": config.to_dict(), "latency_ms": latency_ms,
             "verified": True, "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
         }  # fmt: skip
+        self._append(row)
+        self.meta_schedule.add(func, arch, config, latency_ms)
+
+    def commit_key(self, key: str, arch: CUDA, params: dict, func, latency_ms: float | None = None,
+                   verified: bool | None = None, reference: str | None = None, space: dict | None = None) -> None:
+        """Append a verified ``@autotune`` winner under ``key``: ``params`` and ``space`` must be
+        JSON values; ``func`` is the scheduled PrimFunc that won. An unverified one is refused."""
+        if verified is not True:
+            raise ValueError(f"refusing to store {key!r} {params}: it was not verified")
+        self._append({
+            "autotune": key, "arch": arch.name, "target": target_key(arch), "tvm": tvm.__version__,
+            "params": params, "space": space, "latency_ms": latency_ms, "verified": True,
+            "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
+        })  # fmt: skip
+
+    def _append(self, row: dict) -> None:
         line = (json.dumps(row) + "\n").encode()
         with self._lock:
             fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -156,7 +207,6 @@ class TuningDatabase:
                 os.fsync(fd)
             finally:
                 os.close(fd)  # closing releases the lock
-        self.meta_schedule.add(func, arch, config, latency_ms)
 
     def __len__(self) -> int:
         """Records usable by this TVM version and template code."""
@@ -169,6 +219,9 @@ def _parse(raw: bytes) -> dict | None:
         row = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    if isinstance(row, dict) and "autotune" in row:
+        keyed = all(k in row for k in _REQUIRED_KEYED) and row["verified"] is True
+        return row if keyed and isinstance(row["params"], dict) and isinstance(row["autotune"], str) else None
     if not isinstance(row, dict) or any(k not in row for k in _REQUIRED) or row["verified"] is not True:
         return None
     try:
@@ -179,6 +232,8 @@ def _parse(raw: bytes) -> dict | None:
 
 
 def _current(row: dict) -> bool:
+    if "autotune" in row:  # a user's own schedule: no template of ours to fingerprint
+        return row["tvm"] == tvm.__version__
     return row["tvm"] == tvm.__version__ and row["template"] == template_fingerprint(row["config"].get("kind", ""))
 
 

@@ -26,3 +26,25 @@ def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, 
         database = TuningDatabase(database)
     tuned = tune_function(func, arch, topk, opts, opt_shapes=opt_shapes, db=database)
     return list(tuned.results), tuned.best
+
+
+def tune_dispatch(func, target=None, topk: int = 20, options: TuneOptions | None = None, *,
+                  opt_shapes: dict | None = None, database=None, check: bool = True, **overrides):
+    """Tune a function with symbolic dimensions: a kernel at each value of ``opt_shapes``
+    (``{"m": [1, 16, 128, 2048]}``; a variable left out gets
+    :func:`fastdlight.tune.dynamic.default_points`), each compiled with the dimension still
+    symbolic, behind one dispatcher PrimFunc with the function's signature. Returns
+    ``(Dispatched, checks)``: with a GPU and ``check``, ``checks`` verifies the dispatcher at
+    every tuned value, inside each range and above the largest, and times it at the tuned
+    values (:class:`fastdlight.tune.dynamic.DispatchCheck`)."""
+    from .dynamic import check_dispatch, tune_dispatch as tune_points
+
+    if topk <= 0:
+        raise ValueError(f"topk must be positive, got {topk}")
+    opts = TuneOptions.of(options, **overrides)
+    arch = target if isinstance(target, CUDA) else auto_arch(target)
+    if database is not None and not isinstance(database, TuningDatabase):
+        database = TuningDatabase(database)
+    dispatched = tune_points(func, arch, topk, opts, opt_shapes, db=database)
+    checks = check_dispatch(dispatched, func, arch, opts) if check else []
+    return dispatched, checks

@@ -1,0 +1,97 @@
+"""Kernels for functions with symbolic dimensions: a config tuned at one value, applied to the
+function with the dimension left symbolic, and one PrimFunc that picks a kernel by the values.
+
+* :func:`generalize` – the schedule a config gives the function specialized at one value,
+  replayed on the symbolic function: every split keeps its factors and, where a factor does not
+  divide the symbolic extent, TVM adds a bounds predicate (``pad_einsum`` pads to the tile).
+  Templates whose result has no ``s_tir`` trace (the TIRx wgmma kernel), or whose trace does not
+  rebuild their result, give None.
+* :func:`dispatch_func` – one PrimFunc with the symbolic function's signature whose body is an
+  ``if/else`` chain over the variables, one kernel per branch, each branch with definitions of
+  its own. It is marked :data:`DISPATCHER`: its kernels sit under host conditions, which TVM's
+  s_tir pipeline refuses before the host/device split, so ``tune.compile`` lowers it with those
+  per-kernel passes moved after the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from ..policies.prepare import scalar_dtype
+
+
+
+def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled) -> tirx.PrimFunc | None:
+    """``symbolic`` scheduled the way ``scheduled`` (a template's result for ``static``,
+    ``symbolic`` specialized at one value) schedules ``static``, or None when that schedule
+    cannot be replayed: it has no trace, its trace does not rebuild it (a template that
+    rewrites the function outside the schedule), or a step depends on the fixed value."""
+    trace = getattr(scheduled, "trace", None)
+    if trace is None:
+        return None
+    try:
+        again = s_tir.Schedule(static)
+        trace.apply_to_schedule(again, remove_postproc=False)
+        if not tvm_ffi.structural_equal(again.mod, scheduled.mod):
+            return None
+        replayed = s_tir.Schedule(symbolic)
+        trace.apply_to_schedule(replayed, remove_postproc=False)
+    except Exception:  # noqa: BLE001 - TVM's ScheduleError: the schedule depends on the fixed value
+        return None
+    return replayed.mod["main"]
+
+
+#: attribute marking a dispatcher PrimFunc (read by ``tune.compile.tir_pipeline``)
+DISPATCHER = "fastdlight.dispatcher"
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One kernel of a dispatch chain: ``when`` gives each variable's bound (``None``: no bound,
+    what lies above the variable's largest bound); the kernel runs at every value up to it."""
+
+    when: tuple[tuple[str, int | None], ...]
+    func: tirx.PrimFunc
+
+
+def dispatch_func(symbolic: tirx.PrimFunc, names: Sequence[str], branches: Sequence[Branch]) -> tirx.PrimFunc:
+    """One PrimFunc (``symbolic``'s signature and attributes) running the branch whose bounds
+    hold: variables are tested in ``names`` order, bounds ascending, each variable's ``None``
+    branch taking what lies above its largest bound. Every branch's kernel must be ``symbolic``
+    scheduled (same parameters). Raises ValueError when the branches leave a value uncovered."""
+    shape_vars = {}
+    for p in symbolic.params:
+        for d in getattr(p, "shape", None) or ():
+            for v in tirx.analysis.undefined_vars(d):
+                shape_vars.setdefault(str(v.name), v)
+    body = _chain([shape_vars[n] for n in names], list(branches))
+    return symbolic.with_body(body).with_attr(DISPATCHER, True)
+
+
+def _chain(variables: list, branches: list[Branch]):
+    if not variables:
+        if len(branches) != 1:
+            raise ValueError(f"{len(branches)} kernels for one set of bounds")
+        return _fresh(branches[0].func.body)
+    var, rest = variables[0], variables[1:]
+    name = str(var.name)
+    bounds = sorted({dict(b.when)[name] for b in branches} - {None})
+    above = [b for b in branches if dict(b.when)[name] is None]
+    if not above:
+        raise ValueError(f"no kernel for {name} above {bounds[-1] if bounds else 'any value'}")
+    stmt = _chain(rest, above)
+    for bound in reversed(bounds):
+        chosen = [b for b in branches if dict(b.when)[name] == bound]
+        stmt = tirx.IfThenElse(var <= tirx.const(bound, scalar_dtype(var)), _chain(rest, chosen), stmt)
+    return stmt
+
+
+def _fresh(body):
+    """``body`` with new variables for everything it defines (buffers, loops, blocks), so two
+    branches never share a definition; the parameters it uses stay (they are free in it)."""
+    return s_tir.renew_defs(tirx.PrimFunc([], body)).body

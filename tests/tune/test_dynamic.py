@@ -1,0 +1,117 @@
+"""Symbolic dimensions: a kernel per tuned value, compiled symbolic, behind one dispatcher."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from fastdlight.arch import CUDA
+from fastdlight.tune.compile import compile_mod_to_cubin
+from fastdlight.tune.dynamic import check_values, default_points, plan_values, tune_dispatch
+from fastdlight.tune.options import TuneOptions
+
+H100 = CUDA("nvidia/nvidia-h100")
+COMPILE_ONLY = TuneOptions(measure=False, parallel_build=False)
+
+
+def decode_matmul(n: int, k: int):
+    """C[m, n] = fp16(A[m, k] @ W[n, k]^T) summed in fp32, m symbolic: built with TE and int64
+    dimensions, as Relax's legalization builds it."""
+    m, n, k = tirx.Var("m", "int64"), tirx.IntImm("int64", n), tirx.IntImm("int64", k)
+    A = te.placeholder((m, k), "float16", name="A")
+    W = te.placeholder((n, k), "float16", name="W")
+    r = te.reduce_axis((0, k), name="k")
+    acc = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
+                     name="acc")
+    C = te.compute((m, n), lambda i, j: acc[i, j].astype("float16"), name="C")
+    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "mm")
+
+
+@T.prim_func(s_tir=True)
+def scale_rows(a: T.handle, b: T.handle):
+    T.func_attr({"global_symbol": "scale_rows"})
+    n = T.int64()
+    A = T.match_buffer(a, (n, 1024), "float32")
+    B = T.match_buffer(b, (n, 1024), "float32")
+    for i, j in T.grid(n, 1024):
+        with T.sblock("B"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] * T.float32(2)
+
+
+def test_plan_values_defaults_and_errors():
+    values, defaulted = plan_values(scale_rows, None, H100)
+    assert values == (("n", default_points(H100)),) and defaulted == ("n",)
+    assert default_points(H100)[-1] == 4096  # 132 SMs x 32 rows, rounded down to a power of two
+    assert plan_values(scale_rows, {"n": [64, 1, 64]}, H100) == ((("n", (1, 64)),), ())
+    with pytest.raises(ValueError, match="does not have"):
+        plan_values(scale_rows, {"seq": [1]}, H100)
+    with pytest.raises(ValueError, match="positive integer"):
+        plan_values(scale_rows, {"n": [0, 4]}, H100)
+
+
+def test_check_values_cover_each_range_and_above():
+    points = [dict(p)["m"] for p in check_values((("m", (1, 16, 128, 2048)),))]
+    assert points == [1, 9, 16, 73, 128, 1089, 2048, 3073]
+    assert all(p % 2 for p in points if p not in (16, 128, 2048))  # inside a range: odd, no tile divides it
+
+
+def test_list_to_tune_points_at_the_dispatcher():
+    from fastdlight.policies.prepare import specialize
+
+    with pytest.raises(ValueError, match="tune_dispatch"):
+        specialize(scale_rows, {"n": [1, 2]})
+
+
+def test_dispatcher_chain_and_build():
+    d = tune_dispatch(scale_rows, H100, 2, COMPILE_ONLY, {"n": [1, 64]})
+    text = d.func.script()
+    assert [b.point for b in d.buckets] == [(("n", 1),), (("n", 64),)]
+    # the kernel tuned at 1 serves n = 1; the one tuned at 64 serves 2..64 and, compiled
+    # symbolic, everything above
+    assert re.search(r"if n <= T\.int64\(1\)", text) and "n <= T.int64(64)" in text
+    assert text.count("else:") == 2  # printed as else: if
+    assert not any(b.config.is_stock for b in d.buckets[1:])
+    source, cubin = compile_mod_to_cubin(tvm.IRModule({"scale_rows": d.func}), H100.target)
+    assert source.count("__global__") >= 2 and cubin.binary
+
+
+def test_decode_matmul_kernels_are_symbolic_and_compile():
+    func = decode_matmul(256, 256)
+    d = tune_dispatch(func, H100, 2, COMPILE_ONLY, {"m": [1, 16, 64]})
+    kinds = [b.config.kind for b in d.buckets]
+    assert kinds[1:] == ["matmul_tc", "matmul_tc"], d.describe()
+    # the wgmma kernel has no symbolic form: a stand-in (mma.sync) says so
+    for b in d.buckets:
+        assert b.config.kind != "matmul_wgmma"
+        assert not b.note or "symbolic form" in b.note
+    source, _ = compile_mod_to_cubin(tvm.IRModule({"mm": d.func}), H100.target)
+    assert "mma" in source  # the tensor-core kernels made it into the dispatcher
+
+
+def test_apply_fast_tuning_dispatches_symbolic_functions():
+    from fastdlight.relax import ApplyFastTuning
+    from fastdlight.schedules.symbolic import DISPATCHER
+
+    tuning = ApplyFastTuning(topk=2, target=H100, opt_shapes={"n": [1, 64]}, measure=False, parallel_build=False)
+    mod = tuning(tvm.IRModule({"scale_rows": scale_rows}))
+    assert DISPATCHER in mod["scale_rows"].attrs and "tirx.is_scheduled" in mod["scale_rows"].attrs
+    (entry,) = tuning.report
+    assert entry.status == "tuned" and entry.dispatch.startswith("n<=1: ") and "n<=64: " in entry.dispatch
+
+
+@pytest.mark.gpu
+def test_decode_matmul_dispatches_correctly_on_gpu():
+    from fastdlight.arch import auto_arch
+    from fastdlight.tune.dynamic import check_dispatch
+
+    arch, func = auto_arch(), decode_matmul(1024, 1024)
+    opts = TuneOptions(budget_ms=20, screen_ms=5)
+    d = tune_dispatch(func, arch, 4, opts, {"m": [1, 16, 128, 2048]})
+    checks = check_dispatch(d, func, arch, opts, points=[(("m", m),) for m in (1, 7, 128, 1000, 4096)])
+    assert [c.passed for c in checks] == [True] * 5, [c.message for c in checks]
+    timed = [c for c in checks if c.latency_ms is not None]
+    assert len(timed) == 2 and all(np.isfinite(c.latency_ms) for c in timed)  # M = 1 and 128 were tuned
