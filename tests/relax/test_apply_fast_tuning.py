@@ -99,25 +99,32 @@ def test_every_primfunc_is_scheduled_and_the_database_replays_it(model, tmp_path
 
 
 def test_unknown_keyword_is_refused_when_the_pass_is_made():
-    with pytest.raises(TypeError, match="unknown tuning option.*opt_shapes"):
-        fastdlight.ApplyFastTuning(topk=2, target=H100, opt_shapes={"n": 4})
+    with pytest.raises(TypeError, match="unknown tuning option.*tile_size"):
+        fastdlight.ApplyFastTuning(topk=2, target=H100, tile_size=4)
 
 
-def test_a_function_no_template_covers_gets_stock_dlight_with_a_warning():
-    mod = legalized(Dynamic)  # symbolic n: fastdlight's policies need a value, Dlight does not
+def test_a_symbolic_function_gets_a_dispatcher_at_default_values():
+    from fastdlight.schedules.symbolic import DISPATCHER
+
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
-    with pytest.warns(UserWarning, match="measuring stock Dlight only"):
-        out = tuning(mod)
+    out = tuning(legalized(Dynamic))  # symbolic n, no opt_shapes: values from the hardware model
     (entry,) = tuning.report
-    assert entry.status == "tuned" and entry.winner == "stock" and entry.config.is_stock
+    assert entry.status == "tuned" and "(default values for n)" in entry.dispatch
+    assert entry.dispatch.count("n<=") == 4
     (f,) = prim_funcs(out).values()
-    assert f.attrs["tirx.is_scheduled"] and "blockIdx.x" in f.script()
+    assert f.attrs["tirx.is_scheduled"] and DISPATCHER in f.attrs and "blockIdx.x" in f.script()
 
 
 def test_a_function_nothing_can_schedule_is_left_with_a_warning(monkeypatch):
-    monkeypatch.setattr(candidates, "stock_configs", lambda func, arch: ())
+    from fastdlight.relax import apply_fast_tuning
+    from fastdlight.tune.runner import TuningError
+
+    def nothing(*_args, **_kwargs):
+        raise TuningError("no candidate could be used (3 tried, none compiled)")
+
+    monkeypatch.setattr(apply_fast_tuning, "tune_dispatch", nothing)
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
-    with pytest.warns(UserWarning, match="left unscheduled"):
+    with pytest.warns(UserWarning, match="left unscheduled: no candidate could be used"):
         out = tuning(legalized(Dynamic))
     (entry,) = tuning.report
     assert entry.status == "untuned" and entry.error and entry.winner is None
