@@ -18,12 +18,7 @@ def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, 
     (or its directory) to replay from and store a verified winner in. ``options``/keywords:
     :class:`TuneOptions`. Returns
     ``(ranked results, best)``; raises :class:`TuningError` when nothing could be used."""
-    if topk <= 0:
-        raise ValueError(f"topk must be positive, got {topk}")
-    opts = TuneOptions.of(options, **overrides)
-    arch = target if isinstance(target, CUDA) else auto_arch(target)
-    if database is not None and not isinstance(database, TuningDatabase):
-        database = TuningDatabase(database)
+    arch, opts, database = _setup(target, topk, options, database, overrides)
     tuned = tune_function(func, arch, topk, opts, opt_shapes=opt_shapes, db=database)
     return list(tuned.results), tuned.best
 
@@ -39,12 +34,18 @@ def tune_dispatch(func, target=None, topk: int = 20, options: TuneOptions | None
     values (:class:`fastdlight.tune.dynamic.DispatchCheck`)."""
     from .dynamic import check_dispatch, tune_dispatch as tune_points
 
+    arch, opts, database = _setup(target, topk, options, database, overrides)
+    dispatched = tune_points(func, arch, topk, opts, opt_shapes, db=database)
+    checks = check_dispatch(dispatched, func, arch, opts) if check else []
+    return dispatched, checks
+
+
+def _setup(target, topk: int, options, database, overrides) -> tuple[CUDA, TuneOptions, TuningDatabase | None]:
+    """The arch, options and database of a call; a bad ``topk`` or option is refused first."""
     if topk <= 0:
         raise ValueError(f"topk must be positive, got {topk}")
     opts = TuneOptions.of(options, **overrides)
     arch = target if isinstance(target, CUDA) else auto_arch(target)
     if database is not None and not isinstance(database, TuningDatabase):
         database = TuningDatabase(database)
-    dispatched = tune_points(func, arch, topk, opts, opt_shapes, db=database)
-    checks = check_dispatch(dispatched, func, arch, opts) if check else []
-    return dispatched, checks
+    return arch, opts, database
