@@ -19,6 +19,7 @@ Axis conventions (the contract between policies and templates):
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -34,6 +35,7 @@ KINDS = (
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
     "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
+    "ms_record",  # a MetaSchedule tuning record's schedule (its trace, as JSON, in ``trace``)
 )
 
 #: kinds whose ``block``/``warp`` are over the normalized matmul view ``(I, J)``
@@ -59,6 +61,8 @@ class Config:
     #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
     #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
     arch: str = ""
+    #: kind "ms_record" only: the schedule's MetaSchedule trace (``Trace.as_json()``, as JSON text)
+    trace: str = ""
     #: the policy's predicted cost (lower is better); not part of the config's identity
     cost: float = field(default=0.0, compare=False)
 
@@ -113,6 +117,12 @@ class Config:
             return
         if self.arch:
             raise ValueError(f"arch is for dlight configs only, not {self.kind!r}")
+        if (self.kind == "ms_record") != bool(self.trace):
+            raise ValueError("an ms_record config carries a MetaSchedule trace and nothing else; other kinds none")
+        if self.kind == "ms_record":
+            if self.block or self.thread or self.rstep or self.reduce_thread or self.warp or self.vectorize:
+                raise ValueError("an ms_record config carries no tiles: its trace chooses them")
+            return
         if self.kind == "prebuilt":
             if len(self.block) != 1 or self.block[0] < 0 or self.thread or self.rstep or self.reduce_thread \
                     or self.warp or self.vectorize:
@@ -162,6 +172,8 @@ class Config:
             return f"Config[dlight]({self.arch})"
         if self.kind == "prebuilt":
             return f"Config[prebuilt](#{self.block[0]})"
+        if self.kind == "ms_record":
+            return f"Config[ms_record](trace {hashlib.sha1(self.trace.encode()).hexdigest()[:8]})"
         parts = [f"block={list(self.block)}"]
         if self.kind in TENSOR_CORE_KINDS:
             parts.append(f"warp={list(self.warp)}")

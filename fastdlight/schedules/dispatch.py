@@ -26,6 +26,7 @@ from .base import ScheduleTemplate
 from .elementwise import ElementwiseTemplate
 from .fallback import FallbackTemplate
 from .gemv import GemvTemplate
+from .ms_record import MetaScheduleRecordTemplate
 from .general_reduction import GeneralReductionTemplate
 from .reduction import ReductionTemplate
 from .stock import StockDlightTemplate
@@ -172,8 +173,9 @@ _OPTIONAL = {
     "fastdlight.schedules.matmul_wgmma": ("WgmmaMatmulTemplate", ("matmul_wgmma",)),
 }
 #: kinds the fallback must not stand in for: stock Dlight is Dlight's schedule or nothing, and a
-#: wgmma config that the wgmma template refuses would otherwise be built as something else
-NO_FALLBACK = ("dlight", "matmul_wgmma")
+#: wgmma config that the wgmma template refuses would otherwise be built as something else, and a
+#: MetaSchedule record is its own trace
+NO_FALLBACK = ("dlight", "matmul_wgmma", "ms_record")
 _MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
 
 
@@ -183,6 +185,7 @@ def _register_builtin() -> None:
     register(GeneralReductionTemplate())  # serves general_reduction and reduction (epilogues)
     register(GemvTemplate())
     register(StockDlightTemplate())
+    register(MetaScheduleRecordTemplate())
     register(FallbackTemplate())
     for mod_name, (cls_name, _) in _OPTIONAL.items():
         try:

@@ -152,9 +152,10 @@ def as_module(scheduled) -> tvm.IRModule:
 
 
 def needs_tensor_intrinsics(config) -> bool:
-    """Our tensor-core template, or stock Dlight at a plain arch (sm_80, sm_90), whose Matmul
-    rule tensorizes there (TVM's own import of the intrinsics takes ~30 s; ours ~4 s)."""
-    return config.kind == "matmul_tc" or (config.kind == "dlight" and not parse_sm(config.arch)[1])
+    """Our tensor-core template, stock Dlight at a plain arch (sm_80, sm_90), whose Matmul
+    rule tensorizes there, or a MetaSchedule record that tensorizes (TVM's own import of the intrinsics takes ~30 s; ours ~4 s)."""
+    return (config.kind == "matmul_tc" or (config.kind == "dlight" and not parse_sm(config.arch)[1])
+            or (config.kind == "ms_record" and "tensorize" in config.trace))
 
 
 def apply_template(func, config, template=None):

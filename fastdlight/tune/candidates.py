@@ -59,11 +59,12 @@ class Tuned:
 
 
 def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
-                   stock_last: bool = False) -> Iterator[CandidateSet]:
+                   stock_last: bool = False, recorded: tuple[Config, ...] = ()) -> Iterator[CandidateSet]:
     """Tensor-core configs first when the function is eligible, then CUDA-core ones. ``stock``
-    (see :func:`stock_configs`) joins the first set, to be measured against the policy's
-    configs; ``stock_last`` (nothing is timed, so stock could not win anyway): a set of its own
-    after the policies', built only when all of theirs fail."""
+    (see :func:`stock_configs`) and ``recorded`` (a MetaSchedule database's records of the
+    function) join the first set, to be measured against the policy's configs; ``stock_last``
+    (nothing is timed, so stock could not win anyway): stock is a set of its own after the
+    policies', built only when all of theirs fail."""
     sets = []
     tc_func, tags = get_tensorized_func_and_tags(func, arch)
     if tags:
@@ -73,20 +74,31 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     try:
         sets.append(CandidateSet("DefaultPolicy", func, _default_configs(func, arch, topk)))
     except ValueError as e:
-        if not (sets or stock):
+        if not (sets or stock or recorded):
             raise
         uncovered = str(e)
         if not sets:
             warnings.warn(f"fastdlight: no fastdlight template covers this function ({uncovered}); "
                           "measuring stock Dlight only", stacklevel=3)
+    if recorded:
+        if sets:
+            sets[0] = _ranked_last(sets[0], recorded)
+        else:
+            sets.append(CandidateSet("MetaSchedule records", func, recorded))
     if stock:
         if sets and not stock_last:
-            top = max((c.cost for c in sets[0].configs), default=0.0)
-            ranked_last = tuple(dataclasses.replace(c, cost=top + 1 + i) for i, c in enumerate(stock))
-            sets[0] = dataclasses.replace(sets[0], configs=sets[0].configs + ranked_last)
+            sets[0] = _ranked_last(sets[0], stock)
         else:
             sets.append(CandidateSet("stock Dlight", func, stock))
     yield from sets
+
+
+def _ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
+    """``cand`` with ``extra`` appended, ranked after its own configs (their costs are another
+    model's, or none: unmeasured, they come last)."""
+    top = max((c.cost for c in cand.configs), default=0.0)
+    ranked = tuple(dataclasses.replace(c, cost=top + 1 + i) for i, c in enumerate(extra))
+    return dataclasses.replace(cand, configs=cand.configs + ranked)
 
 
 def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
@@ -164,7 +176,9 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
             return replayed
     prewarm(func, arch, opts)
     errors, failed, held = [], None, None
-    for cand in candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts)):
+    recorded = db.meta_schedule.records(func) if db is not None else ()
+    for cand in candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts),
+                               recorded=recorded):
         if failed is not None:
             warnings.warn(f"fastdlight: every {failed} candidate failed; trying {cand.policy}", stacklevel=2)
         if on_set is not None:

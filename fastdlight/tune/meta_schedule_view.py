@@ -8,7 +8,9 @@
 of truth; every verified record it stores is also appended here, beside it
 (``database_workload.json``, ``database_tuning_record.json``), as the workload (the function,
 normalized as MetaSchedule does) and the schedule's trace, with the measured median as
-``run_secs``. Kernels without a trace (the Hopper wgmma template writes a TIRx kernel, not an
+``run_secs``. The other way, :meth:`MetaScheduleView.records` reads a MetaSchedule database of
+the same layout (one ``ms.tune_tir`` wrote, for example) and turns a function's best records into
+``ms_record`` configs, which the tuner measures beside its own candidates. Kernels without a trace (the Hopper wgmma template writes a TIRx kernel, not an
 ``s_tir`` schedule) are not in the view. A build of what MetaSchedule applies needs what
 ``fastdlight.build`` sets up: the pass-context options of ``fastdlight.tune.compile.PASS_CONFIG``
 (cp.async, no TIR CSE) and, for tensor-core schedules, the intrinsics of
@@ -58,3 +60,32 @@ class MetaScheduleView:
             self._db.commit_tuning_record(ms.database.TuningRecord(
                 sch.trace, workload, run_secs, arch.target, ms.arg_info.ArgInfo.from_prim_func(func)))
         return True
+
+    def records(self, func, limit: int = 4) -> tuple:
+        """The best ``limit`` records MetaSchedule's database here holds for ``func`` (fastest
+        first), as ``Config("ms_record", (), trace=...)``; none when there is no database or no
+        record of the function."""
+        from tvm.s_tir import meta_schedule as ms
+
+        from ..policies.config import Config
+        from ..schedules.ms_record import trace_text
+
+        paths = [os.path.join(self.dir, name) for name in (WORKLOAD_FILE, RECORD_FILE)]
+        if not all(os.path.isfile(p) for p in paths):
+            return ()
+        normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+        mod = normalize(func)
+        with self._lock:
+            try:
+                db = self._db or ms.database.JSONDatabase(*paths)
+                if not db.has_workload(mod):
+                    return ()
+                top = db.get_top_k(db.commit_workload(mod), limit)
+            except Exception:  # noqa: BLE001 - an unreadable database has no records to offer
+                return ()
+        configs = []
+        for rec in top:
+            text = trace_text(rec.trace)
+            if all(c.trace != text for c in configs):
+                configs.append(Config("ms_record", (), trace=text))
+        return tuple(configs)
