@@ -203,7 +203,8 @@ class ApplyFastTuning:
             warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)
             return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
         top = dispatched.buckets[-1]
-        summary = "; ".join(", ".join(f"{n}<={v}" for n, v in b.point) + f": {b.config.kind}" for b in dispatched.buckets)
+        summary = "; ".join(", ".join(f"{n}{'=' if b.exact else '<='}{v}" for n, v in b.point) + f": {b.config.kind}"
+                            for b in dispatched.buckets)
         if dispatched.defaulted:
             summary += f" (default values for {', '.join(dispatched.defaulted)})"
         return dispatched.func, FunctionReport(

@@ -6,6 +6,9 @@ function with the dimension left symbolic, and one PrimFunc that picks a kernel 
   divide the symbolic extent, TVM adds a bounds predicate (``pad_einsum`` pads to the tile).
   Templates whose result has no ``s_tir`` trace (the TIRx wgmma kernel), or whose trace does not
   rebuild their result, give None.
+* :func:`bind_params` – a kernel scheduled at fixed values, rebound to the symbolic parameters,
+  for a branch that runs only at those values (one row: the GEMV schedule drops the unit axis,
+  so its trace does not replay).
 * :func:`dispatch_func` – one PrimFunc with the symbolic function's signature whose body is an
   ``if/else`` chain over the variables, one kernel per branch, each branch with definitions of
   its own. It is marked :data:`DISPATCHER`: its kernels sit under host conditions, which TVM's
@@ -50,13 +53,37 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled) -> tir
 DISPATCHER = "fastdlight.dispatcher"
 
 
+def bind_params(symbolic: tirx.PrimFunc, kernel: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``kernel`` (``symbolic`` specialized at fixed values, then scheduled) with its parameters
+    resolved by name to ``symbolic``'s, as a parameterless PrimFunc whose body a dispatch branch
+    can hold: right only at those values. Its TVMScript is parsed again with the names bound to
+    the symbolic parameters; None when the kernel does not print as parseable TVMScript (TVM
+    0.27 prints some tensor-core intrinsics in a form its parser refuses)."""
+    from tvm.script import tirx as T
+
+    lines = kernel.script().splitlines()
+    if any("metadata[" in ln for ln in lines):
+        return None
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("def ")), None)
+    if at is None:
+        return None
+    lines[at] = "def kernel():"
+    names = {str(p.name): p for p in symbolic.params}
+    try:
+        return tvm.script.from_source("\n".join(lines), extra_vars={"T": T, **names}, check_well_formed=False)
+    except Exception:  # noqa: BLE001 - the printer's form is not parseable: no exact branch
+        return None
+
+
 @dataclass(frozen=True)
 class Branch:
     """One kernel of a dispatch chain: ``when`` gives each variable's bound (``None``: no bound,
-    what lies above the variable's largest bound); the kernel runs at every value up to it."""
+    what lies above the variable's largest bound); the kernel runs at every value up to it, or,
+    ``exact`` (a kernel scheduled at the bounds themselves, see :func:`bind_params`), only there."""
 
     when: tuple[tuple[str, int | None], ...]
     func: tirx.PrimFunc
+    exact: bool = False
 
 
 def dispatch_func(symbolic: tirx.PrimFunc, names: Sequence[str], branches: Sequence[Branch]) -> tirx.PrimFunc:
@@ -87,7 +114,9 @@ def _chain(variables: list, branches: list[Branch]):
     stmt = _chain(rest, above)
     for bound in reversed(bounds):
         chosen = [b for b in branches if dict(b.when)[name] == bound]
-        stmt = tirx.IfThenElse(var <= tirx.const(bound, scalar_dtype(var)), _chain(rest, chosen), stmt)
+        value = tirx.const(bound, scalar_dtype(var))
+        exact = all(b.exact for b in chosen)
+        stmt = tirx.IfThenElse(var == value if exact else var <= value, _chain(rest, chosen), stmt)
     return stmt
 
 

@@ -28,7 +28,7 @@ from ..arch import CUDA
 from ..policies.config import Config
 from ..policies.prepare import shape_var_names, specialize
 from ..schedules.dispatch import dispatch_config
-from ..schedules.symbolic import Branch, dispatch_func, generalize
+from ..schedules.symbolic import Branch, bind_params, dispatch_func, generalize
 from . import build_task
 from .candidates import Tuned, measures, tune_function
 from .options import TuneOptions
@@ -47,7 +47,8 @@ def default_points(arch: CUDA) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Bucket:
-    """The kernel tuned at ``point`` (one value per variable). ``static_ms``: the point's
+    """The kernel tuned at ``point`` (one value per variable); ``exact``: the static winner
+    itself, run only at the point (its range holds nothing else). ``static_ms``: the point's
     winner timed as a static function; ``kernel_ms``: the time of the candidate whose schedule the dispatcher runs, in
     the same run (equal to ``static_ms`` unless a stand-in replaced a winner that does not
     replay, ``note`` says which)."""
@@ -57,6 +58,7 @@ class Bucket:
     static_ms: float | None = None
     kernel_ms: float | None = None
     note: str = ""
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Dispatched:
         rows = []
         for b in self.buckets:
             at = ", ".join(f"{n}={v}" for n, v in b.point)
-            rows.append(f"{at}: {b.config!r}" + (f" [{b.note}]" if b.note else ""))
+            rows.append(f"{at}: {b.config!r}" + (" (exact)" if b.exact else "") + (f" [{b.note}]" if b.note else ""))
         return "\n".join(rows)
 
 
@@ -117,11 +119,21 @@ def tune_dispatch(func: tirx.PrimFunc, arch: CUDA, topk: int, opts: TuneOptions,
         point = tuple(zip(names, combo))
         static = specialize(func, dict(point))
         tuned = tune_function(static, arch, topk, opts, db=db)
-        bucket, kernel = _kernel_at(func, static, tuned, arch)
+        bucket, kernel = _kernel_at(func, static, tuned, arch, single=_single(values, point))
         buckets.append(bucket)
-        branches += _branches(values, point, kernel)
+        branches += _branches(values, point, kernel, bucket.exact, func, arch)
     dispatcher = dispatch_func(func, names, _dedupe(branches))
     return Dispatched(dispatcher, values, tuple(buckets), defaulted)
+
+
+def _single(values, point) -> bool:
+    """Whether the range the point serves holds the point alone (1, or v right after v - 1)."""
+    for name, vs in values:
+        v = dict(point)[name]
+        i = vs.index(v)
+        if v != (vs[i - 1] if i else 0) + 1:
+            return False
+    return True
 
 
 def _ranked(tuned: Tuned) -> list[tuple[Config, float | None]]:
@@ -133,18 +145,27 @@ def _ranked(tuned: Tuned) -> list[tuple[Config, float | None]]:
     return rows + [(r.config, r.latency_ms) for r in others]
 
 
-def _kernel_at(func, static, tuned: Tuned, arch: CUDA) -> tuple[Bucket, tirx.PrimFunc]:
+def _kernel_at(func, static, tuned: Tuned, arch: CUDA, single: bool) -> tuple[Bucket, tirx.PrimFunc]:
+    """The point's kernel: the winner's schedule made symbolic; else, for a range of one value,
+    the winner itself behind ``==``; else the fastest candidate whose schedule is symbolic."""
     point_ms = tuned.best.latency_ms if tuned.best is not None else None
     point = tuple((n, int(v)) for n, v in _point_of(func, static))
     # a schedule whose tiles divide the point pads nothing there, but must pad at other values:
     # one value past the point has the symbolic function's padding steps, so its trace replays
     past = specialize(func, {n: v + 1 for n, v in point})
-    for config, ms in _ranked(tuned):
+    ranked = _ranked(tuned)
+    kernel = _generalized(func, (static, past), ranked[0][0], arch)
+    if kernel is not None:
+        return Bucket(point, tuned.config, point_ms, ranked[0][1]), kernel
+    if single:
+        with arch.target:
+            exact = bind_params(func, build_task.as_module(build_task.apply_template(static, tuned.config))["main"])
+        if exact is not None:
+            return Bucket(point, tuned.config, point_ms, point_ms, exact=True), exact
+    for config, ms in ranked[1:]:
         kernel = _generalized(func, (static, past), config, arch)
-        if kernel is None:
-            continue
-        note = "" if config == tuned.config else f"{tuned.config.kind} winner has no symbolic form"
-        return Bucket(point, config, point_ms, ms, note), kernel
+        if kernel is not None:
+            return Bucket(point, config, point_ms, ms, f"{tuned.config.kind} winner has no symbolic form"), kernel
     return Bucket(point, _stock(arch), point_ms, None, "no candidate has a symbolic form: stock Dlight"), \
         _general(func, arch)
 
@@ -175,15 +196,16 @@ def _point_of(func, static) -> list[tuple[str, int]]:
     return sorted(out.items())
 
 
-def _branches(values, point, kernel) -> list[Branch]:
-    """The point's branch, and the ``else`` branches its kernel also serves (compiled symbolic,
-    it is right at any value): above the largest value of every variable at whose largest
-    value the point sits."""
+def _branches(values, point, kernel, exact: bool, func, arch: CUDA) -> list[Branch]:
+    """The point's branch, and the ``else`` branches of the variables at whose largest value the
+    point sits: its kernel serves them (compiled symbolic, it is right at any value), or, when it
+    is exact, stock Dlight's general kernel does."""
     tops = [n for n, vs in values if dict(point)[n] == vs[-1]]
-    out = [Branch(tuple(point), kernel)]
+    out = [Branch(tuple(point), kernel, exact)]
+    above = _general(func, arch) if exact and tops else kernel
     for k in range(1, len(tops) + 1):
         for opened in itertools.combinations(tops, k):
-            out.append(Branch(tuple((n, None if n in opened else v) for n, v in point), kernel))
+            out.append(Branch(tuple((n, None if n in opened else v) for n, v in point), above))
     return out
 
 
