@@ -25,6 +25,7 @@ the edges and clips stores, so any M, N and K work as long as every row is 16-by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import pathlib
@@ -187,7 +188,7 @@ class Plan:
 
     @property
     def consumer_iters(self) -> int:
-        return -(-self.tiles_per_cta // self.tile_step)
+        return (self.tiles_per_cta + self.tile_step - 1) // self.tile_step
 
     @property
     def empty_arrivals(self) -> int:
@@ -206,9 +207,12 @@ class Plan:
         of ``bk``, or MN-major 64-column chunks of ``bk`` rows: the same number)."""
         return (self.row0(cw) + mi * 64) * self.bk
 
+    # M may be an expression (a symbolic row count, see symbolic_kernel): the tile counts then
+    # are too, and the grid is one CTA per SM
+
     @property
     def grid_m(self) -> int:
-        return -(-self.match.m // self.bm)
+        return (self.match.m + self.bm - 1) // self.bm
 
     @property
     def grid_n(self) -> int:
@@ -220,11 +224,11 @@ class Plan:
 
     @property
     def ctas(self) -> int:
-        return min(self.num_sms, self.tiles)
+        return min(self.num_sms, self.tiles) if isinstance(self.tiles, int) else self.num_sms
 
     @property
     def tiles_per_cta(self) -> int:
-        return -(-self.tiles // self.ctas)
+        return (self.tiles + self.ctas - 1) // self.ctas
 
     @property
     def k_steps(self) -> int:
@@ -337,12 +341,35 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         return build_kernel(func, plan)
 
 
-def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
-    """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
+def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Config, num_sms: int):
+    """The kernel ``config`` gives ``static`` (``symbolic`` at one row count), for every row
+    count: ``symbolic`` with a TIRx body whose tile counts are expressions of its M (TMA clips
+    the edge tiles; the grid is one CTA per SM). None unless the output's rows are ``symbolic``'s
+    only symbolic dimension."""
+    from ..policies.prepare import scalar_dtype, shape_var_names
+
+    match, _reason = match_wgmma(static)
+    if match is None or not config_fits(match, config):
+        return None
+    out = next((p for p in symbolic.params if str(p.name) == match.d_name), None)
+    rows = out.shape[-2] if out is not None and len(out.shape) >= 2 else None
+    if not isinstance(rows, tvm.ir.expr.Var) or shape_var_names(symbolic) != [str(rows.name)]:
+        return None
+    m = rows if scalar_dtype(rows) == "int32" else tirx.Cast("int32", rows)
+    plan = Plan(dataclasses.replace(match, m=m), config.block[0], config.block[1], config.rstep[0],
+                config.pipeline_stages, config.rasterization, num_sms, config.warp[0])
+    kernel = build_kernel(static, plan, bind=symbolic)
+    return symbolic.with_body(kernel.body).with_attrs(dict(kernel.attrs))
+
+
+def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = None) -> tirx.PrimFunc:
+    """The TIRx kernel for ``func`` under ``plan``: same parameters, same result. ``bind``: a
+    function whose parameters (by name) the kernel uses instead of its own (it then has none)."""
     register_codegen_fixes()
     epilogue = extract_epilogue(func, plan.match)
     a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk)
-    params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
+    params = "" if bind is not None else ", ".join(
+        f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
@@ -352,7 +379,9 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan) -> tirx.PrimFunc:
     env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
            "K_OUT_DTYPE": plan.match.out_dtype, "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_PROMO": L2_PROMO_256B,
            "len": len, "range": range}
-    kernel = tvm.script.from_source(text, extra_vars=env)
+    if bind is not None:
+        env.update({str(p.name): p for p in bind.params})
+    kernel = tvm.script.from_source(text, extra_vars=env, check_well_formed=bind is None)
     attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]

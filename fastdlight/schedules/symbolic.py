@@ -11,9 +11,10 @@ function with the dimension left symbolic, and one PrimFunc that picks a kernel 
   so its trace does not replay).
 * :func:`dispatch_func` – one PrimFunc with the symbolic function's signature whose body is an
   ``if/else`` chain over the variables, one kernel per branch, each branch with definitions of
-  its own. It is marked :data:`DISPATCHER`: its kernels sit under host conditions, which TVM's
-  s_tir pipeline refuses before the host/device split, so ``tune.compile`` lowers it with those
-  per-kernel passes moved after the split.
+  its own. The branches come lowered up to the host/device split, each by its own pipeline
+  (``tune.compile.pre_lower``: TVM's s_tir pipeline refuses kernels under a host condition, and
+  a TIRx kernel and s_tir code share no pipeline); the function is marked :data:`DISPATCHER`
+  and ``tune.compile`` lowers only the rest.
 """
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ from ..policies.prepare import scalar_dtype
 
 
 
-def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled) -> tirx.PrimFunc | None:
+def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config=None,
+               num_sms: int = 0) -> tirx.PrimFunc | None:
     """``symbolic`` scheduled the way ``scheduled`` (a template's result for ``static``,
     ``symbolic`` specialized at one value) schedules ``static``, or None when that schedule
     cannot be replayed: it has no trace, its trace does not rebuild it (a template that
-    rewrites the function outside the schedule), or a step depends on the fixed value."""
+    rewrites the function outside the schedule), or a step depends on the fixed value. The wgmma
+    kernel (TIRx, no trace) is rebuilt for a symbolic M by its template (``config``,
+    ``num_sms``: its persistent grid)."""
     trace = getattr(scheduled, "trace", None)
     if trace is None:
+        if config is not None and config.kind == "matmul_wgmma":
+            from .matmul_wgmma import symbolic_kernel
+
+            return symbolic_kernel(symbolic, static, config, num_sms)
         return None
     try:
         again = s_tir.Schedule(static)
@@ -49,7 +57,7 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled) -> tir
     return replayed.mod["main"]
 
 
-#: attribute marking a dispatcher PrimFunc (read by ``tune.compile.tir_pipeline``)
+#: attribute marking a dispatcher PrimFunc, lowered up to the split (read by ``tune.compile``)
 DISPATCHER = "fastdlight.dispatcher"
 
 
@@ -111,6 +119,10 @@ def _chain(variables: list, branches: list[Branch]):
     above = [b for b in branches if dict(b.when)[name] is None]
     if not above:
         raise ValueError(f"no kernel for {name} above {bounds[-1] if bounds else 'any value'}")
+    if len(above) == 1 and bounds:
+        last = [b for b in branches if dict(b.when)[name] == bounds[-1]]
+        if len(last) == 1 and last[0].func.same_as(above[0].func) and not last[0].exact:
+            bounds = bounds[:-1]  # the largest value's kernel also serves what lies above: one branch
     stmt = _chain(rest, above)
     for bound in reversed(bounds):
         chosen = [b for b in branches if dict(b.when)[name] == bound]

@@ -96,25 +96,23 @@ def is_tirx_kernel(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and bool(attrs.get(TIRX_KERNEL, False))
 
 
-#: the s_tir pipeline with its per-kernel passes run after the host/device split
-DISPATCH_PIPELINE = "fastdlight.dispatch"
+def is_dispatcher(func) -> bool:
+    """A dispatcher of ``schedules.symbolic``: its branches are lowered up to the host/device split."""
+    from ..schedules.symbolic import DISPATCHER
+
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and DISPATCHER in attrs
 
 
 def tir_pipeline(mod: tvm.IRModule) -> str:
-    """``"tirx"`` for a module of TIRx kernels only, the hybrid pipeline when it mixes them with
-    scheduled (s_tir) functions, the dispatch pipeline when a function launches its kernels
-    under host conditions, else TVM's default: TVM's s_tir pipeline cannot lower a TIRx
-    kernel and the TIRx pipeline cannot lower s_tir blocks."""
+    """``"tirx"`` for a module of TIRx kernels only, TVM's default for scheduled (s_tir)
+    functions only, else the hybrid pipeline, which lowers each function with its own: TVM's
+    s_tir pipeline cannot lower a TIRx kernel, the TIRx pipeline cannot lower s_tir blocks, and a
+    dispatcher (its branches lowered each by its own, up to the split) needs only the rest."""
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    kinds = {is_tirx_kernel(f) for f in funcs}
-    if True not in kinds:
-        from ..schedules.symbolic import DISPATCHER
-
-        if any(f.attrs is not None and DISPATCHER in f.attrs for f in funcs):
-            _register_dispatch_pipeline()
-            return DISPATCH_PIPELINE
+    if not any(is_tirx_kernel(f) or is_dispatcher(f) for f in funcs):
         return "default"
-    if kinds == {True} and not any(not isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items()):
+    if all(is_tirx_kernel(f) for f in funcs) and len(funcs) == len(list(mod.functions_items())):
         return "tirx"
     _register_hybrid_pipeline()
     return HYBRID_PIPELINE
@@ -133,12 +131,14 @@ def _register_hybrid_pipeline() -> None:
 
         @tvm.transform.module_pass(opt_level=0, name="fastdlight.HybridTIRPipeline")
         def lower(mod, _ctx):
-            kernels, others = tvm.IRModule(attrs=mod.attrs), tvm.IRModule(attrs=mod.attrs)
+            groups = {"tirx": {}, "dispatcher": {}, "s_tir": {}}
             for gvar, func in mod.functions_items():
-                (kernels if is_tirx_kernel(func) else others)[gvar] = func
-            out = tirx_pass(kernels) if kernels.functions else kernels
-            if others.functions:
-                out.update(s_tir_pass(others))
+                kind = "tirx" if is_tirx_kernel(func) else "dispatcher" if is_dispatcher(func) else "s_tir"
+                groups[kind][gvar] = func
+            out = tvm.IRModule(attrs=mod.attrs)
+            for kind, run in (("tirx", tirx_pass), ("dispatcher", _after_split()), ("s_tir", s_tir_pass)):
+                if groups[kind]:
+                    out.update(run(tvm.IRModule(groups[kind], attrs=mod.attrs)))
             return out
 
         return lower, finalize_host, finalize_device
@@ -146,42 +146,14 @@ def _register_hybrid_pipeline() -> None:
     cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
 
 
-#: the s_tir passes that plan within one kernel (barriers, fragments, warp reductions, shared
-#: memory is merged before: the split needs one allocation per kernel): TVM runs them on the
-#: host function before the split, where they refuse kernels
-#: under a host condition ("cannot insert syncs inside condition"); after the split each kernel
-#: is a function of its own
-_PER_KERNEL_PASSES = ("ThreadSync", "InferFragment", "LowerThreadAllreduce", "InjectPTXAsyncCopy", "InjectPTXLDG32")
-
-
-def _register_dispatch_pipeline() -> None:
+def _pipeline_passes(kind: str) -> list:
+    """The passes TVM's ``kind`` ("s_tir" or "tirx") pipeline would run under the current
+    PassContext, in order: its pipeline function builds the list and runs it through
+    ``Sequential``, so it is called with a ``Sequential`` that records the list instead."""
     from tvm.s_tir import pipeline as s_tir_pipeline
     from tvm.tirx import compilation_pipeline as cp
 
-    if DISPATCH_PIPELINE in cp.PIPELINE_MAP:
-        return
-
-    def dispatch():
-        _, finalize_host, finalize_device = cp.get_tir_pipeline("s_tir")
-
-        @tvm.transform.module_pass(opt_level=0, name="fastdlight.DispatchTIRPipeline")
-        def lower(mod, _ctx):
-            passes = _s_tir_passes(s_tir_pipeline)
-            name = lambda p: p.info.name.rsplit(".", 1)[-1]  # noqa: E731 - "s_tir.ThreadSync"
-            per_kernel = [p for p in passes if name(p) in _PER_KERNEL_PASSES]
-            rest = [p for p in passes if name(p) not in _PER_KERNEL_PASSES]
-            split = next(i for i, p in enumerate(rest) if name(p) == "SplitHostDevice") + 1
-            return tvm.transform.Sequential(rest[:split] + per_kernel + rest[split:])(mod)
-
-        return lower, finalize_host, finalize_device
-
-    cp.register_tir_pipeline(DISPATCH_PIPELINE, dispatch)
-
-
-def _s_tir_passes(s_tir_pipeline) -> list:
-    """The passes TVM's s_tir pipeline would run under the current PassContext, in order: its
-    pipeline function builds the list and runs ``Sequential(passes)``, so it is called with a
-    ``Sequential`` that records the list instead."""
+    make = s_tir_pipeline.default_s_tir_pipeline if kind == "s_tir" else cp.tirx_pipeline
     recorded = []
 
     class _Record:
@@ -194,10 +166,30 @@ def _s_tir_passes(s_tir_pipeline) -> list:
     original = tvm.ir.transform.Sequential
     tvm.ir.transform.Sequential = _Record
     try:
-        s_tir_pipeline.default_s_tir_pipeline()[0](tvm.IRModule())
+        make()[0](tvm.IRModule())
     finally:
         tvm.ir.transform.Sequential = original
     return recorded
+
+
+def _split_at(passes: list) -> int:
+    return next(i for i, p in enumerate(passes) if p.info.name.rsplit(".", 1)[-1] == "SplitHostDevice")
+
+
+def _after_split() -> tvm.transform.Pass:
+    passes = _pipeline_passes("tirx")  # SplitHostDevice, LowerIket, MakePackedAPI, storage legalization
+    return tvm.transform.Sequential(passes[_split_at(passes):])
+
+
+def pre_lower(func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc:
+    """``func`` through its own pipeline (TIRx or s_tir) up to the host/device split, for a
+    dispatcher branch: kernels under host conditions lower only this way (the s_tir pipeline's
+    barrier planning refuses a kernel inside a condition; the TIRx one cannot lower blocks)."""
+    target = as_target(target)
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        passes = _pipeline_passes("tirx" if is_tirx_kernel(func) else "s_tir")
+        mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"main": func}))
+        return tvm.transform.Sequential(passes[: _split_at(passes)])(mod)["main"]
 
 
 def cuda_source(built) -> str:

@@ -5,9 +5,10 @@
     tune      each combination of values as a static function (the shared candidate path and
               its database records)
     generalize  each winner's schedule replayed on the symbolic function, bounds-checked
-              (:func:`fastdlight.schedules.symbolic.generalize`); when the winner does not
-              replay (the TIRx wgmma kernel has no trace) the next fastest candidate that does
-              stands in, and stock Dlight's rules (made for symbolic extents) where none does
+              (:func:`fastdlight.schedules.symbolic.generalize`; the wgmma kernel is rebuilt
+              with M symbolic); a range of one value keeps its static winner behind ``==``;
+              when the winner does not replay, the next fastest candidate that does stands in,
+              and stock Dlight's rules (made for symbolic extents) where none does
     dispatch  one PrimFunc with the function's signature: the kernel tuned at ``v`` serves the
               values above the previous one up to ``v``; the largest value's kernel, compiled
               with the dimension symbolic, serves everything above it
@@ -30,6 +31,7 @@ from ..policies.prepare import shape_var_names, specialize
 from ..schedules.dispatch import dispatch_config
 from ..schedules.symbolic import Branch, bind_params, dispatch_func, generalize
 from . import build_task
+from .compile import pre_lower
 from .candidates import Tuned, measures, tune_function
 from .options import TuneOptions
 
@@ -121,7 +123,7 @@ def tune_dispatch(func: tirx.PrimFunc, arch: CUDA, topk: int, opts: TuneOptions,
         tuned = tune_function(static, arch, topk, opts, db=db)
         bucket, kernel = _kernel_at(func, static, tuned, arch, single=_single(values, point))
         buckets.append(bucket)
-        branches += _branches(values, point, kernel, bucket.exact, func, arch)
+        branches += _branches(values, point, pre_lower(kernel, arch.target), bucket.exact, func, arch)
     dispatcher = dispatch_func(func, names, _dedupe(branches))
     return Dispatched(dispatcher, values, tuple(buckets), defaulted)
 
@@ -161,7 +163,7 @@ def _kernel_at(func, static, tuned: Tuned, arch: CUDA, single: bool) -> tuple[Bu
         with arch.target:
             exact = bind_params(func, build_task.as_module(build_task.apply_template(static, tuned.config))["main"])
         if exact is not None:
-            return Bucket(point, tuned.config, point_ms, point_ms, exact=True), exact
+            return Bucket(point, tuned.config, point_ms, point_ms, exact=True), func.with_body(exact.body)
     for config, ms in ranked[1:]:
         kernel = _generalized(func, (static, past), config, arch)
         if kernel is not None:
@@ -180,7 +182,7 @@ def _generalized(func, probes, config: Config, arch: CUDA) -> tirx.PrimFunc | No
                 scheduled = dispatch_config(probe, config, allow_fallback=False).schedule
             except Exception:  # noqa: BLE001 - the config does not apply at this value
                 continue
-            kernel = generalize(func, probe, scheduled) if scheduled is not None else None
+            kernel = generalize(func, probe, scheduled, config, arch.sm_count) if scheduled is not None else None
         if kernel is not None:
             return kernel
     return None
@@ -197,12 +199,12 @@ def _point_of(func, static) -> list[tuple[str, int]]:
 
 
 def _branches(values, point, kernel, exact: bool, func, arch: CUDA) -> list[Branch]:
-    """The point's branch, and the ``else`` branches of the variables at whose largest value the
-    point sits: its kernel serves them (compiled symbolic, it is right at any value), or, when it
+    """The point's branch (``kernel`` lowered up to the split), and the ``else`` branches of the
+    variables at whose largest value the point sits: its kernel serves them (compiled symbolic, it is right at any value), or, when it
     is exact, stock Dlight's general kernel does."""
     tops = [n for n, vs in values if dict(point)[n] == vs[-1]]
     out = [Branch(tuple(point), kernel, exact)]
-    above = _general(func, arch) if exact and tops else kernel
+    above = pre_lower(_general(func, arch), arch.target) if exact and tops else kernel
     for k in range(1, len(tops) + 1):
         for opened in itertools.combinations(tops, k):
             out.append(Branch(tuple((n, None if n in opened else v) for n, v in point), above))
