@@ -105,6 +105,30 @@ def test_apply_fast_tuning_dispatches_symbolic_functions():
     assert entry.status == "tuned" and entry.dispatch.startswith(("n<=1: ", "n=1: ")) and "n<=64: " in entry.dispatch
 
 
+def test_a_wgmma_kernel_with_symbolic_m_shares_a_dispatcher_with_s_tir_kernels():
+    from fastdlight.policies.config import Config
+    from fastdlight.policies.prepare import specialize
+    from fastdlight.schedules.dispatch import dispatch_config
+    from fastdlight.schedules.symbolic import Branch, dispatch_func, generalize
+    from fastdlight.tune.compile import pre_lower
+
+    func = decode_matmul(512, 512)
+    static = specialize(func, {"m": 256})
+    config = Config("matmul_wgmma", (128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=3, rasterization=4)
+    with H100.target:
+        wgmma = generalize(func, static, dispatch_config(static, config, allow_fallback=False).schedule, config, 132)
+    assert wgmma is not None and "tirx.kernel" in wgmma.attrs
+    small = tune_dispatch(func, H100, 1, COMPILE_ONLY, {"m": [16]}).buckets[0]
+    with H100.target:
+        mma = generalize(func, specialize(func, {"m": 17}),
+                         dispatch_config(specialize(func, {"m": 17}), small.config, allow_fallback=False).schedule)
+    assert mma is not None
+    lowered = [pre_lower(k, H100.target) for k in (mma, wgmma)]
+    d = dispatch_func(func, ["m"], [Branch((("m", 16),), lowered[0]), Branch((("m", None),), lowered[1])])
+    source, cubin = compile_mod_to_cubin(tvm.IRModule({"mm": d}), H100.target)
+    assert "wgmma.mma_async" in source and "mma.sync" in source and cubin.binary
+
+
 @pytest.mark.gpu
 def test_decode_matmul_dispatches_correctly_on_gpu():
     from fastdlight.arch import auto_arch
