@@ -1,0 +1,456 @@
+"""Export a tuned kernel for C++ hosts: a CUDA header, an example program and its data.
+
+    fastdlight.export(func, "out/")                 # tune (or replay a database hit), then export
+    fastdlight.export(best, "out/", ref=op.reference)   # a CompileResult already tuned
+    fastdlight export softmax 4096 4096 --out out/  # the same from the shell
+
+``out/`` then holds, for a function called ``NAME``:
+
+* ``NAME.cuh``: the CUDA source TVM generated for the tuned schedule (every ``__global__``
+  kernel) and ``cudaError_t NAME_launch(<one pointer per parameter>, cudaStream_t stream)``,
+  which launches every kernel in the order the function does, with the grid, block and dynamic
+  shared memory of TVM's lowered host code (``cudaFuncSetAttribute`` above 48 KB), and encodes
+  the TMA tensor maps of Hopper kernels (``cuTensorMapEncodeTiled``, reached through
+  ``cudaGetDriverEntryPoint``: no ``-lcuda``). Include it in one translation unit.
+* ``NAME_example.cu``: reads the inputs from ``NAME_data.bin``, launches, checks every output
+  element against the float64 reference computed at export time (the operator's numpy
+  reference, else the function itself widened to float64 and run on the CPU by TVM's LLVM
+  backend) within fastdlight's per-element bound (:func:`fastdlight.tune.verify.allowed_error`),
+  then times the launch like the tuner does (inputs rotated through copies so none is in L2,
+  queued launches between CUDA events, median) and prints both.
+* ``NAME_data.bin`` (inputs, expected outputs, allowed error per element), ``Makefile``,
+  ``README.md`` (the build command) and ``NAME.json`` (config, launches, tuned latency).
+
+Where the launch geometry comes from: the module is lowered by ``tvm.compile`` with a pass
+instrument that keeps the IR just before ``tirx.MakePackedAPI``. There the host function is a
+straight line of ``T.call_ffi_kernel(kernel, args..., launch values...)`` calls (the values
+named by their ``launch_params``: ``blockIdx.*``, ``threadIdx.*``,
+``tirx.use_dyn_shared_memory``), preceded, for TMA kernels, by
+``T.call_packed("runtime.cuTensorMapEncodeTiled", map, dtype, rank, ptr, dims, strides, box,
+element strides, interleave, swizzle, L2 promotion, OOB fill)``. Host code that does anything
+else (a workspace allocation, a loop, a symbolic launch size) is refused with one line.
+
+Nothing is half-written: files go to a temporary directory next to ``out/``, renamed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import types
+from dataclasses import dataclass
+from typing import Any
+
+# the launch plan and the C++ text live in .plan and .cpp; their names stay importable from here
+from .cpp import (DATA_MAGIC, DEFAULT_SMEM_LIMIT, NVCC_FLAGS, OutputCheck, _data_sections,  # noqa: F401
+                  _launch_args, example_text, header_text)
+from .plan import (ExportError, Launch, LaunchPlan, Param, TensorMap, check_against_source,  # noqa: F401
+                   launch_plan, lower)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` wrote (paths inside ``out_dir``) and what it exported."""
+
+    out_dir: str
+    name: str
+    header: str
+    example: str
+    data: str
+    makefile: str
+    readme: str
+    manifest: str
+    build_command: str
+    launches: tuple[Launch, ...]
+    config: Any
+    latency_ms: float | None  # the tuner's measured median (None: not timed)
+    reference: str
+
+
+# -- inputs and the reference -------------------------------------------------------------------
+def make_inputs(func, seed: int = 0) -> dict:
+    """Random inputs by parameter index, the values the tuner's ``Workload(func, seed)`` uses."""
+    import numpy as np
+
+    from ..tune.measure import index_bounds, output_indices, param_buffers, random_array, static_shape
+
+    rng = np.random.default_rng(seed)
+    bounds, outs = index_bounds(func), set(output_indices(func))
+    inputs = {}
+    for i, buf in enumerate(param_buffers(func)):
+        if i in outs:
+            continue
+        shape, dtype = static_shape(buf), str(buf.dtype)
+        if str(buf.name) in bounds:
+            inputs[i] = rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype)
+        else:
+            inputs[i] = random_array(shape, dtype, rng)
+    return inputs
+
+
+def reference_outputs(func, inputs: dict, ref=None):
+    """:class:`fastdlight.tune.verify.Expected` for ``inputs``: the numpy ``ref`` when given,
+    else ``func`` widened to float64 and run on the CPU (TVM's LLVM backend)."""
+    from ..tune.verify import expected_from_numpy
+
+    host_inputs = [inputs[i] for i in sorted(inputs)]
+    if ref is not None:
+        return expected_from_numpy(ref, host_inputs, func)
+    return _cpu_reference(func, inputs)
+
+
+def _cpu_reference(func, inputs: dict):
+    import numpy as np
+    import tvm
+
+    from ..tune.measure import output_indices, param_buffers, static_shape
+    from ..tune.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds, widen_to_float64
+
+    if not tvm.runtime.enabled("llvm"):
+        raise ExportError("no numpy reference was given and TVM has no LLVM backend to run the function on the CPU")
+    try:
+        wide = widen_to_float64(func).with_attr("global_symbol", "main")
+    except ValueError as e:
+        raise ExportError(f"no numpy reference was given and {e}") from None
+    with tvm.target.Target("llvm"):
+        lib = tvm.compile(tvm.IRModule({"main": wide}), target="llvm")
+    bufs = param_buffers(wide)
+    outs = output_indices(func)
+    dev = tvm.cpu()
+
+    def run(values: dict) -> list:
+        args = []
+        for i, b in enumerate(bufs):
+            shape = static_shape(b)
+            if i in values:
+                args.append(tvm.runtime.tensor(np.ascontiguousarray(values[i], dtype=str(b.dtype)), dev))
+            else:
+                args.append(tvm.runtime.empty(shape, str(b.dtype), dev))
+        lib["main"](*args)
+        return [args[i].numpy().astype(np.float64) for i in outs]
+
+    keys = sorted(inputs)
+    outputs = run(inputs)
+    abs_outputs = None
+    if any(k.sum_of_products for k in output_kinds(func)):
+        abs_outputs = run(dict(zip(keys, magnitude_inputs([inputs[k] for k in keys]))))
+    return expected_from_outputs(outputs, abs_outputs, func,
+                                 Reference("float64 twin of the function run on the CPU by TVM (LLVM)", "naive"))
+
+
+# -- what to export ----------------------------------------------------------------------------
+def _resolve(func_or_result, target, topk, options, opt_shapes, database, overrides, config=None):
+    """(function, config, template, tuned latency or None, arch)."""
+    import tvm
+
+    from ..arch import CUDA, auto_arch
+    from ..policies.prepare import specialize
+    from ..tune.candidate import CompileResult
+    from ..tune.candidates import Tuned, tune_function
+    from ..tune.database import TuningDatabase
+    from ..tune.options import TuneOptions
+
+    arch = target if isinstance(target, CUDA) else auto_arch(target)
+    if isinstance(func_or_result, CompileResult):
+        r = func_or_result
+        if r._func is None or not r.compiled or r.failure is not None:
+            raise ExportError(f"candidate #{r.index} ({r.config!r}) did not build: "
+                              f"{r.error or 'it carries no function to re-apply its config to'}")
+        if r.verified is False:
+            raise ExportError(f"candidate #{r.index} failed verification ({r.check_message}); export a verified one")
+        return r._func, r.config, r._template, r.latency_ms, arch
+    if isinstance(func_or_result, Tuned):
+        t = func_or_result
+        if t.best is None:
+            raise ExportError("a database replay without its function; pass the PrimFunc with database=...")
+        return _resolve(t.best, arch, topk, options, opt_shapes, database, overrides)
+    if not isinstance(func_or_result, tvm.tirx.PrimFunc):
+        raise ExportError(f"cannot export a {type(func_or_result).__name__}: give a PrimFunc or a CompileResult")
+    func = func_or_result
+    if opt_shapes:
+        func = specialize(func, opt_shapes)
+    if config is not None:  # a config from elsewhere (a database record): applied, not tuned
+        return func, config, None, None, arch
+    opts = TuneOptions.of(options, **overrides)
+    if database is not None and not isinstance(database, TuningDatabase):
+        database = TuningDatabase(database)
+    tuned = tune_function(func, arch, topk, opts, db=database)
+    if tuned.best is not None:
+        return tuned.best._func, tuned.best.config, tuned.best._template, tuned.best.latency_ms, arch
+    return func, tuned.config, None, None, arch  # a database hit, not rebuilt
+
+
+def _check_out_dir(out_dir: str, force: bool) -> None:
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ExportError(f"cannot export to {out_dir}: it is a file")
+    if not os.path.isdir(parent):
+        raise ExportError(f"cannot export to {out_dir}: no such directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise ExportError(f"cannot export to {out_dir}: {parent} is not writable")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
+        raise ExportError(f"{out_dir} exists and is not empty (force=True / --force replaces it)")
+
+
+def _default_name(func) -> str:
+    attrs = getattr(func, "attrs", None)
+    name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "kernel"
+    return name
+
+
+def _write_atomically(out_dir: str, files: dict[str, bytes], force: bool) -> None:
+    out_dir = os.path.abspath(out_dir)
+    parent, base = os.path.dirname(out_dir), os.path.basename(out_dir)
+    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    old = None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for fname, content in files.items():
+            with open(os.path.join(tmp, fname), "wb") as f:
+                f.write(content)
+        if os.path.isdir(out_dir):
+            if os.listdir(out_dir):
+                if not force:
+                    raise ExportError(f"{out_dir} exists and is not empty (force=True / --force replaces it)")
+                old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
+                os.rename(out_dir, os.path.join(old, base))
+            else:
+                os.rmdir(out_dir)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.exists(out_dir):
+            os.rename(os.path.join(old, base), out_dir)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def export(func_or_result, out_dir, *, name: str | None = None, target=None, topk: int = 20, ref=None,
+           options=None, opt_shapes: dict | None = None, database=None, config=None, seed: int = 0,
+           force: bool = False, **overrides) -> ExportResult:
+    """Export a tuned kernel to ``out_dir`` for C++ hosts (see the module docstring).
+
+    ``func_or_result``: a PrimFunc (tuned here through the same path as ``fastdlight.tune``:
+    ``target``, ``topk``, ``options``/keywords of :class:`TuneOptions`, ``opt_shapes``,
+    ``database``; without a GPU candidates are compiled and ranked by predicted cost) or an
+    already tuned :class:`CompileResult` (its config is re-applied). ``ref``: the float64 numpy
+    reference the example checks against (default: the function widened to float64, run on
+    the CPU). ``name``: the C name (default: the function's). ``out_dir`` must not exist, be
+    empty, or ``force=True``. Raises :class:`ExportError` (one line) for what cannot be exported."""
+    import tvm
+
+    from .. import __version__
+    from ..tune import build_task
+
+    out_dir = os.fspath(out_dir)
+    if name is not None and not re.fullmatch(r"[A-Za-z_]\w*", name):
+        raise ExportError(f"bad name {name!r}: use a C identifier")
+    _check_out_dir(out_dir, force)
+    func, config, template, latency_ms, arch = _resolve(func_or_result, target, topk, options, opt_shapes,
+                                                        database, overrides, config)
+    name = name or re.sub(r"\W", "_", _default_name(func))
+    try:
+        with arch.target:
+            mod = build_task.as_module(build_task.apply_template(func, config, template))
+    except Exception as e:  # noqa: BLE001 - a stale config, a template bug
+        raise ExportError(f"the config {config!r} does not apply to the function: {type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    source, lowered = lower(mod, arch.target)
+    plan = launch_plan(lowered, func)
+    check_against_source(plan, source)
+
+    inputs = make_inputs(func, seed)
+    expected = reference_outputs(func, inputs, ref)
+    sections, checks = _data_sections(plan, inputs, expected)
+    sections = [s + b"\0" * (-len(s) % 8) for s in sections]  # every section starts 8-byte aligned
+    reference = expected.reference
+    sm = str(arch.target.attrs.get("arch", ""))
+    timed = f"{latency_ms:.4f} ms (tuner, median)" if latency_ms is not None else "not timed"
+    note = f"config {config!r}, target {arch.name} ({sm}), tuned latency: {timed}; fastdlight {__version__}, TVM {tvm.__version__}"
+    header = header_text(name, source, plan, note)
+    example = example_text(name, plan, checks, [len(s) for s in sections], reference)
+    gencode = f"-gencode=arch=compute_{sm[3:]},code={sm}"  # -arch=sm_90a would also build compute_90 PTX
+    build_command = f"nvcc {NVCC_FLAGS} {gencode} {name}_example.cu -o {name}_example"
+    makefile = "\n".join([
+        f"# generated by fastdlight.export: {name}",
+        "NVCC ?= nvcc",
+        f"ARCH ?= {sm[3:]}",
+        f"FLAGS ?= {NVCC_FLAGS}",
+        "",
+        f"{name}_example: {name}_example.cu {name}.cuh",
+        f"\t$(NVCC) $(FLAGS) -gencode=arch=compute_$(ARCH),code=sm_$(ARCH) {name}_example.cu -o $@",
+        "",
+        f"run: {name}_example",
+        f"\t./{name}_example {name}_data.bin",
+        "",
+        ".PHONY: run",
+        "",
+    ])
+    launch_sig = f"cudaError_t {name}_launch({_launch_args(plan)})"
+    kernels = "\n".join(f"- `{ln.kernel}`: grid {ln.grid}, block {ln.block}, {ln.dynamic_smem} bytes of dynamic "
+                        "shared memory" for ln in plan.launches)
+    readme = "\n".join([
+        f"# {name}: exported by fastdlight",
+        "",
+        f"Tuned for {arch.name} ({sm}) with {config!r}; tuned latency: {timed}.",
+        "",
+        f"- `{name}.cuh`: the kernels (CUDA source by TVM) and `{launch_sig}`",
+        f"- `{name}_example.cu`: runs it on `{name}_data.bin`, checks every output element against the "
+        f"{reference} and times it",
+        "",
+        "Build and run (or `make run`):",
+        "",
+        "```",
+        build_command,
+        f"./{name}_example {name}_data.bin",
+        "```",
+        "",
+        "Launches, in order:",
+        kernels,
+        "",
+    ])
+    manifest = {
+        "name": name, "function": _default_name(func), "target": str(arch.target), "gpu": arch.name, "arch": sm,
+        "config": config.to_dict(), "tuned_latency_ms": latency_ms, "reference": reference,
+        "launch": launch_sig, "launches": [ln.to_dict() for ln in plan.launches],
+        "tensor_maps": len(plan.tensor_maps), "build_command": build_command,
+        "params": [{"name": p.name, "dtype": p.dtype, "shape": list(p.shape), "output": p.output} for p in plan.params],
+        "fastdlight": __version__, "tvm": tvm.__version__,
+    }  # fmt: skip
+    files = {
+        f"{name}.cuh": header.encode(),
+        f"{name}_example.cu": example.encode(),
+        f"{name}_data.bin": DATA_MAGIC + b"".join(sections),  # each section padded to 8 bytes
+        "Makefile": makefile.encode(),
+        "README.md": readme.encode(),
+        f"{name}.json": (json.dumps(manifest, indent=1) + "\n").encode(),
+    }
+    _write_atomically(out_dir, files, force)
+    path = os.path.abspath(out_dir)
+    return ExportResult(path, name, *(os.path.join(path, f) for f in files if not f.endswith(".json")),
+                        os.path.join(path, f"{name}.json"), build_command, plan.launches, config, latency_ms, reference)
+
+
+# -- the command line ---------------------------------------------------------------------------
+def add_parser(sub) -> argparse.ArgumentParser:
+    """``fastdlight export``: the operator spec of ``fastdlight tune`` plus ``--out``."""
+    from ..cli import OPS, _positive, _shape_var
+    from ..tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
+
+    p = sub.add_parser(
+        "export", help="tune one operator (or a TVMScript PrimFunc) and export it for C++ hosts",
+        description="Tune like 'fastdlight tune', then write OUT/NAME.cuh (the kernels and NAME_launch), "
+        "OUT/NAME_example.cu (checks the result against a float64 reference and times it), its data, a Makefile "
+        "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
+    p.add_argument("shape", nargs="*", help="dimensions, e.g. 'softmax 4096 4096'")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
+    p.add_argument("--name", help="C name of the export (default: the function's)")
+    p.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    p.add_argument("--file", help="export the TVMScript PrimFunc in this Python file instead of OP")
+    p.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to export")
+    p.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
+                   help="give a symbolic dimension of the --file function a value (repeatable)")
+    p.add_argument("--dtype", default="float16", help="input dtype")
+    p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
+    p.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
+    p.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
+    p.add_argument("--m", type=int, default=1, help="gemv: rows of X")
+    p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
+    p.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
+    p.add_argument("--stride", type=int, default=1, help="conv2d: stride")
+    p.add_argument("--pad", type=int, default=1, help="conv2d: padding")
+    p.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
+    p.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    p.add_argument("--no-measure", action="store_true", help="compile only; export the top-ranked candidate")
+    p.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
+    p.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
+    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
+    p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS, help="timing budget of each finalist")
+    p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS, help="timing budget of the first pass")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example's random inputs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(json=None)
+    return p
+
+
+def run(args) -> int:
+    """The ``fastdlight export`` command: bad input exits 2 with one line (nothing written);
+    a tuning run where no candidate works exits 1."""
+    from ..cli import UsageError
+
+    try:
+        return _run(args)
+    except UsageError as e:  # printed here: under ``python -m fastdlight.cli`` the caller's class differs
+        print(f"fastdlight: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    from ..cli import UsageError, _describe, _one_line, _validate, _workload, resolve_arch
+    from ..tune.runner import TuningError
+
+    _validate(args)
+    if args.name is not None and not re.fullmatch(r"[A-Za-z_]\w*", args.name):
+        raise UsageError(f"bad --name {args.name!r}: use a C identifier")
+    out = os.path.abspath(args.out)
+    try:
+        _check_out_dir(out, args.force)
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    if not args.serial:  # start the build workers now: they import TVM while we do
+        from ..tune.pool import shared_pool
+
+        shared_pool(args.workers).warm_up()
+    fname, func, ref, _flops, _nbytes, _mb, opt_shapes = _workload(args)
+    arch, can_measure, notice = resolve_arch(args.target)
+    measure = can_measure and not args.no_measure
+    if notice:
+        print(notice)
+    print(f"Exporting {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
+          + ("" if measure else ", compile-only"))
+    try:
+        result = export(func, out, name=args.name or re.sub(r"\W", "_", fname), target=arch, topk=args.topk,
+                        ref=ref, opt_shapes=opt_shapes, seed=args.seed, force=args.force, measure=measure,
+                        parallel_build=not args.serial, max_workers=args.workers, timeout=args.timeout,
+                        budget_ms=args.budget_ms, screen_ms=args.screen_ms,
+                        progress=not args.quiet and sys.stderr.isatty())
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
+        raise UsageError(f"cannot export {fname}: {_one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        print("fastdlight: export failed: no candidate could be used", file=sys.stderr)
+        return 1
+    timed = f"{result.latency_ms:.4f} ms (tuner)" if result.latency_ms is not None else "not timed"
+    print(f"Exported {result.config!r}, {timed}, to {result.out_dir}:")
+    for ln in result.launches:
+        print(f"  {ln.kernel}<<<{ln.grid}, {ln.block}, {ln.dynamic_smem}>>>")
+    print(f"Build and run: cd {result.out_dir} && {result.build_command} && ./{result.name}_example")
+    return 0
+
+
+__all__ = ["export", "ExportError", "ExportResult", "Launch", "LaunchPlan", "launch_plan", "lower"]
+
+
+class _CallableModule(types.ModuleType):
+    """``fastdlight.export(...)`` calls :func:`export` once this submodule is imported too (the
+    import binds the module to the package attribute), as ``fastdlight.tune`` does."""
+
+    def __call__(self, *args, **kwargs):
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
