@@ -156,7 +156,7 @@ def verify_module(module, wl: Workload, expected: Expected) -> Verdict:
 
 # -- the run ---------------------------------------------------------------------------------
 def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CUDA | str | None = None,
-                    parallel_build: bool = True, options: TuneOptions | None = None,
+                    parallel_build: bool | None = None, options: TuneOptions | None = None,
                     **overrides) -> tuple[list[CompileResult], CompileResult]:
     """Build, time, verify ``configs`` for ``func`` on ``arch``; return ``(ranked results, best)``.
 
@@ -165,7 +165,9 @@ def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CU
     unknown keyword is a TypeError. ``best`` is the fastest verified candidate (with
     ``check="none"``: the fastest; without a GPU: the top-ranked one that compiled). Raises
     :class:`TuningError` when no candidate is usable."""
-    opts = TuneOptions.of(options, parallel_build=parallel_build, **overrides)
+    if parallel_build is not None:  # given: it wins over options.parallel_build (default: True)
+        overrides["parallel_build"] = parallel_build
+    opts = TuneOptions.of(options, **overrides)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         p = plan(func, configs, arch, opts, out_dir)

@@ -280,3 +280,22 @@ def test_the_first_pass_times_each_candidate_for_the_screen_budget(monkeypatch):
     monkeypatch.setattr(timer, "time", lambda module, budget_ms: budgets.append(budget_ms) or Timing(1.0, (1.0,)))
     timer.measure(_row(0, None))
     assert budgets == [15, 10]  # never more than the full budget
+
+
+@pytest.mark.parametrize("given, options, expected", [(None, False, False), (None, True, True), (False, True, False)])
+def test_parallel_build_comes_from_options_unless_given(monkeypatch, given, options, expected):
+    from fastdlight.tune import runner
+    from fastdlight.tune.options import TuneOptions
+
+    seen = []
+
+    def record(func, configs, arch, opts, out_dir):
+        seen.append(opts.parallel_build)
+        raise TuningError("stop here")
+
+    monkeypatch.setattr(runner, "plan", record)
+    op = ops.elementwise((64, 64), "float32")
+    kwargs = {} if given is None else {"parallel_build": given}
+    with pytest.raises(TuningError, match="stop here"):
+        runner.apply_and_build(op.func, [], "nvidia/nvidia-h100", options=TuneOptions(parallel_build=options), **kwargs)
+    assert seen == [expected]
