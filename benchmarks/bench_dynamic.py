@@ -22,19 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_setup import open_log  # noqa: E402
 
 
-def decode_matmul(n: int, k: int):
-    from tvm import te, tirx
-
-    m, n, k = tirx.Var("m", "int64"), tirx.IntImm("int64", n), tirx.IntImm("int64", k)
-    A = te.placeholder((m, k), "float16", name="A")
-    W = te.placeholder((n, k), "float16", name="W")
-    r = te.reduce_axis((0, k), name="k")
-    acc = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
-                     name="acc")
-    C = te.compute((m, n), lambda i, j: acc[i, j].astype("float16"), name="C")
-    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "decode_mm")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)
@@ -45,11 +32,12 @@ def main() -> int:
     args = ap.parse_args()
     out_dir, log = open_log("dynamic")
 
+    from fastdlight import ops
     from fastdlight.arch import auto_arch
     from fastdlight.tune.dynamic import check_dispatch, tune_dispatch
     from fastdlight.tune.options import TuneOptions
 
-    arch, func = auto_arch(), decode_matmul(args.n, args.k)
+    arch, func = auto_arch(), ops.matmul_symbolic_rows(args.n, args.k)
     values = [int(v) for v in args.values.split(",")]
     opts = TuneOptions()
     t0 = time.perf_counter()

@@ -83,6 +83,39 @@ def _one_line(e: BaseException) -> str:
     return f"{first} (at {where})" if where else first
 
 
+def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) -> None:
+    """The operator (OP SHAPE... or --file) and its options, shared by ``tune`` and ``export``."""
+    p.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
+    p.add_argument("shape", nargs="*", help=f"dimensions, {example}")
+    p.add_argument("--file", help=f"{verb} the TVMScript PrimFunc in this Python file instead of OP")
+    p.add_argument("--func", help=f"with --file: the PrimFunc (or IRModule function) to {verb}")
+    p.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
+                   help="give a symbolic dimension of the --file function a value (repeatable); "
+                        "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
+    p.add_argument("--dtype", default="float16", help="input dtype")
+    p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
+    p.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
+    p.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
+    p.add_argument("--m", type=int, default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
+    p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
+    p.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
+    p.add_argument("--stride", type=int, default=1, help="conv2d: stride")
+    p.add_argument("--pad", type=int, default=1, help="conv2d: padding")
+
+
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
+    """How candidates are built and timed, shared by ``tune`` and ``export``."""
+    p.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
+    p.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    p.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
+    p.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
+    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
+    p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
+                   help="timing budget of each finalist (the fastest few, timed again)")
+    p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
+                   help="timing budget of the first pass over every candidate")
+
+
 # -- argument parsing ---------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -100,32 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Without a GPU every candidate is still compiled to a cubin and ranked by predicted cost.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
-    tune.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
-    tune.add_argument("shape", nargs="*", help="dimensions, e.g. 'matmul 4096 4096 4096'")
-    tune.add_argument("--file", help="tune the TVMScript PrimFunc in this Python file instead of OP")
-    tune.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to tune")
-    tune.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
-                      help="give a symbolic dimension of the --file function a value (repeatable); "
-                           "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
-    tune.add_argument("--dtype", default="float16", help="input dtype")
-    tune.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
-    tune.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
-    tune.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
-    tune.add_argument("--m", type=int, default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
-    tune.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
-    tune.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
-    tune.add_argument("--stride", type=int, default=1, help="conv2d: stride")
-    tune.add_argument("--pad", type=int, default=1, help="conv2d: padding")
-    tune.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
-    tune.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    add_workload_arguments(tune, "tune", "e.g. 'matmul 4096 4096 4096'")
     tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
-    tune.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
-    tune.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
-    tune.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
-    tune.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
-                      help="timing budget of each finalist (the fastest few, timed again)")
-    tune.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
-                      help="timing budget of the first pass over every candidate")
+    add_build_arguments(tune)
     tune.add_argument("--timing", default="rotate", choices=("rotate", "flush"),
                       help="rotate: cycle inputs through copies so none is in L2 (default); "
                            "flush: flush L2 and synchronize before each launch")

@@ -109,6 +109,22 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, ac
     return Op(f"matmul_{layout}", _prim_func([A, B, C], "matmul"), ref, 2.0 * nb * m * n * k, nbytes)
 
 
+def matmul_symbolic_rows(n, k, dtype="float16") -> tirx.PrimFunc:
+    """C[m, n] = dtype(A[m, k] @ W[n, k]^T), summed in fp32, with the row count ``m`` symbolic and
+    every dimension int64 (as Relax's legalization builds it): an LLM layer's GEMM at any number
+    of tokens, for :func:`fastdlight.tune_dispatch`."""
+    _check_shape(n, k)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    m, n, k = tirx.Var("m", "int64"), tirx.IntImm("int64", n), tirx.IntImm("int64", k)
+    A = te.placeholder((m, k), dtype, name="A")
+    W = te.placeholder((n, k), dtype, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    acc = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
+                     name="acc")
+    C = te.compute((m, n), lambda i, j: acc[i, j].astype(dtype), name="C")
+    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "matmul_symbolic_rows")
+
+
 def matmul_bias_relu(m, n, k, dtype="float16") -> Op:
     """D = dtype(relu(A·Bᵀ + bias)) with the product accumulated in fp32: a matmul followed by an
     epilogue (bias, relu, cast) that templates fuse into the same kernel."""

@@ -343,8 +343,7 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
 # -- the command line ---------------------------------------------------------------------------
 def add_parser(sub) -> argparse.ArgumentParser:
     """``fastdlight export``: the operator spec of ``fastdlight tune`` plus ``--out``."""
-    from ..cli import OPS, _positive, _shape_var
-    from ..tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
+    from ..cli import OPS, add_build_arguments, add_workload_arguments
 
     p = sub.add_parser(
         "export", help="tune one operator (or a TVMScript PrimFunc) and export it for C++ hosts",
@@ -353,32 +352,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
-    p.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
-    p.add_argument("shape", nargs="*", help="dimensions, e.g. 'softmax 4096 4096'")
+    add_workload_arguments(p, "export", "e.g. 'softmax 4096 4096'")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
     p.add_argument("--name", help="C name of the export (default: the function's)")
     p.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
-    p.add_argument("--file", help="export the TVMScript PrimFunc in this Python file instead of OP")
-    p.add_argument("--func", help="with --file: the PrimFunc (or IRModule function) to export")
-    p.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
-                   help="give a symbolic dimension of the --file function a value (repeatable)")
-    p.add_argument("--dtype", default="float16", help="input dtype")
-    p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
-    p.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
-    p.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
-    p.add_argument("--m", type=int, default=1, help="gemv: rows of X")
-    p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
-    p.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
-    p.add_argument("--stride", type=int, default=1, help="conv2d: stride")
-    p.add_argument("--pad", type=int, default=1, help="conv2d: padding")
-    p.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
-    p.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
     p.add_argument("--no-measure", action="store_true", help="compile only; export the top-ranked candidate")
-    p.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
-    p.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
-    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
-    p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS, help="timing budget of each finalist")
-    p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS, help="timing budget of the first pass")
+    add_build_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the example's random inputs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(json=None)

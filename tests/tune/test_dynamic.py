@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm import te, tirx
 from tvm.script import tirx as T
 
+from fastdlight import ops
 from fastdlight.arch import CUDA
 from fastdlight.tune.compile import compile_mod_to_cubin
 from fastdlight.tune.dynamic import check_values, default_points, plan_values, tune_dispatch
@@ -18,16 +18,7 @@ COMPILE_ONLY = TuneOptions(measure=False, parallel_build=False)
 
 
 def decode_matmul(n: int, k: int):
-    """C[m, n] = fp16(A[m, k] @ W[n, k]^T) summed in fp32, m symbolic: built with TE and int64
-    dimensions, as Relax's legalization builds it."""
-    m, n, k = tirx.Var("m", "int64"), tirx.IntImm("int64", n), tirx.IntImm("int64", k)
-    A = te.placeholder((m, k), "float16", name="A")
-    W = te.placeholder((n, k), "float16", name="W")
-    r = te.reduce_axis((0, k), name="k")
-    acc = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
-                     name="acc")
-    C = te.compute((m, n), lambda i, j: acc[i, j].astype("float16"), name="C")
-    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "mm")
+    return ops.matmul_symbolic_rows(n, k).with_attr("global_symbol", "mm")
 
 
 @T.prim_func(s_tir=True)
