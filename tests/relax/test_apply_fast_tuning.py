@@ -113,6 +113,9 @@ def test_a_symbolic_function_gets_a_dispatcher_at_default_values():
     assert entry.dispatch.count("n<=") + entry.dispatch.count("n=") == 4
     (f,) = prim_funcs(out).values()
     assert f.attrs["tirx.is_scheduled"] and DISPATCHER in f.attrs and "blockIdx.x" in f.script()
+    # the Relax model with its symbolic sequence length builds with the dispatcher in it
+    src = cuda_source(fastdlight.build(out, H100.target))
+    assert src.count("__global__") >= 4 and compile_cubin(src, H100.target).binary
 
 
 def test_a_function_nothing_can_schedule_is_left_with_a_warning(monkeypatch):

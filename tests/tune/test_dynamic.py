@@ -33,6 +33,18 @@ def scale_rows(a: T.handle, b: T.handle):
             B[vi, vj] = A[vi, vj] * T.float32(2)
 
 
+@T.prim_func(s_tir=True)
+def scale_2d(a: T.handle, b: T.handle):
+    T.func_attr({"global_symbol": "scale_2d"})
+    n, c = T.int64(), T.int64()
+    A = T.match_buffer(a, (n, c), "float32")
+    B = T.match_buffer(b, (n, c), "float32")
+    for i, j in T.grid(n, c):
+        with T.sblock("B"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] * T.float32(2)
+
+
 def test_plan_values_defaults_and_errors():
     values, defaulted = plan_values(scale_rows, None, H100)
     assert values == (("n", default_points(H100)),) and defaulted == ("n",)
@@ -68,6 +80,15 @@ def test_dispatcher_chain_and_build():
     assert not any(b.config.is_stock for b in d.buckets[1:])
     source, cubin = compile_mod_to_cubin(tvm.IRModule({"scale_rows": d.func}), H100.target)
     assert source.count("__global__") >= 2 and cubin.binary
+
+
+def test_two_variables_dispatch_on_both():
+    d = tune_dispatch(scale_2d, H100, 1, COMPILE_ONLY, {"n": [8, 64], "c": [256, 1024]})
+    assert {tuple(sorted(b.point)) for b in d.buckets} == {(("c", c), ("n", n)) for n in (8, 64) for c in (256, 1024)}
+    text = d.func.script()
+    assert "n <= T.int64(8)" in text and "c <= T.int64(256)" in text  # a chain over c inside each n branch
+    source, cubin = compile_mod_to_cubin(tvm.IRModule({"scale_2d": d.func}), H100.target)
+    assert source.count("__global__") >= 4 and cubin.binary
 
 
 def test_decode_matmul_kernels_are_symbolic_and_compile():
