@@ -26,6 +26,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
+from .reshapes import sink_reshapes
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = None) -> IRModule:
@@ -43,6 +44,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(relax.transform.DecomposeOpsForInference())
     if fp16:
         passes.append(relax.transform.ToMixedPrecision(out_dtype="float32"))
+    passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
     elif layout is not None:

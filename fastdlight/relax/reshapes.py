@@ -1,0 +1,175 @@
+"""Reshapes moved out of the way of fusion: a matmul's elementwise consumers fuse into its kernel.
+
+``torch.export`` writes ``x @ W`` on a ``[B, S, D]`` activation as ``reshape(x, [B*S, D])``,
+a 2-D matmul and a reshape back to ``[B, S, N]``, and batched attention (``q @ k.T`` on
+``[B, H, S, D]``) as ``reshape`` to ``[B*H, S, D]``, a 3-D matmul and a reshape back. FuseOps
+fuses elementwise consumers into a matmul, but not across the reshape back: the bias, the
+activation, the residual add and attention's scaling each became a kernel of their own, about a
+third of a decoder layer's time on an H100.
+
+:func:`sink_reshapes` moves each reshape below the ops that do not care about the shape
+(elementwise ops, and norms and softmax over a last axis the reshape keeps), reshaping a
+full-size second operand the other way, until it meets the next matmul's flattening reshape and
+the two cancel. The matmuls keep the rank they were exported with (2-D rows, one batch axis),
+which is what the tensor-core templates take.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir import IRModule
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+#: elementwise ops a reshape moves below (``op(reshape(x)) == reshape(op(x))``)
+UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
+         "relax.tanh", "relax.exp", "relax.negative", "relax.sqrt", "relax.rsqrt")  # fmt: skip
+BINARY = ("relax.add", "relax.multiply", "relax.subtract", "relax.divide", "relax.maximum", "relax.minimum")
+#: ops over the last axis only (``attrs.axis`` / ``attrs.axes`` = the last axis), extra
+#: arguments (gamma, beta) over that axis
+LAST_AXIS = ("relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.rms_norm")
+#: rounds of rewriting (each moves a reshape one op further down)
+MAX_ROUNDS = 16
+
+
+def _shape(expr) -> list[int] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    shape = ty.shape
+    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(v, tvm.tirx.IntImm) for v in shape.values):
+        return None
+    return [int(v) for v in shape.values]
+
+
+class _Bindings:
+    """The values of a function's bound variables: patterns see ``lv3``, the rules need to know
+    that ``lv3 = reshape(lv2, ...)``."""
+
+    def __init__(self):
+        self.values = {}
+
+    def update(self, func) -> None:
+        self.values = relax.analysis.get_var2val(func)
+
+    def call(self, expr, *ops):
+        """The call ``expr`` is (or is bound to) when its op is one of ``ops``, else None."""
+        value = self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:
+            return value
+        return None
+
+
+def _any_of(patterns):
+    out = patterns[0]
+    for p in patterns[1:]:
+        out = out | p
+    return out
+
+
+def _merge_rule(bindings: _Bindings):
+    """``reshape(reshape(x))`` as one reshape; a reshape or ``broadcast_to`` to the shape the
+    tensor already has dropped."""
+    x, shape = wildcard(), wildcard()
+    pattern = is_op("relax.reshape")(x, shape) | is_op("relax.broadcast_to")(x, shape)
+
+    def rewrite(call, matches):
+        inner = matches[x]
+        if call.op.name == "relax.reshape":
+            while (reshape := bindings.call(inner, "relax.reshape")) is not None:
+                inner = reshape.args[0]
+        s_in, s_out = _shape(inner), _shape(call)
+        if s_in is None or s_out is None:
+            return call
+        if s_in == s_out:
+            return inner
+        if not inner.same_as(matches[x]):
+            return relax.op.reshape(inner, s_out)
+        return call
+
+    return pattern, rewrite
+
+
+def _unary_rule(bindings: _Bindings):
+    x, shape = wildcard(), wildcard()
+    pattern = _any_of([is_op(op)(is_op("relax.reshape")(x, shape)) for op in UNARY])
+
+    def rewrite(call, matches):
+        inner, s_out = matches[x], _shape(call)
+        if _shape(inner) is None or s_out is None:
+            return call
+        return relax.op.reshape(relax.Call(call.op, [inner], call.attrs, call.ty_args), s_out)
+
+    return pattern, rewrite
+
+
+def _binary_rule(bindings: _Bindings):
+    """``op(reshape(x), y)``: ``y`` a scalar or over trailing axes the reshape keeps (a bias, a
+    scale) broadcasts the same way against ``x``; ``y`` of the full shape is reshaped to ``x``'s."""
+    x, shape, other = wildcard(), wildcard(), wildcard()
+    reshaped = is_op("relax.reshape")(x, shape)
+    pattern = _any_of([p for op in BINARY for p in (is_op(op)(reshaped, other), is_op(op)(other, reshaped))])
+
+    def rewrite(call, matches):
+        inner, y = matches[x], matches[other]
+        s_in, s_out, s_y = _shape(inner), _shape(call), _shape(y)
+        if None in (s_in, s_out, s_y) or len(s_in) >= len(s_out):
+            return call  # only un-flattening reshapes move: the flattened operand's reshape must stay
+        if s_y == s_out and len(s_out) > 0:
+            y = relax.op.reshape(y, s_in)
+        elif len(s_y) > min(len(s_in), len(s_out)) or (s_y and s_in[-len(s_y):] != s_out[-len(s_y):]):
+            return call
+        args = [y, inner] if call.args[0].same_as(matches[other]) else [inner, y]
+        return relax.op.reshape(relax.Call(call.op, args, call.attrs, call.ty_args), s_out)
+
+    return pattern, rewrite
+
+
+def _last_axis_rule(bindings: _Bindings):
+    x, shape = wildcard(), wildcard()
+    reshaped = is_op("relax.reshape")(x, shape)
+    pattern = _any_of([is_op(op)(reshaped) for op in LAST_AXIS[:2]]
+                      + [is_op("relax.nn.layer_norm")(reshaped, wildcard(), wildcard()),
+                         is_op("relax.nn.rms_norm")(reshaped, wildcard())])  # fmt: skip
+
+    def rewrite(call, matches):
+        inner = matches[x]
+        s_in, s_out = _shape(inner), _shape(call)
+        if s_in is None or s_out is None or not s_in or s_in[-1] != s_out[-1]:
+            return call
+        axes = getattr(call.attrs, "axes", None)
+        axes = [int(a) for a in axes] if axes is not None else [int(call.attrs.axis)]
+        if axes != [-1]:  # counted from the end, the axis means the same in x's rank
+            return call
+        moved = relax.Call(call.op, [inner, *call.args[1:]], call.attrs, call.ty_args)
+        return relax.op.reshape(moved, s_out)
+
+    return pattern, rewrite
+
+
+RULES = (_merge_rule, _unary_rule, _binary_rule, _last_axis_rule)
+
+
+def sink_reshapes() -> tvm.transform.Pass:
+    """The Relax pass (before ``LegalizeOps``; see the module docstring)."""
+    bindings = _Bindings()
+    rules = [rule(bindings) for rule in RULES]
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.SinkReshapes")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        out = mod.clone()
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function):
+                continue
+            for _ in range(MAX_ROUNDS):
+                before = func
+                for pattern, rewrite in rules:
+                    bindings.update(func)
+                    func = rewrite_call(pattern, rewrite, func)
+                if before.same_as(func) or tvm_ffi.structural_equal(before, func):
+                    break
+            out[gvar] = relax.analysis.remove_all_unused(func)
+        return out
+
+    return run

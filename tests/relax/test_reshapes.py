@@ -1,0 +1,99 @@
+"""sink_reshapes: the reshape back after a flattened matmul moves below the elementwise ops, norms
+and softmax that follow, so FuseOps puts them into the matmul's kernel; the module computes the
+same values (CPU build)."""
+
+import pathlib
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.script import relax as R
+
+from fastdlight.arch import CUDA
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.relax.reshapes import sink_reshapes
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+@tvm.script.ir_module
+class Layer:
+    @R.function
+    def main(x: R.Tensor((2, 8, 16), "float32"), w1: R.Tensor((16, 32), "float32"), b1: R.Tensor((32,), "float32"),
+             w2: R.Tensor((32, 16), "float32"), g: R.Tensor((16,), "float32"), q: R.Tensor((2, 4, 8, 8), "float32"),
+             k: R.Tensor((2, 4, 8, 8), "float32")):
+        with R.dataflow():
+            a = R.reshape(x, R.shape([16, 16]))
+            h = R.matmul(a, w1)
+            h3 = R.reshape(h, R.shape([2, 8, 32]))
+            h3 = R.nn.gelu(R.add(h3, b1))
+            h2 = R.reshape(h3, R.shape([16, 32]))
+            o = R.matmul(h2, w2)
+            o3 = R.reshape(o, R.shape([2, 8, 16]))
+            r = R.add(x, o3)
+            n = R.nn.layer_norm(r, g, g, axes=[-1])
+            qf = R.reshape(q, R.shape([8, 8, 8]))
+            kf = R.reshape(R.permute_dims(k, [0, 1, 3, 2]), R.shape([8, 8, 8]))
+            s = R.reshape(R.matmul(qf, kf), R.shape([2, 4, 8, 8]))
+            p = R.nn.softmax(R.multiply(s, R.const(0.125, "float32")), axis=-1)
+            out = (n, p)
+            R.output(out)
+        return out
+
+
+def run_cpu(mod, args):
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return [t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in args])]
+
+
+def ops_feeding_matmul_outputs(mod) -> list[str]:
+    """The op right after each matmul."""
+    func = mod["main"]
+    values = relax.analysis.get_var2val(func)
+    after = []
+    for var, value in values.items():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name != "relax.matmul":
+            for arg in value.args:
+                producer = values.get(arg)
+                if isinstance(producer, relax.Call) and getattr(producer.op, "name", "") == "relax.matmul":
+                    after.append(value.op.name)
+    return sorted(after)
+
+
+def test_the_reshapes_move_below_the_elementwise_ops_and_the_values_stay():
+    sunk = sink_reshapes()(Layer)
+    assert ops_feeding_matmul_outputs(Layer).count("relax.reshape") == 3
+    assert "relax.reshape" not in ops_feeding_matmul_outputs(sunk)  # bias, residual, scale follow directly
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in Layer["main"].params]
+    for want, got in zip(run_cpu(Layer, args), run_cpu(sunk, args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_flattening_reshape_stays_where_it_is():
+    @tvm.script.ir_module
+    class Flat:
+        @R.function
+        def main(x: R.Tensor((2, 8, 16), "float32"), y: R.Tensor((16, 16), "float32")):
+            with R.dataflow():
+                out = R.add(R.reshape(x, R.shape([16, 16])), y)
+                R.output(out)
+            return out
+
+    sunk = sink_reshapes()(Flat)
+    assert tvm_ffi.structural_equal(sunk["main"], Flat["main"])
+
+
+def test_a_decoder_layer_fuses_bias_activation_residual_and_attention_scale_into_its_matmuls():
+    mod = tvm.script.from_source((FIXTURES / "decoder_ln.py").read_text())
+    names = list(prim_funcs(prepare(H100.target)(for_inference(mod))))
+    matmuls = [n for n in names if "matmul" in n]
+    assert any("gelu" in n and "add" in n for n in matmuls), matmuls  # FFN up: bias + GELU
+    assert any("multiply" in n for n in matmuls), matmuls  # attention's 1/sqrt(d)
+    assert sum(n.endswith("_add") for n in matmuls) >= 2, matmuls  # the two residual adds
+    assert not [n for n in names if "gelu" in n and "matmul" not in n]
+    assert any("softmax_cast" in n for n in names)  # the cast to fp16 joins the softmax
