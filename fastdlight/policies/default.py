@@ -212,9 +212,15 @@ class _Elementwise(_Planner):
         bits = max((a.tensor.bits for a in inner), default=info.write.tensor.bits)
         self.vec = largest_pow2_divisor(self.extents[-1], self.vector_cap(bits))
         gathered = [a.tensor.bits for a in info.reads if a.is_param and a.innermost_axis() != last]
-        if gathered and min(gathered) < 32:
-            self.vec = min(self.vec, GATHER_MAX_LANES)
+        #: the lanes of every vector (the stores' too: a store packs the gathered values)
+        self.lane_cap = GATHER_MAX_LANES if gathered and min(gathered) < 32 else None
+        if self.lane_cap:
+            self.vec = min(self.vec, self.lane_cap)
         self.nbufs = [a.tensor.bits for a in (*info.reads, info.write) if a.is_param]
+
+    def widths(self, per_iter_run):
+        out = super().widths(per_iter_run)
+        return {k: min(w, self.lane_cap) for k, w in out.items()} if self.lane_cap else out
 
     def parallelism(self):
         return math.prod(self.extents) // self.vec

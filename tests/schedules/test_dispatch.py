@@ -133,7 +133,8 @@ def test_fallback_handles_reductions_and_chains():
         assert cubin.binary
 
 
-def test_a_gathered_fp16_vector_compiles():
+@pytest.mark.parametrize("batch_heads", [None, (4, 16)])
+def test_a_gathered_fp16_vector_compiles(batch_heads):
     """A slice + transpose fusion (attention's K^T in a decoder layer): the output is stored in
     vectors while the input is read across rows. TVM packs 8 gathered fp16 lanes with an
     8-argument make_uint4 that nvcc rejects, so the policy caps such vectors at 4 lanes."""
@@ -144,11 +145,16 @@ def test_a_gathered_fp16_vector_compiles():
     from fastdlight.policies.default import GATHER_MAX_LANES
     from fastdlight.schedules import apply_config
 
-    qkv = te.placeholder((3, 16, 256, 64), "float16", name="qkv")
-    kt = te.compute((16, 64, 256), lambda h, d, s: qkv[1, h, s, d], name="kt")
+    if batch_heads is None:
+        qkv = te.placeholder((3, 16, 256, 64), "float16", name="qkv")
+        kt = te.compute((16, 64, 256), lambda h, d, s: qkv[1, h, s, d], name="kt")
+    else:  # heads of several sequences flattened into one batch axis (the decoder_ln fixture)
+        b, h = batch_heads
+        qkv = te.placeholder((3, b, h, 512, 128), "float16", name="qkv")
+        kt = te.compute((b * h, 128, 512), lambda bh, d, s: qkv[1, bh // h, bh % h, s, d], name="kt")
     func = te.create_prim_func([qkv, kt])
     h100 = CUDA("nvidia/nvidia-h100")
-    configs = DefaultPolicy(func, h100).emit_config(4)
+    configs = DefaultPolicy(func, h100).emit_config(8)
     assert configs and all(max(dict(c.vectorize).values(), default=1) <= GATHER_MAX_LANES for c in configs)
     with h100.target:
         _, cubin = compile_mod_to_cubin(apply_config(func, configs[0]).mod, "nvidia/nvidia-h100")
