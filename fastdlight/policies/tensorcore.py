@@ -18,11 +18,10 @@ from ..arch import CUDA
 from .config import Config
 from .matmul_match import MatmulMatch, match_matmul  # noqa: F401 - part of this module's API
 
-#: (in dtype, accumulator dtype) pairs TVM 0.27 has ldmatrix + mma.sync intrinsics for.
-#: bfloat16 is missing: ``tvm.s_tir.tensor_intrin.cuda`` registers no bf16 mma intrinsic, so bf16
-#: matmuls go to the CUDA-core path (reason "no bf16 mma intrinsic in TVM").
-SUPPORTED_MMA = {("float16", "float32"), ("float16", "float16"), ("int8", "int32")}
-DTYPE_ABBR = {"float16": "f16", "float32": "f32", "int8": "i8", "int32": "i32"}
+#: (in dtype, accumulator dtype) pairs with ldmatrix + mma.sync intrinsics: TVM 0.27's, and bf16
+#: with an fp32 accumulator, which the template registers (``matmul_tensorcore.bf16_intrinsic``)
+SUPPORTED_MMA = {("float16", "float32"), ("float16", "float16"), ("bfloat16", "float32"), ("int8", "int32")}
+DTYPE_ABBR = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int8": "i8", "int32": "i32"}
 NBYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}
 
 
@@ -68,22 +67,13 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
     if match is None:
         return None, reason
     pair = (match.in_dtype, match.acc_dtype)
-    wgmma = _wgmma_takes(func, arch)
-    if match.in_dtype == "bfloat16" and not wgmma:
-        return None, "no bf16 mma intrinsic in TVM 0.27 (tvm.s_tir.tensor_intrin.cuda) and no wgmma (needs sm_90a): CUDA cores"
-    if match.in_dtype == "bfloat16":
-        instructions = ("wgmma",)
-    elif pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
-        return None, f"dtypes {pair} have no tensor-core path"
-    elif match.in_dtype == "int8" and match.layout != "NT":
-        # TVM 0.27 has no int8 A-trans ldmatrix and its int8 B non-trans "ldmatrix" is a manual
-        # loop; transposing int8 operands while copying them to shared memory crashed on the
-        # GPU (illegal access) in an earlier version of the template: CUDA cores instead
-        return None, f"int8 layout {match.layout}: tensor cores only for NT (A and B K-inner)"
-    elif min(match.m, match.n, match.k) < 16:
+    if min(match.m, match.n, match.k) < 16:
         return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
-    else:
-        instructions = ("wgmma", "mma.sync") if wgmma else ("mma.sync",)
+    wgmma = _wgmma_takes(func, arch)
+    mma_reason = _mma_sync_refusal(match, arch)
+    instructions = (("wgmma",) if wgmma else ()) + (() if mma_reason else ("mma.sync",))
+    if not instructions:
+        return None, mma_reason
     smem_a_k_inner, smem_b_k_inner = smem_layout(match)
     tags = {
         "in_dtype": match.in_dtype,
@@ -102,6 +92,23 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         "epilogue": match.num_epilogue,
     }
     return tags, ""
+
+
+def _mma_sync_refusal(match: MatmulMatch, arch: CUDA) -> str:
+    """Why the mma.sync template cannot take this matmul ("" when it can)."""
+    pair = (match.in_dtype, match.acc_dtype)
+    if pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
+        return f"dtypes {pair} have no tensor-core path"
+    if match.in_dtype == "int8" and match.layout != "NT":
+        # TVM 0.27 has no int8 A-trans ldmatrix and its int8 B non-trans "ldmatrix" is a manual
+        # loop; transposing int8 operands while copying them to shared memory crashed on the
+        # GPU (illegal access) in an earlier version of the template: CUDA cores instead
+        return f"int8 layout {match.layout}: tensor cores only for NT (A and B K-inner)"
+    if match.in_dtype == "bfloat16" and match.layout != "NT":
+        # TVM 0.27's CUDA codegen emits a transposing ldmatrix (.trans) only for fp16; for any
+        # other 16-bit type it writes a scalar loop meant for int8: NT needs no .trans
+        return f"bf16 layout {match.layout}: mma.sync only for NT (A and B K-inner: no ldmatrix .trans)"
+    return ""
 
 
 def _wgmma_takes(func, arch: CUDA) -> bool:

@@ -25,7 +25,9 @@ stores), so every tile size works for every shape.
 from __future__ import annotations
 
 import functools
+import itertools
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import (
@@ -57,8 +59,9 @@ C_ROW_PAD = 8  # elements of padding per row of the shared accumulator tile
 @functools.lru_cache(maxsize=1)
 def register_intrinsics() -> None:
     """Import TVM's CUDA tensor intrinsics (~20 s the first time in a process) and register the
-    ones fastdlight needs that TVM lacks: int8 ldmatrix from ``shared.dyn`` and an int32
-    accumulator store to ``shared.dyn`` (built with TVM's own intrinsic generators)."""
+    ones fastdlight needs that TVM lacks, built with TVM's own intrinsic generators: int8
+    ldmatrix from ``shared.dyn``, an int32 accumulator store to ``shared.dyn``, and the bf16
+    ldmatrix and mma.sync intrinsics (:func:`bf16_intrinsic`)."""
     from tvm.s_tir import TensorIntrin
     from tvm.s_tir.tensor_intrin import cuda
 
@@ -67,9 +70,31 @@ def register_intrinsics() -> None:
         "mma_ldmatrix_i8_a_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),
         "mma_ldmatrix_i8_b_trans_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn"),
     }
+    for operand, trans in itertools.product("AB", (False, True)):
+        name = f"mma_ldmatrix_bf16_{operand.lower()}{'_trans' if trans else ''}_dyn"
+        missing[name] = functools.partial(
+            bf16_intrinsic, cuda.get_ldmatrix_intrin, 16, "float16", operand, trans, "shared.dyn")
+    for trans_a, trans_b in itertools.product((False, True), repeat=2):
+        name = f"mma_bf16bf16f32{'_trans_a' if trans_a else ''}{'_trans_b' if trans_b else ''}"
+        missing[name] = functools.partial(
+            bf16_intrinsic, cuda.get_mma_intrin, 16, "float16", "float16", "float32", trans_a, trans_b)
     for name, make in missing.items():
         if TensorIntrin.get(name, allow_missing=True) is None:
             TensorIntrin.register(name, *make())
+
+
+def bf16_intrinsic(make, *args):
+    """TVM's fp16 generator's (desc, impl) with bf16 operands. TVM 0.27's generators assert
+    fp16 for the 16-bit shapes, though ldmatrix moves any 16-bit type (``.b16``) and mma.sync
+    has the same m16n8k16 shape for bf16 (``.bf16``, fp32 accumulator): the fp16 functions are
+    re-read with the operand type renamed. Only the non-transposing ldmatrix compiles to the
+    instruction for bf16 (the template takes bf16 in the NT layout only)."""
+
+    def renamed(func):
+        text = func.script().replace('"float16"', '"bfloat16"').replace('"fp16"', '"bf16"')
+        return tvm.script.from_source(text)
+
+    return tuple(renamed(f) for f in make(*args))
 
 
 def config_fits(match: MatmulMatch, config: Config) -> bool:
@@ -106,8 +131,8 @@ class TensorCoreMatmulTemplate(ScheduleTemplate):
         match, _reason = match_matmul(func)
         if match is None or (match.in_dtype, match.acc_dtype) not in SUPPORTED_MMA:
             return None
-        if match.in_dtype == "int8" and match.layout != "NT":
-            return None  # TVM's int8 ldmatrix needs K-inner A and B (see tensorcore_tags)
+        if match.in_dtype in ("int8", "bfloat16") and match.layout != "NT":
+            return None  # int8 and bf16 ldmatrix need K-inner A and B (see tensorcore._mma_sync_refusal)
         if not config_fits(match, config):
             return None
         register_intrinsics()
@@ -313,7 +338,7 @@ def unroll_in_nvcc(sch: s_tir.Schedule, loop) -> None:
 def use_swizzle(match: MatmulMatch, row_elems: int) -> bool:
     """TVM's permuted layout XORs 16-byte chunks of fp16 rows of >= 32 elements. It permutes
     8-element chunks, which splits int8's 16-element ldmatrix rows, so int8 is padded instead."""
-    return match.in_dtype == "float16" and row_elems % 32 == 0
+    return match.in_dtype in ("float16", "bfloat16") and row_elems % 32 == 0
 
 
 def apply_tensorcore(func: tirx.PrimFunc, config: Config) -> s_tir.Schedule:

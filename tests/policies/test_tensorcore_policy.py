@@ -46,13 +46,23 @@ def test_batched_and_sm90a():
     assert CUDA(H100).arch == "sm_90a"  # Dlight's check_sm_version gives -1 here: we must not
 
 
-def test_bf16_takes_tensor_cores_only_through_wgmma():
-    op = ops.matmul(256, 128, 64, "bfloat16", "float32")
+def test_bf16_nt_takes_mma_sync_everywhere_and_wgmma_on_sm_90a():
+    op = ops.matmul(256, 128, 64, "bfloat16", "float32", "NT")
     _, tags = get_tensorized_func_and_tags(op.func, H100)
-    assert tags["instructions"] == ("wgmma",) and tags["intrin_group"] is None
-    assert {c.kind for c in TensorCorePolicy(op.func, CUDA(H100), tags).emit_config(6)} == {"matmul_wgmma"}
-    out, tags = get_tensorized_func_and_tags(op.func, A100)
-    assert tags is None and "bf16" in tensorcore_tags(op.func, A100)[1]
+    assert tags["instructions"] == ("wgmma", "mma.sync") and tags["intrin_group"]["compute"] == "mma_bf16bf16f32_trans_b"
+    _, tags = get_tensorized_func_and_tags(op.func, A100)
+    assert tags["instructions"] == ("mma.sync",) and tags["intrin_group"]["load_a"] == "mma_ldmatrix_bf16_a_dyn"
+    assert {c.kind for c in TensorCorePolicy(op.func, CUDA(A100), tags).emit_config(6)} == {"matmul_tc"}
+    # decode-sized bf16 (M = 16: below wgmma's 64 rows) reaches tensor cores through mma.sync
+    _, tags = get_tensorized_func_and_tags(ops.matmul(16, 4096, 4096, "bfloat16", "float32", "NT").func, H100)
+    assert tags["instructions"] == ("mma.sync",)
+    # other layouts would need ldmatrix .trans, which TVM emits for fp16 only: wgmma or CUDA cores
+    nn = ops.matmul(256, 128, 64, "bfloat16", "float32", "NN").func
+    assert get_tensorized_func_and_tags(nn, H100)[1]["instructions"] == ("wgmma",)
+    assert "bf16 layout NN" in tensorcore_tags(nn, A100)[1]
+    # a bf16 accumulator has no mma.sync form: wgmma alone where it applies, else CUDA cores
+    _, reason = tensorcore_tags(ops.matmul(256, 128, 64, "bfloat16", "bfloat16", "NT").func, A100)
+    assert "bfloat16" in reason
 
 
 def test_fp16_on_sm_90a_gets_both_instructions_and_can_ask_for_one():

@@ -83,6 +83,9 @@ def test_candidate_set_holds_wgmma_and_mma_sync_on_sm_90a_only():
     assert "matmul_wgmma" not in {c.kind for c in a100.configs}
 
 
-def test_bf16_gets_wgmma_where_mma_sync_has_no_intrinsic():
-    first = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16"), H100, 8)))
-    assert first.policy == "TensorCorePolicy" and {c.kind for c in first.configs} == {"matmul_wgmma"}
+def test_bf16_gets_wgmma_first_and_mma_sync_beside_it_where_nt():
+    first = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16", "NT"), H100, 8)))
+    kinds = [c.kind for c in first.configs]
+    assert first.policy == "TensorCorePolicy" and kinds[0] == "matmul_wgmma" and "matmul_tc" in kinds
+    nn = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16", "NN"), H100, 8)))
+    assert {c.kind for c in nn.configs} == {"matmul_wgmma"}

@@ -90,6 +90,13 @@ CASES = {
                   tc(block=(32, 16), warp=(16, 16), rstep=(64,), pipeline_stages=4), (H100,)),
     "raster_no_pipeline": (lambda: ops.matmul(2048, 2048, 256, "float16", "float32", "NT").func,
                            tc(block=(128, 128), warp=(64, 32), rstep=(32,), pipeline_stages=1, rasterization=4), (A100,)),
+    # bf16: ldmatrix + mma.sync.m16n8k16.bf16 (intrinsics the template registers), NT only
+    "bf16_nt": (lambda: ops.matmul(1024, 1024, 1024, "bfloat16", "float32", "NT").func,
+                tc(block=(128, 128), warp=(64, 64), rstep=(32,)), (H100, A100)),
+    "bf16_nt_padded": (lambda: ops.matmul(1000, 520, 264, "bfloat16", "float32", "NT").func,
+                       tc(block=(64, 128), warp=(32, 64), rstep=(32,), pipeline_stages=2), (A100,)),
+    "bf16_nt_batched": (lambda: ops.matmul(512, 256, 128, "bfloat16", "float32", "NT", batch=4).func,
+                        tc(block=(64, 128), warp=(32, 64), rstep=(32,), pipeline_stages=2), (H100,)),
     "epilogue_bias_relu": (lambda: bias_relu_cast(1024, 1024, 512),
                            tc(block=(128, 128), warp=(64, 64), rstep=(32,)), (H100,)),
 }  # fmt: skip
@@ -112,6 +119,9 @@ def test_layouts_dtypes_batch_padding_epilogue_compile():
             assert "bias_ptr" in src and "max(" in src.replace("fmaxf(", "max(")
         if name.startswith("int8_nt"):
             assert "m16n8k32" in src and ".s8.s8.s32" in src
+        if name.startswith("bf16"):
+            assert "m16n8k16" in src and ".bf16.bf16.f32" in src and ".f16.f16" not in src
+            assert src.count("ldmatrix.sync") >= 2 and "* 0 * 16" not in src  # the instruction, not a loop
 
 
 def test_refuses_what_it_cannot_build():
@@ -130,6 +140,8 @@ def test_refuses_what_it_cannot_build():
     # not a tensor-core matmul at all
     assert TEMPLATE.apply_config(ops.matmul(256, 256, 256, "float32").func, good) is None
     assert TEMPLATE.apply_config(ops.softmax(256, 256).func, good) is None
+    bf16_nn = ops.matmul(256, 256, 256, "bfloat16", "float32", "NN")  # would need ldmatrix .trans
+    assert TEMPLATE.apply_config(bf16_nn.func, good) is None
     assert TEMPLATE.kinds == ("matmul_tc",)
 
 
@@ -143,5 +155,21 @@ def test_nhwc_convolutions_compile_as_implicit_gemms():
         assert tags is not None, (n, h, c, k, r)
         config = TensorCorePolicy(tc_func, H100, tags, instructions=("mma.sync",)).emit_config(1)[0]
         jobs.append((tc_func, config, H100))
+    jobs.append((conv2d_nhwc_ohwi_bf16(2, 14, 64, 64), None, H100))  # bf16 as ConvertLayout(NHWC, OHWI) gives it
+    _, tags = get_tensorized_func_and_tags(jobs[-1][0], H100)
+    assert tags is not None and tags["layout"] == "NT"
+    jobs[-1] = (jobs[-1][0], TensorCorePolicy(jobs[-1][0], H100, tags, instructions=("mma.sync",)).emit_config(1)[0], H100)
     for (_, config, _), (src, cubin) in zip(jobs, compile_all(jobs)):
         check_kernel(src, cubin, config, "conv")
+    assert ".bf16.bf16.f32" in src
+
+
+def conv2d_nhwc_ohwi_bf16(n, h, c, k):
+    """A 3x3 stride-1 bf16 convolution with OHWI weights (fp32 accumulation, bf16 out)."""
+    from tvm import te, topi
+
+    data = te.placeholder((n, h, h, c), "bfloat16", name="data")
+    weight = te.placeholder((k, 3, 3, c), "bfloat16", name="weight")
+    conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
+    out = topi.cast(conv, "bfloat16")
+    return te.create_prim_func([data, weight, out])

@@ -40,6 +40,8 @@ CASES = {
     "fp16_fp32_TN": lambda: op_case(2048, 1024, 512, "float16", "float32", "TN"),
     "fp16_fp32_TT": lambda: op_case(512, 512, 512, "float16", "float32", "TT"),
     "fp16_fp16_NT": lambda: op_case(1024, 1024, 512, "float16", "float16", "NT"),
+    "bf16_fp32_NT": lambda: op_case(1024, 2048, 1024, "bfloat16", "float32", "NT"),
+    "bf16_fp32_NT_odd_decode": lambda: op_case(16, 520, 1000, "bfloat16", "float32", "NT"),
     "int8_int32_NT": lambda: op_case(1024, 1024, 1024, "int8", "int32", "NT"),
     "int8_int32_NT_odd": lambda: op_case(1000, 520, 1000, "int8", "int32", "NT"),
     "non_divisible_1000x3000x520": lambda: op_case(1000, 3000, 520, "float16", "float32", "NN"),
