@@ -1,0 +1,253 @@
+"""ResNet-18's convolution layers: what the tuner picks against cuDNN (torch) and stock Dlight.
+
+    python benchmarks/bench_conv.py [--batch 16] [--topk 20] [--only NAME ...] [--layouts NHWC NCHW]
+                                    [--dtypes float16 bfloat16] [--dry-run]
+
+Each case is one layer as FuseOps leaves it in the model (``cast(conv2d(x, w))``, fp32
+accumulation, fp16 or bf16 in and out): NHWC data with OHWI weights (what
+``relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})`` gives) or NCHW with
+OIHW. fastdlight tunes it through ``tune_function`` (its tensor-core and CUDA-core configs and
+stock Dlight's schedules measured together, the fastest verified one wins); then the winner and
+``torch.nn.functional.conv2d`` (cuDNN, ``cudnn.benchmark=True``, channels_last memory for the
+NHWC rows, the same stored tensors) are both timed inside CUDA graphs, alternately in
+``ROUNDS`` rounds, inputs rotated out of L2 (medians). The row gives the winner, the best time of
+each family while tuning, and the ratio to cuDNN.
+
+``--dry-run`` (no GPU): every case's function and its candidate configs, nothing built or timed.
+Writes ``$OUT/bench_conv.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tvm  # noqa: E402
+from tvm import te, topi  # noqa: E402
+
+from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
+from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
+from fastdlight.tune.candidates import candidate_sets, stock_configs, tune_function  # noqa: E402
+from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
+from fastdlight.tune.measure import Workload, function_name  # noqa: E402
+from fastdlight.tune.options import TuneOptions  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    cin: int
+    cout: int
+    size: int  # input height = width
+    kernel: int
+    stride: int
+    pad: int
+
+
+#: ResNet-18 (224x224 input): the stem, each stage's 3x3 layers and its 1x1 stride-2 downsample
+LAYERS = [
+    Layer("stem 7x7/2 3->64 @224", 3, 64, 224, 7, 2, 3),
+    Layer("l1 3x3 64->64 @56", 64, 64, 56, 3, 1, 1),
+    Layer("l2 3x3/2 64->128 @56", 64, 128, 56, 3, 2, 1),
+    Layer("l2 3x3 128->128 @28", 128, 128, 28, 3, 1, 1),
+    Layer("l2 ds 1x1/2 64->128 @56", 64, 128, 56, 1, 2, 0),
+    Layer("l3 3x3/2 128->256 @28", 128, 256, 28, 3, 2, 1),
+    Layer("l3 3x3 256->256 @14", 256, 256, 14, 3, 1, 1),
+    Layer("l3 ds 1x1/2 128->256 @28", 128, 256, 28, 1, 2, 0),
+    Layer("l4 3x3/2 256->512 @14", 256, 512, 14, 3, 2, 1),
+    Layer("l4 3x3 512->512 @7", 512, 512, 7, 3, 1, 1),
+    Layer("l4 ds 1x1/2 256->512 @14", 256, 512, 14, 1, 2, 0),
+]
+
+#: timing rounds of the winner and cuDNN, alternated (medians reported)
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Case:
+    layer: Layer
+    batch: int
+    layout: str  # "NHWC" (OHWI weights) or "NCHW" (OIHW weights)
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer.name} {self.layout} {self.dtype} b{self.batch}"
+
+    def func(self) -> tvm.tirx.PrimFunc:
+        ly, n = self.layer, self.batch
+        nhwc = self.layout == "NHWC"
+        data = te.placeholder((n, ly.size, ly.size, ly.cin) if nhwc else (n, ly.cin, ly.size, ly.size), self.dtype,
+                              name="data")
+        k = ly.kernel
+        weight = te.placeholder((ly.cout, k, k, ly.cin) if nhwc else (ly.cout, ly.cin, k, k), self.dtype, name="weight")
+        conv = topi.nn.conv2d(data, weight, ly.stride, ly.pad, 1, data_layout=self.layout,
+                              kernel_layout="OHWI" if nhwc else "OIHW", out_dtype="float32")
+        out = topi.cast(conv, self.dtype)
+        return te.create_prim_func([data, weight, out]).with_attr("global_symbol", "conv")
+
+    def torch_operands(self, data, weight):
+        """torch's NCHW / OIHW views of the stored tensors (channels_last memory for NHWC)."""
+        if self.layout == "NHWC":
+            return data.permute(0, 3, 1, 2), weight.permute(0, 3, 1, 2)
+        return data, weight
+
+    def reference(self):
+        def ref(data, weight):
+            import torch
+
+            x, w = self.torch_operands(torch.from_numpy(data.astype(np.float64)).cuda(),
+                                       torch.from_numpy(weight.astype(np.float64)).cuda())
+            y = torch.nn.functional.conv2d(x, w, stride=self.layer.stride, padding=self.layer.pad)
+            return (y.permute(0, 2, 3, 1) if self.layout == "NHWC" else y).cpu().numpy()
+
+        return ref
+
+
+@dataclass
+class Row:
+    case: str
+    winner: str = ""
+    ms: float | None = None
+    cudnn_ms: float | None = None
+    ratio: float | None = None  # cuDNN time / ours: > 1 is faster than cuDNN
+    family_ms: dict | None = None  # best time while tuning: tensor cores / CUDA cores / stock Dlight
+    tflops: float | None = None
+    tune_s: float | None = None
+    error: str = ""
+
+
+FAMILIES = {"tensor cores": ("matmul_tc", "matmul_wgmma"), "CUDA cores": ("matmul",), "stock Dlight": ("dlight",)}
+
+
+def family_best(results) -> dict:
+    out = {}
+    for family, kinds in FAMILIES.items():
+        times = [r.latency_ms for r in results
+                 if r.config.kind in kinds and r.latency_ms is not None and r.verified is not False]
+        out[family] = min(times, default=None)
+    return out
+
+
+def flops(case: Case) -> float:
+    ly = case.layer
+    out = (ly.size + 2 * ly.pad - ly.kernel) // ly.stride + 1
+    return 2.0 * case.batch * out * out * ly.cout * ly.cin * ly.kernel * ly.kernel
+
+
+def run_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
+    import torch
+
+    func = case.func()
+    t0 = time.perf_counter()
+    tuned = tune_function(func, arch, topk, TuneOptions(check="winner", ref=case.reference(), progress=False))
+    tune_s = time.perf_counter() - t0
+    best = tuned.best
+    for r in tuned.results:
+        log(f"    {r.config}  {r.latency_ms if r.latency_ms is not None else '-'} ms verified={r.verified} "
+            f"{(r.error or '')[:200]}")
+    wl = Workload(best._func, tvm.cuda(0), seed=0)
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    fns = []
+    for args in arg_sets:  # torch reads the same stored tensors as our kernel, rotated likewise
+        data, weight = (torch.from_dlpack(x) for x in args[:2])
+        x, w = case.torch_operands(data, weight)
+        fns.append(lambda x=x, w=w: torch.nn.functional.conv2d(x, w, stride=case.layer.stride, padding=case.layer.pad))
+    for fn in fns:  # cudnn.benchmark picks its algorithm on the first calls, outside the graphs
+        fn()
+    torch.cuda.synchronize()
+    launch = best.module[function_name(best.module, best._func)]
+    ours, cudnn = [], []
+    for _ in range(ROUNDS):  # alternate the two sides: GPU clocks drift over a run
+        ours.append(time_graph(launch, arg_sets, wl.dev, budget_ms, best.latency_ms).median_ms)
+        cudnn.append(time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
+    ms, cudnn_ms = float(np.median(ours)), float(np.median(cudnn))
+    return Row(case.name, repr(best.config), ms, cudnn_ms, cudnn_ms / ms, family_best(tuned.results),
+               flops(case) / ms / 1e9, round(tune_s, 1))
+
+
+def dry_run(case: Case, arch, topk: int, log) -> Row:
+    func = case.func()
+    sets = list(candidate_sets(func, arch, topk, stock_configs(func, arch)))
+    kinds = sorted({c.kind for s in sets for c in s.configs})
+    log(f"    {len(sets)} candidate sets, kinds {kinds}")
+    return Row(case.name, winner="(dry run) " + ", ".join(kinds))
+
+
+def markdown(rows: list[Row], device: str) -> str:
+    lines = [
+        f"Device: {device}. fastdlight's tuner vs cuDNN (torch conv2d, cudnn.benchmark, fp32 accumulation), "
+        f"both in CUDA graphs, alternately in {ROUNDS} rounds (inputs rotated out of L2), medians.",
+        "",
+        "| case | winner | ms | TFLOPS | cuDNN ms | ratio | best tensor cores / CUDA cores / stock ms (tuning) | tune s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.case} | FAILED: {r.error[:100]} | | | | | | |")
+            continue
+        fam = " / ".join(f"{v:.4f}" if v else "–" for v in (r.family_ms or {}).values())
+        num = (lambda v, f: format(v, f) if v is not None else "–")
+        lines.append(f"| {r.case} | {r.winner} | {num(r.ms, '.4f')} | {num(r.tflops, '.0f')} | {num(r.cudnn_ms, '.4f')} "
+                     f"| {num(r.ratio, '.2f')}× | {fam} | {r.tune_s if r.tune_s is not None else '–'} |")
+    return "\n".join(lines)
+
+
+def cases(args) -> list[Case]:
+    out = [Case(ly, args.batch, layout, dtype) for ly in LAYERS for layout in args.layouts for dtype in args.dtypes]
+    return [c for c in out if not args.only or any(s in c.name for s in args.only)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--topk", type=int, default=20)
+    parser.add_argument("--budget-ms", type=float, default=100.0)
+    parser.add_argument("--layouts", nargs="+", default=["NHWC", "NCHW"], choices=["NHWC", "NCHW"])
+    parser.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16"])
+    parser.add_argument("--only", nargs="*", help="substrings of case names to run")
+    parser.add_argument("--dry-run", action="store_true", help="candidates only; nothing built or timed (no GPU)")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not has_gpu():
+        print("error: bench_conv needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    out_dir, log = open_log("bench_conv")
+    arch = auto_arch()
+    device = f"{tvm.cuda(0).device_name} ({arch.arch}, {arch.sm_count} SMs)" if not args.dry_run else arch.name
+    if not args.dry_run:
+        import torch
+
+        torch_fp32_accumulation()
+        torch.backends.cudnn.benchmark = True
+    log(f"device: {device}")
+    rows = []
+    for case in cases(args):
+        log(f"== {case.name}")
+        try:
+            row = dry_run(case, arch, args.topk, log) if args.dry_run else run_case(case, arch, args.topk,
+                                                                                    args.budget_ms, log)
+        except Exception as e:  # noqa: BLE001 - report and go on with the next case
+            row = Row(case.name, error=f"{type(e).__name__}: {e}")
+            log(traceback.format_exc())
+        rows.append(row)
+        log(json.dumps(asdict(row)))
+        with open(os.path.join(out_dir, "bench_conv.json"), "w") as f:
+            json.dump({"device": device, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    table = markdown(rows, device)
+    log(table)
+    with open(os.path.join(out_dir, "bench_conv.md"), "w") as f:
+        f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
