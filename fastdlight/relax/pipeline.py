@@ -29,13 +29,22 @@ from .apply_fast_tuning import ApplyFastTuning
 from .reshapes import sink_reshapes
 
 
-def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = None) -> IRModule:
+def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto") -> IRModule:
     """An exported model made ready for inference: ``params`` (values of ``main``'s trailing
     parameters, e.g. from ``relax.frontend.detach_params``) bound as constants, so
     :func:`prepare` folds their layout changes once; BatchNorm decomposed into elementwise ops
     (which fuse into the convolution); ``fp16``: fp16 compute with fp32 accumulation in matmuls
-    and convolutions (``ToMixedPrecision``), as torch's fp16 GEMMs do; ``layout="NHWC"``:
-    convolutions in NHWC with OHWI weights."""
+    and convolutions (``ToMixedPrecision``), as torch's fp16 GEMMs do; the reshapes around
+    matmuls moved out of the way of fusion (:func:`.reshapes.sink_reshapes`).
+
+    ``layout``: ``"NHWC"`` puts convolutions in NHWC with OHWI weights (layout changes only at
+    the model's edges; the weights' are folded), which the tensor-core convolution template
+    takes; ``None`` keeps them as exported; ``"auto"`` (default) is ``"NHWC"`` for fp16 models
+    with NCHW convolutions, else ``None``."""
+    if layout not in ("auto", "NHWC", None):
+        raise ValueError(f"layout must be 'auto', 'NHWC' or None, got {layout!r}")
+    if layout == "auto":
+        layout = "NHWC" if fp16 and _has_nchw_conv(mod) else None
     passes = []
     if params:
         main_params = mod["main"].params
@@ -47,9 +56,20 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
-    elif layout is not None:
-        raise ValueError(f"layout must be None or 'NHWC', got {layout!r}")
     return tvm.transform.Sequential(passes)(mod)
+
+
+def _has_nchw_conv(mod: IRModule) -> bool:
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d":
+            found.append(str(expr.attrs.data_layout) == "NCHW")
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return any(found)
 
 
 def prepare(target) -> tvm.transform.Pass:

@@ -14,7 +14,7 @@ from tvm.script import tirx as T
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.relax import apply_fast_tuning, lowering, prepare
+from fastdlight.relax import apply_fast_tuning, for_inference, lowering, prepare
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.tune.compile import cuda_source
 
@@ -122,3 +122,37 @@ def test_integer_powers_become_products_so_negative_bases_stay_finite():
     # fast-math powf(x, 2) is NaN for x < 0: only the non-integer exponent keeps pow
     assert scripts.count("T.pow(") == 1 and "T.float32(0.5)" in scripts
     assert "T.float32(2.0)" not in scripts and "T.float32(3.0)" not in scripts
+
+
+def conv_model():
+    @I.ir_module
+    class Conv:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w: R.Tensor((32, 16, 3, 3), "float32")):
+            with R.dataflow():
+                y = R.nn.relu(R.nn.conv2d(x, w, padding=[1, 1, 1, 1]))
+                R.output(y)
+            return y
+
+    return Conv
+
+
+def conv_layouts(mod) -> list[str]:
+    out = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: out.append(str(e.attrs.data_layout))
+                                    if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d"
+                                    else None)
+    return out
+
+
+def test_fp16_nchw_convolutions_go_nhwc_by_default_and_stay_when_asked():
+    mod = conv_model()
+    assert conv_layouts(for_inference(mod)) == ["NHWC"]  # "auto": tensor-core convolutions take NHWC
+    assert conv_layouts(for_inference(mod, layout=None)) == ["NCHW"]
+    assert conv_layouts(for_inference(mod, fp16=False)) == ["NCHW"]  # fp32 CUDA-core convs: as exported
+    with pytest.raises(ValueError, match="layout must be"):
+        for_inference(mod, layout="NCWH")
+    # the model keeps its interface: NCHW in, NCHW out (the layout changes sit at its edges)
+    main = for_inference(mod)["main"]
+    assert [int(d) for d in main.params[0].ty.shape] == [1, 16, 8, 8]
+    assert [int(d) for d in main.ret_ty.shape] == [1, 32, 8, 8]
