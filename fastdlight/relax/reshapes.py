@@ -11,7 +11,9 @@ third of a decoder layer's time on an H100.
 (elementwise ops, and norms and softmax over a last axis the reshape keeps), reshaping a
 full-size second operand the other way, until it meets the next matmul's flattening reshape and
 the two cancel. The matmuls keep the rank they were exported with (2-D rows, one batch axis),
-which is what the tensor-core templates take.
+which is what the tensor-core templates take. A slice of a permutation is also rewritten as the
+permutation of a slice, so attention's ``qkv.permute(...)[i]`` becomes one copy kernel per head
+tensor instead of a permuted copy of all of QKV that three more kernels slice.
 """
 
 from __future__ import annotations
@@ -148,7 +150,30 @@ def _last_axis_rule(bindings: _Bindings):
     return pattern, rewrite
 
 
-RULES = (_merge_rule, _unary_rule, _binary_rule, _last_axis_rule)
+def _slice_rule(bindings: _Bindings):
+    """``strided_slice(permute_dims(y))`` as ``permute_dims(strided_slice(y))``: attention's
+    ``qkv.permute(2, 0, 3, 1, 4)[i]`` then copies one third of the QKV projection per head tensor,
+    instead of permuting all of it into a buffer that three more kernels slice."""
+    y = wildcard()
+    permuted = is_op("relax.permute_dims")(y)
+    pattern = is_op("relax.strided_slice")(permuted, varg_default_wildcard=True)
+
+    def rewrite(call, matches):
+        perm = bindings.call(call.args[0], "relax.permute_dims")
+        if perm is None or _shape(matches[y]) is None:
+            return call
+        rank = len(_shape(matches[y]))
+        order = [int(a) for a in perm.attrs.axes] if perm.attrs.axes is not None else list(range(rank))[::-1]
+        axes = [int(a) % rank for a in call.args[1]]
+        strides = call.args[4] if len(call.args) > 4 else None
+        sliced = relax.op.strided_slice(matches[y], [order[a] for a in axes], call.args[2], call.args[3], strides,
+                                        call.attrs.assume_inbound)
+        return relax.op.permute_dims(sliced, order)
+
+    return pattern, rewrite
+
+
+RULES = (_merge_rule, _unary_rule, _binary_rule, _last_axis_rule, _slice_rule)
 
 
 def sink_reshapes() -> tvm.transform.Pass:
