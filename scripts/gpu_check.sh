@@ -2,7 +2,9 @@
 # One batched GPU check (for the lent GPU machine): hardware model, GPU tests, CLI tuning wall
 # time, tensor-core and operator benchmarks. Each step has its own time limit so one slow step
 # cannot starve the rest; one log, $OUT/gpu_check.log (the device tool returns at most 8 files).
-#   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: all)
+#   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: arch tests cli tc ops)
+# Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
+# layers matching $CONV_ONLY).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -16,4 +18,9 @@ for s in $steps; do case $s in
   tc)    step tc "${TC_LIMIT:-170}" python3 benchmarks/bench_matmul_tc.py --topk 20;;
   ops)   step ops "${OPS_LIMIT:-170}" python3 benchmarks/bench_ops.py --topk 20 --max-seconds $(( ${OPS_LIMIT:-170} - 20 )) \
            --ops "${OPS_FILTER:-copy,add,sum,max,softmax,gemv,matmul_nn_f32_4k,matmul_nn_f32_1k,matmul_nn_f16_8k,conv2d}";;
+  bf16)   step bf16 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_tensorcore_gpu.py -k bf16;;
+  models) step models "${MODELS_LIMIT:-400}" python3 benchmarks/bench_models.py --models "${MODELS:-decoder_ln,llama_b1_s512}" \
+            --profile --out "$out/models";;
+  conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
+            --only "${CONV_ONLY:-l1 3x3}";;
 esac; done
