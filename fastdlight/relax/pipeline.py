@@ -19,7 +19,7 @@ bound weight, casts) once at compile time instead of at every call.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, te, tirx, topi
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
@@ -79,6 +79,7 @@ def prepare(target) -> tvm.transform.Pass:
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
+        softmax_of_fp16(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -118,6 +119,57 @@ def exact_integer_powers() -> tvm.transform.Pass:
             if isinstance(func, relax.Function):
                 out[gvar] = rewrite_call(pattern, rewrite, func)
         return out
+
+    return run
+
+
+def softmax_of_fp16() -> tvm.transform.Pass:
+    """``softmax(astype(x_fp16, "float32") [+ mask])`` (what ``ToMixedPrecision`` leaves of
+    attention's fp16 scores) as one function that reads ``x`` in fp16 and computes in fp32, the
+    same values. Otherwise FuseOps puts the cast (and the mask) into the kernel that produces
+    ``x`` (the scores' matmul), which then writes fp32 scores that the softmax reads back: twice
+    the bytes both ways."""
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    def softmax_fp32(x, mask=None):
+        wide = te.compute(x.shape, lambda *i: x(*i).astype("float32"), name="widen")
+        return topi.nn.softmax(wide if mask is None else topi.add(wide, mask), axis=len(x.shape) - 1)
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def bound(self, expr, op):
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+            return value if isinstance(value, relax.Call) and getattr(value.op, "name", "") == op else None
+
+        def widened(self, expr):
+            cast = self.bound(expr, "relax.astype")
+            if cast is not None and str(cast.ty.dtype) == "float32" and str(cast.args[0].ty.dtype) == "float16":
+                return cast.args[0]
+            return None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if getattr(call.op, "name", "") != "relax.nn.softmax" or int(call.attrs.axis) not in (-1, call.ty.ndim - 1):
+                return call
+            arg = call.args[0]
+            if (x := self.widened(arg)) is not None:
+                return self.builder_.call_te(softmax_fp32, x, primfunc_name_hint="softmax_fp16_in")
+            add = self.bound(arg, "relax.add")
+            if add is None:
+                return call
+            for scores, mask in (add.args, add.args[::-1]):
+                x = self.widened(scores)
+                if x is not None and str(mask.ty.dtype) == "float32" and mask.ty.ndim <= x.ty.ndim:
+                    return self.builder_.call_te(softmax_fp32, x, mask, primfunc_name_hint="softmax_fp16_in")
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.SoftmaxOfFp16")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        rewriter = Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
     return run
 

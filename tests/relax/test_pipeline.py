@@ -156,3 +156,35 @@ def test_fp16_nchw_convolutions_go_nhwc_by_default_and_stay_when_asked():
     main = for_inference(mod)["main"]
     assert [int(d) for d in main.params[0].ty.shape] == [1, 16, 8, 8]
     assert [int(d) for d in main.ret_ty.shape] == [1, 32, 8, 8]
+
+
+def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
+    from fastdlight.relax.pipeline import softmax_of_fp16
+
+    @I.ir_module
+    class Attention:
+        @R.function
+        def main(q: R.Tensor((2, 16, 8), "float16"), k: R.Tensor((2, 8, 16), "float16"),
+                 mask: R.Tensor((16, 16), "float32")):
+            with R.dataflow():
+                s = R.matmul(q, k, out_dtype="float16")
+                p = R.nn.softmax(R.astype(s, "float32"), axis=-1)
+                m = R.nn.softmax(R.add(R.astype(s, "float32"), mask), axis=-1)
+                out = (p, m)
+                R.output(out)
+            return out
+
+    rewritten = softmax_of_fp16()(Attention)
+    calls = []
+    relax.analysis.post_order_visit(rewritten["main"], lambda e: calls.append(getattr(e.op, "name", ""))
+                                    if isinstance(e, relax.Call) else None)
+    assert "relax.nn.softmax" not in calls and "relax.astype" not in calls  # both became one fp16-in function
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(dtype) for shape, dtype in
+            (((2, 16, 8), "float16"), ((2, 8, 16), "float16"), ((16, 16), "float32"))]
+    outs = []
+    for mod in (Attention, rewritten):
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outs.append([t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in args])])
+    for want, got in zip(*outs):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

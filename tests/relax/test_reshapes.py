@@ -103,10 +103,12 @@ def test_a_flattening_reshape_stays_where_it_is():
 
 def test_a_decoder_layer_fuses_bias_activation_residual_and_attention_scale_into_its_matmuls():
     mod = tvm.script.from_source((FIXTURES / "decoder_ln.py").read_text())
-    names = list(prim_funcs(prepare(H100.target)(for_inference(mod))))
+    funcs = prim_funcs(prepare(H100.target)(for_inference(mod)))
+    names = list(funcs)
     matmuls = [n for n in names if "matmul" in n]
     assert any("gelu" in n and "add" in n for n in matmuls), matmuls  # FFN up: bias + GELU
     assert any("multiply" in n for n in matmuls), matmuls  # attention's 1/sqrt(d)
     assert sum(n.endswith("_add") for n in matmuls) >= 2, matmuls  # the two residual adds
     assert not [n for n in names if "gelu" in n and "matmul" not in n]
-    assert any("softmax_cast" in n for n in names)  # the cast to fp16 joins the softmax
+    (softmax,) = [f for n, f in funcs.items() if "softmax" in n]  # reads fp16 scores, writes fp16
+    assert [str(p.dtype) for p in softmax.params] == ["float16", "float16"]
