@@ -19,7 +19,7 @@ bound weight, casts) once at compile time instead of at every call.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, tirx, topi
+from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
@@ -27,6 +27,7 @@ from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .reshapes import sink_reshapes
+from .rewrites import exact_integer_powers, rms_norms, softmax_of_fp16
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto") -> IRModule:
@@ -53,6 +54,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(relax.transform.DecomposeOpsForInference())
     if fp16:
         passes.append(relax.transform.ToMixedPrecision(out_dtype="float32"))
+    passes.append(rms_norms())  # after ToMixedPrecision, which leaves the decomposed norm in fp32
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
@@ -87,91 +89,6 @@ def prepare(target) -> tvm.transform.Pass:
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ], "fastdlight.prepare")  # fmt: skip
-
-
-#: constant exponents turned into multiplications by :func:`exact_integer_powers`
-INTEGER_POWERS = (2, 3, 4)
-
-
-def exact_integer_powers() -> tvm.transform.Pass:
-    """``power(x, 2.0)`` (RMSNorm's ``x.pow(2)``, GELU's ``x**3``) as ``x * x [* x ...]``: the
-    CUDA build uses fast math, whose ``powf`` is ``exp2(y * log2(x))``, NaN for every negative
-    ``x``; the product is exact for any sign and cheaper."""
-    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
-
-    base, exponent = wildcard(), is_const()
-    pattern = is_op("relax.power")(base, exponent)
-
-    def rewrite(expr, matches):
-        value = matches[exponent].value.numpy()
-        if value.size != 1 or float(value) not in INTEGER_POWERS:
-            return expr
-        x = matches[base]
-        product = x
-        for _ in range(int(float(value)) - 1):
-            product = relax.op.multiply(product, x)
-        return product
-
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.ExactIntegerPowers")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        out = mod.clone()
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                out[gvar] = rewrite_call(pattern, rewrite, func)
-        return out
-
-    return run
-
-
-def softmax_of_fp16() -> tvm.transform.Pass:
-    """``softmax(astype(x_fp16, "float32") [+ mask])`` (what ``ToMixedPrecision`` leaves of
-    attention's fp16 scores) as one function that reads ``x`` in fp16 and computes in fp32, the
-    same values. Otherwise FuseOps puts the cast (and the mask) into the kernel that produces
-    ``x`` (the scores' matmul), which then writes fp32 scores that the softmax reads back: twice
-    the bytes both ways."""
-    from tvm.relax.expr_functor import PyExprMutator, mutator
-
-    def softmax_fp32(x, mask=None):
-        wide = te.compute(x.shape, lambda *i: x(*i).astype("float32"), name="widen")
-        return topi.nn.softmax(wide if mask is None else topi.add(wide, mask), axis=len(x.shape) - 1)
-
-    @mutator
-    class Rewriter(PyExprMutator):
-        def bound(self, expr, op):
-            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-            return value if isinstance(value, relax.Call) and getattr(value.op, "name", "") == op else None
-
-        def widened(self, expr):
-            cast = self.bound(expr, "relax.astype")
-            if cast is not None and str(cast.ty.dtype) == "float32" and str(cast.args[0].ty.dtype) == "float16":
-                return cast.args[0]
-            return None
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if getattr(call.op, "name", "") != "relax.nn.softmax" or int(call.attrs.axis) not in (-1, call.ty.ndim - 1):
-                return call
-            arg = call.args[0]
-            if (x := self.widened(arg)) is not None:
-                return self.builder_.call_te(softmax_fp32, x, primfunc_name_hint="softmax_fp16_in")
-            add = self.bound(arg, "relax.add")
-            if add is None:
-                return call
-            for scores, mask in (add.args, add.args[::-1]):
-                x = self.widened(scores)
-                if x is not None and str(mask.ty.dtype) == "float32" and mask.ty.ndim <= x.ty.ndim:
-                    return self.builder_.call_te(softmax_fp32, x, mask, primfunc_name_hint="softmax_fp16_in")
-            return call
-
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.SoftmaxOfFp16")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        rewriter = Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-    return run
 
 
 def leftovers() -> tvm.transform.Pass:

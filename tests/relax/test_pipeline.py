@@ -159,7 +159,7 @@ def test_fp16_nchw_convolutions_go_nhwc_by_default_and_stay_when_asked():
 
 
 def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
-    from fastdlight.relax.pipeline import softmax_of_fp16
+    from fastdlight.relax.rewrites import softmax_of_fp16
 
     @I.ir_module
     class Attention:
@@ -188,3 +188,31 @@ def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
         outs.append([t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in args])])
     for want, got in zip(*outs):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_decomposed_rms_norm_becomes_one_op_with_the_same_values():
+    from fastdlight.relax.rewrites import rms_norms
+
+    @I.ir_module
+    class Norm:
+        @R.function
+        def main(x: R.Tensor((2, 8, 64), "float32"), w: R.Tensor((64,), "float32")):
+            with R.dataflow():
+                inv = R.rsqrt(R.add(R.mean(R.power(x, R.const(2.0, "float32")), axis=[-1], keepdims=True),
+                                    R.const(1e-6, "float32")))
+                a = R.multiply(R.multiply(x, inv), w)
+                inv2 = R.rsqrt(R.add(R.mean(R.multiply(a, a), axis=[-1], keepdims=True), R.const(1e-5, "float32")))
+                b = R.multiply(R.multiply(a, inv2), w)
+                R.output(b)
+            return b
+
+    rewritten = rms_norms()(Norm)
+    ops = []
+    relax.analysis.post_order_visit(rewritten["main"], lambda e: ops.append(getattr(e.op, "name", ""))
+                                    if isinstance(e, relax.Call) else None)
+    assert ops.count("relax.nn.rms_norm") == 2 and "relax.mean" not in ops
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 8, 64)).astype("float32"), rng.standard_normal(64).astype("float32")]
+    outs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in (Norm, rewritten)]
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,127 @@
+"""Graph rewrites before fusion that keep the values and give FuseOps better kernels to make:
+integer powers as products, decomposed RMSNorms as one ``rms_norm``, attention's softmax reading
+fp16 scores. (Reshapes around matmuls: :mod:`.reshapes`.)"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, topi
+from tvm.ir import IRModule
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+
+#: constant exponents turned into multiplications by :func:`exact_integer_powers`
+INTEGER_POWERS = (2, 3, 4)
+
+
+def exact_integer_powers() -> tvm.transform.Pass:
+    """``power(x, 2.0)`` (RMSNorm's ``x.pow(2)``, GELU's ``x**3``) as ``x * x [* x ...]``: the
+    CUDA build uses fast math, whose ``powf`` is ``exp2(y * log2(x))``, NaN for every negative
+    ``x``; the product is exact for any sign and cheaper."""
+    base, exponent = wildcard(), is_const()
+    pattern = is_op("relax.power")(base, exponent)
+
+    def rewrite(expr, matches):
+        value = matches[exponent].value.numpy()
+        if value.size != 1 or float(value) not in INTEGER_POWERS:
+            return expr
+        x = matches[base]
+        product = x
+        for _ in range(int(float(value)) - 1):
+            product = relax.op.multiply(product, x)
+        return product
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.ExactIntegerPowers")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        out = mod.clone()
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                out[gvar] = rewrite_call(pattern, rewrite, func)
+        return out
+
+    return run
+
+
+def softmax_of_fp16() -> tvm.transform.Pass:
+    """``softmax(astype(x_fp16, "float32") [+ mask])`` (what ``ToMixedPrecision`` leaves of
+    attention's fp16 scores) as one function that reads ``x`` in fp16 and computes in fp32, the
+    same values. Otherwise FuseOps puts the cast (and the mask) into the kernel that produces
+    ``x`` (the scores' matmul), which then writes fp32 scores that the softmax reads back: twice
+    the bytes both ways."""
+
+    def softmax_fp32(x, mask=None):
+        wide = te.compute(x.shape, lambda *i: x(*i).astype("float32"), name="widen")
+        return topi.nn.softmax(wide if mask is None else topi.add(wide, mask), axis=len(x.shape) - 1)
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def bound(self, expr, op):
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+            return value if isinstance(value, relax.Call) and getattr(value.op, "name", "") == op else None
+
+        def widened(self, expr):
+            cast = self.bound(expr, "relax.astype")
+            if cast is not None and str(cast.ty.dtype) == "float32" and str(cast.args[0].ty.dtype) == "float16":
+                return cast.args[0]
+            return None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if getattr(call.op, "name", "") != "relax.nn.softmax" or int(call.attrs.axis) not in (-1, call.ty.ndim - 1):
+                return call
+            arg = call.args[0]
+            if (x := self.widened(arg)) is not None:
+                return self.builder_.call_te(softmax_fp32, x, primfunc_name_hint="softmax_fp16_in")
+            add = self.bound(arg, "relax.add")
+            if add is None:
+                return call
+            for scores, mask in (add.args, add.args[::-1]):
+                x = self.widened(scores)
+                if x is not None and str(mask.ty.dtype) == "float32" and mask.ty.ndim <= x.ty.ndim:
+                    return self.builder_.call_te(softmax_fp32, x, mask, primfunc_name_hint="softmax_fp16_in")
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.SoftmaxOfFp16")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        rewriter = Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+    return run
+
+
+def rms_norms() -> tvm.transform.Pass:
+    """``x * rsqrt(mean(x * x, axis=-1, keepdims) + eps) * w`` (RMSNorm as ``torch.export``
+    decomposes it, ``x.pow(2)`` included) as ``nn.rms_norm(x, w, axes=[-1], eps)``: one reduction
+    function. Decomposed, FuseOps leaves the square a kernel of its own (``x`` feeds both it and
+    the scaling), writing and re-reading a tensor the size of the activation."""
+    x, two, eps, weight = wildcard(), is_const(), is_const(), wildcard()
+    square = is_op("relax.power")(x, two) | is_op("relax.multiply")(x, x)
+    mean_of_square = is_op("relax.mean")(square)
+    inv = is_op("relax.rsqrt")(is_op("relax.add")(mean_of_square, eps))
+    pattern = is_op("relax.multiply")(is_op("relax.multiply")(x, inv), weight)
+
+    def rewrite(call, matches):
+        mean, xs, w = matches[mean_of_square], matches[x], matches[weight]
+        axis = [int(a) for a in mean.attrs.axis] if mean.attrs.axis is not None else []
+        if two in matches and float(matches[two].value.numpy()) != 2.0:
+            return call
+        if axis not in ([-1], [xs.ty.ndim - 1]) or not mean.attrs.keepdims or w.ty.ndim != 1:
+            return call
+        epsilon = float(matches[eps].value.numpy())
+        if matches[eps].value.numpy().size != 1 or str(xs.ty.dtype) != str(w.ty.dtype):
+            return call
+        return relax.op.nn.rms_norm(xs, w, axes=[-1], epsilon=epsilon)
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.RMSNorms")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        out = mod.clone()
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                out[gvar] = rewrite_call(pattern, rewrite, func)
+        return out
+
+    return run
