@@ -11,6 +11,20 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
+def pattern_pass(name: str, pattern, rewrite) -> tvm.transform.Pass:
+    """A module pass applying ``rewrite_call(pattern, rewrite)`` to every Relax function."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod: IRModule, _ctx) -> IRModule:
+        out = mod.clone()
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                out[gvar] = rewrite_call(pattern, rewrite, func)
+        return out
+
+    return run
+
+
 #: constant exponents turned into multiplications by :func:`exact_integer_powers`
 INTEGER_POWERS = (2, 3, 4)
 
@@ -32,15 +46,7 @@ def exact_integer_powers() -> tvm.transform.Pass:
             product = relax.op.multiply(product, x)
         return product
 
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.ExactIntegerPowers")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        out = mod.clone()
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                out[gvar] = rewrite_call(pattern, rewrite, func)
-        return out
-
-    return run
+    return pattern_pass("fastdlight.ExactIntegerPowers", pattern, rewrite)
 
 
 def softmax_of_fp16() -> tvm.transform.Pass:
@@ -116,12 +122,4 @@ def rms_norms() -> tvm.transform.Pass:
             return call
         return relax.op.nn.rms_norm(xs, w, axes=[-1], epsilon=epsilon)
 
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.RMSNorms")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        out = mod.clone()
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                out[gvar] = rewrite_call(pattern, rewrite, func)
-        return out
-
-    return run
+    return pattern_pass("fastdlight.RMSNorms", pattern, rewrite)

@@ -175,17 +175,12 @@ def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
             return out
 
     rewritten = softmax_of_fp16()(Attention)
-    calls = []
-    relax.analysis.post_order_visit(rewritten["main"], lambda e: calls.append(getattr(e.op, "name", ""))
-                                    if isinstance(e, relax.Call) else None)
+    calls = op_names(rewritten)
     assert "relax.nn.softmax" not in calls and "relax.astype" not in calls  # both became one fp16-in function
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(shape).astype(dtype) for shape, dtype in
             (((2, 16, 8), "float16"), ((2, 8, 16), "float16"), ((16, 16), "float32"))]
-    outs = []
-    for mod in (Attention, rewritten):
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        outs.append([t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in args])])
+    outs = [run_on_cpu(mod, args) for mod in (Attention, rewritten)]
     for want, got in zip(*outs):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
@@ -207,12 +202,24 @@ def test_a_decomposed_rms_norm_becomes_one_op_with_the_same_values():
             return b
 
     rewritten = rms_norms()(Norm)
-    ops = []
-    relax.analysis.post_order_visit(rewritten["main"], lambda e: ops.append(getattr(e.op, "name", ""))
-                                    if isinstance(e, relax.Call) else None)
+    ops = op_names(rewritten)
     assert ops.count("relax.nn.rms_norm") == 2 and "relax.mean" not in ops
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((2, 8, 64)).astype("float32"), rng.standard_normal(64).astype("float32")]
-    outs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
-        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in (Norm, rewritten)]
+    outs = [run_on_cpu(mod, args) for mod in (Norm, rewritten)]
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+def op_names(mod) -> list[str]:
+    """The op of every call in ``main``."""
+    names = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: names.append(getattr(e.op, "name", ""))
+                                    if isinstance(e, relax.Call) else None)
+    return names
+
+
+def run_on_cpu(mod, args):
+    """``main``'s outputs (numpy; a tuple as a list) from an LLVM build."""
+    out = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args])
+    return out.numpy() if hasattr(out, "numpy") else [t.numpy() for t in out]
