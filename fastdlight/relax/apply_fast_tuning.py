@@ -66,7 +66,8 @@ def schedule_with(func: tirx.PrimFunc, config, arch: CUDA) -> tirx.PrimFunc:
 @dataclass(frozen=True)
 class FunctionReport:
     """What the pass did with one PrimFunc. status: "tuned", "database", "view" (a reshape:
-    it runs as a view of its input, no kernel) or "untuned" (no verified kernel at all). winner: "fastdlight" or "stock" (stock Dlight's schedule was
+    it runs as a view of its input, no kernel) or "untuned" (no verified kernel at all).
+    winner: "fastdlight" or "stock" (stock Dlight's schedule was
     measured as a candidate and was the fastest); stock_ms: stock Dlight's time in the same run.
     same_as: the function whose tuning this structurally equal one reused."""
 
@@ -137,11 +138,13 @@ class ApplyFastTuning:
         arch = self.arch()
         before = clock.snapshot()
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
-        todo = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
-        # a reshape runs as a view of its input (lowering's RewriteDataflowReshape): no kernel
-        views = [(gv, f) for gv, f in todo if has_reshape_pattern(f)]
+        todo, views = [], []
+        for gv, f in mod.functions_items():
+            if isinstance(f, tirx.PrimFunc) and not is_scheduled(f):
+                # a reshape runs as a view of its input (lowering's RewriteDataflowReshape): no kernel
+                (views if has_reshape_pattern(f) else todo).append((gv, f))
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
-        groups = _structural_groups((gv, f) for gv, f in todo if not has_reshape_pattern(f))
+        groups = _structural_groups(todo)
         with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
             warnings.simplefilter("always")
             futures = [pool.submit(self._tune_one, members[0][0].name_hint, members[0][1], arch, db)

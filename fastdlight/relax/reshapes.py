@@ -24,13 +24,15 @@ from tvm import relax
 from tvm.ir import IRModule
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from .rewrites import call_to
+
 #: elementwise ops a reshape moves below (``op(reshape(x)) == reshape(op(x))``)
 UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
          "relax.tanh", "relax.exp", "relax.negative", "relax.sqrt", "relax.rsqrt")  # fmt: skip
 BINARY = ("relax.add", "relax.multiply", "relax.subtract", "relax.divide", "relax.maximum", "relax.minimum")
-#: ops over the last axis only (``attrs.axis`` / ``attrs.axes`` = the last axis), extra
-#: arguments (gamma, beta) over that axis
-LAST_AXIS = ("relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.rms_norm")
+#: ops over the last axis only (``attrs.axis`` / ``attrs.axes`` = the last axis), with the number
+#: of their further arguments (gamma, beta: over that axis)
+LAST_AXIS = {"relax.nn.softmax": 0, "relax.nn.log_softmax": 0, "relax.nn.layer_norm": 2, "relax.nn.rms_norm": 1}
 #: rounds of rewriting (each moves a reshape one op further down)
 MAX_ROUNDS = 16
 
@@ -57,10 +59,7 @@ class _Bindings:
 
     def call(self, expr, *ops):
         """The call ``expr`` is (or is bound to) when its op is one of ``ops``, else None."""
-        value = self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:
-            return value
-        return None
+        return call_to(self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr, *ops)
 
 
 def _any_of(patterns):
@@ -131,9 +130,7 @@ def _binary_rule(bindings: _Bindings):
 def _last_axis_rule(bindings: _Bindings):
     x, shape = wildcard(), wildcard()
     reshaped = is_op("relax.reshape")(x, shape)
-    pattern = _any_of([is_op(op)(reshaped) for op in LAST_AXIS[:2]]
-                      + [is_op("relax.nn.layer_norm")(reshaped, wildcard(), wildcard()),
-                         is_op("relax.nn.rms_norm")(reshaped, wildcard())])  # fmt: skip
+    pattern = _any_of([is_op(op)(reshaped, *[wildcard() for _ in range(n)]) for op, n in LAST_AXIS.items()])
 
     def rewrite(call, matches):
         inner = matches[x]

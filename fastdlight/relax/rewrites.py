@@ -11,6 +11,13 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
+def call_to(value, *ops):
+    """``value`` when it is a call of one of the operators ``ops``, else None."""
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:
+        return value
+    return None
+
+
 def pattern_pass(name: str, pattern, rewrite) -> tvm.transform.Pass:
     """A module pass applying ``rewrite_call(pattern, rewrite)`` to every Relax function."""
 
@@ -63,8 +70,7 @@ def softmax_of_fp16() -> tvm.transform.Pass:
     @mutator
     class Rewriter(PyExprMutator):
         def bound(self, expr, op):
-            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-            return value if isinstance(value, relax.Call) and getattr(value.op, "name", "") == op else None
+            return call_to(self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr, op)
 
         def widened(self, expr):
             cast = self.bound(expr, "relax.astype")
