@@ -13,7 +13,7 @@ tar xJf .tvmpack/tvm_py.tar.xz -C "$work/tvm"
 rm -rf "$work"/tvm/tvm/relax/frontend/{onnx,tflite,stablehlo}
 tar cJf "$pack.part/tvm_py.tar.xz" -C "$work/tvm" tvm
 ( cd "$work/ffi" && python3 -m zipfile -e "$root"/.tvmpack/apache_tvm_ffi-*.whl . \
-  && rm -rf tvm_ffi/3rdparty tvm_ffi/lib/libtvm_ffi_testing.so && find . -name '*.pyi' -delete )
+  && rm -rf tvm_ffi/3rdparty && find . -name '*.pyi' -delete )
 tar cJf "$pack.part/ffi.tar.xz" -C "$work/ffi" .
 cp .tvmpack/libtvm_compiler.so.xz .tvmpack/VERSION "$pack.part/"
 cat > "$pack.part/setup.sh" <<'SETUP'
