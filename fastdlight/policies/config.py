@@ -58,6 +58,9 @@ class Config:
     use_async_copy: bool = False
     #: panel width of blockIdx swizzling (0 = plain row-major launch order)
     rasterization: int = 0
+    #: matmul_tc only: slices the reduction is cut into (split-K; the partial sums are added by
+    #: a second kernel that also runs the epilogue), 1 = no split
+    split_k: int = 1
     #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
     #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
     arch: str = ""
@@ -150,6 +153,8 @@ class Config:
             raise ValueError("rstep and reduce_thread must be positive")
         if self.pipeline_stages < 1:
             raise ValueError("pipeline_stages must be >= 1")
+        if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
+            raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
         for name, width in self.vectorize:
             if width <= 0 or width & (width - 1):
                 raise ValueError(f"vector width of {name} must be a power of two, got {width}")
@@ -189,6 +194,8 @@ class Config:
             parts.append(f"stages={self.pipeline_stages}")
         if self.use_async_copy:
             parts.append("async")
+        if self.split_k > 1:
+            parts.append(f"split_k={self.split_k}")
         if self.rasterization:
             parts.append(f"{'group_m' if self.kind == 'matmul_wgmma' else 'raster'}={self.rasterization}")
         return f"Config[{self.kind}]({', '.join(parts)})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits
@@ -202,3 +203,19 @@ def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[Matm
         k=extent[IterKind.kIter_K], a_k_inner=a_inner == IterKind.kIter_K, b_k_inner=b_inner == IterKind.kIter_K,
         num_epilogue=num_blocks - 1 - index,
     ), ""  # fmt: skip
+
+
+def split_axis(func: tirx.PrimFunc, block_name: str) -> tuple[str, int] | None:
+    """(name, extent) of the reduction axis split-K slices: the block's last reduction iterator
+    (K of a GEMM; the input channels of a convolution, innermost in NHWC)."""
+    found = []
+    tvm_ffi.structural_walk(
+        func.body, (s_tir.SBlock, lambda b: found.append(b) if str(b.name_hint) == block_name else None), order="post"
+    )
+    if not found:
+        return None
+    block = found[0]
+    reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if not reduce or not isinstance(reduce[-1].dom.extent, tirx.IntImm):
+        return None
+    return str(reduce[-1].var.name), int(reduce[-1].dom.extent)

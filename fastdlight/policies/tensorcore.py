@@ -10,13 +10,14 @@ normalization with ``reindex`` + ``transform_layout`` so that shared memory keep
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import tirx
 
 from ..arch import CUDA
 from .config import Config
-from .matmul_match import MatmulMatch, match_matmul  # noqa: F401 - part of this module's API
+from .matmul_match import MatmulMatch, match_matmul, split_axis  # noqa: F401 - part of this module's API
 
 #: (in dtype, accumulator dtype) pairs with ldmatrix + mma.sync intrinsics: TVM 0.27's, and bf16
 #: with an fp32 accumulator, which the template registers (``matmul_tensorcore.bf16_intrinsic``)
@@ -90,6 +91,8 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         "instructions": instructions,
         "block": match.block,
         "epilogue": match.num_epilogue,
+        #: extent of the reduction axis split-K may slice (K; a convolution's input channels)
+        "split_extent": (split_axis(func, match.block) or ("", 0))[1],
     }
     return tags, ""
 
@@ -143,6 +146,12 @@ HOPPER_MMA_SYNC_EFFICIENCY = 0.62
 #: H100 the best mma.sync candidate was 1.4-1.8x slower than the best wgmma one in every GEMM
 #: benchmark row and model function measured (2026-11-25); they stay as a fallback
 MMA_SYNC_BESIDE_WGMMA = 4
+#: split-K slice counts tried where the output tiles fill less than one wave of the GPU
+SPLIT_K_OPTIONS = (2, 4, 8)
+#: a slice keeps at least this many K-steps (the pipeline needs steps to overlap)
+MIN_STEPS_PER_SLICE = 4
+#: the extra launch split-K costs (the kernel that adds the slices)
+SPLIT_K_LAUNCH_S = 2e-6
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 WARP_SIZES = (16, 32, 64, 128)
 MAX_WARPS = 8
@@ -156,6 +165,7 @@ class _Candidate:
     wn: int
     bk: int
     stages: int
+    splits: int = 1  # split-K slices
 
     @property
     def warps(self) -> int:
@@ -216,8 +226,25 @@ class TensorCorePolicy:
                                 if self.fits(cand):
                                     out.append(cand)
         # 2-8 warps per block (latency hiding); single-warp blocks only when nothing else fits
-        multi = [c for c in out if c.warps >= 2]
-        return multi or out
+        multi = [c for c in out if c.warps >= 2] or out
+        return multi + [split for c in multi for split in self.split_variants(c)]
+
+    def split_variants(self, c: _Candidate) -> list[_Candidate]:
+        """``c`` with its K cut into slices (split-K), where its output tiles fill less than one
+        wave: each slice a whole number of 16-element chunks and at least a few K-steps, and
+        no more blocks than two waves."""
+        t, arch = self.tags, self.arch
+        extent, per_sm = t.get("split_extent", 0), self.blocks_per_sm(c)
+        grid = t["batch"] * -(-t["M"] // c.bm) * -(-t["N"] // c.bn)
+        wave = per_sm * arch.sm_count
+        if not extent or grid >= wave:
+            return []
+        return [
+            dataclasses.replace(c, splits=s)
+            for s in SPLIT_K_OPTIONS
+            if extent % s == 0 and (extent // s) % 16 == 0 and t["K"] // s >= MIN_STEPS_PER_SLICE * c.bk
+            and grid * s <= 2 * wave
+        ]  # fmt: skip
 
     def smem_bytes(self, c: _Candidate) -> int:
         """Dynamic shared memory: the pipelined A/B tiles, or the accumulator staging tile of the
@@ -266,8 +293,8 @@ class TensorCorePolicy:
         """Estimated kernel time in seconds (for ranking; absolute values are rough)."""
         t, arch = self.tags, self.arch
         grid_m, grid_n = -(-t["M"] // c.bm), -(-t["N"] // c.bn)
-        grid = t["batch"] * grid_m * grid_n
-        steps = -(-t["K"] // c.bk)
+        grid = t["batch"] * grid_m * grid_n * c.splits
+        steps = -(-(t["K"] // c.splits) // c.bk)
         per_sm = self.blocks_per_sm(c)
         waves = -(-grid // (per_sm * arch.sm_count))
         resident = min(per_sm, -(-grid // arch.sm_count))  # blocks sharing an SM in a wave
@@ -292,10 +319,19 @@ class TensorCorePolicy:
         # blocks fill the bubble)
         barrier = BARRIER_CYCLES_PER_WARP * c.warps / resident
         sm_step = max(resident * step, LOAD_LATENCY_CYCLES / max(c.stages - 1, 1)) + barrier
-        out_bytes = NBYTES.get(t["out_dtype"], 4)
+        out_bytes = 4 if c.splits > 1 else NBYTES.get(t["out_dtype"], 4)
         epilogue = resident * c.bm * c.bn * (2 * self.acc_bytes / SMEM_BYTES_PER_CYCLE + out_bytes / l2_per_cycle)
         cycles = waves * (steps * sm_step + epilogue + LOAD_LATENCY_CYCLES)
-        return cycles / CLOCK_HZ
+        return cycles / CLOCK_HZ + self.split_sum_cost(c)
+
+    def split_sum_cost(self, c: _Candidate) -> float:
+        """Seconds of split-K's second kernel: read every slice's fp32 partials, write the output."""
+        if c.splits == 1:
+            return 0.0
+        t = self.tags
+        outputs = t["batch"] * t["M"] * t["N"]
+        traffic = outputs * (4 * c.splits + NBYTES.get(t["out_dtype"], 4))
+        return traffic / (self.arch.dram_bandwidth_gbs * 1e9) + SPLIT_K_LAUNCH_S
 
     def rasterization(self, c: _Candidate) -> int:
         """Panel width of the block swizzle when the operands and output overflow L2."""
@@ -326,34 +362,45 @@ class TensorCorePolicy:
     def mma_sync_configs(self, topk: int) -> list[Config]:
         """The ``topk`` best mma.sync configs, best first. Equal estimates prefer square warp
         tiles, deeper pipelines, then longer K steps. Only the two best pipeline depths of each
-        tile shape are emitted, so a measured top-k sees more tiles."""
+        tile shape are emitted, so a measured top-k sees more tiles; split-K variants take at
+        most half of the slots (the estimate of the partial sums' cost is the roughest part)."""
         if topk <= 0:
             return []
         ranked = sorted(
             self.candidates(),
-            key=lambda c: (self.cost(c), abs(math.log2(c.wm / c.wn)), -c.stages, -c.bk, c.bm, c.bn, c.wm, c.wn),
+            key=lambda c: (self.cost(c), abs(math.log2(c.wm / c.wn)), -c.stages, -c.bk, c.splits, c.bm, c.bn, c.wm, c.wn),
         )
-        configs, per_shape = [], {}
+        whole = [c for c in ranked if c.splits == 1]
+        split = [c for c in ranked if c.splits > 1]
+        chosen = self._distinct(split, -(-topk // 2) if whole else topk)
+        chosen += self._distinct(whole, topk - len(chosen))
+        return sorted((self._config(c) for c in chosen), key=lambda cfg: cfg.cost)
+
+    @staticmethod
+    def _distinct(ranked: list[_Candidate], count: int) -> list[_Candidate]:
+        """The first ``count`` of ``ranked``, at most two pipeline depths per tile shape."""
+        out, per_shape = [], {}
         for c in ranked:
-            shape = (c.bm, c.bn, c.wm, c.wn, c.bk)
-            per_shape[shape] = per_shape.get(shape, 0) + 1
-            if per_shape[shape] > 2:
-                continue
-            configs.append(
-                Config(
-                    "matmul_tc",
-                    block=(c.bm, c.bn),
-                    warp=(c.wm, c.wn),
-                    rstep=(c.bk,),
-                    pipeline_stages=c.stages,
-                    use_async_copy=self.arch.has_async_copy and c.stages > 1,
-                    rasterization=self.rasterization(c),
-                    cost=self.cost(c),
-                )
-            )
-            if len(configs) >= topk:
+            if len(out) >= count:
                 break
-        return configs
+            shape = (c.bm, c.bn, c.wm, c.wn, c.bk, c.splits)
+            per_shape[shape] = per_shape.get(shape, 0) + 1
+            if per_shape[shape] <= 2:
+                out.append(c)
+        return out
+
+    def _config(self, c: _Candidate) -> Config:
+        return Config(
+            "matmul_tc",
+            block=(c.bm, c.bn),
+            warp=(c.wm, c.wn),
+            rstep=(c.bk,),
+            pipeline_stages=c.stages,
+            use_async_copy=self.arch.has_async_copy and c.stages > 1,
+            rasterization=self.rasterization(c),
+            split_k=c.splits,
+            cost=self.cost(c),
+        )
 
 
 #: A+B fragment registers up to which the template loads a whole K-step of fragments at once

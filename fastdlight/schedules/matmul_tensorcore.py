@@ -33,6 +33,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import (
     IterKind,
     auto_inline_consumer_chain,
+    auto_inline_consumers,
     auto_inline_producers,
     detect_iter_traits,
     make_iter_fusion_index_map,
@@ -50,6 +51,7 @@ from ..policies.tensorcore import (
 )
 
 from .base import MAX_VECTOR_BITS, ScheduleTemplate, expr_bits
+from .split_k import schedule_partial_sum, split_axis, split_reduction
 
 WARP = 32
 VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128
@@ -136,6 +138,15 @@ class TensorCoreMatmulTemplate(ScheduleTemplate):
         if not config_fits(match, config):
             return None
         register_intrinsics()
+        if config.split_k > 1:
+            axis = split_axis(func, match.block)
+            if axis is None or axis[1] % config.split_k:
+                return None
+            total = match.block
+            func, match = split_reduction(func, match, config.split_k)
+            sch = _schedule(func, match, config)
+            schedule_partial_sum(sch, total)
+            return sch
         return _schedule(func, match, config)
 
 
@@ -291,7 +302,10 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
     sch.tensorize(sch.get_loops(c_frag)[-2], intrins["store"])
 
-    auto_inline_consumer_chain(sch, c_smem)
+    if config.split_k > 1:  # the partial sums' only consumer is the kernel that adds them
+        auto_inline_consumers(sch, c_smem)
+    else:
+        auto_inline_consumer_chain(sch, c_smem)
     out_bytes = max(NBYTES.get(str(sch.get(c_smem).writes[0].source.dtype), 4), 1)
     fused = sch.fuse(*sch.get_loops(c_smem)[-len(sch.get(c_smem).iter_vars) :])
     out_vec = VECTOR_BYTES // max(out_bytes, NBYTES[match.acc_dtype])

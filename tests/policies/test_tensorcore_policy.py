@@ -197,3 +197,36 @@ def test_small_and_odd_shapes(shape):
 def test_int8_steps():
     configs = _policy(H100, dtype="int8", out="int32").emit_config(10)
     assert configs and all(c.rstep[0] % 32 == 0 for c in configs)
+
+
+def test_split_k_where_the_tiles_fill_less_than_a_wave():
+    """Decode (M = 16, K = 11008): 4096 / 256 = 16 output tiles across 132 SMs, so the policy
+    cuts K into slices; at most half of the top-k split, and the non-split tiles stay. A 4096^3
+    GEMM fills the GPU many times over: no split."""
+    policy = _policy(H100, 16, 4096, 11008)
+    assert policy.tags["split_extent"] == 11008
+    configs = policy.emit_config(20)
+    split = [c for c in configs if c.split_k > 1]
+    assert 0 < len(split) <= 10 and len(configs) == 20
+    for c in split:
+        grid = -(-16 // c.block[0]) * -(-4096 // c.block[1])
+        assert 11008 % c.split_k == 0 and (11008 // c.split_k) % 16 == 0
+        assert grid < policy.arch.sm_count * policy.blocks_per_sm(_Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages))
+        assert f"split_k={c.split_k}" in repr(c)
+    # a split candidate costs its slices' fewer K-steps plus the partial sums' kernel
+    whole = _Candidate(16, 128, 16, 64, 64, 4)
+    assert policy.cost(_Candidate(16, 128, 16, 64, 64, 4, splits=4)) < policy.cost(whole)
+    assert policy.split_sum_cost(_Candidate(16, 128, 16, 64, 64, 4, splits=4)) > 0 == policy.split_sum_cost(whole)
+    assert not any(c.split_k > 1 for c in _policy(H100).emit_config(20))
+
+
+def test_split_k_slices_a_convolutions_input_channels():
+    from tvm import te, topi
+
+    data = te.placeholder((16, 7, 7, 512), "float16", name="data")
+    weight = te.placeholder((512, 3, 3, 512), "float16", name="weight")
+    conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
+    func, tags = get_tensorized_func_and_tags(te.create_prim_func([data, weight, topi.cast(conv, "float16")]), H100)
+    assert tags["K"] == 4608 and tags["split_extent"] == 512  # rc, not the fused (ry, rx, rc)
+    configs = TensorCorePolicy(func, CUDA(H100), tags, instructions=("mma.sync",)).emit_config(20)
+    assert any(c.split_k > 1 for c in configs) and all(512 % c.split_k == 0 for c in configs)

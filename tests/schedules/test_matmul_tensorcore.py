@@ -173,3 +173,26 @@ def conv2d_nhwc_ohwi_bf16(n, h, c, k):
     conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
     out = topi.cast(conv, "bfloat16")
     return te.create_prim_func([data, weight, out])
+
+
+def test_split_k_compiles_to_a_partial_sum_kernel_and_an_epilogue_kernel():
+    """Split-K: the matmul kernel writes fp32 partial sums per K slice (blockIdx.y = slice), a
+    second kernel adds them and runs the epilogue (bias, ReLU, cast), for a GEMM with an
+    epilogue and a 3x3 convolution whose input channels are sliced."""
+    from tvm import te, topi
+
+    data = te.placeholder((2, 7, 7, 256), "float16", name="data")
+    weight = te.placeholder((256, 3, 3, 256), "float16", name="weight")
+    conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
+    conv_func = te.create_prim_func([data, weight, topi.cast(conv, "float16")])
+    jobs = [
+        (bias_relu_cast(64, 512, 2048), tc(block=(64, 64), warp=(32, 32), rstep=(64,), split_k=4), H100),
+        (conv_func, tc(block=(64, 128), warp=(32, 64), rstep=(64,), split_k=2), H100),
+    ]
+    for (_, config, _), (src, cubin) in zip(jobs, compile_all(jobs)):
+        check_kernel(src, cubin, config, repr(config))
+        kernels = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src)
+        assert len(set(kernels)) == 2, kernels
+        assert "blockIdx.y" in src and "_rf" in src
+    # a split that does not divide the sliced axis is refused, not built wrong
+    assert TEMPLATE.apply_config(bias_relu_cast(64, 512, 1000), tc(block=(64, 64), warp=(32, 32), rstep=(64,), split_k=3)) is None

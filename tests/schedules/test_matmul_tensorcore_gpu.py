@@ -1,4 +1,5 @@
-"""Tensor-core matmul on the GPU: the policy's top-5 configs all give correct results.
+"""Tensor-core matmul on the GPU: the policy's top-5 configs all give correct results, and so
+do split-K configs (decode shapes, an epilogue, padded slices, batches, a deep convolution).
 
 Each case builds the top configs of TensorCorePolicy for the live GPU with the tensor-core
 template only (no fallback), in parallel worker processes, then runs every one on random inputs
@@ -69,3 +70,36 @@ def test_top5_configs_correct(name):
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if r.error or not r.verified]
     assert not bad, f"{name}: " + "; ".join(bad)
     assert best.latency_ms > 0
+
+
+def _split(block, warp, rstep, split_k, stages=3):
+    from fastdlight.policies.config import Config
+
+    return Config("matmul_tc", block=block, warp=warp, rstep=(rstep,), pipeline_stages=stages, use_async_copy=True,
+                  split_k=split_k)
+
+
+#: split-K: the partial sums of each K slice added by a second kernel that runs the epilogue
+SPLIT_CASES = {
+    "decode_16x1024x4096_split4": (lambda: op_case(16, 1024, 4096, "float16", "float32", "NT"),
+                                   _split((16, 64), (16, 32), 64, 4, stages=4)),
+    "bf16_decode_16x512x2048_split8": (lambda: op_case(16, 512, 2048, "bfloat16", "float32", "NT"),
+                                       _split((16, 128), (16, 64), 64, 8)),
+    "bias_relu_cast_split2": (lambda: bias_relu_cast(256, 512, 1024), _split((64, 64), (32, 32), 32, 2)),
+    "padded_slices_64x256x1000_split2": (lambda: op_case(64, 256, 1000, "float16", "float32", "NT"),
+                                         _split((64, 64), (32, 32), 64, 2)),
+    "batched_3x64x128x512_NN_split2": (lambda: op_case(64, 128, 512, "float16", "float32", "NN", batch=3),
+                                       _split((64, 64), (32, 32), 32, 2)),
+    "conv_nhwc_3x3_512ch_split4": (lambda: conv_case(2, 7, 7, 512, 512, 3, 3, 1, 1), _split((64, 128), (32, 64), 64, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_split_k_correct(name):
+    make, config = SPLIT_CASES[name]
+    func, ref = make()
+    results, best = apply_and_build(
+        func, [config], auto_arch(), check="all", ref=ref, budget_ms=5, template=apply_tensorcore, progress=False
+    )
+    (r,) = results
+    assert not r.error and r.verified, f"{name}: {r.error or r.check_message}"
