@@ -372,7 +372,7 @@ class TensorCorePolicy:
         )
         whole = [c for c in ranked if c.splits == 1]
         split = [c for c in ranked if c.splits > 1]
-        chosen = self._distinct(split, -(-topk // 2) if whole else topk)
+        chosen = self._distinct(split, topk // 2 if whole else topk)
         chosen += self._distinct(whole, topk - len(chosen))
         return sorted((self._config(c) for c in chosen), key=lambda cfg: cfg.cost)
 
