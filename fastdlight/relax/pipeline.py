@@ -27,7 +27,7 @@ from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .reshapes import sink_reshapes
-from .rewrites import conv_channels_to_vectors, exact_integer_powers, rms_norms, softmax_of_fp16
+from .rewrites import exact_integer_powers, rms_norms, softmax_of_fp16
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto") -> IRModule:
@@ -36,8 +36,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     :func:`prepare` folds their layout changes once; BatchNorm decomposed into elementwise ops
     (which fuse into the convolution); ``fp16``: fp16 compute with fp32 accumulation in matmuls
     and convolutions (``ToMixedPrecision``), as torch's fp16 GEMMs do; the reshapes around
-    matmuls moved out of the way of fusion (:func:`.reshapes.sink_reshapes`); NHWC convolutions'
-    input channels padded to 16-byte vectors (:func:`.rewrites.conv_channels_to_vectors`).
+    matmuls moved out of the way of fusion (:func:`.reshapes.sink_reshapes`).
 
     ``layout``: ``"NHWC"`` puts convolutions in NHWC with OHWI weights (layout changes only at
     the model's edges; the weights' are folded), which the tensor-core convolution template
@@ -59,7 +58,6 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
-    passes.append(conv_channels_to_vectors())
     return tvm.transform.Sequential(passes)(mod)
 
 

@@ -130,35 +130,3 @@ def rms_norms() -> tvm.transform.Pass:
 
     return pattern_pass("fastdlight.RMSNorms", pattern, rewrite)
 
-
-#: input channels of an NHWC convolution are padded to a multiple of this (16 bytes of fp16)
-CHANNEL_MULTIPLE = 8
-
-
-def conv_channels_to_vectors() -> tvm.transform.Pass:
-    """NHWC convolutions whose input channels are not a multiple of 8 (ResNet's stem: 3) get
-    zero channels appended to the input and the weights, the same values: the implicit GEMM
-    then reads 16-byte vectors of channels (three fp16 channels fit no cp.async width, so
-    every load of the stem was a scalar one). The weights' padding folds with the constants;
-    the input's fuses with the layout change before it."""
-    data, weight = wildcard(), wildcard()
-    pattern = is_op("relax.nn.conv2d")(data, weight)
-
-    def rewrite(call, matches):
-        attrs, x, w = call.attrs, matches[data], matches[weight]
-        if (str(attrs.data_layout), str(attrs.kernel_layout), int(attrs.groups)) != ("NHWC", "OHWI", 1):
-            return call
-        if str(x.ty.dtype) not in ("float16", "bfloat16") or not isinstance(x.ty.shape[-1], tvm.tirx.IntImm):
-            return call
-        channels = int(x.ty.shape[-1])
-        extra = -channels % CHANNEL_MULTIPLE
-        if extra == 0:
-            return call
-        widen = [0, 0] * (x.ty.ndim - 1) + [0, extra]
-        return relax.op.nn.conv2d(
-            relax.op.nn.pad(x, widen), relax.op.nn.pad(w, widen), strides=attrs.strides, padding=attrs.padding,
-            dilation=attrs.dilation, groups=1, data_layout="NHWC", kernel_layout="OHWI",
-            out_layout=attrs.out_layout, out_dtype=attrs.out_dtype,
-        )  # fmt: skip
-
-    return pattern_pass("fastdlight.ConvChannelsToVectors", pattern, rewrite)

@@ -224,35 +224,3 @@ def run_on_cpu(mod, args):
         *[tvm.runtime.tensor(a) for a in args])
     return out.numpy() if hasattr(out, "numpy") else [t.numpy() for t in out]
 
-
-def test_an_nhwc_convolutions_three_input_channels_become_eight_with_the_same_values():
-    """ResNet's stem (3 channels) as 8: 16-byte channel vectors for the implicit GEMM. Channels
-    already a multiple of 8 and NCHW convolutions are left alone."""
-    from fastdlight.relax.rewrites import conv_channels_to_vectors
-
-    @I.ir_module
-    class Stem:
-        @R.function
-        def main(x: R.Tensor((1, 12, 12, 3), "float16"), w: R.Tensor((8, 3, 3, 3), "float16"),
-                 y: R.Tensor((1, 8, 12, 12), "float16"), v: R.Tensor((8, 8, 3, 3), "float16")):
-            with R.dataflow():
-                a = R.nn.conv2d(x, w, strides=2, padding=1, data_layout="NHWC", kernel_layout="OHWI",
-                                out_dtype="float32")
-                b = R.nn.conv2d(y, v, padding=1, out_dtype="float32")  # NCHW: untouched
-                out = (a, b)
-                R.output(out)
-            return out
-
-    rewritten = conv_channels_to_vectors()(Stem)
-    convs = []
-    relax.analysis.post_order_visit(rewritten["main"], lambda e: convs.append(e) if isinstance(e, relax.Call)
-                                    and getattr(e.op, "name", "") == "relax.nn.conv2d" else None)
-    assert sorted(int(c.args[0].ty.shape[-1]) for c in convs if str(c.attrs.data_layout) == "NHWC") == [8]
-    assert [int(c.args[0].ty.shape[1]) for c in convs if str(c.attrs.data_layout) == "NCHW"] == [8]
-    assert op_names(rewritten).count("relax.nn.pad") == 2
-    assert conv_channels_to_vectors()(rewritten).script() == rewritten.script()  # nothing left to pad
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype("float16") for s in ((1, 12, 12, 3), (8, 3, 3, 3), (1, 8, 12, 12), (8, 8, 3, 3))]
-    outs = [run_on_cpu(mod, args) for mod in (Stem, rewritten)]
-    for want, got in zip(*outs):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
