@@ -363,7 +363,10 @@ def test_gpu_a_small_space_is_timed_verified_and_stored(tmp_path):
     result = t.tune()
     assert result.source == "tuned" and result.verified is True and result.stored
     timed = [tr for tr in result.trials if tr.latency_ms is not None]
-    assert len(timed) >= 2 and result.latency_ms == min(tr.latency_ms for tr in timed if tr.verified)
+    from fastdlight.tune.runner import TIE_FRACTION  # a tie of the fastest goes to the estimate
+
+    fastest = min(tr.latency_ms for tr in timed if tr.verified)
+    assert len(timed) >= 2 and fastest <= result.latency_ms <= fastest * (1 + TIE_FRACTION)
     again = autotune(space=space, key="gemm_256_gpu", reference=gemm, database=tmp_path)(gemm_schedule)
     hit = again.tune()
     assert hit.source == "database" and hit.params == result.params
