@@ -4,9 +4,9 @@ outputs over K = 4608).
 
 The reduction axis that is contiguous in memory (a GEMM's K, a convolution's input channels)
 is cut into ``splits`` slices by ``rfactor``: the matmul becomes a batched one over the slices,
-writing fp32 partial sums ``C_rf[split, ...]`` (the template schedules that block as usual,
+writing partial sums ``C_rf[split, ...]`` in the accumulator's type (the template schedules that block as usual,
 the slice being one more batch axis), and a second kernel adds the slices and applies the
-function's epilogue (bias, activation, cast) per output element. The partials cost
+function's epilogue (bias, activation, cast) per output element. fp32 partials cost
 ``(splits + 1) * M * N * 4`` bytes of traffic, mostly in L2.
 """
 
@@ -18,6 +18,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..policies.matmul_match import MatmulMatch, split_axis
+from .base import root_block
 
 #: threads per block of the kernel that adds the partial sums
 SUM_THREADS = 128
@@ -61,8 +62,9 @@ def split_reduction(func: tirx.PrimFunc, match: MatmulMatch, splits: int) -> tup
 def schedule_partial_sum(sch: s_tir.Schedule, block_name: str) -> None:
     """The second kernel: one thread adds the slices of ``SUM_VECTOR`` neighbouring outputs
     and applies the epilogue to them, which is inlined into one block computed right there."""
-    total = sch.get_sblock(block_name)
-    root = sch.get_sblock("root") if _has_root(sch) else None
+    total, root = sch.get_sblock(block_name), root_block(sch)
+    if root is None:
+        raise ValueError("split-K needs a function in block form")
     after = _blocks_after(sch, total, root)
     for block in after[:-1]:  # cast -> add bias -> gelu: one block, no intermediate buffers
         try:
@@ -89,16 +91,8 @@ def schedule_partial_sum(sch: s_tir.Schedule, block_name: str) -> None:
         sch.vectorize(lane)
 
 
-def _has_root(sch: s_tir.Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def _blocks_after(sch, block, root) -> list:
-    children = sch.get_child_blocks(root) if root is not None else []
+    children = sch.get_child_blocks(root)
     names = [str(sch.get(b).name_hint) for b in children]
     here = names.index(str(sch.get(block).name_hint))
     return children[here + 1 :]
