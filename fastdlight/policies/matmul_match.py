@@ -205,17 +205,23 @@ def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[Matm
     ), ""  # fmt: skip
 
 
+def block_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize | None:
+    """The realize of ``func``'s block called ``name`` (its iterator bindings), or None."""
+    found = []
+    tvm_ffi.structural_walk(
+        func.body, (s_tir.SBlockRealize, lambda r: found.append(r) if str(r.block.name_hint) == name else None),
+        order="post",
+    )
+    return found[0] if found else None
+
+
 def split_axis(func: tirx.PrimFunc, block_name: str) -> tuple[str, int] | None:
     """(name, extent) of the reduction axis split-K slices: the block's last reduction iterator
     (K of a GEMM; the input channels of a convolution, innermost in NHWC)."""
-    found = []
-    tvm_ffi.structural_walk(
-        func.body, (s_tir.SBlock, lambda b: found.append(b) if str(b.name_hint) == block_name else None), order="post"
-    )
-    if not found:
+    realize = block_realize(func, block_name)
+    if realize is None:
         return None
-    block = found[0]
-    reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    reduce = [iv for iv in realize.block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if not reduce or not isinstance(reduce[-1].dom.extent, tirx.IntImm):
         return None
     return str(reduce[-1].var.name), int(reduce[-1].dom.extent)

@@ -9,8 +9,8 @@ normalization with ``reindex`` + ``transform_layout`` so that shared memory keep
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from tvm import tirx

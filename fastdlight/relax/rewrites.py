@@ -129,4 +129,3 @@ def rms_norms() -> tvm.transform.Pass:
         return relax.op.nn.rms_norm(xs, w, axes=[-1], epsilon=epsilon)
 
     return pattern_pass("fastdlight.RMSNorms", pattern, rewrite)
-

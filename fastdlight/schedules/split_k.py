@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..policies.matmul_match import MatmulMatch, split_axis
+from ..policies.matmul_match import MatmulMatch, block_realize, split_axis
 from .base import root_block
 
 #: threads per block of the kernel that adds the partial sums
@@ -37,7 +36,7 @@ def split_reduction(func: tirx.PrimFunc, match: MatmulMatch, splits: int) -> tup
         raise ValueError(f"split-K {splits} does not divide the reduction axis {axis}")
     sch = s_tir.Schedule(func)
     main = sch.get_sblock(match.block)
-    realize = _realize(sch.mod["main"], match.block)
+    realize = block_realize(sch.mod["main"], match.block)
     loops = sch.get_loops(main)
     loop_of = {str(sch.get(lp).loop_var.name): lp for lp in loops}
     bound = [
@@ -97,14 +96,3 @@ def _blocks_after(sch, block, root) -> list:
     here = names.index(str(sch.get(block).name_hint))
     return children[here + 1 :]
 
-
-def _realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
-    found = []
-    tvm_ffi.structural_walk(
-        func.body,
-        (s_tir.SBlockRealize, lambda r: found.append(r) if str(r.block.name_hint) == name else None),
-        order="post",
-    )
-    if not found:
-        raise ValueError(f"no block named {name!r}")
-    return found[0]
