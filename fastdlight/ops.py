@@ -144,6 +144,50 @@ def matmul_bias_relu(m, n, k, dtype="float16") -> Op:
     return Op("matmul_bias_relu", _prim_func([A, B, bias, D], "matmul_bias_relu"), ref, 2.0 * m * n * k, nbytes)
 
 
+def matmul_gated(m, n, k, dtype="float16") -> Op:
+    """D = silu(A·Bᵀ + bias) * G, the product accumulated in fp32, the bias fp32 and the gate
+    ``G[m, n]`` a second tensor in ``dtype``: the epilogue of an LLM's gated MLP projection, with
+    one read per output column and one per output element."""
+    _check_shape(m, n, k)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((n, k), dtype, name="B")
+    bias = te.placeholder((n,), "float32", name="bias")
+    G = te.placeholder((m, n), dtype, name="G")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
+    S = te.compute((m, n), lambda i, j: C[i, j] + bias[j], name="S")
+    D = te.compute((m, n), lambda i, j: (S[i, j] * tirx.sigmoid(S[i, j]) * G[i, j].astype("float32")).astype(dtype),
+                   name="D")
+
+    def ref(a, b, c, g):
+        s = a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64)
+        return s / (1 + np.exp(-s)) * g.astype(np.float64)
+
+    nbytes = (m * k + n * k + 2 * m * n) * _nbytes(dtype) + 4 * n
+    return Op("matmul_gated", _prim_func([A, B, bias, G, D], "matmul_gated"), ref, 2.0 * m * n * k, nbytes)
+
+
+def matmul_residual(m, n, k, dtype="float16") -> Op:
+    """D = R + float32(dtype(A·Bᵀ) + bias), all fp32 but the operands: a transformer's output
+    projection added to an fp32 residual stream (one read per output element, 8 bytes a pair)."""
+    _check_shape(m, n, k)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((n, k), dtype, name="B")
+    bias = te.placeholder((n,), "float32", name="bias")
+    R = te.placeholder((m, n), "float32", name="residual")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
+    D = te.compute((m, n), lambda i, j: R[i, j] + (bias[j] + C[i, j].astype(dtype).astype("float32")), name="D")
+
+    def ref(a, b, c, res):
+        return res.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64)
+
+    nbytes = (m * k + n * k) * _nbytes(dtype) + 4 * (2 * m * n + n)
+    return Op("matmul_residual", _prim_func([A, B, bias, R, D], "matmul_residual"), ref, 2.0 * m * n * k, nbytes)
+
+
 def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:
     """Y[m, n] = sum_k X[m, k] * W[n, k] (weights stored N×K as in linear layers); m <= 16 is
     the low-batch case."""

@@ -33,13 +33,13 @@ import re
 from dataclasses import dataclass
 
 import tvm
-from tvm import s_tir, tirx
-from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+from tvm import tirx
 
 from ..arch import CUDA
 from ..policies.config import Config
 from ..policies.wgmma import WgmmaMatch, match_wgmma
-from .base import ScheduleTemplate, root_block
+from .base import ScheduleTemplate
+from .wgmma_epilogue import extract_epilogue
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
 SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
@@ -328,7 +328,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
 class WgmmaMatmulTemplate(ScheduleTemplate):
     kinds = ("matmul_wgmma",)
     name = "matmul_wgmma"
-    sources = (KERNEL_SOURCE,)  # part of the template's identity in the tuning database
+    sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("wgmma_epilogue.py"))  # part of the template's identity in the tuning database
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
         match, _reason = match_wgmma(func)
@@ -373,7 +373,10 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
-            .replace("{STORE}", epilogue.stores(plan)))
+            .replace("{REGISTERS}", epilogue.registers(plan, _indent("{REGISTERS}")))
+            .replace("{PREFETCH_NEXT}", epilogue.prefetch_next(plan, _indent("{PREFETCH_NEXT}")))
+            .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
+            .replace("{STORE}", epilogue.stores(plan, _indent("{STORE}"))))
     from tvm.script import tirx as T
 
     env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
@@ -393,103 +396,8 @@ def _kernel_text() -> str:
     return KERNEL_SOURCE.read_text()
 
 
-#: identifiers the kernel text defines; an epilogue that uses one of them cannot be pasted in
-RESERVED = re.compile(r"\b(k_\w+|K_\w+|A_map|B_map|D_map|i|s|kk)\b")
-
-
-#: the 16-bit pack helpers TVM's CUDA codegen defines
-PACK = {"float16": "__pack_half2", "bfloat16": "__pack_nv_bfloat162"}
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """The elementwise tail of the function as TVMScript text over its own block variables,
-    with the matmul's accumulator read as ``K_ACC``."""
-
-    text: str
-    index_vars: tuple[str | None, ...]  # the output's indices: block var names (None: a constant)
-    guarded: bool  # reads inputs besides the accumulator: masked past the edges
-
-    def value(self, plan: Plan, e: int) -> str:
-        """The output element at column ``k_col + e`` of the thread's row, as an expression over
-        the kernel's own names (the block vars replaced by the element's coordinates)."""
-        coords = ["k_b", f"(k_m * {plan.bm} + {plan.row0_text()} + k_mi * 64 + k_row)",
-                  f"(k_n * {plan.bn} + k_c * {plan.chunk_cols} + k_col + {e})"]
-        text = self.text.replace("K_ACC", f"k_acc[k_reg + {e}]")
-        for name, coord in zip(reversed(self.index_vars), reversed(coords)):
-            if name is not None:
-                text = re.sub(rf"\b{re.escape(name)}\b", coord, text)
-        if self.guarded:
-            zero = f'T.Cast("{plan.match.out_dtype}", 0)'
-            text = f"T.if_then_else({coords[1]} < {plan.match.m}, T.if_then_else({coords[2]} < {plan.match.n}, {text}, {zero}), {zero})"
-        return text
-
-    def stores(self, plan: Plan) -> str:
-        """The staging stores of the thread's two adjacent outputs (``k_at``: their word)."""
-        dst = "k_Cs[k_cw, k_buf, k_at{}]"
-        if plan.match.out_bytes == 2:
-            pack = PACK[plan.match.out_dtype]
-            return f'{dst.format("")} = T.call_pure_extern("uint32", "{pack}", {self.value(plan, 0)}, {self.value(plan, 1)})'
-        indent = re.search(r"\n( *)\{STORE\}", _kernel_text()).group(1)
-        return ("\n" + indent).join(
-            f'{dst.format(f" + {e}")} = T.reinterpret("uint32", {self.value(plan, e)})' for e in (0, 1))
-
-
-def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
-    """Inline every elementwise block after the matmul into the last one and read its value."""
-    sch = s_tir.Schedule(func)
-    mm = sch.get_sblock(match.block)
-    auto_inline_producers(sch, mm)
-    params = {str(p.name) for p in func.params}
-    root = root_block(sch)
-    if root is None:
-        raise ValueError("the function is not in block form")
-    progress = True
-    while progress:
-        progress = False
-        for block in sch.get_child_blocks(root):
-            stmt = sch.get(block)
-            if stmt.name_hint == match.block or str(stmt.writes[0].source.name) in params:
-                continue
-            try:
-                sch.compute_inline(block)
-                progress = True
-                break
-            except Exception:  # noqa: BLE001 - not inlinable: the match below rejects the function
-                continue
-    acc_buf = sch.get(mm).writes[0].source
-    tail = [sch.get(b) for b in sch.get_child_blocks(root)]
-    tail = [b for b in tail if b.name_hint != match.block]
-    acc_dtype = str(acc_buf.dtype)
-    acc = "K_ACC" if acc_dtype == "float32" else f'T.Cast("{acc_dtype}", K_ACC)'
-    if not tail:  # the matmul writes the output itself
-        out = match.out_dtype
-        text = acc if out == acc_dtype == "float32" else f'T.Cast("{out}", {acc})'
-        return Epilogue(text, (), False)
-    if len(tail) != 1:
-        raise ValueError(f"{len(tail)} blocks remain after inlining the epilogue")
-    store = tail[0].body
-    names = []
-    for idx in store.indices:
-        if isinstance(idx, tirx.Var):
-            names.append(str(idx.name))
-        elif isinstance(idx, tirx.IntImm) and idx.value == 0:
-            names.append(None)
-        else:
-            raise ValueError("the output is not indexed by plain variables")
-    text = store.value.script()
-    acc_name = str(acc_buf.name)
-    index_text = ", ".join(n if n is not None else "0" for n in names)
-    for found in re.findall(rf"\b{re.escape(acc_name)}\[([^\]]*)\]", text):
-        if found.replace("T.int64(0)", "0") != index_text:
-            raise ValueError("the epilogue reads the accumulator at another element")
-    text = re.sub(rf"\b{re.escape(acc_name)}\[[^\]]*\]", acc, text)
-    others = {m for m in re.findall(r"\b(\w+)\[", text)} - {"T"}
-    if others - params:
-        raise ValueError(f"the epilogue reads intermediates {sorted(others - params)}")
-    if RESERVED.search(re.sub(r"\bT\.\w+|K_ACC|\"[^\"]*\"", "", text)):
-        raise ValueError("an epilogue name collides with the kernel's own")
-    return Epilogue(text, tuple(names), bool(others))
+def _indent(placeholder: str) -> str:
+    return re.search(rf"\n( *){re.escape(placeholder)}", _kernel_text()).group(1)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from fastdlight.arch import CUDA
 from fastdlight.policies.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.schedules import apply_config
-from fastdlight.schedules.matmul_wgmma import Epilogue, extract_epilogue
+from fastdlight.schedules.wgmma_epilogue import Epilogue, extract_epilogue
 from fastdlight.policies.wgmma import match_wgmma
 from fastdlight.tune.compile import build, compile_cubin, cuda_source, tir_pipeline
 
@@ -106,6 +106,56 @@ def test_model_epilogues_are_fused():
     for func, (_, src, cubin) in zip((gelu, gate), compile_all([(gelu, wgmma()), (gate, wgmma())])):
         check_hopper_kernel(src, cubin, 256)
         assert "erf" in src if func is gelu else "exp" in src
+
+
+def test_epilogue_reads_of_other_inputs_are_prefetched_into_registers_within_the_budget():
+    """A gate tensor (one value per output) is loaded in pairs before the main loop, in full
+    where it fits beside the accumulators and as a ring of chunks where it does not; a fp32
+    bias (one value per column) takes 8-byte loads when room is left; all without spills."""
+    from fastdlight.schedules.matmul_wgmma import Plan
+    from fastdlight.schedules.wgmma_epilogue import MAX_LIVE_REGS
+
+    op = ops.matmul_gated(1000, 520, 264, "bfloat16")
+    match = match_wgmma(op.func)[0]
+    epi = extract_epilogue(op.func, match)
+    bias, gate = epi.reads
+    assert (bias.buffer, bias.per_row, gate.buffer, gate.per_row) == ("bias", False, "G", True)
+    assert epi.pairable == (True, True)
+    small, big = Plan(match, 128, 128, 64, 4, 8, 132), Plan(match, 128, 256, 64, 4, 8, 132)
+    assert [(p.read.buffer, p.depth) for p in epi.prefetches(small)] == [("bias", 2), ("G", 2)]
+    assert [(p.read.buffer, p.depth) for p in epi.prefetches(big)] == [("G", 1)]  # a ring of one chunk
+    for plan in (small, big):
+        assert plan.acc_regs + sum(p.registers(plan) for p in epi.prefetches(plan)) <= MAX_LIVE_REGS
+    residual = ops.matmul_residual(1000, 520, 264)  # an fp32 tensor read per output: 8-byte pairs
+    jobs = [(op.func, wgmma(128, 128)), (op.func, wgmma(128, 256)), (residual.func, wgmma(128, 256))]
+    for (func, config), (_, src, cubin) in zip(jobs, compile_all(jobs)):
+        if func is residual.func:
+            check_hopper_kernel(src, cubin, 256)
+            assert "*(float2*)(residual_ptr" in src
+            continue
+        check_hopper_kernel(src, cubin, config.block[1], "bf16")
+        assert "__ushort_as_bfloat16" in src and "*(nv_bfloat162*)(G_ptr" in src
+        assert ("*(float2*)(bias_ptr" in src) == (config.block[1] == 128)
+
+
+def test_reads_that_are_not_adjacent_pairs_stay_direct_loads():
+    """A per-row scale and a transposed tensor have no two adjacent elements per thread: they
+    stay loads in the epilogue, masked past the edges, and the kernel still compiles."""
+    from tvm import te
+
+    m, n, k = 1000, 520, 264
+    A, B = te.placeholder((m, k), "float16", name="A"), te.placeholder((n, k), "float16", name="B")
+    scale, T_ = te.placeholder((m,), "float16", name="scale"), te.placeholder((n, m), "float16", name="Gt")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
+    D = te.compute((m, n), lambda i, j: C[i, j].astype("float16") * scale[i] + T_[j, i], name="D")
+    func = te.create_prim_func([A, B, scale, T_, D])
+    match = match_wgmma(func)[0]
+    epi = extract_epilogue(func, match)
+    assert epi.pairable == (False, False) and epi.guarded
+    (_, src, cubin), = compile_all([(func, wgmma(128, 128))])
+    check_hopper_kernel(src, cubin, 128)
+    assert "k_x0" not in src
 
 
 def test_a_module_mixing_wgmma_and_scheduled_functions_builds():

@@ -45,3 +45,20 @@ def test_every_wgmma_config_is_correct(name, arch):
     assert not bad, "\n".join(bad)
     assert best.config.kind == "matmul_wgmma"
     assert {c.block[0] == c.warp[0] for c in configs} == {True, False}
+
+
+@pytest.mark.parametrize("build,m,n,k,dtype", [
+    (ops.matmul_gated, 1000, 520, 264, "float16"), (ops.matmul_gated, 300, 1040, 200, "bfloat16"),
+    (ops.matmul_residual, 1000, 520, 264, "float16"),  # fp32 reads and output: 8-byte pairs
+])  # fmt: skip
+def test_epilogues_with_prefetched_reads_are_correct(build, m, n, k, dtype, arch):
+    """The bias and the gate (or residual) tensor are read in pairs before the main loop (in
+    full, or a ring of chunks on the widest tiles), zeros past the edges: every config agrees
+    with numpy."""
+    op = build(m, n, k, dtype)
+    configs = WgmmaPolicy(op.func, arch).emit_config(20)
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
+    assert {c.block[1] for c in configs} & {192, 256}  # ring prefetch is among them
