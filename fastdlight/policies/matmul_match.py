@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -225,3 +226,23 @@ def split_axis(func: tirx.PrimFunc, block_name: str) -> tuple[str, int] | None:
     if not reduce or not isinstance(reduce[-1].dom.extent, tirx.IntImm):
         return None
     return str(reduce[-1].var.name), int(reduce[-1].dom.extent)
+
+
+def anchor_key(func: tirx.PrimFunc) -> tuple | None:
+    """What the matmul (or implicit GEMM) of ``func`` computes, without what follows it: the
+    match's shapes, dtypes and layouts, and the shapes and dtypes of the tensors the reduction
+    reads once their producers (a convolution's padding) are inlined. Functions with equal keys
+    differ only in their epilogues. None: not a matmul, or symbolic."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+
+    match, _reason = match_matmul(func)
+    if match is None:
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        block = sch.get_sblock(match.block)
+        auto_inline_producers(sch, block)
+        reads = tuple((tuple(int(x) for x in r.source.shape), str(r.source.dtype)) for r in sch.get(block).reads)
+    except Exception:  # noqa: BLE001 - symbolic shapes, or producers that do not inline: no key
+        return None
+    return dataclasses.replace(match, block="", out_dtype="", num_epilogue=0), reads

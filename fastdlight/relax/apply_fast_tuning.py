@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import tvm_ffi
@@ -36,9 +36,10 @@ from tvm.ir.transform import PassContext, module_pass
 
 from ..arch import CUDA, auto_arch
 from ..policies.config import Config
+from ..policies.matmul_match import anchor_key
 from ..policies.prepare import shape_var_names
 from ..tune import build_task, clock
-from ..tune.candidates import tune_function
+from ..tune.candidates import best_configs, tune_function
 from ..tune.database import TuningDatabase
 from ..tune.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from ..tune.options import TuneOptions
@@ -48,6 +49,9 @@ from ..tune.report import failure_counts
 #: functions tuned at once: enough to keep the build workers busy while the GPU times another
 #: function's candidates
 DEFAULT_JOBS = 4
+#: a sibling's fastest configs measured for a function with the same matmul or convolution
+#: (ResNet's layers recur with and without the residual add; LLaMA's gate and up projections)
+SIBLING_SEEDS = 4
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -82,6 +86,7 @@ class FunctionReport:
     same_as: str | None = None
     failed: str = ""  # the candidates that failed, by stage ("2 wrong result, 1 nvcc")
     dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
+    seeded: bool = False  # tuned from a sibling's best configs (see _sibling_leaders)
 
     @property
     def winner(self) -> str | None:
@@ -145,19 +150,33 @@ class ApplyFastTuning:
                 (views if has_reshape_pattern(f) else todo).append((gv, f))
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
         groups = _structural_groups(todo)
+        leaders = _sibling_leaders([members[0][1] for members in groups])
         with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
             warnings.simplefilter("always")
-            futures = [pool.submit(self._tune_one, members[0][0].name_hint, members[0][1], arch, db)
-                       for members in groups]
+            futures: dict[int, Future] = {}
+
+            def submit(i: int, seeds=()):
+                futures[i] = pool.submit(self._tune_one, groups[i][0][0].name_hint, groups[i][0][1], arch, db, seeds)
+
+            for i, leader in enumerate(leaders):
+                if leader is None:
+                    submit(i)
             bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
-            for _ in as_completed(futures):
-                bar.update()
+            pending = set(futures.values())
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    bar.update()
+                    i = next(i for i, f in futures.items() if f is future)
+                    for j in (j for j, leader in enumerate(leaders) if leader == i):  # its siblings, seeded
+                        submit(j, future.result()[2])
+                        pending.add(futures[j])
             bar.close()
         _rewarn(caught)
         self.stage_seconds = clock.since(before)
         updated = {}
-        for members, future in zip(groups, futures):
-            scheduled, entry = future.result()
+        for i, members in enumerate(groups):
+            scheduled, entry, _seeds = futures[i].result()
             (first_gv, _), *others = members
             self.report.append(entry)
             self.report.extend(dataclasses.replace(entry, function=gv.name_hint, seconds=0.0, same_as=first_gv.name_hint)
@@ -175,23 +194,25 @@ class ApplyFastTuning:
     def _quiet(self) -> bool | None:
         return None if self.progress is None else not self.progress
 
-    def _tune_one(self, name: str, func, arch: CUDA, db) -> tuple[tirx.PrimFunc | None, FunctionReport]:
+    def _tune_one(self, name: str, func, arch: CUDA, db, seeds=()):
+        """(the scheduled function or None, its report, its best configs: seeds for siblings)."""
         t0 = time.perf_counter()
         if is_symbolic(func):
-            return self._dispatch_one(name, func, arch, db, t0)
+            return (*self._dispatch_one(name, func, arch, db, t0), ())
         try:
-            tuned = tune_function(func, arch, self.topk, self.options, db=db)
+            tuned = tune_function(func, arch, self.topk, self.options, db=db, seeds=seeds)
             # the winner's schedule, re-applied to the function exactly as the module holds it
             scheduled = schedule_with(func, tuned.config, arch)
         except Exception as e:  # noqa: BLE001 - this function stays as it was
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)
-            return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first)
+            return None, FunctionReport(name, "untuned", round(time.perf_counter() - t0, 3), error=first), ()
         best, stock = tuned.best, tuned.stock
         return scheduled, FunctionReport(
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
-            stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results))
+            stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
+            seeded=bool(seeds)), best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):
@@ -245,3 +266,17 @@ def _structural_groups(items) -> list[list[tuple]]:
             bucket.append(len(groups))
             groups.append([(gvar, func)])
     return groups
+
+
+def _sibling_leaders(funcs) -> list[int | None]:
+    """Per function, the index of an earlier one computing the same matmul or convolution
+    (same operands' shapes and dtypes, same reduction) with another epilogue: it is tuned after
+    that one, from its best configs (``tune_function``'s ``seeds``); None: tuned in full."""
+    first: dict[tuple, int] = {}
+    leaders: list[int | None] = []
+    for i, func in enumerate(funcs):
+        key = anchor_key(func)
+        leaders.append(first.get(key) if key is not None else None)
+        if key is not None:
+            first.setdefault(key, i)
+    return leaders

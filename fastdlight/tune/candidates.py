@@ -161,11 +161,36 @@ def measures(opts: TuneOptions) -> bool:
     return has_gpu() if opts.measure is None else bool(opts.measure) and has_gpu()
 
 
+#: with seeds (a sibling's best configs), a policy's own best-ranked configs measured beside them
+SEEDED_OWN_TOP = 2
+
+
+def seeded(cand: CandidateSet, seeds: tuple[Config, ...]) -> CandidateSet:
+    """``cand`` cut to the configs among ``seeds`` and its own ``SEEDED_OWN_TOP`` best-ranked
+    policy configs (stock and recorded ones stay); unchanged when no seed is among its configs."""
+    own = [c for c in cand.configs if not c.is_stock]
+    if not any(c in seeds for c in own):
+        return cand
+    keep = set(own[:SEEDED_OWN_TOP]) | set(seeds)
+    return dataclasses.replace(cand, configs=tuple(c for c in cand.configs if c.is_stock or c in keep))
+
+
+def best_configs(tuned: Tuned, n: int) -> tuple[Config, ...]:
+    """The ``n`` fastest timed policy configs of a tuning run that no check refuted."""
+    rows = sorted((r for r in tuned.results if not r.config.is_stock and r.latency_ms is not None
+                   and r.verified is not False), key=lambda r: r.latency_ms)
+    return tuple(dict.fromkeys(r.config for r in rows))[:n]
+
+
 def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes: dict | None = None,
-                  db=None, on_set: Callable[[CandidateSet], None] | None = None) -> Tuned:
+                  db=None, on_set: Callable[[CandidateSet], None] | None = None,
+                  seeds: tuple[Config, ...] = ()) -> Tuned:
     """Tune ``func`` (symbolic dims given values by ``opt_shapes``) and return the winner, which
-    is never slower than stock Dlight's schedule measured in the same run. Raises
-    :class:`TuningError` (every policy's reasons) when nothing usable was found."""
+    is never slower than stock Dlight's schedule measured in the same run. ``seeds``: the best
+    configs of a sibling (a function computing the same matmul or convolution with another
+    epilogue): the first candidate set is cut to them and its own best-ranked few
+    (:func:`seeded`). Raises :class:`TuningError` (every policy's reasons) when nothing usable
+    was found."""
     check_target(func)  # a CPU kernel is the caller's mistake, not a gap for stock Dlight to fill
     if opt_shapes:
         func = specialize(func, opt_shapes)
@@ -177,8 +202,10 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     prewarm(func, arch, opts)
     errors, failed, held = [], None, None
     recorded = db.meta_schedule.records(func) if db is not None else ()
-    for cand in candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts),
-                               recorded=recorded):
+    for i, cand in enumerate(candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts),
+                                            recorded=recorded)):
+        if seeds and i == 0:
+            cand = seeded(cand, seeds)
         if failed is not None:
             warnings.warn(f"fastdlight: every {failed} candidate failed; trying {cand.policy}", stacklevel=2)
         if on_set is not None:

@@ -154,3 +154,55 @@ def test_tuned_model_runs_correctly_on_the_gpu(model):
     out = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (x, w, b))).numpy().astype(np.float64)
     ref = ((x.astype(np.float64) @ w.astype(np.float64)) + b).sum(axis=1)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-2
+
+
+@I.ir_module
+class Siblings:
+    @R.function
+    def main(x: R.Tensor((128, 256), "float16"), w1: R.Tensor((256, 512), "float16"),
+             w2: R.Tensor((256, 512), "float16"), b: R.Tensor((512,), "float16")):
+        with R.dataflow():
+            y = R.nn.relu(R.matmul(x, w1))
+            z = R.add(R.matmul(x, w2), b)
+            R.output(y, z)
+        return (y, z)
+
+
+def test_a_sibling_with_the_same_matmul_is_tuned_after_it_from_its_best_configs(monkeypatch):
+    """Two functions with the same matmul and different epilogues: the second is tuned once the
+    first is done, its candidates seeded with the first's best configs."""
+    from fastdlight.relax import apply_fast_tuning
+
+    calls = []
+    real = apply_fast_tuning.tune_function
+
+    def recording(func, arch, topk, opts, db=None, seeds=()):
+        calls.append((len(calls), seeds))
+        return real(func, arch, topk, opts, db=db, seeds=seeds)
+
+    monkeypatch.setattr(apply_fast_tuning, "tune_function", recording)
+    # without a GPU nothing is timed: stand in for "the fastest" with the winner
+    monkeypatch.setattr(apply_fast_tuning, "best_configs", lambda tuned, n: (tuned.config,))
+    tuning = fastdlight.ApplyFastTuning(topk=4, target=H100, measure=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuning(legalized(Siblings))
+    report = {e.function: e for e in tuning.report}
+    assert len(report) == 2 and all(e.status == "tuned" for e in report.values())
+    assert [bool(seeds) for _, seeds in calls] == [False, True]
+    leader = next(e for e in report.values() if not e.seeded)
+    assert calls[1][1] == (leader.config,)
+    assert sum(e.seeded for e in report.values()) == 1
+
+
+def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
+    from fastdlight.policies.config import Config
+    from fastdlight.tune.candidates import SEEDED_OWN_TOP, CandidateSet, seeded
+
+    own = tuple(Config("matmul_tc", block=(64 * (i + 1), 64), warp=(32, 32), rstep=(32,)) for i in range(8))
+    stock = Config("dlight", (), arch="sm_90a")
+    cand = CandidateSet("TensorCorePolicy", None, own + (stock,))
+    cut = seeded(cand, (own[5], own[7]))
+    assert cut.configs == own[:SEEDED_OWN_TOP] + (own[5], own[7], stock)
+    other = Config("matmul_tc", block=(16, 16), warp=(16, 16), rstep=(16,))
+    assert seeded(cand, (other,)) is cand  # no seed applies: the full set

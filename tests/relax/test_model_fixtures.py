@@ -79,3 +79,21 @@ def _kernel(source: str, name: str) -> str | None:
     head = r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?' + re.escape(name) + r"_kernel\([^)]*\) \{"
     found = re.search(head + r".*?\n}\n", source, re.S)
     return found.group(0) if found else None
+
+
+def test_resnet_layers_with_and_without_the_residual_add_are_siblings():
+    """Each convolution that occurs with two epilogues is tuned once in full; its other variants
+    follow it, and no two different convolutions are paired."""
+    from fastdlight.policies.matmul_match import anchor_key
+    from fastdlight.relax.apply_fast_tuning import _sibling_leaders
+
+    funcs = prim_funcs(prepared("resnet18_nhwc_b16"))
+    names = sorted(funcs)
+    leaders = _sibling_leaders([funcs[n] for n in names])
+    pairs = [(names[i], names[lead]) for i, lead in enumerate(leaders) if lead is not None]
+    assert len(pairs) >= 4
+    conv = re.compile(r"fused_(conv2d\d*)_")
+    for follower, leader in pairs:
+        assert conv.match(follower).group(1) == conv.match(leader).group(1) and follower != leader
+        assert anchor_key(funcs[follower]) == anchor_key(funcs[leader])
+    assert all(anchor_key(f) is None for n, f in funcs.items() if "conv" not in n and "matmul" not in n)
