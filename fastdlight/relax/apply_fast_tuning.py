@@ -158,8 +158,10 @@ class ApplyFastTuning:
             def submit(i: int, seeds=()):
                 futures[i] = pool.submit(self._tune_one, groups[i][0][0].name_hint, groups[i][0][1], arch, db, seeds)
 
-            for i, leader in enumerate(leaders):
-                if leader is None:
+            # matmuls and convolutions first: their candidates take the longest to compile, and
+            # the quick functions fill the build workers' gaps at the end
+            for i in sorted(range(len(groups)), key=lambda i: leaders[i] != SELF):
+                if leaders[i] in (None, SELF):
                     submit(i)
             bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
             pending = set(futures.values())
@@ -268,15 +270,24 @@ def _structural_groups(items) -> list[list[tuple]]:
     return groups
 
 
+#: in :func:`_sibling_leaders`: a matmul or convolution tuned in full
+SELF = -1
+
+
 def _sibling_leaders(funcs) -> list[int | None]:
     """Per function, the index of an earlier one computing the same matmul or convolution
     (same operands' shapes and dtypes, same reduction) with another epilogue: it is tuned after
-    that one, from its best configs (``tune_function``'s ``seeds``); None: tuned in full."""
+    that one, from its best configs (``tune_function``'s ``seeds``); ``SELF``: the first of its
+    matmul or convolution, tuned in full; None: not a matmul."""
     first: dict[tuple, int] = {}
     leaders: list[int | None] = []
     for i, func in enumerate(funcs):
         key = anchor_key(func)
-        leaders.append(first.get(key) if key is not None else None)
-        if key is not None:
-            first.setdefault(key, i)
+        if key is None:
+            leaders.append(None)
+        elif key in first:
+            leaders.append(first[key])
+        else:
+            first[key] = i
+            leaders.append(SELF)
     return leaders

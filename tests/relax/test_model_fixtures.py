@@ -85,12 +85,14 @@ def test_resnet_layers_with_and_without_the_residual_add_are_siblings():
     """Each convolution that occurs with two epilogues is tuned once in full; its other variants
     follow it, and no two different convolutions are paired."""
     from fastdlight.policies.matmul_match import anchor_key
-    from fastdlight.relax.apply_fast_tuning import _sibling_leaders
+    from fastdlight.relax.apply_fast_tuning import SELF, _sibling_leaders
 
     funcs = prim_funcs(prepared("resnet18_nhwc_b16"))
     names = sorted(funcs)
     leaders = _sibling_leaders([funcs[n] for n in names])
-    pairs = [(names[i], names[lead]) for i, lead in enumerate(leaders) if lead is not None]
+    pairs = [(names[i], names[lead]) for i, lead in enumerate(leaders) if lead not in (None, SELF)]
+    assert {names[i] for i, lead in enumerate(leaders) if lead == SELF} == {leader for _, leader in pairs} | {
+        n for n in names if ("conv" in n or "matmul" in n) and n not in {f for f, _ in pairs}}
     assert len(pairs) >= 4
     conv = re.compile(r"fused_(conv2d\d*)_")
     for follower, leader in pairs:
