@@ -169,8 +169,8 @@ def matmul_gated(m, n, k, dtype="float16") -> Op:
 
 
 def matmul_residual(m, n, k, dtype="float16") -> Op:
-    """D = R + float32(dtype(A·Bᵀ) + bias), all fp32 but the operands: a transformer's output
-    projection added to an fp32 residual stream (one read per output element, 8 bytes a pair)."""
+    """D = R + (bias + A·Bᵀ), all fp32 but the operands: a transformer's output projection added
+    to an fp32 residual stream (one read per output element, 8 bytes a pair)."""
     _check_shape(m, n, k)
     _check_dtype(dtype, ("float16", "bfloat16"))
     A = te.placeholder((m, k), dtype, name="A")
@@ -179,13 +179,34 @@ def matmul_residual(m, n, k, dtype="float16") -> Op:
     R = te.placeholder((m, n), "float32", name="residual")
     r = te.reduce_axis((0, k), name="k")
     C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
-    D = te.compute((m, n), lambda i, j: R[i, j] + (bias[j] + C[i, j].astype(dtype).astype("float32")), name="D")
+    D = te.compute((m, n), lambda i, j: R[i, j] + (bias[j] + C[i, j]), name="D")
 
     def ref(a, b, c, res):
         return res.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64)
 
     nbytes = (m * k + n * k) * _nbytes(dtype) + 4 * (2 * m * n + n)
     return Op("matmul_residual", _prim_func([A, B, bias, R, D], "matmul_residual"), ref, 2.0 * m * n * k, nbytes)
+
+
+def conv2d_nhwc_ohwi(n, h, w, c, k, r=3, stride=1, pad=1, dtype="float16") -> Op:
+    """Out = dtype(conv2d(In, W)) with NHWC data, OHWI weights ``W[k, r, s, c]`` and fp32 sums:
+    a ResNet layer as ``relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})``
+    and FuseOps leave it (TOPI's conv2d, then a cast)."""
+    from tvm import topi
+
+    _check_shape(n, h, w, c, k, r, stride)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    data = te.placeholder((n, h, w, c), dtype, name="data")
+    weight = te.placeholder((k, r, r, c), dtype, name="weight")
+    conv = topi.nn.conv2d(data, weight, stride, pad, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
+    out = topi.cast(conv, dtype)
+    hwio = conv2d_nhwc(n, h, w, c, k, r, r, stride, pad, "float32")
+
+    def ref(i, wt):
+        return hwio.reference(i, np.transpose(wt, (1, 2, 3, 0)))
+
+    return Op("conv2d_nhwc_ohwi", _prim_func([data, weight, out], "conv2d_nhwc_ohwi"), ref, hwio.flops,
+              hwio.bytes * _nbytes(dtype) // 4)
 
 
 def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:

@@ -20,6 +20,7 @@ from ..arch import CUDA
 from .config import Config
 from .matmul_match import _has, _load_of, match_matmul
 from .tensorcore import NBYTES
+from .wgmma_conv import ConvGeometry, gemm_shape, match_conv
 
 #: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
 WGMMA_DTYPES = ("float16", "bfloat16")
@@ -53,6 +54,7 @@ class WgmmaMatch:
     b_k_major: bool
     a_batched: bool
     b_batched: bool
+    conv: ConvGeometry | None = None  # an NHWC convolution's implicit GEMM (A: the input's boxes)
 
     @property
     def in_bytes(self) -> int:
@@ -61,6 +63,10 @@ class WgmmaMatch:
     @property
     def out_bytes(self) -> int:
         return NBYTES[self.out_dtype]
+
+    def m_tiles(self, bm: int):
+        """Tiles of ``bm`` output rows: of M, or of the convolution's image patches."""
+        return self.conv.m_tiles(bm) if self.conv is not None else (self.m + bm - 1) // bm
 
 
 def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
@@ -76,8 +82,10 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
         return None, f"cannot inline the matmul's producers: {type(e).__name__}"
     block = sch.get(block_rv)
     value = block.body.value
-    load_x, load_y = _load_of(value.b.a), _load_of(value.b.b)
     params = {str(p.name): p for p in func.params}
+    if sum(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars) == 3:
+        return _match_conv(func, base, block, params)
+    load_x, load_y = _load_of(value.b.a), _load_of(value.b.b)
     if load_x is None or load_y is None:
         return None, "matmul operands are not loads"
     if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
@@ -127,6 +135,27 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
         return None, f"output rows are {match.n * match.out_bytes} bytes: TMA needs multiples of 16"
     if match.m < 64 or match.n < 16:
         return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
+    return match, ""
+
+
+def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
+    """An NHWC convolution as the template's implicit GEMM (see :mod:`.wgmma_conv`)."""
+    if base.in_dtype not in WGMMA_DTYPES:
+        return None, f"input dtype {base.in_dtype}: wgmma here takes fp16 or bf16"
+    written = [p for p in func.params if str(p.name) in _stored_names(func)]
+    if len(written) != 1 or str(written[0].dtype) not in OUT_DTYPES:
+        return None, "need one output, fp16/bf16/fp32"
+    out = written[0]
+    found, reason = match_conv(block, params, out)
+    if found is None:
+        return None, reason
+    x_name, w_name, geo = found
+    m, n, k = gemm_shape(geo, int(out.shape[-1]))
+    match = WgmmaMatch(block=base.block, in_dtype=base.in_dtype, out_dtype=str(out.dtype), batch=1, m=m, n=n, k=k,
+                       a_name=x_name, b_name=w_name, d_name=str(out.name), a_k_major=True, b_k_major=True,
+                       a_batched=False, b_batched=False, conv=geo)
+    if n * match.out_bytes % TMA_STRIDE_BYTES:
+        return None, f"output rows are {n * match.out_bytes} bytes: TMA needs multiples of 16"
     return match, ""
 
 
@@ -221,7 +250,7 @@ class WgmmaPolicy:
 
     def cost(self, t: _Tile) -> float:
         mt, arch = self.match, self.arch
-        tiles = mt.batch * -(-mt.m // t.bm) * -(-mt.n // t.bn)
+        tiles = mt.batch * mt.m_tiles(t.bm) * -(-mt.n // t.bn)
         waves = -(-tiles // arch.sm_count)
         steps = -(-mt.k // BK)
         peak = arch.peak_tc_tflops.get(mt.in_dtype, max(arch.peak_tc_tflops.values())) * 1e12
@@ -234,7 +263,7 @@ class WgmmaPolicy:
 
     def group_m(self, t: _Tile) -> int:
         """M-tiles per rasterization group: L2 reuse of B when the output spans many tiles."""
-        grid_m = -(-self.match.m // t.bm)
+        grid_m = self.match.m_tiles(t.bm)
         return 16 if grid_m >= 32 else 8 if grid_m >= 8 else 1
 
     def emit_config(self, topk: int = 8) -> list[Config]:

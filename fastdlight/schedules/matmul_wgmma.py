@@ -38,6 +38,7 @@ from tvm import tirx
 from ..arch import CUDA
 from ..policies.config import Config
 from ..policies.wgmma import WgmmaMatch, match_wgmma
+from ..policies.wgmma_conv import PATCH_W, ConvGeometry
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
 
@@ -122,6 +123,7 @@ class Output:
 
     dims: tuple[int, ...]
     elem_bytes: int
+    bm: int
 
     @property
     def chunk_cols(self) -> int:
@@ -143,8 +145,49 @@ class Output:
     def store_op(self) -> str:
         return f"cp.async.bulk.tensor.{len(self.dims)}d.global.shared::cta.tile.bulk_group"
 
-    def store_coords(self, b, col, row):
-        return [col, row] + ([b] if len(self.dims) == 3 else [])
+    def store_coords(self, b, col, m_tile, row):
+        """Coordinates of the chunk at ``row`` of M tile ``m_tile``, columns from ``col``."""
+        return [col, m_tile * self.bm + row] + ([b] if len(self.dims) == 3 else [])
+
+
+@dataclass(frozen=True)
+class ConvInput(Operand):
+    """The A tile of an NHWC convolution's K step: a 4-D box of the input (channels, a patch of
+    ``PATCH_W`` x ``bm / PATCH_W`` pixels at the convolution's element stride), see
+    :mod:`fastdlight.policies.wgmma_conv`."""
+
+    geo: ConvGeometry | None = None
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        sh, sw = self.geo.stride
+        return (self.bk, PATCH_W * sw, self.geo.patch_rows(self.rows) * sh, 1)
+
+    @property
+    def elem_strides(self) -> tuple[int, ...]:
+        return (1, self.geo.stride[1], self.geo.stride[0], 1)
+
+    def coords(self, b, blk, k, c):
+        img, p0, q0 = self.geo.patch(blk, self.rows)
+        r, s, c0 = self.geo.tap(k)
+        (sh, sw), (ph, pw) = self.geo.stride, self.geo.pad
+        return [c0, q0 * sw + s - pw, p0 * sh + r - ph, img]
+
+
+@dataclass(frozen=True)
+class ConvOutput(Output):
+    """The output ``[N, P, Q, K]`` stored as boxes of a tile's patch: 64 rows (``64 / PATCH_W``
+    image rows) by 128 bytes of channels; TMA clips what falls past the image."""
+
+    geo: ConvGeometry | None = None
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        return (self.chunk_cols, PATCH_W, 64 // PATCH_W, 1)
+
+    def store_coords(self, b, col, m_tile, row):
+        img, p0, q0 = self.geo.patch(m_tile, self.bm)
+        return [col, q0, p0 + row // PATCH_W, img]
 
 
 @dataclass(frozen=True)
@@ -212,7 +255,28 @@ class Plan:
 
     @property
     def grid_m(self) -> int:
-        return (self.match.m + self.bm - 1) // self.bm
+        return self.match.m_tiles(self.bm)
+
+    def out_coords(self, row: str, col: str) -> list[str]:
+        """The output's indices of tile row ``row`` (text, within the tile) and column ``col``
+        of the current tile (``k_b, k_m`` in scope), as TVMScript text."""
+        geo = self.match.conv
+        if geo is None:
+            return ["k_b", f"(k_m * {self.bm} + {row})", col]
+        per_image, tiles_q = geo.tiles_p(self.bm) * geo.tiles_q, geo.tiles_q
+        return [f"(k_m // {per_image})",
+                f"((k_m // {tiles_q}) % {geo.tiles_p(self.bm)} * {geo.patch_rows(self.bm)} + ({row}) // {PATCH_W})",
+                f"(k_m % {tiles_q} * {PATCH_W} + ({row}) % {PATCH_W})", col]
+
+    def in_bounds(self, coords: list[str], rows: bool = True) -> str:
+        """Text of "the element at ``coords`` (from :meth:`out_coords`) is in the output"."""
+        col = f"{coords[-1]} < {self.match.n}"
+        if not rows:
+            return col
+        geo = self.match.conv
+        if geo is None:
+            return f"{coords[-2]} < {self.match.m} and {col}"
+        return f"{coords[1]} < {geo.p} and {coords[2]} < {geo.q} and {col}"
 
     @property
     def grid_n(self) -> int:
@@ -299,11 +363,15 @@ def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Ope
         return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
 
     eb = match.in_bytes
-    a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
-                else dims(match.m, match.k, match.a_batched), eb)
     b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
                 else dims(match.n, match.k, match.b_batched), eb)
-    d = Output(dims(match.n, match.m, True), match.out_bytes)
+    geo = match.conv
+    if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
+        a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo)
+        return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
+    a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
+                else dims(match.m, match.k, match.a_batched), eb)
+    d = Output(dims(match.n, match.m, True), match.out_bytes, bm)
     return a, b, d
 
 

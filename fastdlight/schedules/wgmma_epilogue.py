@@ -140,8 +140,10 @@ class Epilogue:
         return tuple(sorted(chosen, key=lambda p: p.index))
 
     def coords(self, plan: Plan, e: int, mi: str = "k_mi", c: str = "k_c") -> list[str]:
-        return ["k_b", f"(k_m * {plan.bm} + {plan.row0_text()} + {mi} * 64 + k_row)",
-                f"(k_n * {plan.bn} + {c} * {plan.chunk_cols} + k_col + {e})"]
+        """The output indices of the thread's element ``k_col + e`` of row ``k_row`` in slice
+        ``mi`` and chunk ``c`` (text)."""
+        return plan.out_coords(f"{plan.row0_text()} + {mi} * 64 + k_row",
+                               f"(k_n * {plan.bn} + {c} * {plan.chunk_cols} + k_col + {e})")
 
     def substitute(self, text: str, plan: Plan, e: int, mi: str = "k_mi", c: str = "k_c") -> str:
         """``text`` with the block vars replaced by element ``k_col + e``'s coordinates."""
@@ -151,8 +153,7 @@ class Epilogue:
         return text
 
     def in_bounds(self, plan: Plan, e: int, rows: bool = True, mi: str = "k_mi", c: str = "k_c") -> str:
-        _b, row, col = self.coords(plan, e, mi, c)
-        return f"{row} < {plan.match.m} and {col} < {plan.match.n}" if rows else f"{col} < {plan.match.n}"
+        return plan.in_bounds(self.coords(plan, e, mi, c), rows)
 
     def value(self, plan: Plan, e: int) -> str:
         """The output element at column ``k_col + e`` of the thread's row, as an expression over
@@ -280,9 +281,12 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
 
 
 def _read(text: str, param: tirx.Var, index_text: str, names: tuple[str | None, ...]) -> Read:
+    """A read of ``param``; per row when it is indexed by an output index that changes within
+    a tile: not the column, nor the first of three or more (a batch or a convolution's image:
+    one per tile)."""
     indices = tuple(i.strip() for i in index_text.split(","))
-    row = names[-2] if len(names) >= 2 else None
-    return Read(text, str(param.name), indices, str(param.dtype), row is not None and row in indices)
+    rows = names[1:-1] if len(names) >= 3 else names[:-1]
+    return Read(text, str(param.name), indices, str(param.dtype), any(r is not None and r in indices for r in rows))
 
 
 def _pairable(read: Read, param, names: tuple[str | None, ...], match: WgmmaMatch) -> bool:

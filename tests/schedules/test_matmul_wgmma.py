@@ -158,6 +158,27 @@ def test_reads_that_are_not_adjacent_pairs_stay_direct_loads():
     assert "k_x0" not in src
 
 
+def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():
+    """An NHWC/OHWI convolution is an implicit GEMM: the input read as 4-D TMA boxes (the
+    convolution's stride as the element stride), the weights as a 2-D K-major B, the output
+    stored as 4-D boxes; the 3-channel stem and HWIO weights are refused with the reason."""
+    from fastdlight.policies.wgmma_conv import ConvGeometry
+
+    op = ops.conv2d_nhwc_ohwi(2, 30, 30, 64, 128, 3, 2, 1)
+    match, _ = match_wgmma(op.func)
+    assert match.conv == ConvGeometry(2, 30, 30, 64, 15, 15, 3, 3, (2, 2), (1, 1))
+    assert (match.m, match.n, match.k) == (2 * 15 * 15, 128, 9 * 64)
+    assert match.m_tiles(128) == 2 * 1 * 2  # 16-row x 8-column patches: one by two per image
+    configs = WgmmaPolicy(op.func, H100).emit_config(2)
+    for config, (_, src, cubin) in zip(configs, compile_all([(op.func, c) for c in configs])):
+        check_hopper_kernel(src, cubin, config.block[1])
+        assert "cp.async.bulk.tensor.4d.shared::cluster.global" in src  # the input's boxes
+        assert "cp.async.bulk.tensor.2d.shared::cluster.global" in src  # the weights
+        assert "cp.async.bulk.tensor.4d.global.shared::cta" in src  # the output's boxes
+    assert "64 channels" in match_wgmma(ops.conv2d_nhwc_ohwi(2, 32, 32, 3, 64, 7, 2, 3).func)[1]
+    assert match_wgmma(ops.conv2d_nhwc(2, 14, 14, 64, 64, out_dtype="float32").func)[0] is None  # HWIO
+
+
 def test_a_module_mixing_wgmma_and_scheduled_functions_builds():
     gelu = model_function("mlp_gelu", "fused_matmul_cast2_cast3_add_gelu_cast2")
     ew = ops.elementwise((256, 256)).func

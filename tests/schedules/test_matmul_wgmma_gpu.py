@@ -62,3 +62,20 @@ def test_epilogues_with_prefetched_reads_are_correct(build, m, n, k, dtype, arch
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
     assert {c.block[1] for c in configs} & {192, 256}  # ring prefetch is among them
+
+
+@pytest.mark.parametrize("args", [
+    (2, 14, 14, 64, 128, 3, 1, 1, "float16"),  # 14 = 8 + 6: patches past the image's edge
+    (2, 30, 30, 64, 64, 3, 2, 1, "bfloat16"),  # stride 2: TMA element strides, padding at the top/left
+    (3, 28, 28, 128, 64, 1, 2, 0, "float16"),  # 1x1 downsample
+    (3, 7, 7, 128, 192, 3, 1, 1, "float16"),  # a patch larger than the image
+])  # fmt: skip
+def test_every_wgmma_conv_config_is_correct(args, arch):
+    """NHWC convolutions as implicit GEMMs whose A tiles are TMA boxes of the input (the zero
+    padding is TMA's out-of-bounds fill): every config agrees with numpy."""
+    op = ops.conv2d_nhwc_ohwi(*args)
+    configs = WgmmaPolicy(op.func, arch).emit_config(20)
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
