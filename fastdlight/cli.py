@@ -189,6 +189,9 @@ def make_op(args):
             return ops.reduce(d, args.dtype, args.op, axis=args.axis)
         if args.op == "softmax":
             return ops.softmax(*d, dtype=args.dtype)
+        if args.dtype in ("float16", "bfloat16") and args.out_dtype is None:
+            # as models hold it (ConvertLayout to NHWC/OHWI, fp32 sums): the Hopper wgmma path takes it
+            return ops.conv2d_nhwc_ohwi(*d, r=args.kernel, stride=args.stride, pad=args.pad, dtype=args.dtype)
         return ops.conv2d_nhwc(*d, r=args.kernel, s=args.kernel, stride=args.stride, pad=args.pad,
                                dtype=args.dtype, out_dtype=args.out_dtype)
     except (ValueError, TypeError) as e:
