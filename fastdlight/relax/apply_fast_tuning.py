@@ -38,8 +38,8 @@ from ..arch import CUDA, auto_arch
 from ..policies.config import Config
 from ..policies.matmul_match import anchor_key
 from ..policies.prepare import shape_var_names
-from ..tune import build_task, clock
-from ..tune.candidates import best_configs, tune_function
+from ..tune import clock
+from ..tune.candidates import best_configs, scheduled_function, tune_function
 from ..tune.database import TuningDatabase
 from ..tune.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from ..tune.options import TuneOptions
@@ -56,15 +56,6 @@ SIBLING_SEEDS = 4
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"])
-
-
-def schedule_with(func: tirx.PrimFunc, config, arch: CUDA) -> tirx.PrimFunc:
-    """``func`` scheduled by ``config`` for ``arch`` (no building, no timing)."""
-    with arch.target:
-        sch = build_task.apply_template(func, config)
-    if sch is None:
-        raise ValueError(f"{config!r} does not apply to this function")
-    return build_task.as_module(sch)["main"]
 
 
 @dataclass(frozen=True)
@@ -204,7 +195,8 @@ class ApplyFastTuning:
         try:
             tuned = tune_function(func, arch, self.topk, self.options, db=db, seeds=seeds)
             # the winner's schedule, re-applied to the function exactly as the module holds it
-            scheduled = schedule_with(func, tuned.config, arch)
+            # (or the kernel tuning made or the database stored for it)
+            scheduled = tuned.kernel if tuned.kernel is not None else scheduled_function(func, tuned.config, arch)
         except Exception as e:  # noqa: BLE001 - this function stays as it was
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             warnings.warn(f"fastdlight.ApplyFastTuning: {name} left unscheduled: {first}", stacklevel=2)

@@ -49,6 +49,7 @@ class Tuned:
     policy: str
     results: tuple[CompileResult, ...] = ()
     best: CompileResult | None = None
+    kernel: object = None  # the scheduled PrimFunc, where it was made here or stored (wgmma)
 
     @property
     def stock(self) -> CompileResult | None:
@@ -198,7 +199,7 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     if hit is not None:
         replayed = _replay(func, arch, hit.config, opts)
         if replayed is not None:
-            return replayed
+            return dataclasses.replace(replayed, kernel=hit.load_kernel()) if not replayed.results else replayed
     prewarm(func, arch, opts)
     errors, failed, held = [], None, None
     recorded = db.meta_schedule.records(func) if db is not None else ()
@@ -223,9 +224,25 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
             break  # a policy config beat stock Dlight; otherwise the next policy gets its chance
     if held is None:
         raise TuningError("\n".join(errors) or "no candidate configs")
+    if held.config.kind in STORED_KERNELS:
+        held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))
     if db is not None and held.best.verified:
-        db.commit(func, arch, held.config, held.best.latency_ms, True, reference=held.best.verdict.reference)
+        db.commit(func, arch, held.config, held.best.latency_ms, True, reference=held.best.verdict.reference,
+                  kernel=held.kernel)
     return held
+
+
+#: config kinds whose winning kernel the database stores: re-making it parses TVMScript
+STORED_KERNELS = ("matmul_wgmma",)
+
+
+def scheduled_function(func, config: Config, arch: CUDA):
+    """``func`` scheduled by ``config`` for ``arch`` (no building, no timing)."""
+    with arch.target:
+        sch = build_task.apply_template(func, config)
+    if sch is None:
+        raise ValueError(f"{config!r} does not apply to this function")
+    return build_task.as_module(sch)["main"]
 
 
 def _faster(stock_won: Tuned, later: Tuned) -> Tuned:

@@ -112,6 +112,9 @@ def tir_pipeline(mod: tvm.IRModule) -> str:
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     if not any(is_tirx_kernel(f) or is_dispatcher(f) for f in funcs):
         return "default"
+    from ..schedules.matmul_wgmma import register_codegen_fixes
+
+    register_codegen_fixes()  # a kernel may come from a database record, never built here
     if all(is_tirx_kernel(f) for f in funcs) and len(funcs) == len(list(mod.functions_items())):
         return "tirx"
     _register_hybrid_pipeline()

@@ -11,7 +11,8 @@ The JSON-lines file is the source of truth; a MetaSchedule JSON database beside 
 TVM's ``ms.database.JSONDatabase`` and ``relax.transform.MetaScheduleApplyDatabase``. A record stores the winning :class:`Config` (not a
 schedule trace: re-applying a config is deterministic and takes milliseconds, and it works for
 the tensor-core path, whose schedule is made on a rewritten copy of the function) and the
-function itself, so a hit is decided by structural equality, never by a hash alone.
+function itself, so a hit is decided by structural equality, never by a hash alone. A wgmma
+winner also stores its kernel: that template parses TVMScript, 0.1-0.3 s a function.
 
 A record is keyed by the function's structural hash, the target (GPU name and arch), the TVM
 version and a fingerprint of the template code for the config's kind: a record of another TVM,
@@ -26,12 +27,14 @@ garbled line is skipped with one warning naming the file and line. The newest re
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
 import threading
 import time
 import warnings
+import zlib
 from dataclasses import dataclass
 
 import tvm
@@ -57,6 +60,13 @@ class Record:
     verified: bool
     reference: str | None  # what the winner was verified against
     created: float  # epoch seconds
+    kernel: str | None = None  # the winner's kernel, where rebuilding it is slow (see commit)
+
+    def load_kernel(self):
+        """The stored kernel (a PrimFunc), or None when the record has none."""
+        if self.kernel is None:
+            return None
+        return tvm.ir.load_json(zlib.decompress(base64.b64decode(self.kernel)).decode())
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,7 @@ class TuningDatabase:
                 continue
             if tvm_ffi.structural_equal(tvm.ir.load_json(row["func"]), func):
                 return Record(Config.from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
-                              row.get("reference"), row.get("created", 0.0))
+                              row.get("reference"), row.get("created", 0.0), row.get("kernel"))
         return None
 
     def lookup_key(self, key: str, arch: CUDA) -> KeyRecord | None:
@@ -173,8 +183,10 @@ class TuningDatabase:
 
     # -- writing ----------------------------------------------------------------------------
     def commit(self, func, arch: CUDA, config: Config, latency_ms: float | None = None, verified: bool | None = None,
-               reference: str | None = None) -> None:
-        """Append a verified winner. A winner that failed or skipped verification is refused."""
+               reference: str | None = None, kernel=None) -> None:
+        """Append a verified winner. A winner that failed or skipped verification is refused.
+        ``kernel``: the scheduled function, stored (TVM JSON, compressed: ~30 KB) where
+        re-applying the config is slow: a wgmma kernel is parsed from TVMScript, 0.1-0.3 s."""
         if verified is not True:
             raise ValueError(f"refusing to store {config!r}: it was not verified")
         row = {
@@ -182,6 +194,8 @@ class TuningDatabase:
             "template": template_fingerprint(config.kind), "config": config.to_dict(), "latency_ms": latency_ms,
             "verified": True, "reference": reference, "created": time.time(), "func": tvm.ir.save_json(func),
         }  # fmt: skip
+        if kernel is not None:
+            row["kernel"] = base64.b64encode(zlib.compress(tvm.ir.save_json(kernel).encode())).decode()
         self._append(row)
         self.meta_schedule.add(func, arch, config, latency_ms)
 

@@ -110,8 +110,8 @@ def test_an_unusable_directory_is_one_clear_error(tmp_path):
 
 
 def test_a_wgmma_record_replays_as_the_same_kernel_and_its_kernel_text_is_in_the_fingerprint(tmp_path, monkeypatch):
-    """TIRx kernels have no schedule trace: the record holds the config, and replay regenerates
-    the kernel from it; editing the kernel text (not a Python module) retires the record."""
+    """TIRx kernels have no schedule trace: the record holds the config, from which the kernel
+    can be regenerated; editing the kernel text (not a Python module) retires the record."""
     import tvm_ffi
 
     from fastdlight.schedules import apply_config, dispatch
@@ -169,3 +169,29 @@ def test_a_kernel_without_a_trace_stays_out_of_the_view(tmp_path):
     db.commit(gemm, H100, wgmma, 0.01, True)
     assert db.lookup(gemm, H100).config == wgmma  # our records keep it
     assert not db.meta_schedule.add(gemm, H100, wgmma, 0.01)
+
+
+def test_a_stored_wgmma_kernel_is_replayed_without_parsing_the_template_again(tmp_path, monkeypatch):
+    """A wgmma winner's kernel is stored with its record, compressed; a hit hands it back and
+    the template is not applied again."""
+    import tvm_ffi
+
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune import build_task, candidates
+    from fastdlight.tune.options import TuneOptions
+
+    gemm = ops.matmul(512, 512, 512, "float16", "float16", "NN", acc_dtype="float32").func
+    config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                    use_async_copy=True, rasterization=1)
+    with H100.target:
+        kernel = apply_config(gemm, config)
+    TuningDatabase(tmp_path).commit(gemm, H100, config, 0.01, True, kernel=kernel)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the template was applied again")
+
+    monkeypatch.setattr(build_task, "apply_template", never)
+    tuned = candidates.tune_function(gemm, H100, 4, TuneOptions(measure=False), db=TuningDatabase(tmp_path))
+    assert tuned.source == "database" and tuned.config == config
+    assert tvm_ffi.structural_equal(tuned.kernel, kernel)
+    assert len((tmp_path / "fastdlight_records.jsonl").read_bytes()) < 100_000  # compressed
