@@ -179,6 +179,24 @@ def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():
     assert match_wgmma(ops.conv2d_nhwc(2, 14, 14, 64, 64, out_dtype="float32").func)[0] is None  # HWIO
 
 
+def test_a_resnet_layer_with_batch_norm_and_residual_compiles_on_the_wgmma_conv():
+    """ResNet-18's last 3x3 layer as the model fuses it (batch norm, residual add, ReLU, cast):
+    the epilogue indexes the 4-D output by the tile's patch, and the kernel compiles cleanly."""
+    from fastdlight.relax import for_inference, prepare
+    from fastdlight.relax.pipeline import prim_funcs
+
+    mod = tvm.script.from_source((FIXTURES / "resnet18_nhwc_b16.py").read_text())
+    funcs = prim_funcs(prepare(H100.target)(for_inference(mod, layout="NHWC")))
+    name = next(n for n in sorted(funcs) if n.startswith("fused_conv2d9_") and "add12" in n)
+    match = match_wgmma(funcs[name])[0]
+    assert match.conv.p == match.conv.q == 7 and match.conv.c == 512
+    epi = extract_epilogue(funcs[name], match)
+    assert len(epi.index_vars) == 4 and any(r.per_row for r in epi.reads)
+    for config, (_, src, cubin) in zip((wgmma(64, 64, 8, 8), wgmma(128, 128)),
+                                       compile_all([(funcs[name], wgmma(64, 64, 8, 8)), (funcs[name], wgmma(128, 128))])):
+        check_hopper_kernel(src, cubin, config.block[1])
+
+
 def test_a_module_mixing_wgmma_and_scheduled_functions_builds():
     gelu = model_function("mlp_gelu", "fused_matmul_cast2_cast3_add_gelu_cast2")
     ew = ops.elementwise((256, 256)).func
