@@ -93,13 +93,9 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     in_dtype = str(load_x.source.dtype)
     if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
         return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
-    stored = _stored_names(func)
-    written = [p for p in func.params if str(p.name) in stored]
-    if len(written) != 1:
-        return None, f"{len(written)} outputs (need one)"
-    out = written[0]
-    if str(out.dtype) not in OUT_DTYPES:
-        return None, f"output dtype {out.dtype}"
+    out, reason = _the_output(func)
+    if out is None:
+        return None, reason
     reduce_vars = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if len(reduce_vars) != 1:
         return None, "need one reduction axis"
@@ -131,8 +127,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     for name, extent in inner.items():
         if extent * match.in_bytes % TMA_STRIDE_BYTES:
             return None, f"{name}'s rows are {extent * match.in_bytes} bytes: TMA needs multiples of 16"
-    if match.n * match.out_bytes % TMA_STRIDE_BYTES:
-        return None, f"output rows are {match.n * match.out_bytes} bytes: TMA needs multiples of 16"
+    if reason := _output_rows_misaligned(match):
+        return None, reason
     if match.m < 64 or match.n < 16:
         return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
     return match, ""
@@ -142,10 +138,9 @@ def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
     """An NHWC convolution as the template's implicit GEMM (see :mod:`.wgmma_conv`)."""
     if base.in_dtype not in WGMMA_DTYPES:
         return None, f"input dtype {base.in_dtype}: wgmma here takes fp16 or bf16"
-    written = [p for p in func.params if str(p.name) in _stored_names(func)]
-    if len(written) != 1 or str(written[0].dtype) not in OUT_DTYPES:
-        return None, "need one output, fp16/bf16/fp32"
-    out = written[0]
+    out, reason = _the_output(func)
+    if out is None:
+        return None, reason
     found, reason = match_conv(block, params, out)
     if found is None:
         return None, reason
@@ -154,9 +149,27 @@ def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
     match = WgmmaMatch(block=base.block, in_dtype=base.in_dtype, out_dtype=str(out.dtype), batch=1, m=m, n=n, k=k,
                        a_name=x_name, b_name=w_name, d_name=str(out.name), a_k_major=True, b_k_major=True,
                        a_batched=False, b_batched=False, conv=geo)
-    if n * match.out_bytes % TMA_STRIDE_BYTES:
-        return None, f"output rows are {n * match.out_bytes} bytes: TMA needs multiples of 16"
+    if reason := _output_rows_misaligned(match):
+        return None, reason
     return match, ""
+
+
+def _the_output(func):
+    """``(out, "")``: the one parameter the function writes, in a dtype the TMA-store epilogue
+    writes; else ``(None, reason)``."""
+    stored = _stored_names(func)
+    written = [p for p in func.params if str(p.name) in stored]
+    if len(written) != 1:
+        return None, f"{len(written)} outputs (need one)"
+    if str(written[0].dtype) not in OUT_DTYPES:
+        return None, f"output dtype {written[0].dtype}"
+    return written[0], ""
+
+
+def _output_rows_misaligned(match: WgmmaMatch) -> str:
+    """Why TMA cannot store the output's rows ("" when it can)."""
+    row = match.n * match.out_bytes
+    return f"output rows are {row} bytes: TMA needs multiples of 16" if row % TMA_STRIDE_BYTES else ""
 
 
 def _stored_names(func) -> set[str]:

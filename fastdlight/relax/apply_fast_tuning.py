@@ -145,9 +145,11 @@ class ApplyFastTuning:
         with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
             warnings.simplefilter("always")
             futures: dict[int, Future] = {}
+            index: dict[Future, int] = {}
 
             def submit(i: int, seeds=()):
                 futures[i] = pool.submit(self._tune_one, groups[i][0][0].name_hint, groups[i][0][1], arch, db, seeds)
+                index[futures[i]] = i
 
             # matmuls and convolutions first: their candidates take the longest to compile, and
             # the quick functions fill the build workers' gaps at the end
@@ -160,8 +162,7 @@ class ApplyFastTuning:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     bar.update()
-                    i = next(i for i, f in futures.items() if f is future)
-                    for j in (j for j, leader in enumerate(leaders) if leader == i):  # its siblings, seeded
+                    for j in (j for j, leader in enumerate(leaders) if leader == index[future]):  # its siblings, seeded
                         submit(j, future.result()[2])
                         pending.add(futures[j])
             bar.close()

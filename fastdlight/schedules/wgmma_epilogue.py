@@ -18,7 +18,6 @@ load in the epilogue.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -131,12 +130,13 @@ class Epilogue:
         order = sorted(range(len(self.reads)), key=lambda i: not self.reads[i].per_row)
         for i in (i for i in order if self.pairable[i]):
             read = self.reads[i]
-            full = Prefetch(i, read, chunks)
-            per_chunk = Prefetch(i, read, 1).registers(plan)
-            depth = min(chunks, (MAX_LIVE_REGS - live) // per_chunk) if read.per_row else chunks
-            if depth >= 1 and live + dataclasses.replace(full, depth=depth).registers(plan) <= MAX_LIVE_REGS:
-                chosen.append(dataclasses.replace(full, depth=depth))
-                live += chosen[-1].registers(plan)
+            depth = chunks
+            if read.per_row:  # as many chunks as fit, up to the whole tile
+                depth = min(chunks, (MAX_LIVE_REGS - live) // Prefetch(i, read, 1).registers(plan))
+            held = Prefetch(i, read, depth)
+            if depth >= 1 and live + held.registers(plan) <= MAX_LIVE_REGS:
+                chosen.append(held)
+                live += held.registers(plan)
         return tuple(sorted(chosen, key=lambda p: p.index))
 
     def coords(self, plan: Plan, e: int, mi: str = "k_mi", c: str = "k_c") -> list[str]:

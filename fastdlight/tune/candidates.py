@@ -49,7 +49,7 @@ class Tuned:
     policy: str
     results: tuple[CompileResult, ...] = ()
     best: CompileResult | None = None
-    kernel: object = None  # the scheduled PrimFunc, where it was made here or stored (wgmma)
+    kernel: object = None  # the scheduled PrimFunc, where the database stores it (wgmma)
 
     @property
     def stock(self) -> CompileResult | None:
@@ -224,9 +224,9 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
             break  # a policy config beat stock Dlight; otherwise the next policy gets its chance
     if held is None:
         raise TuningError("\n".join(errors) or "no candidate configs")
-    if held.config.kind in STORED_KERNELS:
-        held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))
     if db is not None and held.best.verified:
+        if held.config.kind in STORED_KERNELS:
+            held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))
         db.commit(func, arch, held.config, held.best.latency_ms, True, reference=held.best.verdict.reference,
                   kernel=held.kernel)
     return held
