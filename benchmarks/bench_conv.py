@@ -1,7 +1,7 @@
 """ResNet-18's convolution layers: what the tuner picks against cuDNN (torch) and stock Dlight.
 
     python benchmarks/bench_conv.py [--batch 16] [--topk 20] [--only NAME ...] [--layouts NHWC NCHW]
-                                    [--dtypes float16 bfloat16] [--dry-run]
+                                    [--dtypes float16 bfloat16] [--pipeline] [--dry-run]
 
 Each case is one layer as FuseOps leaves it in the model (``cast(conv2d(x, w))``, fp32
 accumulation, fp16 or bf16 in and out): NHWC data with OHWI weights (what
@@ -13,8 +13,14 @@ NHWC rows, the same stored tensors) are both timed inside CUDA graphs, alternate
 ``ROUNDS`` rounds, inputs rotated out of L2 (medians). The row gives the winner, the best time of
 each family while tuning, and the ratio to cuDNN.
 
+``--pipeline``: each layer as a one-layer Relax model through the model pipeline instead
+(``for_inference(layout="NHWC")``, ``compile_model``), timed as one VM call in the same CUDA
+graphs. That is how a model runs the 3-channel stem (an im2col gather and a GEMM,
+:mod:`fastdlight.relax.convs`) and NCHW layers (a transpose of the input and of the weights, an
+NHWC convolution and a transpose back, every kernel in the timing).
+
 ``--dry-run`` (no GPU): every case's function and its candidate configs, nothing built or timed.
-Writes ``$OUT/bench_conv.json`` and ``.md``.
+Writes ``$OUT/bench_conv.json`` and ``.md`` (``bench_conv_pipeline.*`` with ``--pipeline``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,10 +39,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tvm  # noqa: E402
-from tvm import te, topi  # noqa: E402
+from tvm import relax, te, topi  # noqa: E402
 
 from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
 from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
+from fastdlight.relax import compile_model, for_inference, prepare  # noqa: E402
+from fastdlight.relax.pipeline import prim_funcs  # noqa: E402
 from fastdlight.tune.candidates import candidate_sets, stock_configs, tune_function  # noqa: E402
 from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
 from fastdlight.tune.measure import Workload, function_name  # noqa: E402
@@ -95,6 +104,22 @@ class Case:
         out = topi.cast(conv, self.dtype)
         return te.create_prim_func([data, weight, out]).with_attr("global_symbol", "conv")
 
+    def relax_module(self) -> tvm.IRModule:
+        """The layer as a one-layer model: ``astype(conv2d(data, weight, out_dtype=float32))``."""
+        ly = self.layer
+        shapes = [[int(v) for v in p.shape] for p in self.func().params[:2]]
+        bb = relax.BlockBuilder()
+        data, weight = (relax.Var(n, relax.TensorType(s, self.dtype)) for n, s in zip(("data", "weight"), shapes))
+        nhwc = self.layout == "NHWC"
+        with bb.function("main", [data, weight]):
+            with bb.dataflow():
+                conv = bb.emit(relax.op.nn.conv2d(data, weight, strides=ly.stride, padding=ly.pad,
+                                                  data_layout=self.layout, kernel_layout="OHWI" if nhwc else "OIHW",
+                                                  out_dtype="float32"))
+                out = bb.emit_output(relax.op.astype(conv, self.dtype))
+            bb.emit_func_output(out)
+        return bb.get()
+
     def torch_operands(self, data, weight):
         """torch's NCHW / OIHW views of the stored tensors (channels_last memory for NHWC)."""
         if self.layout == "NHWC":
@@ -145,8 +170,6 @@ def flops(case: Case) -> float:
 
 
 def run_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
-    import torch
-
     func = case.func()
     t0 = time.perf_counter()
     tuned = tune_function(func, arch, topk, TuneOptions(check="winner", ref=case.reference(), progress=False))
@@ -156,7 +179,50 @@ def run_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
         log(f"    {r.config}  {r.latency_ms if r.latency_ms is not None else '-'} ms verified={r.verified} "
             f"{(r.error or '')[:200]}")
     wl = Workload(best._func, tvm.cuda(0), seed=0)
+    launch = best.module[function_name(best.module, best._func)]
+    ms, cudnn_ms = time_against_cudnn(case, launch, wl.timing_arg_sets(arch.l2_bytes), wl.dev, budget_ms,
+                                      best.latency_ms)
+    return Row(case.name, repr(best.config), ms, cudnn_ms, cudnn_ms / ms, family_best(tuned.results),
+               flops(case) / ms / 1e9, round(tune_s, 1))
+
+
+def run_pipeline_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
+    """The layer as a one-layer model through :func:`fastdlight.relax.compile_model`."""
+    mod = for_inference(case.relax_module(), fp16=False, layout="NHWC")
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex, _tuned, report = compile_model(mod, arch.target, topk=topk, progress=False)
+    tune_s = time.perf_counter() - t0
+    kernels = [e for e in report if e.latency_ms is not None]
+    for e in report:
+        log(f"    {e.function}: {e.status} {e.winner} {e.latency_ms} ms {e.config!r}")
+    vm = relax.VirtualMachine(ex, tvm.cuda(0))
+    wl = Workload(case.func(), tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    data, weight = (a.numpy() for a in arg_sets[0][:2])
+    got = vm["main"](*arg_sets[0][:2]).numpy().astype(np.float64)
+    want = case.reference()(data, weight)
+    err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    if err > PIPELINE_TOLERANCE:
+        raise AssertionError(f"pipeline output differs from torch's by {err:.3g} (relative to the largest value)")
+    estimate = sum(e.latency_ms for e in kernels)
+    ms, cudnn_ms = time_against_cudnn(case, lambda d, w, _out: vm["main"](d, w), arg_sets, wl.dev, budget_ms,
+                                      estimate)
+    winner = "pipeline: " + ", ".join(f"{e.function} {e.config.kind if e.config else e.status} {e.latency_ms:.4f}"
+                                      for e in kernels)
+    return Row(case.name, winner, ms, cudnn_ms, cudnn_ms / ms, None, flops(case) / ms / 1e9, round(tune_s, 1))
+
+
+#: largest difference from torch's fp64 result, relative to its largest value, of a pipeline case
+PIPELINE_TOLERANCE = 2e-2
+
+
+def time_against_cudnn(case: Case, launch, arg_sets, dev, budget_ms: float, estimate_ms: float):
+    """Medians of ``launch(*args)`` and of torch's conv2d on the same stored tensors, each in
+    CUDA graphs, inputs rotated, alternately in ``ROUNDS`` rounds: ``(ours ms, cuDNN ms)``."""
+    import torch
+
     fns = []
     for args in arg_sets:  # torch reads the same stored tensors as our kernel, rotated likewise
         data, weight = (torch.from_dlpack(x) for x in args[:2])
@@ -165,22 +231,27 @@ def run_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
     for fn in fns:  # cudnn.benchmark picks its algorithm on the first calls, outside the graphs
         fn()
     torch.cuda.synchronize()
-    launch = best.module[function_name(best.module, best._func)]
     ours, cudnn = [], []
     for _ in range(ROUNDS):  # alternate the two sides: GPU clocks drift over a run
-        ours.append(time_graph(launch, arg_sets, wl.dev, budget_ms, best.latency_ms).median_ms)
-        cudnn.append(time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
-    ms, cudnn_ms = float(np.median(ours)), float(np.median(cudnn))
-    return Row(case.name, repr(best.config), ms, cudnn_ms, cudnn_ms / ms, family_best(tuned.results),
-               flops(case) / ms / 1e9, round(tune_s, 1))
+        ours.append(time_graph(launch, arg_sets, dev, budget_ms, estimate_ms).median_ms)
+        cudnn.append(time_torch_graph(fns, budget_ms, estimate_ms).median_ms)
+    return float(np.median(ours)), float(np.median(cudnn))
 
 
-def dry_run(case: Case, arch, topk: int, log) -> Row:
-    func = case.func()
-    sets = list(candidate_sets(func, arch, topk, stock_configs(func, arch)))
-    kinds = sorted({c.kind for s in sets for c in s.configs})
-    log(f"    {len(sets)} candidate sets, kinds {kinds}")
-    return Row(case.name, winner="(dry run) " + ", ".join(kinds))
+def dry_run(case: Case, arch, topk: int, log, pipeline: bool = False) -> Row:
+    """The candidates' kinds of the layer's function (``pipeline``: of each function the model
+    pipeline makes of the layer)."""
+    if pipeline:
+        funcs = prim_funcs(prepare(arch.target)(for_inference(case.relax_module(), fp16=False, layout="NHWC")))
+    else:
+        funcs = {"conv": case.func()}
+    found = []
+    for name, func in funcs.items():
+        sets = list(candidate_sets(func, arch, topk, stock_configs(func, arch)))
+        kinds = sorted({c.kind for s in sets for c in s.configs})
+        log(f"    {name}: {len(sets)} candidate sets, kinds {kinds}")
+        found.append(f"{name} {'/'.join(kinds)}" if pipeline else ", ".join(kinds))
+    return Row(case.name, winner="(dry run) " + "; ".join(found))
 
 
 def markdown(rows: list[Row], device: str) -> str:
@@ -215,12 +286,15 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["NHWC", "NCHW"], choices=["NHWC", "NCHW"])
     parser.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16"])
     parser.add_argument("--only", nargs="*", help="substrings of case names to run")
+    parser.add_argument("--pipeline", action="store_true", help="each layer as a one-layer model through the "
+                        "Relax pipeline (im2col stem, NCHW via NHWC), timed as one VM call")
     parser.add_argument("--dry-run", action="store_true", help="candidates only; nothing built or timed (no GPU)")
     args = parser.parse_args(argv)
     if not args.dry_run and not has_gpu():
         print("error: bench_conv needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
-    out_dir, log = open_log("bench_conv")
+    name = "bench_conv_pipeline" if args.pipeline else "bench_conv"
+    out_dir, log = open_log(name)
     arch = auto_arch()
     device = f"{tvm.cuda(0).device_name} ({arch.arch}, {arch.sm_count} SMs)" if not args.dry_run else arch.name
     if not args.dry_run:
@@ -233,18 +307,21 @@ def main(argv=None) -> int:
     for case in cases(args):
         log(f"== {case.name}")
         try:
-            row = dry_run(case, arch, args.topk, log) if args.dry_run else run_case(case, arch, args.topk,
-                                                                                    args.budget_ms, log)
+            if args.dry_run:
+                row = dry_run(case, arch, args.topk, log, args.pipeline)
+            else:
+                run = run_pipeline_case if args.pipeline else run_case
+                row = run(case, arch, args.topk, args.budget_ms, log)
         except Exception as e:  # noqa: BLE001 - report and go on with the next case
             row = Row(case.name, error=f"{type(e).__name__}: {e}")
             log(traceback.format_exc())
         rows.append(row)
         log(json.dumps(asdict(row)))
-        with open(os.path.join(out_dir, "bench_conv.json"), "w") as f:
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
             json.dump({"device": device, "rows": [asdict(r) for r in rows]}, f, indent=1)
     table = markdown(rows, device)
     log(table)
-    with open(os.path.join(out_dir, "bench_conv.md"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(table + "\n")
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
@@ -69,8 +70,20 @@ class WgmmaMatch:
         return self.conv.m_tiles(bm) if self.conv is not None else (self.m + bm - 1) // bm
 
 
+def distinct_param_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with parameters of distinct names. FuseTIR can give two parameters one name
+    (ResNet's stem GEMM has two ``lv2``), and the wgmma template refers to buffers by name in
+    its text; the TVMScript printer tells them apart (``lv2_1``), so a round trip renames them."""
+    names = [str(p.name) for p in func.params]
+    if len(set(names)) == len(names):
+        return func
+    return tvm.script.from_source(func.script())
+
+
 def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
-    """``(match, "")`` when the wgmma template can compute ``func``, else ``(None, reason)``."""
+    """``(match, "")`` when the wgmma template can compute ``func``, else ``(None, reason)``.
+    Names in the match are those of :func:`distinct_param_names`."""
+    func = distinct_param_names(func)
     base, reason = match_matmul(func)
     if base is None:
         return None, reason

@@ -26,6 +26,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
+from .convs import im2col_convs
 from .reshapes import sink_reshapes
 from .rewrites import exact_integer_powers, rms_norms, softmax_of_fp16
 
@@ -58,6 +59,8 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
+    passes.append(im2col_convs())  # NHWC convolutions of 3-channel images, as GEMMs
+    passes.append(sink_reshapes())  # the im2col GEMM's reshape below its epilogue
     return tvm.transform.Sequential(passes)(mod)
 
 

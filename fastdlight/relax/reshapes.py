@@ -107,7 +107,7 @@ def _unary_rule(bindings: _Bindings):
 
 def _binary_rule(bindings: _Bindings):
     """``op(reshape(x), y)``: ``y`` a scalar or over trailing axes the reshape keeps (a bias, a
-    scale) broadcasts the same way against ``x``; ``y`` of the full shape is reshaped to ``x``'s."""
+    scale, also as ``[1, 1, 1, C]``) broadcasts the same way against ``x``; ``y`` of the full shape is reshaped to ``x``'s."""
     x, shape, other = wildcard(), wildcard(), wildcard()
     reshaped = is_op("relax.reshape")(x, shape)
     pattern = _any_of([p for op in BINARY for p in (is_op(op)(reshaped, other), is_op(op)(other, reshaped))])
@@ -117,10 +117,13 @@ def _binary_rule(bindings: _Bindings):
         s_in, s_out, s_y = _shape(inner), _shape(call), _shape(y)
         if None in (s_in, s_out, s_y) or len(s_in) >= len(s_out):
             return call  # only un-flattening reshapes move: the flattened operand's reshape must stay
+        core = s_y[next((i for i, v in enumerate(s_y) if v != 1), len(s_y)):]  # [1, 1, 1, C] broadcasts as [C]
         if s_y == s_out and len(s_out) > 0:
             y = relax.op.reshape(y, s_in)
-        elif len(s_y) > min(len(s_in), len(s_out)) or (s_y and s_in[-len(s_y):] != s_out[-len(s_y):]):
+        elif len(core) > min(len(s_in), len(s_out)) or (core and s_in[-len(core):] != s_out[-len(core):]):
             return call
+        elif core != s_y:
+            y = relax.op.reshape(y, core)
         args = [y, inner] if call.args[0].same_as(matches[other]) else [inner, y]
         return relax.op.reshape(relax.Call(call.op, args, call.attrs, call.ty_args), s_out)
 

@@ -37,7 +37,7 @@ from tvm import tirx
 
 from ..arch import CUDA
 from ..policies.config import Config
-from ..policies.wgmma import WgmmaMatch, match_wgmma
+from ..policies.wgmma import WgmmaMatch, distinct_param_names, match_wgmma
 from ..policies.wgmma_conv import PATCH_W, ConvGeometry
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
@@ -416,6 +416,7 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
     only symbolic dimension."""
     from ..policies.prepare import scalar_dtype, shape_var_names
 
+    symbolic = distinct_param_names(symbolic)
     match, _reason = match_wgmma(static)
     if match is None or not config_fits(match, config):
         return None
@@ -434,6 +435,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     """The TIRx kernel for ``func`` under ``plan``: same parameters, same result. ``bind``: a
     function whose parameters (by name) the kernel uses instead of its own (it then has none)."""
     register_codegen_fixes()
+    func = distinct_param_names(func)
     epilogue = extract_epilogue(func, plan.match)
     a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk)
     params = "" if bind is not None else ", ".join(
