@@ -7,13 +7,15 @@ stem fell back to a scalar gather in the mma.sync template, 0.144 ms of ResNet-1
 batch 16 on an H100.
 
 :func:`im2col_convs` writes such a convolution as two kernels: an injective gather of each output
-pixel's receptive field into a row of ``R*S*C`` values (zero-padded to a multiple of 8, a 16-byte
-row, which TMA takes), and ``matmul(rows, weights')`` with the weights reshaped to match (a
-constant when they are bound, folded at load). The matmul is an ordinary GEMM on the wgmma
-template; what FuseOps fused after the convolution (batch norm, ReLU, a cast) fuses after it.
+pixel's receptive field into a column of ``K = R*S*C`` values, ``columns[K, N*P*Q]``, and a GEMM
+of the columns with the weights as ``[K, O]`` (a constant when they are bound, folded at load).
+The columns are pixel-major so that the gather's neighbouring threads take neighbouring pixels:
+their reads of the image are coalesced and so are their writes (each thread's k is fixed). The
+GEMM reads them as an M-major A (the wgmma template's TMA box transposes it); its epilogue takes
+what FuseOps fused after the convolution (batch norm, ReLU, a cast).
 
-The price is the rows buffer, ``N*P*Q*Kp`` values (61 MB for ResNet-18's stem at batch 16), written
-once and read once; the rewrite applies only where ``Kp`` is at most :data:`MAX_ROW` values.
+The price is the columns buffer, ``K*N*P*Q`` values (59 MB for ResNet-18's stem at batch 16),
+written once and read once; the rewrite applies only where ``K`` is at most :data:`MAX_K`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 #: input channels per 16-byte row: convolutions with a multiple of this are left to the templates
 ROW_CHANNELS = 8
-#: the longest im2col row (R*S*C rounded up to 8) rewritten: the rows buffer is Kp values a pixel
-MAX_ROW = 512
+#: the longest receptive field (R*S*C values) rewritten: the columns buffer holds K values a pixel
+MAX_K = 512
 #: the input dtypes whose GEMM runs on tensor cores (others keep their convolution)
 TENSOR_CORE_DTYPES = ("float16", "bfloat16")
 
@@ -43,13 +45,9 @@ def _static_shape(expr) -> list[int] | None:
     return _ints(shape.values)
 
 
-def _row_length(k: int) -> int:
-    return -(-k // ROW_CHANNELS) * ROW_CHANNELS
-
-
 def rewritable(call: relax.Call) -> bool:
     """An NHWC/OHWI ``conv2d`` (groups 1, no dilation, static shapes, fp16/bf16) whose channels are
-    not a multiple of :data:`ROW_CHANNELS` and whose im2col row is at most :data:`MAX_ROW`."""
+    not a multiple of :data:`ROW_CHANNELS` and whose receptive field is at most :data:`MAX_K`."""
     attrs = call.attrs
     if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI" or str(attrs.out_layout) != "NHWC":
         return False
@@ -59,7 +57,7 @@ def rewritable(call: relax.Call) -> bool:
     if x is None or w is None or str(call.args[0].ty.dtype) not in TENSOR_CORE_DTYPES:
         return False
     channels = x[3]
-    return channels % ROW_CHANNELS != 0 and _row_length(w[1] * w[2] * channels) <= MAX_ROW
+    return channels % ROW_CHANNELS != 0 and w[1] * w[2] * channels <= MAX_K
 
 
 def _geometry(call: relax.Call):
@@ -71,32 +69,34 @@ def _geometry(call: relax.Call):
     return (n, h, w, c), (o, r, s), (stride_h, stride_w), (top, left), (p, q)
 
 
-def im2col(data: te.Tensor, rs, strides, pads, pq, k_pad: int) -> te.Tensor:
-    """``rows[(n*P + p)*Q + q, (r*S + s)*C + c] = data[n, p*sh - top + r, q*sw - left + s, c]``,
-    zero outside the image and in the row's padding."""
+def im2col(data: te.Tensor, rs, strides, pads, pq) -> te.Tensor:
+    """``columns[(r*S + s)*C + c, (n*P + p)*Q + q] = data[n, p*sh - top + r, q*sw - left + s, c]``,
+    zero outside the image."""
     n, h, w, c = (int(v) for v in data.shape)
     (r_taps, s_taps), (sh, sw), (top, left), (p_out, q_out) = rs, strides, pads, pq
-    k_real = r_taps * s_taps * c
 
-    def row(m, k):
+    def column(k, m):
         img, pix = m // (p_out * q_out), m % (p_out * q_out)
         y = pix // q_out * sh - top + k // (s_taps * c)
         x = pix % q_out * sw - left + k // c % s_taps
-        inside = tirx.all(k < k_real, y >= 0, y < h, x >= 0, x < w)
+        inside = tirx.all(y >= 0, y < h, x >= 0, x < w)
         return tirx.if_then_else(inside, data[img, y, x, k % c], tirx.const(0, data.dtype))
 
-    return te.compute((n * p_out * q_out, k_pad), row, name="im2col")
+    return te.compute((r_taps * s_taps * c, n * p_out * q_out), column, name="im2col")
 
 
-def weight_rows(weight: te.Tensor, k_pad: int) -> te.Tensor:
-    """OHWI weights as ``[O, Kp]`` rows in :func:`im2col`'s order, zero-padded."""
+def weight_columns(weight: te.Tensor) -> te.Tensor:
+    """OHWI weights as ``[K, O]`` in :func:`im2col`'s order of K."""
     o, r, s, c = (int(v) for v in weight.shape)
+    return te.compute((r * s * c, o), lambda k, j: weight[j, k // (s * c), k // c % s, k % c], name="weight_columns")
 
-    def row(j, k):
-        value = weight[j, k // (s * c), k // c % s, k % c]
-        return tirx.if_then_else(k < r * s * c, value, tirx.const(0, weight.dtype))
 
-    return te.compute((o, k_pad), row, name="weight_rows")
+def gemm(columns: te.Tensor, weights: te.Tensor, out_dtype: str) -> te.Tensor:
+    """``out[m, j] = sum_k columns[k, m] * weights[k, j]``, summed in ``out_dtype``."""
+    k = te.reduce_axis((0, int(columns.shape[0])), name="k")
+    return te.compute((int(columns.shape[1]), int(weights.shape[1])),
+                      lambda m, j: te.sum(columns[k, m].astype(out_dtype) * weights[k, j].astype(out_dtype), axis=k),
+                      name="matmul")
 
 
 @mutator
@@ -105,18 +105,17 @@ class _Im2colConvs(PyExprMutator):
         call = super().visit_call_(call)
         if getattr(call.op, "name", "") != "relax.nn.conv2d" or not rewritable(call):
             return call
-        (n, _, _, c), (o, r, s), strides, pads, (p, q) = _geometry(call)
-        k_pad = _row_length(r * s * c)
+        (n, _, _, _), (o, r, s), strides, pads, (p, q) = _geometry(call)
         data, weight = call.args
-        rows = self.builder_.call_te(im2col, data, (r, s), strides, pads, (p, q), k_pad, primfunc_name_hint="im2col")
-        w_rows = self.builder_.call_te(weight_rows, weight, k_pad, primfunc_name_hint="weight_rows")
+        columns = self.builder_.emit_te(im2col, data, (r, s), strides, pads, (p, q), primfunc_name_hint="im2col")
+        weights = self.builder_.emit_te(weight_columns, weight, primfunc_name_hint="weight_columns")
         out_dtype = str(call.attrs.out_dtype) or str(data.ty.dtype)
-        product = relax.op.matmul(rows, relax.op.permute_dims(w_rows), out_dtype=out_dtype)
+        product = self.builder_.call_te(gemm, columns, weights, out_dtype, primfunc_name_hint="matmul")
         return relax.op.reshape(product, [n, p, q, o])
 
 
 def im2col_convs() -> tvm.transform.Pass:
-    """Every :func:`rewritable` convolution as ``reshape(matmul(im2col(x), weight_rows(w)^T))``."""
+    """Every :func:`rewritable` convolution as ``reshape(gemm(im2col(x), weight_columns(w)))``."""
 
     @tvm.transform.module_pass(opt_level=0, name="fastdlight.Im2colConvs")
     def run(mod: IRModule, _ctx) -> IRModule:
