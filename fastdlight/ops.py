@@ -250,6 +250,22 @@ def elementwise(shape, dtype="float16", op="add") -> Op:
     raise ValueError(f"unknown elementwise op {op!r}; use add, copy or bias_relu")
 
 
+def transpose(shape, axes, dtype="float16", out_dtype=None) -> Op:
+    """B = cast(transpose(A, axes), out_dtype): a layout change (e.g. NCHW -> NHWC: axes 0, 2, 3, 1)."""
+    shape, axes = tuple(shape), tuple(axes)
+    _check_shape(*shape)
+    _check_dtype(dtype)
+    out_dtype = _check_dtype(out_dtype or dtype)
+    if sorted(axes) != list(range(len(shape))):
+        raise ValueError(f"axes {axes} are not a permutation of the {len(shape)} axes of {shape}")
+    A = te.placeholder(shape, dtype, name="A")
+    B = te.compute(tuple(shape[a] for a in axes),
+                   lambda *i: A[tuple(i[axes.index(d)] for d in range(len(shape)))].astype(out_dtype), name="B")
+    n = math.prod(shape)
+    return Op("transpose", _prim_func([A, B], "transpose"), lambda a: np.transpose(a.astype(np.float64), axes), 0.0,
+              float(n * (_nbytes(dtype) + _nbytes(out_dtype))))
+
+
 def reduce(shape, dtype="float16", op="sum", axis=-1) -> Op:
     """Sum or max of a 2-D tensor over its last (axis=-1) or first (axis=0) axis."""
     rows, cols = shape

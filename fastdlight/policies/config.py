@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 #: Template families a config can be for; each maps to one module in ``fastdlight.schedules``.
 KINDS = (
     "elementwise",  # injective / broadcast, no reduction
+    "transpose",  # injective with a transposed input: tiles staged through shared memory
     "reduction",  # one reduction block (+ optional elementwise around it)
     "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix

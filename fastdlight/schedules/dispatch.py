@@ -30,6 +30,7 @@ from .ms_record import MetaScheduleRecordTemplate
 from .general_reduction import GeneralReductionTemplate
 from .reduction import ReductionTemplate
 from .stock import StockDlightTemplate
+from .transpose import TransposeTemplate
 
 #: kind -> templates, tried in registration order
 _REGISTRY: dict[str, list[ScheduleTemplate]] = {}
@@ -181,6 +182,7 @@ _MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
 
 def _register_builtin() -> None:
     register(ElementwiseTemplate())
+    register(TransposeTemplate())
     register(ReductionTemplate())
     register(GeneralReductionTemplate())  # serves general_reduction and reduction (epilogues)
     register(GemvTemplate())

@@ -22,6 +22,7 @@ from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
+from ..policies.transpose import transpose_configs
 from . import build_task
 from .candidate import CompileResult
 from .options import TuneOptions
@@ -102,9 +103,18 @@ def _ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
     return dataclasses.replace(cand, configs=cand.configs + ranked)
 
 
+#: transpose configs (:mod:`..policies.transpose`) among a layout change's ``topk`` candidates
+TRANSPOSE_CONFIGS = 6
+
+
 def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
     policy = DefaultPolicy(func, arch)
     configs = tuple(policy.emit_config(topk))
+    transposes = tuple(transpose_configs(policy.info, arch, min(TRANSPOSE_CONFIGS, topk)))
+    if transposes:
+        # unmeasured, the staged tiles rank first: gathering, the elementwise kernels move a
+        # fraction of the bandwidth on a layout change
+        return transposes + configs[:max(1, topk - len(transposes))]
     if policy.info.kind == "gemv" and configs:
         # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
         top = max(c.cost for c in configs)

@@ -1,0 +1,70 @@
+"""The transpose template (CPU): which functions get its configs, and that they schedule through
+shared memory and compile to cubin. (On the GPU: test_transpose_gpu.py.)"""
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.policies.analysis import analyze
+from fastdlight.policies.transpose import transpose_configs
+from fastdlight.schedules import dispatch_config
+from fastdlight.tune.candidates import candidate_sets
+from fastdlight.tune.compile import build, compile_cubin, cuda_source
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+#: (shape, axes, dtype, out dtype): layout changes of models and odd shapes
+TRANSPOSES = [
+    ((16, 64, 56, 56), (0, 2, 3, 1), "float16", "float16"),  # NCHW -> NHWC (a ResNet layer)
+    ((16, 28, 28, 128), (0, 3, 1, 2), "float16", "float16"),  # NHWC -> NCHW
+    ((1000, 300), (1, 0), "float32", "float32"),  # no tile divides the extents
+    ((2, 64, 30, 7), (0, 2, 3, 1), "float32", "float16"),  # with a cast; 7 columns: a thin tile
+]
+
+
+@pytest.mark.parametrize("shape, axes, dtype, out", TRANSPOSES)
+def test_layout_changes_get_transpose_configs_first(shape, axes, dtype, out):
+    func = ops.transpose(shape, axes, dtype, out).func
+    configs = transpose_configs(analyze(func), H100, 6)
+    assert configs and all(c.kind == "transpose" for c in configs)
+    a = axes.index(len(shape) - 1)  # the output axis the input's innermost one became
+    for c in configs:
+        assert c.block[a] > 1 and c.block[-1] > 1, c  # the tile spans both innermost axes
+        assert c.num_threads % 32 == 0 and c.num_threads <= 1024
+    (first, *_) = candidate_sets(func, H100, 20)
+    assert first.configs[0].kind == "transpose"
+    assert len(first.configs) <= 20
+
+
+@pytest.mark.parametrize("shape, axes", [((4, 512, 16, 128), (0, 2, 1, 3)), ((64, 64), (0, 1)), ((3, 5, 64), (2, 1, 0))])
+def test_no_transpose_configs_where_the_innermost_axis_stays_or_is_too_small(shape, axes):
+    """A head permutation keeps the innermost axis (already coalesced); a 3-element innermost
+    output axis leaves no tile a warp could write."""
+    func = ops.transpose(shape, axes).func
+    if axes == (2, 1, 0):
+        func = ops.transpose((64, 5, 3), axes).func
+    assert transpose_configs(analyze(func), H100, 6) == []
+
+
+def test_a_small_transposed_operand_is_no_layout_change():
+    from tvm import te
+
+    x = te.placeholder((256, 512), "float16", name="x")
+    bias = te.placeholder((512, 1), "float16", name="bias")  # read as bias[j, 0]: moves with j, but tiny
+    y = te.compute((256, 512), lambda i, j: x[i, j] + bias[j, 0], name="y")
+    func = te.create_prim_func([x, bias, y])
+    assert transpose_configs(analyze(func), H100, 6) == []
+
+
+@pytest.mark.parametrize("shape, axes, dtype, out", TRANSPOSES)
+def test_transpose_configs_stage_through_shared_memory_and_compile(shape, axes, dtype, out):
+    func = ops.transpose(shape, axes, dtype, out).func
+    for config in transpose_configs(analyze(func), H100, 6)[:2]:
+        with H100.target:
+            result = dispatch_config(func, config, allow_fallback=False)
+        assert result.template == "transpose"
+        src = cuda_source(build(result.schedule.mod, H100.target))
+        assert "__shared__" in src and "__syncthreads" in src
+        cubin = compile_cubin(src, H100.target)
+        assert cubin.spill_bytes == 0 and cubin.registers > 0
