@@ -30,3 +30,19 @@ def test_dry_run_writes_rows_and_nhwc_gets_tensor_cores(tmp_path, monkeypatch):
         has_tc = "matmul_tc" in r["winner"]
         assert has_tc == (" NHWC " in r["case"]), r  # NCHW: no tensor-core candidates yet
     assert (tmp_path / "bench_conv.md").read_text().count("| l4 3x3") == 4
+
+
+def test_pipeline_dry_run_makes_the_stem_a_gemm_and_nchw_layers_transposes(tmp_path, monkeypatch):
+    """``--pipeline``: the layer as a one-layer model. The 3-channel stem is an im2col gather and
+    a GEMM on tensor cores; an NCHW layer is an NHWC convolution between layout changes, which
+    get the shared-memory transpose template."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    code = bench_conv.main(["--dry-run", "--pipeline", "--batch", "2", "--only", "stem", "l1 3x3", "--layouts", "NHWC",
+                            "NCHW"])
+    assert code == 0
+    rows = {r["case"]: r["winner"] for r in json.loads((tmp_path / "bench_conv_pipeline.json").read_text())["rows"]}
+    stem = rows["stem 7x7/2 3->64 @224 NHWC float16 b2"]
+    assert "im2col" in stem and "conv2d" not in stem and "matmul_wgmma" in stem
+    nchw = rows["l1 3x3 64->64 @56 NCHW float16 b2"].removeprefix("(dry run) ").split("; ")
+    assert any(f.startswith("fused_conv2d") and "matmul_wgmma" in f for f in nchw)
+    assert sum(f.endswith("/transpose") for f in nchw) == 2  # the input's and the output's layout changes
