@@ -218,7 +218,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
         if seeds and i == 0:
             cand = seeded(cand, seeds)
         if failed is not None:
-            warnings.warn(f"fastdlight: every {failed} candidate failed; trying {cand.policy}", stacklevel=2)
+            why = (errors[-1].splitlines() or [""])[0][:300]
+            warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}", stacklevel=2)
         if on_set is not None:
             on_set(cand)
         try:
