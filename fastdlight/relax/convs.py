@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax, te, tirx
-from tvm.ir import IRModule
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .rewrites import mutator_pass
 
 #: input channels per 16-byte row: convolutions with a multiple of this are left to the templates
 ROW_CHANNELS = 8
@@ -116,13 +117,4 @@ class _Im2colConvs(PyExprMutator):
 
 def im2col_convs() -> tvm.transform.Pass:
     """Every :func:`rewritable` convolution as ``reshape(gemm(im2col(x), weight_columns(w)))``."""
-
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.Im2colConvs")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        rewriter = _Im2colConvs(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
-
-    return run
+    return mutator_pass("fastdlight.Im2colConvs", _Im2colConvs)

@@ -32,6 +32,21 @@ def pattern_pass(name: str, pattern, rewrite) -> tvm.transform.Pass:
     return run
 
 
+def mutator_pass(name: str, mutator_class, finish=lambda mod: mod) -> tvm.transform.Pass:
+    """A module pass visiting every Relax function with a ``PyExprMutator`` subclass (made with
+    the module, so its block builder can add PrimFuncs); ``finish`` gets the resulting module."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod: IRModule, _ctx) -> IRModule:
+        rewriter = mutator_class(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return finish(rewriter.builder_.get())
+
+    return run
+
+
 #: constant exponents turned into multiplications by :func:`exact_integer_powers`
 INTEGER_POWERS = (2, 3, 4)
 
@@ -94,15 +109,8 @@ def softmax_of_fp16() -> tvm.transform.Pass:
                     return self.builder_.call_te(softmax_fp32, x, mask, primfunc_name_hint="softmax_fp16_in")
             return call
 
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.SoftmaxOfFp16")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        rewriter = Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-    return run
+    dce = relax.transform.DeadCodeElimination()
+    return mutator_pass("fastdlight.SoftmaxOfFp16", Rewriter, lambda mod: dce(mod))
 
 
 def rms_norms() -> tvm.transform.Pass:
