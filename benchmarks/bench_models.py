@@ -142,7 +142,8 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
     row.profile = sorted(
         ({"function": e.function, "calls": calls.get(e.function, 1), "winner": e.winner,
           "ms": e.latency_ms, "stock_ms": e.stock_ms, "config": repr(e.config) if e.config else None,
-          "seconds": e.seconds, "error": e.error, "failed": e.failed} for e in tuning.report),
+          "seconds": e.seconds, "error": e.error, "failed": e.failed, "seeded": e.seeded,
+          "fallback": e.fallback} for e in tuning.report),
         key=lambda p: -(p["ms"] or 0) * p["calls"])
     if args.kernel_check:
         row.kernel_check = kernel_check(tuned, arch, dev, tuning.report)
@@ -240,6 +241,10 @@ def profile_text(r: Row, top: int = 8) -> str:
         ms = f"{p['ms']:.4f}" if p["ms"] else "-"
         st = f"{p['stock_ms']:.4f}" if p["stock_ms"] else "-"
         lines.append(f"| {p['function']} | {p['calls']} | {p['winner']} | {ms} | {st} | {p['config'] or p['error']} |")
+    for p in r.profile:
+        if p.get("fallback"):
+            lines.append(f"\n{p['function']}{' (seeded)' if p.get('seeded') else ''}: an earlier candidate set "
+                         f"failed as a whole: {p['fallback'][:300]}")
     if r.tune_stages:
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r.tune_stages.items())
         lines.append(f"\nTuning {r.tune_s} s wall; seconds by stage, summed over threads and workers: {stages}")

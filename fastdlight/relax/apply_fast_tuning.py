@@ -78,6 +78,7 @@ class FunctionReport:
     failed: str = ""  # the candidates that failed, by stage ("2 wrong result, 1 nvcc")
     dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
     seeded: bool = False  # tuned from a sibling's best configs (see _sibling_leaders)
+    fallback: str = ""  # why an earlier candidate set failed as a whole (its first lines), if one did
 
     @property
     def winner(self) -> str | None:
@@ -207,7 +208,8 @@ class ApplyFastTuning:
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
-            seeded=bool(seeds)), best_configs(tuned, SIBLING_SEEDS)
+            seeded=bool(seeds), fallback="; ".join(" | ".join(e.splitlines()[:3]) for e in tuned.fallbacks)), \
+            best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):

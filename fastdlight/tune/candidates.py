@@ -51,6 +51,8 @@ class Tuned:
     results: tuple[CompileResult, ...] = ()
     best: CompileResult | None = None
     kernel: object = None  # the scheduled PrimFunc, where the database stores it (wgmma)
+    #: why earlier candidate sets failed as a whole ("TensorCorePolicy: no candidate could be used ...")
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def stock(self) -> CompileResult | None:
@@ -218,7 +220,7 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
         if seeds and i == 0:
             cand = seeded(cand, seeds)
         if failed is not None:
-            why = (errors[-1].splitlines() or [""])[0][:300]
+            why = " | ".join(errors[-1].splitlines()[:3])[:300]
             warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}", stacklevel=2)
         if on_set is not None:
             on_set(cand)
@@ -235,6 +237,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
             break  # a policy config beat stock Dlight; otherwise the next policy gets its chance
     if held is None:
         raise TuningError("\n".join(errors) or "no candidate configs")
+    if errors:
+        held = dataclasses.replace(held, fallbacks=tuple(errors))
     if db is not None and held.best.verified:
         if held.config.kind in STORED_KERNELS:
             held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))

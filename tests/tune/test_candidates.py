@@ -38,6 +38,7 @@ def test_tensor_core_failure_falls_back_to_the_default_policy(monkeypatch):
         tuned = candidates.tune_function(op.func, H100, 1, opts, on_set=lambda c: seen.append(c.policy))
     assert seen == ["TensorCorePolicy", "DefaultPolicy"]
     assert tuned.policy == "DefaultPolicy" and tuned.config == good[0] and tuned.source == "tuned"
+    assert len(tuned.fallbacks) == 1 and tuned.fallbacks[0].startswith("TensorCorePolicy: ")  # kept for the report
 
 
 def test_every_policy_failing_lists_each_reason(monkeypatch):
