@@ -290,24 +290,27 @@ def reduce(shape, dtype="float16", op="sum", axis=-1) -> Op:
     return Op(f"reduce_{op}", _prim_func([A, B], f"reduce_{op}"), ref, float(rows * cols), nbytes)
 
 
-def softmax(rows, cols, dtype="float16") -> Op:
-    """Numerically stable softmax over the last axis (max, exp-sum, normalize), fp32 inside."""
-    _check_shape(rows, cols)
+def softmax(rows, cols, dtype="float16", batch=None) -> Op:
+    """Numerically stable softmax over the last axis (max, exp-sum, normalize), fp32 inside;
+    ``batch``: ``[batch, rows, cols]``, as attention's scores."""
+    _check_shape(rows, cols, *(() if batch is None else (batch,)))
     _check_dtype(dtype, ("float16", "bfloat16", "float32"))
-    A = te.placeholder((rows, cols), dtype, name="A")
+    lead = () if batch is None else (batch,)
+    A = te.placeholder((*lead, rows, cols), dtype, name="A")
     k1 = te.reduce_axis((0, cols), name="k1")
     k2 = te.reduce_axis((0, cols), name="k2")
-    mx = te.compute((rows,), lambda i: te.max(A[i, k1].astype("float32"), axis=k1), name="row_max")
-    ex = te.compute((rows, cols), lambda i, j: te.exp(A[i, j].astype("float32") - mx[i]), name="row_exp")
-    sm = te.compute((rows,), lambda i: te.sum(ex[i, k2], axis=k2), name="row_sum")
-    out = te.compute((rows, cols), lambda i, j: (ex[i, j] / sm[i]).astype(dtype), name="softmax")
+    mx = te.compute((*lead, rows), lambda *i: te.max(A[(*i, k1)].astype("float32"), axis=k1), name="row_max")
+    ex = te.compute((*lead, rows, cols), lambda *i: te.exp(A[i].astype("float32") - mx[i[:-1]]), name="row_exp")
+    sm = te.compute((*lead, rows), lambda *i: te.sum(ex[(*i, k2)], axis=k2), name="row_sum")
+    out = te.compute((*lead, rows, cols), lambda *i: (ex[i] / sm[i[:-1]]).astype(dtype), name="softmax")
 
     def ref(a):
         a = a.astype(np.float64)
-        e = np.exp(a - a.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+        e = np.exp(a - a.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
 
-    return Op("softmax", _prim_func([A, out], "softmax"), ref, 5.0 * rows * cols, 2 * rows * cols * _nbytes(dtype))
+    n = math.prod(lead) * rows * cols
+    return Op("softmax", _prim_func([A, out], "softmax"), ref, 5.0 * n, 2 * n * _nbytes(dtype))
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:

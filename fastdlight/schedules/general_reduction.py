@@ -72,15 +72,16 @@ class GeneralReductionTemplate(ScheduleTemplate):
         last_buffers = last_buffers or [w.source for w in last_stmt.writes]
         per_thread_cols = math.prod(config.rstep or (rt * 8,)) // max(rt, 1)
         vec = vector_width(config, last_buffers, max(per_thread_cols, 1), r_extent, last_stmt)
-        grids, thr, ser = [], [], []
+        grids, thr, ser, units = [], [], [], []
         for i, (loop, axis) in enumerate(zip(row_loops, spatial)):
-            g, s, t, _ = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], 1, interleave=False)
+            g, s, t, u = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], 1, interleave=False)
             grids.append(g)
             thr.append(t)
             ser.append(s)
+            units.append(u)  # the unit vector loop: it must not sit between the thread loops fused below
         col = sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]
         co, tx, lane = sch.split(col, [None, rt, vec], preserve_unit_iters=True)
-        sch.reorder(*grids, *thr, *ser, co, tx, lane)
+        sch.reorder(*grids, *thr, *ser, *units, co, tx, lane)
         bx = sch.fuse(*grids) if n_s > 1 else grids[0]
         ty = sch.fuse(*thr) if n_s > 1 else thr[0]
         sch.bind(bx, "blockIdx.x")

@@ -66,6 +66,9 @@ CASES = [
          "A_shared"),
     Case("softmax_37x4095_f32", lambda: ops.softmax(37, 4095, dtype="float32"), "general_reduction",
          [red("general_reduction", (4,), (2,), (256,), (64,)), red("general_reduction", (1,), (1,), (512,), (256,))]),
+    Case("softmax_6x64x512", lambda: ops.softmax(64, 512, batch=6), "general_reduction",  # attention's scores
+         [red("general_reduction", (1, 8), (1, 1), (128,), (16,)), red("general_reduction", (2, 2), (1, 1), (256,), (32,))],
+         "A_shared"),
     Case("gemv_1x4096x4096", lambda: ops.gemv(4096, 4096), "gemv",
          [red("gemv", (8,), (2,), (512,), (32,)), red("gemv", (2,), (1,), (256,), (32,))], "__shfl"),
     Case("gemv_8x1000x4096", lambda: ops.gemv(1000, 4096, m=8), "gemv",
