@@ -344,16 +344,25 @@ _CACHE: dict = {}
 
 
 def analyze(func: tirx.PrimFunc, opt_shapes: dict | None = None) -> FuncInfo:
-    """Analyze ``func`` (cached per structurally-equal function and opt_shapes)."""
+    """Analyze ``func`` (cached per structurally-equal function, buffer names and opt_shapes:
+    structural equality ignores names, and configs name buffers, e.g. their vector widths)."""
     if not isinstance(func, tirx.PrimFunc):
         raise ValueError(f"expected a tvm.tirx.PrimFunc, got {type(func).__name__}")
-    key = (tvm_ffi.structural_hash(func), tuple(sorted((opt_shapes or {}).items())))
+    key = (tvm_ffi.structural_hash(func), _buffer_names(func), tuple(sorted((opt_shapes or {}).items())))
     for cached_func, info in _CACHE.get(key, ()):
         if tvm_ffi.structural_equal(cached_func, func):
             return info
     info = _analyze(func, opt_shapes)
     _CACHE.setdefault(key, []).append((func, info))
     return info
+
+
+def _buffer_names(func: tirx.PrimFunc) -> tuple[str, ...]:
+    """The parameters' names and those of the buffers the root block allocates."""
+    names = [str(p.name) for p in func.params]
+    root = getattr(func.body, "block", None)
+    names += [str(b.name) for b in getattr(root, "alloc_buffers", ())]
+    return tuple(names)
 
 
 def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:

@@ -52,7 +52,7 @@ class ElementwiseTemplate(ScheduleTemplate):
         inner = inner or [w.source for w in block.writes]
         vec = vector_width(config, inner, config.thread[-1], spatial[-1].extent, block)
 
-        grids, serials, threads = [], [], []
+        grids, serials, threads, units = [], [], [], []
         lane = None
         for i, (loop, axis) in enumerate(zip(loops, spatial)):
             is_last = i == len(loops) - 1
@@ -60,8 +60,11 @@ class ElementwiseTemplate(ScheduleTemplate):
             grids.append(g)
             serials.append(s)
             threads.append(t)
-            lane = v
-        sch.reorder(*grids, *serials, *threads, lane)
+            if is_last:
+                lane = v
+            else:  # a unit loop: left where it was, it can land between the thread loops fused below
+                units.append(v)
+        sch.reorder(*grids, *units, *serials, *threads, lane)
         thread_loop = sch.fuse(*threads) if len(threads) > 1 else threads[0]
         bind_block_threads(sch, grids, [thread_loop])
         if vec > 1:

@@ -216,3 +216,21 @@ def test_a_scalar_parameter_is_no_vector_run_and_the_function_gets_configs():
     assert scalar.innermost_axis() is None
     configs = DefaultPolicy(scale_by_scalar, CUDA("nvidia/nvidia-h100")).emit_config(4)
     assert configs and all(c.kind == "elementwise" and c.vector_width("s") == 1 for c in configs)
+
+
+def test_the_analysis_cache_keeps_each_functions_buffer_names():
+    """Structurally equal functions with other buffer names (two models' weight transposes) get
+    their own names: configs name buffers (vector widths, the transpose's source)."""
+    import tvm_ffi
+    from tvm import te
+
+    from fastdlight.policies.analysis import analyze
+
+    def transpose(src: str, dst: str):
+        x = te.placeholder((256, 128), "float16", name=src)
+        return te.create_prim_func([x, te.compute((128, 256), lambda i, j: x[j, i], name=dst)])
+
+    first, second = transpose("A", "B"), transpose("weight", "weight_t")
+    assert tvm_ffi.structural_equal(first, second)
+    assert analyze(first).reads[0].name == "A"
+    assert analyze(second).reads[0].name == "weight" and analyze(second).write.name == "weight_t"

@@ -49,6 +49,8 @@ class Case:
 CASES = [
     Case("add_1000x3000", lambda: ops.elementwise((1000, 3000), op="add"), "elementwise",
          [ew((4, 512), (1, 8)), ew((2, 1024), (1, 16)), ew((1, 256), (1, 8), A=4, B=4, C=4)], "uint4"),
+    Case("add_nhwc_4x14x14x64", lambda: ops.elementwise((4, 14, 14, 64), op="add"), "elementwise",  # 4-D: unit loops
+         [ew((1, 2, 8, 64), (1, 1, 1, 4)), ew((2, 2, 2, 64), (1, 1, 1, 8))]),
     Case("copy_4095_f32", lambda: ops.elementwise((4095,), op="copy", dtype="float32"), "elementwise",
          [ew((1024,), (4,)), ew((256,), (1,))]),
     Case("bias_relu_33x1000", lambda: ops.elementwise((33, 1000), op="bias_relu"), "elementwise",
