@@ -177,7 +177,14 @@ class _Builder:
         consumers = sch.get_consumers(c_local)
         for consumer in consumers:
             # an epilogue that cannot be inlined (a broadcast) still runs per thread, right after
-            # the tile, reading the thread's own results: they never need global memory
+            # the tile, reading the thread's own results: they never need global memory. Its
+            # other producers (a batch norm's expand_dims of a parameter) must move with it.
+            for producer in sch.get_producers(consumer):
+                if not sch.get(producer).same_as(sch.get(c_local)):
+                    try:
+                        sch.compute_inline(producer)
+                    except Exception:  # noqa: BLE001 - reverse_compute_at below says what is wrong
+                        pass
             sch.reverse_compute_at(consumer, tx, preserve_unit_loops=True)
         params = {str(p.name) for p in sch.mod["main"].params}
         if consumers and str(sch.get(c_local).writes[0].source.name) not in params:

@@ -187,3 +187,30 @@ def test_default_policy_configs_schedule_and_compile():
             assert sch is not None, config
             _, cubin = compile_mod_to_cubin(sch.mod, H100)
             assert cubin.spill_bytes == 0 and stack_bytes(cubin) == 0, config
+
+
+def test_an_nchw_resnet_layer_with_batch_norm_schedules_on_cuda_cores():
+    """ResNet-18's NCHW layer as FuseOps leaves it (batch norm parameters broadcast with
+    expand_dims inside the function): the epilogue's other producers move with it, so the
+    CUDA-core template schedules it instead of the fallback."""
+    import pathlib
+
+    import tvm
+
+    from fastdlight.arch import CUDA
+    from fastdlight.relax import for_inference, prepare
+    from fastdlight.relax.pipeline import prim_funcs
+    from fastdlight.schedules import dispatch_config
+    from fastdlight.tune.candidates import candidate_sets
+
+    arch = CUDA(H100)
+    fixture = pathlib.Path(__file__).parents[1] / "relax" / "fixtures" / "resnet18_nchw_b16.py"
+    funcs = prim_funcs(prepare(arch.target)(for_inference(tvm.script.from_source(fixture.read_text()), layout=None)))
+    name = next(n for n in sorted(funcs) if n.startswith("fused_conv2d") and "expand_dims" in n and "relu" in n)
+    func = funcs[name].with_attr("global_symbol", "conv")
+    config = next(c for s in candidate_sets(func, arch, 4) for c in s.configs if c.kind == "matmul")
+    with arch.target:
+        result = dispatch_config(func, config, allow_fallback=False)
+    assert result.template == "matmul"
+    _, cubin = compile_mod_to_cubin(result.schedule.mod, H100)
+    assert cubin.spill_bytes == 0
