@@ -15,6 +15,7 @@ import fastdlight
 from fastdlight.arch import CUDA
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.pipeline import leftovers, prim_funcs
+from fastdlight.schedules import dispatch_config
 from fastdlight.tune.candidates import candidate_sets, stock_configs
 from fastdlight.tune.build_task import lower_and_compile
 from fastdlight.tune.compile import compile_cubin, cuda_source
@@ -46,6 +47,11 @@ def test_every_function_of_the_model_gets_fastdlight_candidates(name):
         assert policy_configs, f"{fname}: stock Dlight only"
         if fname.startswith("fused_conv2d"):  # NCHW included: convolutions have matmul configs
             assert any(c.kind in ("matmul", "matmul_tc") for c in policy_configs), fname
+        for s in sets:  # each set's best-ranked config is scheduled by its own template, not the fallback
+            top = next((c for c in s.configs if not c.is_stock and c.kind != "matmul_wgmma"), None)
+            if top is not None:
+                with H100.target:
+                    dispatch_config(s.func, top, allow_fallback=False)
 
 
 def test_a_decoder_layer_tunes_and_builds_with_nothing_untuned():
