@@ -1,7 +1,8 @@
 """The Relax graphs of the benchmark's torch models (``benchmarks/bench_models.py
 --export-fixtures``: TVMScript, weights as parameters), through fastdlight's pipeline without
-torch (CPU): every function gets candidates, and one whole model tunes and builds with none
-left untuned, its tuned kernels in the built model unchanged."""
+torch (CPU): every function gets candidates, each set's best-ranked one scheduled by its own
+template (never silently by the fallback), and one whole model tunes and builds with none left
+untuned, its tuned kernels in the built model unchanged."""
 
 import pathlib
 import re
