@@ -155,16 +155,17 @@ class Epilogue:
     def in_bounds(self, plan: Plan, e: int, rows: bool = True, mi: str = "k_mi", c: str = "k_c") -> str:
         return plan.in_bounds(self.coords(plan, e, mi, c), rows)
 
-    def value(self, plan: Plan, e: int) -> str:
+    def value(self, plan: Plan, e: int, wrap=lambda text: text, zero: str | None = None) -> str:
         """The output element at column ``k_col + e`` of the thread's row, as an expression over
-        the kernel's own names."""
+        the kernel's own names, passed through ``wrap``. Where a direct read could fall outside
+        its tensor the element is guarded, with ``zero`` (default: 0 of the output dtype) outside."""
         text = self.text.replace("K_ACC", f"k_acc[k_reg + {e}]")
         prefetches = self.prefetches(plan)
         for p in prefetches:
             text = text.replace(p.read.text, p.read.element(p.reg, p.slot(plan, self.chunk(plan)), e))
-        text = self.substitute(text, plan, e)
+        text = wrap(self.substitute(text, plan, e))
         if len(prefetches) < len(self.reads):
-            zero = f'T.Cast("{plan.match.out_dtype}", 0)'
+            zero = zero or f'T.Cast("{plan.match.out_dtype}", 0)'
             text = f"T.if_then_else({self.in_bounds(plan, e)}, {text}, {zero})"
         return text
 
@@ -179,8 +180,11 @@ class Epilogue:
         if plan.match.out_bytes == 2:
             pack = PACK[plan.match.out_dtype]
             return f'{dst.format("")} = T.call_pure_extern("uint32", "{pack}", {self.value(plan, 0)}, {self.value(plan, 1)})'
+        # the guard goes outside the reinterpret: where it folds to false, TVM prints the
+        # reinterpret of a constant as the address of a literal, which nvcc rejects
+        as_word = lambda text: f'T.reinterpret("uint32", {text})'  # noqa: E731
         return ("\n" + indent).join(
-            f'{dst.format(f" + {e}")} = T.reinterpret("uint32", {self.value(plan, e)})' for e in (0, 1))
+            f'{dst.format(f" + {e}")} = {self.value(plan, e, as_word, "T.uint32(0)")}' for e in (0, 1))
 
     def registers(self, plan: Plan, indent: str) -> str:
         """Allocations of the prefetch registers (one statement per line, or a no-op)."""
