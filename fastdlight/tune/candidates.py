@@ -202,7 +202,7 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     is never slower than stock Dlight's schedule measured in the same run. ``seeds``: the best
     configs of a sibling (a function computing the same matmul or convolution with another
     epilogue): the first candidate set is cut to them and its own best-ranked few
-    (:func:`seeded`). Raises :class:`TuningError` (every policy's reasons) when nothing usable
+    (:func:`seeded`); if the cut set fails as a whole, the full set is tried before the next. Raises :class:`TuningError` (every policy's reasons) when nothing usable
     was found."""
     check_target(func)  # a CPU kernel is the caller's mistake, not a gap for stock Dlight to fill
     if opt_shapes:
@@ -215,23 +215,28 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     prewarm(func, arch, opts)
     errors, failed, held = [], None, None
     recorded = db.meta_schedule.records(func) if db is not None else ()
-    for i, cand in enumerate(candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts),
+    for i, full in enumerate(candidate_sets(func, arch, topk, stock_configs(func, arch), stock_last=not measures(opts),
                                             recorded=recorded)):
-        if seeds and i == 0:
-            cand = seeded(cand, seeds)
-        if failed is not None:
-            why = " | ".join(errors[-1].splitlines()[:3])[:300]
-            warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}", stacklevel=2)
-        if on_set is not None:
-            on_set(cand)
-        try:
-            results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
-        except TuningError as e:
-            errors.append(f"{cand.policy}: {e}")
-            failed = cand.policy
+        cut = seeded(full, seeds) if seeds and i == 0 else full
+        tuned = None
+        for cand in (cut, full) if cut is not full else (full,):  # a failed cut: the full set gets its chance
+            if failed is not None:
+                why = " | ".join(errors[-1].splitlines()[:3])[:300]
+                warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}",
+                              stacklevel=2)
+            if on_set is not None:
+                on_set(cand)
+            try:
+                results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
+            except TuningError as e:
+                errors.append(f"{cand.policy}{' (seeded)' if cand is not full else ''}: {e}")
+                failed = cand.policy
+                continue
+            failed = None
+            tuned = Tuned(best.config, "tuned", cand.policy, tuple(results), best)
+            break
+        if tuned is None:
             continue
-        failed = None
-        tuned = Tuned(best.config, "tuned", cand.policy, tuple(results), best)
         held = tuned if held is None else _faster(held, tuned)
         if not held.config.is_stock:
             break  # a policy config beat stock Dlight; otherwise the next policy gets its chance

@@ -130,3 +130,22 @@ def test_gemv_candidates_include_matmul_template_configs_that_compete_by_measure
     (cand,) = [c for c in candidates.candidate_sets(op.func, H100, 8) if c.policy == "DefaultPolicy"]
     kinds = [c.kind for c in cand.configs]
     assert kinds[:8] == ["gemv"] * 8 and kinds[8:] == ["matmul"] * 2
+
+
+def test_a_seeded_set_that_fails_as_a_whole_is_retried_in_full(monkeypatch):
+    """A sibling's seeds cut the first set; when every config of the cut fails, the full set
+    gets its chance before the next policy's (ResNet-18 b1 lost a follower's tensor cores so)."""
+    op = standins.add_op(256)
+    rejected = (Config("elementwise", (1, 64), (1, 1)), Config("elementwise", (2, 128), (1, 4)))  # 64 threads each
+    good = Config("elementwise", (1, 128), (1, 1))
+    full = candidates.CandidateSet("TensorCorePolicy", op.func, (*rejected, good))
+    sets = [full, candidates.CandidateSet("DefaultPolicy", op.func, (Config("elementwise", (1, 256), (1, 1)),))]
+    monkeypatch.setattr(candidates, "candidate_sets", lambda f, a, k, *_, **__: iter(sets))
+    seen = []
+    opts = TuneOptions(measure=False, max_workers=2, template=standins.flat_template_except_64)
+    with pytest.warns(UserWarning, match="every TensorCorePolicy candidate failed"):
+        tuned = candidates.tune_function(op.func, H100, 1, opts, seeds=rejected[:1],
+                                         on_set=lambda c: seen.append(len(c.configs)))
+    assert seen == [2, 3]  # the cut (the seed and the set's top 2), then the full set
+    assert tuned.policy == "TensorCorePolicy" and tuned.config == good
+    assert len(tuned.fallbacks) == 1 and tuned.fallbacks[0].startswith("TensorCorePolicy (seeded): ")
