@@ -54,15 +54,28 @@ def transposed_read(info: FuncInfo) -> TransposedRead | None:
     out_size = math.prod(a.extent for a in info.spatial_axes)
     found = []
     for access in info.reads:
-        axis = access.innermost_axis()
+        axis = access.innermost_axis() if access.linear is not None else _innermost_iter(access)
         if access.is_param and axis is not None and axis != last and len(access.indices) == 1:
             if math.prod(access.tensor.shape) >= MIN_SHARE * out_size:
                 found.append(TransposedRead(access, axis, _second_innermost_axis(access)))
     return max(found, key=lambda t: math.prod(t.access.tensor.shape), default=None)
 
 
+def _innermost_iter(access: Access) -> int | None:
+    """The block iter that is, alone, the innermost index of every load: a read whose other
+    indices are not affine (a reshape folded in: ``b = bh // 16``) but whose rows are contiguous."""
+    found = set()
+    for load in access.indices:
+        index = load[-1] if load else None
+        match = [i for i, v in enumerate(access.iter_vars) if index is not None and index.same_as(v)]
+        if len(match) != 1:
+            return None
+        found.add(match[0])
+    return found.pop() if len(found) == 1 else None
+
+
 def _second_innermost_axis(access: Access) -> int | None:
-    if len(access.tensor.shape) < 2:
+    if len(access.tensor.shape) < 2 or access.linear is None:
         return None
     moving = {i for load in access.linear for i, c in enumerate(load[-2][:-1]) if c != 0}
     return moving.pop() if len(moving) == 1 else None

@@ -68,3 +68,27 @@ def test_transpose_configs_stage_through_shared_memory_and_compile(shape, axes, 
         assert "__shared__" in src and "__syncthreads" in src
         cubin = compile_cubin(src, H100.target)
         assert cubin.spill_bytes == 0 and cubin.registers > 0
+
+
+def test_attentions_key_transpose_with_a_reshape_folded_in_is_a_transpose():
+    """decoder_ln's K^T (a slice of QKV, heads folded into the batch by a reshape: the read's
+    outer indices are not affine, its innermost one is the head dimension) gets staged tiles."""
+    import pathlib
+
+    from fastdlight.relax import for_inference, prepare
+    from fastdlight.relax.pipeline import prim_funcs
+
+    fixture = pathlib.Path(__file__).parents[1] / "relax" / "fixtures" / "decoder_ln.py"
+    funcs = prim_funcs(prepare(H100.target)(for_inference(tvm.script.from_source(fixture.read_text()))))
+    name = next(n for n in funcs if n.startswith("fused_strided_slice") and n.count("transpose") == 2)
+    func = funcs[name].with_attr("global_symbol", "key_t")
+    info = analyze(func)
+    assert info.reads[0].linear is None  # the reshape's div/mod
+    configs = transpose_configs(info, H100, 6)
+    assert configs
+    with H100.target:
+        result = dispatch_config(func, configs[0], allow_fallback=False)
+    src = cuda_source(build(result.schedule.mod, H100.target))
+    assert "__shared__" in src and compile_cubin(src, H100.target).spill_bytes == 0
+    others = [n for n in funcs if n.startswith("fused_strided_slice") and n.count("transpose") == 1]
+    assert others and all(not transpose_configs(analyze(funcs[n]), H100, 6) for n in others)  # Q, V: rows kept
