@@ -8,7 +8,8 @@ reused by every template (the matmul ones included):
 * :func:`prepare` – normalized schedule + output block + its axes matched to the config.
 * :func:`inline_injective` – inline elementwise producers/consumers around the anchor blocks.
 * :func:`vector_width` / :func:`legal_vector` – the widest legal vector (<= 128 bit).
-* :func:`tile_spatial` – split one spatial loop into grid / serial / thread / vector parts.
+* :func:`tile_spatial` – split one spatial loop into grid / serial / thread / vector parts
+  (:func:`tile_spatial_axes`: every spatial loop of a block).
 * :func:`bind_block_threads` – fuse and bind loops to ``blockIdx.x`` / ``threadIdx.*``.
 * :func:`cooperative_fetch` – vectorized copy of a cache block by all threads of a block.
 * :func:`ceil_div` / :func:`pad_to` – padding arithmetic.
@@ -228,6 +229,23 @@ def tile_spatial(
     else:
         grid, threads, serial = sch.split(outer, [None, block // thread, thread // vec], preserve_unit_iters=True)
     return grid, serial, threads, lane
+
+
+def tile_spatial_axes(sch: s_tir.Schedule, loops: Sequence[LoopRV], spatial: Sequence[Axis], config: Config,
+                      vec_last: int = 1, interleave: bool = True):
+    """:func:`tile_spatial` over each of ``loops`` (``spatial`` axes, the config's ``block`` and
+    ``thread``; a vector of ``vec_last`` on the last one): ``(grids, serials, threads, lanes)``,
+    one loop per axis in each. The lanes of the other axes are unit loops, but they exist: a
+    caller's ``reorder`` must place them too, or one can stay between loops it then fuses."""
+    grids, serials, threads, lanes = [], [], [], []
+    for i, (loop, axis) in enumerate(zip(loops, spatial)):
+        v = vec_last if i == len(spatial) - 1 else 1
+        g, s, t, lane = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], v, interleave)
+        grids.append(g)
+        serials.append(s)
+        threads.append(t)
+        lanes.append(lane)
+    return grids, serials, threads, lanes
 
 
 def bind_block_threads(sch: s_tir.Schedule, grid_loops: Sequence[LoopRV], thread_loops: Sequence[LoopRV] = ()):

@@ -25,7 +25,7 @@ from .base import (
     inline_injective,
     iter_loops,
     prepare,
-    tile_spatial,
+    tile_spatial_axes,
     unroll,
     vector_width,
 )
@@ -52,18 +52,8 @@ class ElementwiseTemplate(ScheduleTemplate):
         inner = inner or [w.source for w in block.writes]
         vec = vector_width(config, inner, config.thread[-1], spatial[-1].extent, block)
 
-        grids, serials, threads, units = [], [], [], []
-        lane = None
-        for i, (loop, axis) in enumerate(zip(loops, spatial)):
-            is_last = i == len(loops) - 1
-            g, s, t, v = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], vec if is_last else 1)
-            grids.append(g)
-            serials.append(s)
-            threads.append(t)
-            if is_last:
-                lane = v
-            else:  # a unit loop: left where it was, it can land between the thread loops fused below
-                units.append(v)
+        grids, serials, threads, lanes = tile_spatial_axes(sch, loops, spatial, config, vec)
+        *units, lane = lanes
         sch.reorder(*grids, *units, *serials, *threads, lane)
         thread_loop = sch.fuse(*threads) if len(threads) > 1 else threads[0]
         bind_block_threads(sch, grids, [thread_loop])

@@ -29,7 +29,7 @@ from .base import (
     inline_injective,
     largest_pow2_divisor,
     prepare,
-    tile_spatial,
+    tile_spatial_axes,
     unroll,
     vector_width,
 )
@@ -72,13 +72,7 @@ class GeneralReductionTemplate(ScheduleTemplate):
         last_buffers = last_buffers or [w.source for w in last_stmt.writes]
         per_thread_cols = math.prod(config.rstep or (rt * 8,)) // max(rt, 1)
         vec = vector_width(config, last_buffers, max(per_thread_cols, 1), r_extent, last_stmt)
-        grids, thr, ser, units = [], [], [], []
-        for i, (loop, axis) in enumerate(zip(row_loops, spatial)):
-            g, s, t, u = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], 1, interleave=False)
-            grids.append(g)
-            thr.append(t)
-            ser.append(s)
-            units.append(u)  # the unit vector loop: it must not sit between the thread loops fused below
+        grids, ser, thr, units = tile_spatial_axes(sch, row_loops, spatial, config, interleave=False)
         col = sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]
         co, tx, lane = sch.split(col, [None, rt, vec], preserve_unit_iters=True)
         sch.reorder(*grids, *thr, *ser, *units, co, tx, lane)

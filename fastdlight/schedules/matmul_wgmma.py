@@ -399,6 +399,7 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
     sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("wgmma_epilogue.py"))  # part of the template's identity in the tuning database
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
+        func = distinct_param_names(func)  # once: match_wgmma and build_kernel then find the names unique
         match, _reason = match_wgmma(func)
         if match is None or not config_fits(match, config):
             return None
@@ -416,7 +417,7 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
     only symbolic dimension."""
     from ..policies.prepare import scalar_dtype, shape_var_names
 
-    symbolic = distinct_param_names(symbolic)
+    symbolic, static = distinct_param_names(symbolic), distinct_param_names(static)
     match, _reason = match_wgmma(static)
     if match is None or not config_fits(match, config):
         return None

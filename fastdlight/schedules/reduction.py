@@ -33,7 +33,7 @@ from .base import (
     inline_injective,
     iter_loops,
     prepare,
-    tile_spatial,
+    tile_spatial_axes,
     unroll,
     vector_width,
 )
@@ -106,16 +106,7 @@ def _reduction_split(config: Config, extent: int, vec: int) -> tuple[int, int]:
 
 
 def _spatial_tiles(sch, anchor, spatial, config, vec_last: int = 1):
-    grids, serials, threads, lanes = [], [], [], []
-    loops = iter_loops(anchor, "S")
-    for i, (loop, axis) in enumerate(zip(loops, spatial)):
-        v = vec_last if i == len(loops) - 1 else 1
-        g, s, t, lane = tile_spatial(sch, loop, axis.extent, config.block[i], config.thread[i], v, interleave=False)
-        grids.append(g)
-        serials.append(s)
-        threads.append(t)
-        lanes.append(lane)
-    return grids, serials, threads, lanes
+    return tile_spatial_axes(sch, iter_loops(anchor, "S"), spatial, config, vec_last, interleave=False)
 
 
 def _fuse(sch, loops):

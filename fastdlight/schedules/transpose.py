@@ -12,8 +12,6 @@ the output's innermost axis, in vectors, consecutive threads on consecutive vect
 
 from __future__ import annotations
 
-import math
-
 from tvm import DataType, s_tir, tirx
 
 from ..policies.config import Config
@@ -31,7 +29,7 @@ class TransposeTemplate(ScheduleTemplate):
         sch, blocks, anchor, spatial, reduce = prepare(func)
         if reduce or len(config.block) != len(spatial) or len(config.thread) != len(spatial):
             return None
-        threads = math.prod(b // t for b, t in zip(config.block, config.thread))
+        threads = config.num_threads
         if threads > MAX_THREADS or threads % 32:
             return None
         inline_injective(sch, blocks, keep=[anchor])
@@ -43,6 +41,9 @@ class TransposeTemplate(ScheduleTemplate):
         if source is None:
             return None
         src_buffer = block.reads[source].source
+        column = _dim_moved_by(block.reads[source], anchor.iters[-1].var)
+        if column is None or column == len(src_buffer.shape) - 1:
+            return None
         outer, inner = [], []
         for loop, axis, tile in zip(iter_loops(anchor, "S"), spatial, config.block):
             o, i = sch.split(loop, [None, min(tile, axis.extent)], preserve_unit_iters=True)
@@ -56,9 +57,6 @@ class TransposeTemplate(ScheduleTemplate):
         sch.compute_at(cache, grid, preserve_unit_loops=True)
         bits = DataType(str(src_buffer.dtype)).bits
         row = 128 * 8 // bits  # elements of a 128-byte row
-        column = _dim_moved_by(block.reads[source], anchor.iters[-1].var)
-        if column is None or column == len(src_buffer.shape) - 1:
-            return None
         sch.storage_align(cache, 0, axis=column, factor=row, offset=PAD_BYTES * 8 // bits)
         cooperative_fetch(sch, cache, threads, config.vector_width(str(src_buffer.name)))
 
