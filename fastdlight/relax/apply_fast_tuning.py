@@ -208,8 +208,7 @@ class ApplyFastTuning:
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
-            seeded=bool(seeds), fallback="; ".join(" | ".join(e.splitlines()[:3]) for e in tuned.fallbacks)), \
-            best_configs(tuned, SIBLING_SEEDS)
+            seeded=bool(seeds), fallback=tuned.fallback_summary), best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rewrites import mutator_pass
+from .rewrites import mutator_pass, static_shape
 
 #: input channels per 16-byte row: convolutions with a multiple of this are left to the templates
 ROW_CHANNELS = 8
@@ -38,14 +38,6 @@ def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
 
-def _static_shape(expr) -> list[int] | None:
-    ty = getattr(expr, "ty", None)
-    shape = getattr(ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(v, tirx.IntImm) for v in shape.values):
-        return None
-    return _ints(shape.values)
-
-
 def rewritable(call: relax.Call) -> bool:
     """An NHWC/OHWI ``conv2d`` (groups 1, no dilation, static shapes, fp16/bf16) whose channels are
     not a multiple of :data:`ROW_CHANNELS` and whose receptive field is at most :data:`MAX_K`."""
@@ -54,7 +46,7 @@ def rewritable(call: relax.Call) -> bool:
         return False
     if int(attrs.groups) != 1 or _ints(attrs.dilation) != [1, 1]:
         return False
-    x, w = (_static_shape(a) for a in call.args)
+    x, w = (static_shape(a) for a in call.args)
     if x is None or w is None or str(call.args[0].ty.dtype) not in TENSOR_CORE_DTYPES:
         return False
     channels = x[3]
@@ -62,7 +54,7 @@ def rewritable(call: relax.Call) -> bool:
 
 
 def _geometry(call: relax.Call):
-    (n, h, w, c), (o, r, s, _) = (_static_shape(a) for a in call.args)
+    (n, h, w, c), (o, r, s, _) = (static_shape(a) for a in call.args)
     stride_h, stride_w = _ints(call.attrs.strides)
     top, left, bottom, right = _ints(call.attrs.padding)
     p = (h + top + bottom - r) // stride_h + 1

@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir import IRModule
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .rewrites import call_to
+from .rewrites import call_to, static_shape
 
 #: elementwise ops a reshape moves below (``op(reshape(x)) == reshape(op(x))``)
 UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
@@ -35,16 +35,6 @@ BINARY = ("relax.add", "relax.multiply", "relax.subtract", "relax.divide", "rela
 LAST_AXIS = {"relax.nn.softmax": 0, "relax.nn.log_softmax": 0, "relax.nn.layer_norm": 2, "relax.nn.rms_norm": 1}
 #: rounds of rewriting (each moves a reshape one op further down)
 MAX_ROUNDS = 16
-
-
-def _shape(expr) -> list[int] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    shape = ty.shape
-    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(v, tvm.tirx.IntImm) for v in shape.values):
-        return None
-    return [int(v) for v in shape.values]
 
 
 class _Bindings:
@@ -80,7 +70,7 @@ def _merge_rule(bindings: _Bindings):
         if call.op.name == "relax.reshape":
             while (reshape := bindings.call(inner, "relax.reshape")) is not None:
                 inner = reshape.args[0]
-        s_in, s_out = _shape(inner), _shape(call)
+        s_in, s_out = static_shape(inner), static_shape(call)
         if s_in is None or s_out is None:
             return call
         if s_in == s_out:
@@ -97,8 +87,8 @@ def _unary_rule(bindings: _Bindings):
     pattern = _any_of([is_op(op)(is_op("relax.reshape")(x, shape)) for op in UNARY])
 
     def rewrite(call, matches):
-        inner, s_out = matches[x], _shape(call)
-        if _shape(inner) is None or s_out is None:
+        inner, s_out = matches[x], static_shape(call)
+        if static_shape(inner) is None or s_out is None:
             return call
         return relax.op.reshape(relax.Call(call.op, [inner], call.attrs, call.ty_args), s_out)
 
@@ -107,14 +97,15 @@ def _unary_rule(bindings: _Bindings):
 
 def _binary_rule(bindings: _Bindings):
     """``op(reshape(x), y)``: ``y`` a scalar or over trailing axes the reshape keeps (a bias, a
-    scale, also as ``[1, 1, 1, C]``) broadcasts the same way against ``x``; ``y`` of the full shape is reshaped to ``x``'s."""
+    scale, also as ``[1, 1, 1, C]``) broadcasts the same way against ``x``; ``y`` of the full
+    shape is reshaped to ``x``'s."""
     x, shape, other = wildcard(), wildcard(), wildcard()
     reshaped = is_op("relax.reshape")(x, shape)
     pattern = _any_of([p for op in BINARY for p in (is_op(op)(reshaped, other), is_op(op)(other, reshaped))])
 
     def rewrite(call, matches):
         inner, y = matches[x], matches[other]
-        s_in, s_out, s_y = _shape(inner), _shape(call), _shape(y)
+        s_in, s_out, s_y = static_shape(inner), static_shape(call), static_shape(y)
         if None in (s_in, s_out, s_y) or len(s_in) >= len(s_out):
             return call  # only un-flattening reshapes move: the flattened operand's reshape must stay
         core = s_y[next((i for i, v in enumerate(s_y) if v != 1), len(s_y)):]  # [1, 1, 1, C] broadcasts as [C]
@@ -137,7 +128,7 @@ def _last_axis_rule(bindings: _Bindings):
 
     def rewrite(call, matches):
         inner = matches[x]
-        s_in, s_out = _shape(inner), _shape(call)
+        s_in, s_out = static_shape(inner), static_shape(call)
         if s_in is None or s_out is None or not s_in or s_in[-1] != s_out[-1]:
             return call
         axes = getattr(call.attrs, "axes", None)
@@ -160,9 +151,9 @@ def _slice_rule(bindings: _Bindings):
 
     def rewrite(call, matches):
         perm = bindings.call(call.args[0], "relax.permute_dims")
-        if perm is None or _shape(matches[y]) is None:
+        if perm is None or static_shape(matches[y]) is None:
             return call
-        rank = len(_shape(matches[y]))
+        rank = len(static_shape(matches[y]))
         order = [int(a) for a in perm.attrs.axes] if perm.attrs.axes is not None else list(range(rank))[::-1]
         axes = [int(a) % rank for a in call.args[1]]
         strides = call.args[4] if len(call.args) > 4 else None

@@ -18,6 +18,17 @@ def call_to(value, *ops):
     return None
 
 
+def static_shape(expr) -> list[int] | None:
+    """``expr``'s shape when it is a tensor of static shape, else None."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    shape = ty.shape
+    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(v, tvm.tirx.IntImm) for v in shape.values):
+        return None
+    return [int(v) for v in shape.values]
+
+
 def pattern_pass(name: str, pattern, rewrite) -> tvm.transform.Pass:
     """A module pass applying ``rewrite_call(pattern, rewrite)`` to every Relax function."""
 
@@ -109,8 +120,7 @@ def softmax_of_fp16() -> tvm.transform.Pass:
                     return self.builder_.call_te(softmax_fp32, x, mask, primfunc_name_hint="softmax_fp16_in")
             return call
 
-    dce = relax.transform.DeadCodeElimination()
-    return mutator_pass("fastdlight.SoftmaxOfFp16", Rewriter, lambda mod: dce(mod))
+    return mutator_pass("fastdlight.SoftmaxOfFp16", Rewriter, relax.transform.DeadCodeElimination())
 
 
 def rms_norms() -> tvm.transform.Pass:

@@ -55,6 +55,11 @@ class Tuned:
     fallbacks: tuple[str, ...] = ()
 
     @property
+    def fallback_summary(self) -> str:
+        """:attr:`fallbacks`, each by its first lines: the reason and the first failures."""
+        return "; ".join(_brief(e) for e in self.fallbacks)
+
+    @property
     def stock(self) -> CompileResult | None:
         """The fastest timed stock Dlight candidate measured beside the winner (not refuted by a
         check; with ``check="winner"`` only the winner is verified)."""
@@ -202,8 +207,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     is never slower than stock Dlight's schedule measured in the same run. ``seeds``: the best
     configs of a sibling (a function computing the same matmul or convolution with another
     epilogue): the first candidate set is cut to them and its own best-ranked few
-    (:func:`seeded`); if the cut set fails as a whole, the full set is tried before the next. Raises :class:`TuningError` (every policy's reasons) when nothing usable
-    was found."""
+    (:func:`seeded`); if the cut set fails as a whole, the full set is tried before the next.
+    Raises :class:`TuningError` (every policy's reasons) when nothing usable was found."""
     check_target(func)  # a CPU kernel is the caller's mistake, not a gap for stock Dlight to fill
     if opt_shapes:
         func = specialize(func, opt_shapes)
@@ -221,7 +226,7 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
         tuned = None
         for cand in (cut, full) if cut is not full else (full,):  # a failed cut: the full set gets its chance
             if failed is not None:
-                why = " | ".join(errors[-1].splitlines()[:3])[:300]
+                why = _brief(errors[-1])[:300]
                 warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}",
                               stacklevel=2)
             if on_set is not None:
@@ -263,6 +268,10 @@ def scheduled_function(func, config: Config, arch: CUDA):
     if sch is None:
         raise ValueError(f"{config!r} does not apply to this function")
     return build_task.as_module(sch)["main"]
+
+
+def _brief(error: str) -> str:
+    return " | ".join(error.splitlines()[:3])
 
 
 def _faster(stock_won: Tuned, later: Tuned) -> Tuned:
