@@ -53,6 +53,10 @@ CASES = [
     ("odd 3000×5120×1000", 3000, 5120, 1000, "float16", "NT", 1),
     ("odd 4000³", 4000, 4000, 4000, "float16", "NT", 1),
     ("aligned 3072×5120×1024", 3072, 5120, 1024, "float16", "NT", 1),  # the odd shape, tile-aligned
+    # the odd shape with one side aligned: M (tiles) or K (row stride 2000 bytes, not 128-aligned)
+    ("odd M 3000×5120×1024", 3000, 5120, 1024, "float16", "NT", 1),
+    ("odd K 3072×5120×1000", 3072, 5120, 1000, "float16", "NT", 1),
+    ("odd NN 3000×5120×1000", 3000, 5120, 1000, "float16", "NN", 1),
     ("batched 64×512×512×128", 512, 512, 128, "float16", "NN", 64),
     # decode: X[M, K] · W[N, K]ᵀ with M = 1 and 16 (the weights, 32-88 MB, rotated out of L2)
     ("decode 1×4096×4096", 1, 4096, 4096, "float16", "NT", 1),

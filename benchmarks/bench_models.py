@@ -5,7 +5,8 @@
     python benchmarks/bench_models.py --export-fixtures tests/relax/fixtures   # TVMScript, no weights
 
 The Relax side: torch model (fp32) -> torch.export -> Relax -> weights bound, BatchNorm decomposed,
-ToMixedPrecision (fp16, fp32 accumulation) [-> ConvertLayout NHWC] -> then either TVM's default
+ToMixedPrecision (fp16, fp32 accumulation; fp16 input and output, as the ``.half()`` torch model
+takes and returns them) [-> ConvertLayout NHWC] -> then either TVM's default
 pipeline with stock Dlight, or fastdlight's (``fastdlight.relax``: prepare -> ApplyFastTuning ->
 build). Every side is timed inside a CUDA graph (torch eager also queued, as users run it), median
 over >= 100 ms. Weights (>= 100 MB for the transformer models) exceed the L2, so no flush is needed.
@@ -196,13 +197,13 @@ def bench_model(name: str, args, dev, arch: CUDA) -> Row:
     row = Row(name, spec.description, device=arch.device_name or arch.name)
     model = torch_models.build(spec)
     mod, params = torch_models.export_relax(spec, model)
-    mod = for_inference(mod, params, layout=spec.layout or None)
+    mod = for_inference(mod, params, layout=spec.layout or None, fp16_io=True)
     x32 = torch.randn(spec.input_shape, generator=torch.Generator().manual_seed(1))
     model16 = model.half().cuda()
     ref = run_torch(model16, x32.half().cuda(), row, args.skip_compile)
     del model16
     torch.cuda.empty_cache()
-    x_tvm = tvm.runtime.tensor(x32.numpy(), dev)
+    x_tvm = tvm.runtime.tensor(x32.half().numpy(), dev)
     run_stock(mod, x_tvm, dev, row)
     try:
         out = run_fastdlight(mod, x_tvm, dev, arch, row, args)

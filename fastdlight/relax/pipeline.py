@@ -28,10 +28,11 @@ from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
 from .reshapes import sink_reshapes
-from .rewrites import exact_integer_powers, rms_norms, softmax_of_fp16
+from .rewrites import exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
 
 
-def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto") -> IRModule:
+def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto",
+                  fp16_io: bool = False) -> IRModule:
     """An exported model made ready for inference: ``params`` (values of ``main``'s trailing
     parameters, e.g. from ``relax.frontend.detach_params``) bound as constants, so
     :func:`prepare` folds their layout changes once; BatchNorm decomposed into elementwise ops
@@ -42,7 +43,11 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     ``layout``: ``"NHWC"`` puts convolutions in NHWC with OHWI weights (layout changes only at
     the model's edges; the weights' are folded), which the tensor-core convolution template
     takes; ``None`` keeps them as exported; ``"auto"`` (default) is ``"NHWC"`` for fp16 models
-    with NCHW convolutions, else ``None``."""
+    with NCHW convolutions, else ``None``.
+
+    ``fp16_io`` (with ``fp16``): ``main`` takes its inputs (the parameters not bound) and returns
+    its results in fp16, as a ``.half()`` torch model does, instead of the exported fp32 (which
+    costs a cast kernel per input and fp32 writes of the results)."""
     if layout not in ("auto", "NHWC", None):
         raise ValueError(f"layout must be 'auto', 'NHWC' or None, got {layout!r}")
     if layout == "auto":
@@ -54,7 +59,10 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
                                                                   params))))
     passes.append(relax.transform.DecomposeOpsForInference())
     if fp16:
-        passes.append(relax.transform.ToMixedPrecision(out_dtype="float32"))
+        inputs = [p.name for p in mod["main"].params[: len(mod["main"].params) - len(params or [])]]
+        passes.append(relax.transform.ToMixedPrecision(out_dtype="float32", fp16_input_names=inputs if fp16_io else None))
+        if fp16_io:
+            passes.append(fp16_outputs())
     passes.append(rms_norms())  # after ToMixedPrecision, which leaves the decomposed norm in fp32
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":

@@ -128,8 +128,13 @@ def rms_norms() -> tvm.transform.Pass:
     decomposes it, ``x.pow(2)`` included) as ``nn.rms_norm(x, w, axes=[-1], eps)``: one reduction
     function. Decomposed, FuseOps leaves the square a kernel of its own (``x`` feeds both it and
     the scaling), writing and re-reading a tensor the size of the activation."""
-    x, two, eps, weight = wildcard(), is_const(), is_const(), wildcard()
-    square = is_op("relax.power")(x, two) | is_op("relax.multiply")(x, x)
+    x_in, two, eps, weight = wildcard(), is_const(), is_const(), wildcard()
+    # an fp16 input is widened for the scaling, and squared in fp16 then widened for the mean
+    # (``ToMixedPrecision`` of a model whose input is fp16; the exponent a cast constant)
+    x = is_op("relax.astype")(x_in) | x_in
+    exponent = two | is_op("relax.astype")(two)
+    square = (is_op("relax.power")(x, exponent) | is_op("relax.multiply")(x, x)
+              | is_op("relax.astype")(is_op("relax.power")(x_in, exponent) | is_op("relax.multiply")(x_in, x_in)))
     mean_of_square = is_op("relax.mean")(square)
     inv = is_op("relax.rsqrt")(is_op("relax.add")(mean_of_square, eps))
     pattern = is_op("relax.multiply")(is_op("relax.multiply")(x, inv), weight)
@@ -144,6 +149,57 @@ def rms_norms() -> tvm.transform.Pass:
         epsilon = float(matches[eps].value.numpy())
         if matches[eps].value.numpy().size != 1 or str(xs.ty.dtype) != str(w.ty.dtype):
             return call
+        narrow = matches[x_in]
+        if not narrow.same_as(xs) and str(narrow.ty.dtype) == "float16":
+            # the norm of the fp16 input itself: it computes in fp32 inside, and a separate
+            # widening kernel (FuseOps puts no cast in front of a reduction) goes away
+            w16 = relax.op.astype(w, "float16")
+            return relax.op.astype(relax.op.nn.rms_norm(narrow, w16, axes=[-1], epsilon=epsilon), str(xs.ty.dtype))
         return relax.op.nn.rms_norm(xs, w, axes=[-1], epsilon=epsilon)
 
     return pattern_pass("fastdlight.RMSNorms", pattern, rewrite)
+
+
+def fp16_outputs(func_name: str = "main") -> tvm.transform.Pass:
+    """``func_name`` returns its float results in fp16, as a ``.half()`` torch model does: an
+    output ``astype(y_fp16, "float32")`` (what ``ToMixedPrecision`` puts before each result of an
+    fp32 model) becomes ``y``, and an output computed in fp32 (a reduction) is cast to fp16, a
+    cast that fuses into its producer. The cast kernels and half of the output's bytes go away."""
+
+    def narrowed(var, bindings, extra):
+        if not isinstance(var.ty, relax.TensorType) or str(var.ty.dtype) != "float32":
+            return var
+        cast = call_to(bindings.get(var), "relax.astype")
+        if cast is not None and str(cast.args[0].ty.dtype) == "float16":
+            return cast.args[0]
+        narrow = relax.DataflowVar(f"{var.name}_fp16", relax.TensorType(var.ty.shape, "float16"))
+        extra.append(relax.VarBinding(narrow, relax.op.astype(var, "float16")))
+        return narrow
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.Fp16Outputs")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        func = mod[func_name] if func_name in [g.name_hint for g in mod.get_global_vars()] else None
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return mod
+        ret, blocks = func.body.body, func.body.blocks
+        bindings = {b.var: b.value for block in blocks for b in block.bindings}
+        value = bindings.get(ret) if isinstance(ret, relax.Var) else None
+        fields = value.fields if isinstance(value, relax.Tuple) else [value]
+        if value is None or not blocks or not isinstance(blocks[-1], relax.DataflowBlock) \
+                or not all(isinstance(f, relax.DataflowVar) for f in fields) \
+                or not any(b.var.same_as(ret) for b in blocks[-1].bindings):
+            return mod  # not the dataflow form ToMixedPrecision leaves
+        extra = []
+        new_fields = [narrowed(f, bindings, extra) for f in fields]
+        if all(a.same_as(b) for a, b in zip(new_fields, fields)):
+            return mod
+        new_value = relax.Tuple(new_fields) if isinstance(value, relax.Tuple) else new_fields[0]
+        ty = relax.TupleType([f.ty for f in new_fields]) if isinstance(value, relax.Tuple) else new_fields[0].ty
+        new_ret = relax.Var(ret.name, ty)
+        last = [b for b in blocks[-1].bindings if not b.var.same_as(ret)] + extra + [relax.VarBinding(new_ret, new_value)]
+        out = mod.clone()
+        body = relax.SeqExpr([*blocks[:-1], relax.DataflowBlock(last)], new_ret)
+        out[func_name] = relax.Function(func.params, body, ty, func.is_pure, func.attrs)
+        return relax.transform.DeadCodeElimination()(out)
+
+    return run

@@ -224,3 +224,65 @@ def run_on_cpu(mod, args):
         *[tvm.runtime.tensor(a) for a in args])
     return out.numpy() if hasattr(out, "numpy") else [t.numpy() for t in out]
 
+
+
+def test_fp16_io_takes_and_returns_fp16_with_the_same_values():
+    @I.ir_module
+    class Mlp:
+        @R.function
+        def main(x: R.Tensor((16, 32), "float32"), w: R.Tensor((64, 32), "float32")):
+            with R.dataflow():
+                y = R.nn.gelu(R.matmul(x, R.permute_dims(w)))
+                out = (y, R.sum(y, axis=[1]))
+                R.output(out)
+            return out
+
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype("float16") for s in ((16, 32), (64, 32)))
+    exported = for_inference(Mlp, [tvm.runtime.tensor(w.astype("float32"))])
+    half = for_inference(Mlp, [tvm.runtime.tensor(w.astype("float32"))], fp16_io=True)
+    main = half["main"]
+    assert [str(p.ty.dtype) for p in main.params] == ["float16"]  # the bound weight is no input
+    assert [str(f.dtype) for f in main.ret_ty.fields] == ["float16", "float16"]
+    assert [str(f.dtype) for f in exported["main"].ret_ty.fields] == ["float32", "float32"]
+    assert op_names(half).count("relax.astype") < op_names(exported).count("relax.astype")
+    want = run_on_cpu(exported, [x.astype("float32")])
+    got = run_on_cpu(half, [x])
+    assert got[0].dtype == got[1].dtype == np.float16
+    np.testing.assert_array_equal(got[0].astype("float32"), want[0])  # the fp32 result was this fp16 value, widened
+    np.testing.assert_array_equal(got[1], want[1].astype("float16"))  # the sum, computed in fp32, then narrowed
+
+
+def test_an_rms_norm_of_an_fp16_input_is_one_op_on_the_fp16_values():
+    """What ``ToMixedPrecision`` leaves when the model's input is fp16 (``fp16_io``): squared in
+    fp16 under a cast exponent, widened for the mean and the scaling."""
+    from fastdlight.relax.rewrites import rms_norms
+
+    @I.ir_module
+    class Norm:
+        @R.function
+        def main(x: R.Tensor((2, 8, 64), "float16"), w: R.Tensor((64,), "float32")):
+            with R.dataflow():
+                square = R.astype(R.power(x, R.astype(R.const(2.0, "float32"), "float16")), "float32")
+                inv = R.rsqrt(R.add(R.mean(square, axis=[-1], keepdims=True), R.const(1e-6, "float32")))
+                y = R.astype(R.multiply(R.multiply(R.astype(x, "float32"), inv), w), "float16")
+                R.output(y)
+            return y
+
+    rewritten = rms_norms()(Norm)
+    ops = op_names(rewritten)
+    assert ops.count("relax.nn.rms_norm") == 1 and "relax.mean" not in ops and "relax.power" not in ops
+    norm = next(e for e in _calls(rewritten) if e.op.name == "relax.nn.rms_norm")
+    assert str(norm.args[0].ty.dtype) == "float16"  # no widened copy of the input to compute first
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 8, 64)).astype("float16"), rng.standard_normal(64).astype("float32")]
+    args[1] = args[1].astype("float16").astype("float32")  # the rewrite narrows the weight
+    outs = [run_on_cpu(mod, args).astype("float32") for mod in (Norm, rewritten)]
+    np.testing.assert_allclose(outs[1], outs[0], rtol=2e-3, atol=2e-3)
+
+
+def _calls(mod) -> list:
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.Op) else None)
+    return calls
