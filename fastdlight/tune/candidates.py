@@ -23,6 +23,7 @@ from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from ..policies.transpose import transpose_configs
+from ..policies.gather import gather_configs
 from . import build_task
 from .candidate import CompileResult
 from .options import TuneOptions
@@ -112,6 +113,7 @@ def _ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
 
 #: transpose configs (:mod:`..policies.transpose`) among a layout change's ``topk`` candidates
 TRANSPOSE_CONFIGS = 6
+GATHER_CONFIGS = 4
 
 
 def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
@@ -122,6 +124,9 @@ def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
         # unmeasured, the staged tiles rank first: gathering, the elementwise kernels move a
         # fraction of the bandwidth on a layout change
         return transposes + configs[:max(1, topk - len(transposes))]
+    gathers = tuple(gather_configs(policy.info, arch, min(GATHER_CONFIGS, topk)))
+    if gathers:  # likewise: the planner's tiles pay a gather's index arithmetic per element
+        return gathers + configs[:max(1, topk - len(gathers))]
     if policy.info.kind == "gemv" and configs:
         # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
         top = max(c.cost for c in configs)
