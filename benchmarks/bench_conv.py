@@ -14,10 +14,11 @@ NHWC rows, the same stored tensors) are both timed inside CUDA graphs, alternate
 each family while tuning, and the ratio to cuDNN.
 
 ``--pipeline``: each layer as a one-layer Relax model through the model pipeline instead
-(``for_inference(layout="NHWC")``, ``compile_model``), timed as one VM call in the same CUDA
-graphs. That is how a model runs the 3-channel stem (an im2col gather and a GEMM,
-:mod:`fastdlight.relax.convs`) and NCHW layers (a transpose of the input and of the weights, an
-NHWC convolution and a transpose back, every kernel in the timing).
+(``for_inference(layout="NHWC")`` with the weight bound, as a model binds it; ``compile_model``),
+timed as one VM call in the same CUDA graphs. That is how a model runs the 3-channel stem (an
+im2col gather and a GEMM, :mod:`fastdlight.relax.convs`; the weight's columns folded at compile
+time) and NCHW layers (a transpose of the input, an NHWC convolution and a transpose back, every
+kernel in the timing; the weight's transpose folded).
 
 ``--dry-run`` (no GPU): every case's function and its candidate configs, nothing built or timed.
 Writes ``$OUT/bench_conv.json`` and ``.md`` (``bench_conv_pipeline.*`` with ``--pipeline``).
@@ -120,6 +121,11 @@ class Case:
             bb.emit_func_output(out)
         return bb.get()
 
+    def pipeline_module(self, weight) -> tvm.IRModule:
+        """:meth:`relax_module` ready for the model pipeline, ``weight`` bound as a model binds
+        it (its layout changes fold at compile time)."""
+        return for_inference(self.relax_module(), [weight], fp16=False, layout="NHWC")
+
     def torch_operands(self, data, weight):
         """torch's NCHW / OIHW views of the stored tensors (channels_last memory for NHWC)."""
         if self.layout == "NHWC":
@@ -188,7 +194,10 @@ def run_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
 
 def run_pipeline_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row:
     """The layer as a one-layer model through :func:`fastdlight.relax.compile_model`."""
-    mod = for_inference(case.relax_module(), fp16=False, layout="NHWC")
+    wl = Workload(case.func(), tvm.cuda(0), seed=0)
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    weight = arg_sets[0][1]
+    mod = case.pipeline_module(weight)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -198,16 +207,13 @@ def run_pipeline_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row
     for e in report:
         log(f"    {e.function}: {e.status} {e.winner} {e.latency_ms} ms {e.config!r}")
     vm = relax.VirtualMachine(ex, tvm.cuda(0))
-    wl = Workload(case.func(), tvm.cuda(0), seed=0)
-    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
-    data, weight = (a.numpy() for a in arg_sets[0][:2])
-    got = vm["main"](*arg_sets[0][:2]).numpy().astype(np.float64)
-    want = case.reference()(data, weight)
+    got = vm["main"](arg_sets[0][0]).numpy().astype(np.float64)
+    want = case.reference()(arg_sets[0][0].numpy(), weight.numpy())
     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
     if err > PIPELINE_TOLERANCE:
         raise AssertionError(f"pipeline output differs from torch's by {err:.3g} (relative to the largest value)")
     estimate = sum(e.latency_ms for e in kernels)
-    ms, cudnn_ms = time_against_cudnn(case, lambda d, w, _out: vm["main"](d, w), arg_sets, wl.dev, budget_ms,
+    ms, cudnn_ms = time_against_cudnn(case, lambda d, _w, _out: vm["main"](d), arg_sets, wl.dev, budget_ms,
                                       estimate)
     winner = "pipeline: " + ", ".join(f"{e.function} {e.config.kind if e.config else e.status} {e.latency_ms:.4f}"
                                       for e in kernels)
@@ -242,7 +248,9 @@ def dry_run(case: Case, arch, topk: int, log, pipeline: bool = False) -> Row:
     """The candidates' kinds of the layer's function (``pipeline``: of each function the model
     pipeline makes of the layer)."""
     if pipeline:
-        funcs = prim_funcs(prepare(arch.target)(for_inference(case.relax_module(), fp16=False, layout="NHWC")))
+        shape = [int(v) for v in case.func().params[1].shape]
+        weight = tvm.runtime.empty(shape, case.dtype)  # values do not matter to the candidates
+        funcs = prim_funcs(prepare(arch.target)(case.pipeline_module(weight)))
     else:
         funcs = {"conv": case.func()}
     found = []
