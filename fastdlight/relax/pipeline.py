@@ -28,7 +28,7 @@ from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
 from .reshapes import sink_reshapes
-from .rewrites import exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
+from .rewrites import causal_masks, exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto",
@@ -92,6 +92,7 @@ def prepare(target) -> tvm.transform.Pass:
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
+        causal_masks(),  # before softmax_of_fp16, which then finds the widened scores
         softmax_of_fp16(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

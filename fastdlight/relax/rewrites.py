@@ -1,11 +1,13 @@
 """Graph rewrites before fusion that keep the values and give FuseOps better kernels to make:
 integer powers as products, decomposed RMSNorms as one ``rms_norm``, attention's softmax reading
-fp16 scores. (Reshapes around matmuls: :mod:`.reshapes`.)"""
+fp16 scores, causal masks computed from the indices; fp16 model outputs. (Reshapes around
+matmuls: :mod:`.reshapes`.)"""
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
-from tvm import relax, te, topi
+from tvm import relax, te, tirx, topi
 from tvm.ir import IRModule
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -121,6 +123,47 @@ def softmax_of_fp16() -> tvm.transform.Pass:
             return call
 
     return mutator_pass("fastdlight.SoftmaxOfFp16", Rewriter, relax.transform.DeadCodeElimination())
+
+
+def causal_masks() -> tvm.transform.Pass:
+    """``x + M`` where ``M`` is a constant ``[S, S]`` (as a bound weight, or its cast) holding one
+    value ``v`` above the diagonal and zeros elsewhere (a causal attention mask) as one function
+    computing ``x + v`` where ``j > i`` and ``x`` elsewhere: the same values, from the indices
+    instead of a read of ``M``. Fused into the scores' matmul, its epilogue then loads nothing
+    but the accumulators."""
+
+    def masked(x, value, dtype):
+        v = tirx.const(value, dtype)
+        return te.compute(x.shape, lambda *i: tirx.if_then_else(i[-1] > i[-2], x(*i) + v, x(*i)), name="causal")
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def constant(self, expr):
+            """``expr``'s value as numpy (through a cast of a constant), else None."""
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+            cast = call_to(value, "relax.astype")
+            if cast is not None:
+                inner = self.constant(cast.args[0])
+                dtype = str(cast.ty.dtype)
+                return None if inner is None or dtype not in ("float16", "float32") else inner.astype(dtype)
+            return value.value.numpy() if isinstance(value, tvm.ir.expr.Constant) else None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if getattr(call.op, "name", "") != "relax.add":
+                return call
+            for x, mask in (call.args, call.args[::-1]):
+                shape, m = static_shape(x), self.constant(mask)
+                if shape is None or m is None or m.ndim != 2 or list(m.shape) != shape[-2:] or m.shape[0] < 2:
+                    continue
+                if str(m.dtype) != str(x.ty.dtype) or str(x.ty.dtype) not in ("float16", "float32"):
+                    continue
+                value = m[0, 1]
+                if value != 0 and np.array_equal(m, np.triu(np.full(m.shape, value, m.dtype), 1)):
+                    return self.builder_.call_te(masked, x, float(value), str(x.ty.dtype), primfunc_name_hint="causal")
+            return call
+
+    return mutator_pass("fastdlight.CausalMasks", Rewriter, relax.transform.DeadCodeElimination())
 
 
 def rms_norms() -> tvm.transform.Pass:

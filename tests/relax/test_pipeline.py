@@ -286,3 +286,56 @@ def _calls(mod) -> list:
     relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call)
                                     and isinstance(e.op, tvm.ir.Op) else None)
     return calls
+
+
+def causal_attention(mask: np.ndarray):
+    """Scores of two heads plus a bound constant mask, then softmax, as torch.export leaves them."""
+
+    @I.ir_module
+    class Scores:
+        @R.function
+        def main(q: R.Tensor((2, 128, 64), "float16"), kt: R.Tensor((2, 64, 128), "float16"),
+                 mask: R.Tensor((128, 128), "float16")):
+            with R.dataflow():
+                s = R.astype(R.matmul(q, kt, out_dtype="float32"), "float16")
+                p = R.nn.softmax(R.astype(R.add(s, mask), "float32"), axis=-1)
+                R.output(p)
+            return p
+
+    return relax.transform.BindParams("main", {"mask": tvm.runtime.tensor(mask)})(Scores)
+
+
+def test_a_causal_mask_is_computed_from_the_indices_with_the_same_values():
+    from fastdlight.relax.rewrites import causal_masks
+
+    causal = np.triu(np.full((128, 128), -1e4, "float16"), 1)
+    mod = causal_attention(causal)
+    rewritten = causal_masks()(mod)
+    assert "relax.add" not in op_names(rewritten)
+    assert not any(isinstance(e, tvm.ir.expr.Constant) and len(e.ty.shape) == 2 for e in _calls_args(rewritten))
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 128, 64)).astype("float16"), rng.standard_normal((2, 64, 128)).astype("float16")]
+    np.testing.assert_array_equal(run_on_cpu(rewritten, args), run_on_cpu(mod, args))
+    # any other constant stays an add: not triangular, or zero above the diagonal
+    for other in (np.tril(np.full((128, 128), -1e4, "float16"), -1), np.zeros((128, 128), "float16"),
+                  causal + np.eye(128, dtype="float16")):
+        assert "relax.add" in op_names(causal_masks()(causal_attention(other)))
+
+
+def test_the_causal_scores_stay_on_the_wgmma_template_with_nothing_but_the_operands_to_read():
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune.candidates import candidate_sets
+    from fastdlight.tune.compile import build, compile_cubin
+
+    mod = prepare(H100.target)(causal_attention(np.triu(np.full((128, 128), -1e4, "float16"), 1)))
+    (name, func), = [(n, f) for n, f in prim_funcs(mod).items() if n.startswith("fused_matmul")]
+    assert "causal" in name and len(func.params) == 3  # q, k^T, the scores: no mask
+    config = next(c for s in candidate_sets(func, H100, 8) for c in s.configs if c.kind == "matmul_wgmma")
+    with H100.target:
+        kernel = apply_config(func, config)
+    src = cuda_source(build(tvm.IRModule({"main": kernel}), H100.target))
+    assert "wgmma.mma_async" in src and compile_cubin(src, H100.target).spill_bytes == 0
+
+
+def _calls_args(mod) -> list:
+    return [a for e in _calls(mod) for a in e.args]
