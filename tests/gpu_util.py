@@ -95,3 +95,16 @@ def run_and_check(built, op, tol: float | None = None, seed: int = 0, dev=None) 
         tol = TOLERANCE.get(param_specs(func)[-1][1], 1e-2)
     assert err <= tol, f"{getattr(op, 'name', kernel_name(func))}: relative error {err:.3g} > {tol:g}"
     return err
+
+
+def check_configs(op, configs, arch) -> None:
+    """Each of ``configs`` scheduled by its own template (no fallback), built for ``arch`` and
+    checked against ``op.reference`` (see :func:`run_and_check`)."""
+    from fastdlight.schedules import dispatch_config
+    from fastdlight.tune.compile import build
+
+    assert configs
+    for config in configs:
+        with arch.target:
+            result = dispatch_config(func_of(op), config, allow_fallback=False)
+        run_and_check(build(result.schedule.mod, arch.target), op)
