@@ -22,8 +22,8 @@ from ..policies.prepare import check_target, specialize
 from ..policies.config import Config
 from ..policies.default import DefaultPolicy
 from ..policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
-from ..policies.transpose import transpose_configs
 from ..policies.gather import gather_configs
+from ..policies.transpose import transpose_configs
 from . import build_task
 from .candidate import CompileResult
 from .options import TuneOptions
@@ -113,6 +113,7 @@ def _ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
 
 #: transpose configs (:mod:`..policies.transpose`) among a layout change's ``topk`` candidates
 TRANSPOSE_CONFIGS = 6
+#: gather configs (:mod:`..policies.gather`) among a gather's ``topk`` candidates
 GATHER_CONFIGS = 4
 
 
