@@ -50,6 +50,8 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     costs a cast kernel per input and fp32 writes of the results)."""
     if layout not in ("auto", "NHWC", None):
         raise ValueError(f"layout must be 'auto', 'NHWC' or None, got {layout!r}")
+    if fp16_io and not fp16:
+        raise ValueError("fp16_io=True needs fp16=True: an fp32 model has no fp16 values to take or return")
     if layout == "auto":
         layout = "NHWC" if fp16 and _has_nchw_conv(mod) else None
     passes = []

@@ -246,6 +246,8 @@ def test_fp16_io_takes_and_returns_fp16_with_the_same_values():
     assert [str(f.dtype) for f in main.ret_ty.fields] == ["float16", "float16"]
     assert [str(f.dtype) for f in exported["main"].ret_ty.fields] == ["float32", "float32"]
     assert op_names(half).count("relax.astype") < op_names(exported).count("relax.astype")
+    with pytest.raises(ValueError, match="fp16_io=True needs fp16=True"):
+        for_inference(Mlp, fp16=False, fp16_io=True)
     want = run_on_cpu(exported, [x.astype("float32")])
     got = run_on_cpu(half, [x])
     assert got[0].dtype == got[1].dtype == np.float16
