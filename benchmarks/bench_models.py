@@ -1,7 +1,7 @@
 """Whole models through Relax: torch eager, torch in a CUDA graph, torch.compile, stock Dlight
 (at sm_90a and sm_90) and fastdlight, from one run on one GPU.
 
-    python benchmarks/bench_models.py --models mlp_gelu,llama_b1_s512 --out results/ [--profile]
+    python benchmarks/bench_models.py --models mlp_gelu,llama_b1_s512 --out results/ [--profile [--trace]]
     python benchmarks/bench_models.py --export-fixtures tests/relax/fixtures   # TVMScript, no weights
 
 The Relax side: torch model (fp32) -> torch.export -> Relax -> weights bound, BatchNorm decomposed,
@@ -68,6 +68,32 @@ class Row:
     errors: dict = field(default_factory=dict)
     profile: list = field(default_factory=list)
     kernel_check: list = field(default_factory=list)  # --kernel-check: (function, ms alone, ms tuned)
+    trace: dict = field(default_factory=dict)  # --trace: side -> [{kernel, us, launches}] per model call
+
+
+#: model calls the --trace profiler records per side
+TRACE_CALLS = 20
+
+
+def kernel_trace(fn) -> list[dict]:
+    """Every GPU kernel of ``fn()`` as it runs in the model (CUPTI through torch.profiler, which
+    sees kernels that TVM launches too): device microseconds and launches per call, longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(TRACE_CALLS):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        us = e.cuda_time_total if us is None else us
+        if us and e.count >= TRACE_CALLS:  # kernels of every call, not one-off setup copies
+            rows.append({"kernel": e.key[:90], "us": round(us / TRACE_CALLS, 2), "launches": e.count // TRACE_CALLS})
+    return sorted(rows, key=lambda r: -r["us"])
 
 
 def time_vm(vm, args, dev, row: Row | None = None) -> float:
@@ -83,17 +109,19 @@ def time_vm(vm, args, dev, row: Row | None = None) -> float:
         return time_launches(fn, [args], dev, BUDGET_MS).median_ms
 
 
-def run_torch(model, x, row: Row, skip_compile: bool):
+def run_torch(model, x, row: Row, args):
     import torch
 
     with torch.no_grad():
         row.torch_eager_ms = time_torch([lambda: model(x)], BUDGET_MS).median_ms
         row.torch_graph_ms = time_torch_graph([lambda: model(x)], BUDGET_MS, row.torch_eager_ms).median_ms
-        if not skip_compile:
+        if not args.skip_compile:
             try:
                 compiled = torch.compile(model)
                 compiled(x)
                 row.torch_compile_ms = time_torch_graph([lambda: compiled(x)], BUDGET_MS, row.torch_eager_ms).median_ms
+                if args.trace:
+                    row.trace["torch.compile"] = kernel_trace(lambda: compiled(x))
             except Exception as e:  # noqa: BLE001
                 row.errors["torch.compile"] = str(e).splitlines()[0][:200]
         return model(x).float().cpu().numpy()
@@ -136,6 +164,8 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
     row.build_s = round(time.perf_counter() - t0, 2)
     vm = relax.VirtualMachine(ex, dev)
     row.fastdlight_runs_ms = [round(time_vm(vm, [x_tvm], dev, row), 4) for _ in range(3)]
+    if args.trace:
+        row.trace["fastdlight"] = kernel_trace(lambda: vm["main"](x_tvm))
     row.fastdlight_ms = float(np.median(row.fastdlight_runs_ms))
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     row.stock_won = [e.function for e in tuning.report if e.winner == "stock"]
@@ -200,7 +230,7 @@ def bench_model(name: str, args, dev, arch: CUDA) -> Row:
     mod = for_inference(mod, params, layout=spec.layout or None, fp16_io=True)
     x32 = torch.randn(spec.input_shape, generator=torch.Generator().manual_seed(1))
     model16 = model.half().cuda()
-    ref = run_torch(model16, x32.half().cuda(), row, args.skip_compile)
+    ref = run_torch(model16, x32.half().cuda(), row, args)
     del model16
     torch.cuda.empty_cache()
     x_tvm = tvm.runtime.tensor(x32.half().numpy(), dev)
@@ -246,6 +276,11 @@ def profile_text(r: Row, top: int = 8) -> str:
         if p.get("fallback"):
             lines.append(f"\n{p['function']}{' (seeded)' if p.get('seeded') else ''}: an earlier candidate set "
                          f"failed as a whole: {p['fallback'][:300]}")
+    for side, kernels in r.trace.items():
+        total = sum(k["us"] for k in kernels)
+        lines.append(f"\n{side}: kernels as the model runs them ({total:.1f} us of device time a call)\n")
+        lines += ["| kernel | us a call | launches |", "|---|---|---|"]
+        lines += [f"| {k['kernel']} | {k['us']} | {k['launches']} |" for k in kernels[:top + 4]]
     if r.tune_stages:
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r.tune_stages.items())
         lines.append(f"\nTuning {r.tune_s} s wall; seconds by stage, summed over threads and workers: {stages}")
@@ -279,6 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--kernel-check", action="store_true",
                     help="time each tuned function of the built model alone, beside its tuning time")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --profile: every kernel's device time as the model runs (fastdlight and torch.compile)")
     ap.add_argument("--export-fixtures", metavar="DIR")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
