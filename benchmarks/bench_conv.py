@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402
 
-from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
+from bench_setup import kernel_trace, open_log, torch_fp32_accumulation  # noqa: E402
 from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
 from fastdlight.relax import compile_model, for_inference, prepare  # noqa: E402
 from fastdlight.relax.pipeline import prim_funcs  # noqa: E402
@@ -155,6 +155,7 @@ class Row:
     tflops: float | None = None
     tune_s: float | None = None
     error: str = ""
+    trace: dict = field(default_factory=dict)  # --pipeline: side -> kernels of one call (bench_setup.kernel_trace)
 
 
 FAMILIES = {"tensor cores": ("matmul_tc", "matmul_wgmma"), "CUDA cores": ("matmul",), "stock Dlight": ("dlight",)}
@@ -217,11 +218,28 @@ def run_pipeline_case(case: Case, arch, topk: int, budget_ms: float, log) -> Row
                                       estimate)
     winner = "pipeline: " + ", ".join(f"{e.function} {e.config.kind if e.config else e.status} {e.latency_ms:.4f}"
                                       for e in kernels)
-    return Row(case.name, winner, ms, cudnn_ms, cudnn_ms / ms, None, flops(case) / ms / 1e9, round(tune_s, 1))
+    trace = {}
+    try:  # the kernels as the call runs them, beside their tuning times above
+        trace = {"fastdlight": kernel_trace(lambda: vm["main"](arg_sets[0][0])),
+                 "cuDNN": kernel_trace(cudnn_call(case, arg_sets[0]))}
+    except Exception as e:  # noqa: BLE001 - a diagnostic: the row stands without it
+        log(f"    no kernel trace: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+    for side, rows in trace.items():
+        log(f"    {side} kernels: " + ", ".join(f"{k['kernel'][:60]} {k['us']} us x{k['launches']}" for k in rows))
+    return Row(case.name, winner, ms, cudnn_ms, cudnn_ms / ms, None, flops(case) / ms / 1e9, round(tune_s, 1),
+               trace=trace)
 
 
 #: largest difference from torch's fp64 result, relative to its largest value, of a pipeline case
 PIPELINE_TOLERANCE = 2e-2
+
+
+def cudnn_call(case: Case, args):
+    """torch's conv2d of the layer on the stored tensors ``args[:2]`` (NCHW views of NHWC memory)."""
+    import torch
+
+    x, w = case.torch_operands(*(torch.from_dlpack(a) for a in args[:2]))
+    return lambda: torch.nn.functional.conv2d(x, w, stride=case.layer.stride, padding=case.layer.pad)
 
 
 def time_against_cudnn(case: Case, launch, arg_sets, dev, budget_ms: float, estimate_ms: float):
@@ -229,11 +247,7 @@ def time_against_cudnn(case: Case, launch, arg_sets, dev, budget_ms: float, esti
     CUDA graphs, inputs rotated, alternately in ``ROUNDS`` rounds: ``(ours ms, cuDNN ms)``."""
     import torch
 
-    fns = []
-    for args in arg_sets:  # torch reads the same stored tensors as our kernel, rotated likewise
-        data, weight = (torch.from_dlpack(x) for x in args[:2])
-        x, w = case.torch_operands(data, weight)
-        fns.append(lambda x=x, w=w: torch.nn.functional.conv2d(x, w, stride=case.layer.stride, padding=case.layer.pad))
+    fns = [cudnn_call(case, args) for args in arg_sets]  # the same stored tensors as ours, rotated likewise
     for fn in fns:  # cudnn.benchmark picks its algorithm on the first calls, outside the graphs
         fn()
     torch.cuda.synchronize()

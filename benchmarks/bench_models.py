@@ -38,6 +38,7 @@ from fastdlight.relax import ApplyFastTuning, build, prepare  # noqa: E402
 from fastdlight.relax.pipeline import for_inference, prim_funcs  # noqa: E402
 from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
 from fastdlight.tune.measure import time_launches, time_torch  # noqa: E402
+from bench_setup import kernel_trace  # noqa: E402
 
 BUDGET_MS = 200.0
 STOCK_TARGETS = {"sm_90a": {"tag": "nvidia/nvidia-h100"}, "sm_90": {"tag": "nvidia/nvidia-h100", "arch": "sm_90"}}
@@ -71,29 +72,12 @@ class Row:
     trace: dict = field(default_factory=dict)  # --trace: side -> [{kernel, us, launches}] per model call
 
 
-#: model calls the --trace profiler records per side
-TRACE_CALLS = 20
-
-
-def kernel_trace(fn) -> list[dict]:
-    """Every GPU kernel of ``fn()`` as it runs in the model (CUPTI through torch.profiler, which
-    sees kernels that TVM launches too): device microseconds and launches per call, longest first."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(TRACE_CALLS):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None)
-        us = e.cuda_time_total if us is None else us
-        if us and e.count >= TRACE_CALLS:  # kernels of every call, not one-off setup copies
-            rows.append({"kernel": e.key[:90], "us": round(us / TRACE_CALLS, 2), "launches": e.count // TRACE_CALLS})
-    return sorted(rows, key=lambda r: -r["us"])
+def traced(row: Row, side: str, fn) -> None:
+    """``row.trace[side]``: the kernels of ``fn()`` (a diagnostic: its failure is noted, not fatal)."""
+    try:
+        row.trace[side] = kernel_trace(fn)
+    except Exception as e:  # noqa: BLE001
+        row.errors[f"trace {side}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
 
 
 def time_vm(vm, args, dev, row: Row | None = None) -> float:
@@ -121,7 +105,7 @@ def run_torch(model, x, row: Row, args):
                 compiled(x)
                 row.torch_compile_ms = time_torch_graph([lambda: compiled(x)], BUDGET_MS, row.torch_eager_ms).median_ms
                 if args.trace:
-                    row.trace["torch.compile"] = kernel_trace(lambda: compiled(x))
+                    traced(row, "torch.compile", lambda: compiled(x))
             except Exception as e:  # noqa: BLE001
                 row.errors["torch.compile"] = str(e).splitlines()[0][:200]
         return model(x).float().cpu().numpy()
@@ -165,7 +149,7 @@ def run_fastdlight(mod, x_tvm, dev, arch: CUDA, row: Row, args) -> np.ndarray:
     vm = relax.VirtualMachine(ex, dev)
     row.fastdlight_runs_ms = [round(time_vm(vm, [x_tvm], dev, row), 4) for _ in range(3)]
     if args.trace:
-        row.trace["fastdlight"] = kernel_trace(lambda: vm["main"](x_tvm))
+        traced(row, "fastdlight", lambda: vm["main"](x_tvm))
     row.fastdlight_ms = float(np.median(row.fastdlight_runs_ms))
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     row.stock_won = [e.function for e in tuning.report if e.winner == "stock"]

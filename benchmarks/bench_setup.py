@@ -1,5 +1,6 @@
-"""What the GEMM benchmarks set up the same way: a log under ``$OUT`` and cuBLAS held to fp32
-accumulation (as fastdlight's kernels accumulate), so the two sides compute the same thing."""
+"""What the benchmarks set up the same way: a log under ``$OUT``, cuBLAS held to fp32
+accumulation (as fastdlight's kernels accumulate), so the two sides compute the same thing, and
+a trace of the kernels a call runs."""
 
 from __future__ import annotations
 
@@ -27,3 +28,28 @@ def torch_fp32_accumulation() -> None:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_tf32 = False
+
+
+#: calls :func:`kernel_trace` records
+TRACE_CALLS = 20
+
+
+def kernel_trace(fn) -> list[dict]:
+    """Every GPU kernel of ``fn()`` as it runs (CUPTI through torch.profiler, which sees the
+    kernels TVM launches too): device microseconds and launches per call, longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(TRACE_CALLS):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        us = e.cuda_time_total if us is None else us
+        if us and e.count >= TRACE_CALLS:  # kernels of every call, not one-off setup copies
+            rows.append({"kernel": e.key[:90], "us": round(us / TRACE_CALLS, 2), "launches": e.count // TRACE_CALLS})
+    return sorted(rows, key=lambda r: -r["us"])

@@ -21,3 +21,13 @@ def test_the_profile_lists_both_sides_kernel_traces_with_their_totals():
     assert "torch.compile: kernels as the model runs them (560.0 us" in text
     assert "| fused_matmul1_cast4_add1_kernel | 270.25 | 1 |" in text
     assert "| sm90_xmma_gemm_f16f16_f32 | 560.0 | 2 |" in text
+
+
+def test_a_failing_trace_is_noted_and_the_row_stands():
+    row = bench_models.Row("mlp_gelu", "an MLP")
+
+    def fails():
+        raise RuntimeError("no GPU here")
+
+    bench_models.traced(row, "fastdlight", fails)
+    assert "trace fastdlight" in row.errors and "fastdlight" not in row.trace
