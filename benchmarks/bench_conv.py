@@ -2,6 +2,7 @@
 
     python benchmarks/bench_conv.py [--batch 16] [--topk 20] [--only NAME ...] [--layouts NHWC NCHW]
                                     [--dtypes float16 bfloat16] [--pipeline] [--dry-run]
+                                    [--held-out N [--seed S]]
 
 Each case is one layer as FuseOps leaves it in the model (``cast(conv2d(x, w))``, fp32
 accumulation, fp16 or bf16 in and out): NHWC data with OHWI weights (what
@@ -19,6 +20,10 @@ timed as one VM call in the same CUDA graphs. That is how a model runs the 3-cha
 im2col gather and a GEMM, :mod:`fastdlight.relax.convs`; the weight's columns folded at compile
 time) and NCHW layers (a transpose of the input, an NHWC convolution and a transpose back, every
 kernel in the timing; the weight's transpose folded).
+
+``--held-out N``: N convolutions of random geometry (drawn from ``--seed``, by default the
+clock; the log names it) instead of ResNet-18's layers: shapes no test names, each tuned and its
+winner verified against torch in fp64 like every row.
 
 ``--dry-run`` (no GPU): every case's function and its candidate configs, nothing built or timed.
 Writes ``$OUT/bench_conv.json`` and ``.md`` (``bench_conv_pipeline.*`` with ``--pipeline``).
@@ -80,6 +85,24 @@ LAYERS = [
 
 #: timing rounds of the winner and cuDNN, alternated (medians reported)
 ROUNDS = 5
+
+
+def held_out_layers(count: int, seed: int) -> list[Layer]:
+    """``count`` convolutions of random geometry, drawn from ``seed``: shapes no test names (the
+    channels a multiple of 8 or a few odd ones, kernels 1/3/5/7, stride 1 or 2, padding none or
+    "same", 7 to 64 pixels; the input at least as large as the kernel)."""
+    import random
+
+    rng = random.Random(seed)
+    layers = []
+    while len(layers) < count:
+        kernel, stride = rng.choice((1, 3, 5, 7)), rng.choice((1, 2))
+        cin = rng.choice((3, 5, 12)) if rng.random() < 0.2 else 8 * rng.randint(1, 48)
+        cout, size = 8 * rng.randint(1, 48), rng.randint(max(7, kernel), 64)
+        pad = rng.choice((0, kernel // 2))
+        name = f"held-out {kernel}x{kernel}/{stride} {cin}->{cout} @{size} pad {pad}"
+        layers.append(Layer(name, cin, cout, size, kernel, stride, pad))
+    return layers
 
 
 @dataclass(frozen=True)
@@ -296,7 +319,8 @@ def markdown(rows: list[Row], device: str) -> str:
 
 
 def cases(args) -> list[Case]:
-    out = [Case(ly, args.batch, layout, dtype) for ly in LAYERS for layout in args.layouts for dtype in args.dtypes]
+    layers = held_out_layers(args.held_out, args.seed) if args.held_out else LAYERS
+    out = [Case(ly, args.batch, layout, dtype) for ly in layers for layout in args.layouts for dtype in args.dtypes]
     return [c for c in out if not args.only or any(s in c.name for s in args.only)]
 
 
@@ -311,7 +335,12 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", action="store_true", help="each layer as a one-layer model through the "
                         "Relax pipeline (im2col stem, NCHW via NHWC), timed as one VM call")
     parser.add_argument("--dry-run", action="store_true", help="candidates only; nothing built or timed (no GPU)")
+    parser.add_argument("--held-out", type=int, default=0, metavar="N",
+                        help="N convolutions of random geometry instead of ResNet-18's layers")
+    parser.add_argument("--seed", type=int, default=None, help="of --held-out (default: from the clock, logged)")
     args = parser.parse_args(argv)
+    if args.seed is None:
+        args.seed = int(time.time())
     if not args.dry_run and not has_gpu():
         print("error: bench_conv needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
@@ -324,7 +353,7 @@ def main(argv=None) -> int:
 
         torch_fp32_accumulation()
         torch.backends.cudnn.benchmark = True
-    log(f"device: {device}")
+    log(f"device: {device}" + (f"; held-out shapes of seed {args.seed}" if args.held_out else ""))
     rows = []
     for case in cases(args):
         log(f"== {case.name}")

@@ -46,3 +46,29 @@ def test_pipeline_dry_run_makes_the_stem_a_gemm_and_nchw_layers_transposes(tmp_p
     nchw = rows["l1 3x3 64->64 @56 NCHW float16 b2"].removeprefix("(dry run) ").split("; ")
     assert any(f.startswith("fused_conv2d") and "matmul_wgmma" in f for f in nchw)
     assert sum(f.endswith("/transpose") for f in nchw) == 2  # the input's and the output's layout changes
+
+
+def test_held_out_shapes_are_drawn_from_the_seed_and_reach_tensor_cores(tmp_path, monkeypatch):
+    """``--held-out``: random geometries no test names. The same seed draws the same shapes; the
+    NHWC ones with channels a multiple of 8 get tensor-core candidates, whose top one compiles."""
+    from fastdlight.arch import CUDA
+    from fastdlight.schedules import dispatch_config
+    from fastdlight.tune.candidates import candidate_sets
+    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+
+    drawn = bench_conv.held_out_layers(6, seed=11)
+    assert drawn == bench_conv.held_out_layers(6, seed=11) != bench_conv.held_out_layers(6, seed=12)
+    names = {ly.name for ly in bench_conv.LAYERS}
+    for ly in drawn:
+        assert ly.name not in names and ly.size >= ly.kernel and ly.stride in (1, 2)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert bench_conv.main(["--dry-run", "--held-out", "3", "--seed", "11", "--batch", "2", "--layouts", "NHWC"]) == 0
+    rows = json.loads((tmp_path / "bench_conv.json").read_text())["rows"]
+    assert len(rows) == 3 and not any(r["error"] for r in rows)
+    h100 = CUDA("nvidia/nvidia-h100")
+    layer = next(ly for ly in drawn if ly.cin % 8 == 0)
+    func = bench_conv.Case(layer, 2, "NHWC", "float16").func()
+    config = next(c for s in candidate_sets(func, h100, 8) for c in s.configs if c.kind in ("matmul_tc", "matmul_wgmma"))
+    with h100.target:
+        result = dispatch_config(func, config, allow_fallback=False)
+    assert compile_cubin(cuda_source(build(result.schedule.mod, h100.target)), h100.target).spill_bytes == 0
