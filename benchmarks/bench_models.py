@@ -299,7 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-check", action="store_true",
                     help="time each tuned function of the built model alone, beside its tuning time")
     ap.add_argument("--trace", action="store_true",
-                    help="with --profile: every kernel's device time as the model runs (fastdlight and torch.compile)")
+                    help="every kernel's device time as the model runs, fastdlight's and torch.compile's "
+                         "(in the JSON; in the markdown with --profile)")
     ap.add_argument("--export-fixtures", metavar="DIR")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
