@@ -288,8 +288,6 @@ def export_fixtures(out_dir: str, names) -> None:
 
 
 def main(argv=None) -> int:
-    import torch_models
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp_gelu,mlp_silu,decoder_ln,llama_b1_s512,resnet18_nhwc_b16")
     ap.add_argument("--topk", type=int, default=20)
@@ -303,6 +301,11 @@ def main(argv=None) -> int:
                          "(in the JSON; in the markdown with --profile)")
     ap.add_argument("--export-fixtures", metavar="DIR")
     args = ap.parse_args(argv)
+    try:
+        import torch_models
+    except ImportError as e:
+        print(f"error: bench_models needs torch ({e})", file=sys.stderr)
+        return 2
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in torch_models.specs()]
     if unknown:

@@ -31,3 +31,10 @@ def test_a_failing_trace_is_noted_and_the_row_stands():
 
     bench_models.traced(row, "fastdlight", fails)
     assert "trace fastdlight" in row.errors and "fastdlight" not in row.trace
+
+
+def test_without_torch_it_says_so_in_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_models", None)  # as where torch is not installed
+    assert bench_models.main(["--models", "mlp_gelu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: bench_models needs torch")
