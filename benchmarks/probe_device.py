@@ -1,7 +1,10 @@
 """Quick probe of the GPU machine: TVM runtime APIs fastdlight relies on (run once per session)."""
-import os, time, shutil, subprocess, tempfile
+import os, time, shutil, subprocess, sys, tempfile
 import numpy as np
 import tvm
+
+if not tvm.cuda(0).exist:
+    sys.exit("error: probe_device needs a CUDA GPU")
 from tvm.s_tir import dlight as dl
 from fastdlight import ops
 from fastdlight.tune.compile import build
