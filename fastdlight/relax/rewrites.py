@@ -20,6 +20,12 @@ def call_to(value, *ops):
     return None
 
 
+def bound_value(mutator: PyExprMutator, expr):
+    """What ``expr`` is bound to in the function ``mutator`` visits (``expr`` itself when it is
+    no variable)."""
+    return mutator.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+
 def static_shape(expr) -> list[int] | None:
     """``expr``'s shape when it is a tensor of static shape, else None."""
     ty = getattr(expr, "ty", None)
@@ -98,7 +104,7 @@ def softmax_of_fp16() -> tvm.transform.Pass:
     @mutator
     class Rewriter(PyExprMutator):
         def bound(self, expr, op):
-            return call_to(self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr, op)
+            return call_to(bound_value(self, expr), op)
 
         def widened(self, expr):
             cast = self.bound(expr, "relax.astype")
@@ -140,7 +146,7 @@ def causal_masks() -> tvm.transform.Pass:
     class Rewriter(PyExprMutator):
         def constant(self, expr):
             """``expr``'s value as numpy (through a cast of a constant), else None."""
-            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+            value = bound_value(self, expr)
             cast = call_to(value, "relax.astype")
             if cast is not None:
                 inner = self.constant(cast.args[0])

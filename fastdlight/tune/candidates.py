@@ -120,14 +120,13 @@ GATHER_CONFIGS = 4
 def _default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
     policy = DefaultPolicy(func, arch)
     configs = tuple(policy.emit_config(topk))
-    transposes = tuple(transpose_configs(policy.info, arch, min(TRANSPOSE_CONFIGS, topk)))
-    if transposes:
-        # unmeasured, the staged tiles rank first: gathering, the elementwise kernels move a
-        # fraction of the bandwidth on a layout change
-        return transposes + configs[:max(1, topk - len(transposes))]
-    gathers = tuple(gather_configs(policy.info, arch, min(GATHER_CONFIGS, topk)))
-    if gathers:  # likewise: the planner's tiles pay a gather's index arithmetic per element
-        return gathers + configs[:max(1, topk - len(gathers))]
+    # unmeasured, these rank first: on a layout change the elementwise kernels gather and move a
+    # fraction of the bandwidth (the transpose template stages tiles), and on a gather the
+    # planner's thread tiles pay the index arithmetic per element
+    first = (tuple(transpose_configs(policy.info, arch, min(TRANSPOSE_CONFIGS, topk)))
+             or tuple(gather_configs(policy.info, arch, min(GATHER_CONFIGS, topk))))
+    if first:
+        return first + configs[:max(1, topk - len(first))]
     if policy.info.kind == "gemv" and configs:
         # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
         top = max(c.cost for c in configs)
