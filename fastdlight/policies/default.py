@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from .analysis import FuncInfo, analyze
 from .config import Config
+from .matmul_match import match_matmul
 from .planner import MAX_VISITS
 from .planner_matmul import MAX_UNROLLED_FMAS, MatmulPlanner  # noqa: F401 - MAX_UNROLLED_FMAS: part of the API
 from .planners_memory import (  # noqa: F401 - GATHER_MAX_LANES: part of the API
@@ -42,6 +43,11 @@ _PLANNERS = {
 }
 
 
+def _pairs_columns(func) -> bool:
+    match, _reason = match_matmul(func)
+    return match is not None and match.pair_columns > 0
+
+
 class DefaultPolicy:
     """Roller on CUDA cores. ``DefaultPolicy(func, arch, opt_shapes).emit_config(topk)``."""
 
@@ -53,6 +59,9 @@ class DefaultPolicy:
         kind = family or self.info.kind
         if family == "matmul" and self.info.kind not in ("matmul", "gemv"):
             raise ValueError(f"a {self.info.kind} function cannot be planned as a matmul")
+        if kind == "matmul" and not isinstance(func, FuncInfo) and _pairs_columns(func):
+            raise ValueError("the epilogue pairs the matmul's columns (gate and up in one GEMM): "
+                             "only the wgmma template computes it")
         planner = _PLANNERS.get(kind)
         if planner is None or (kind == "gemv" and self.info.gemv_weight is None):
             raise ValueError(f"DefaultPolicy cannot handle op family {kind!r} here")

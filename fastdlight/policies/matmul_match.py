@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits
 
@@ -30,6 +30,10 @@ class MatmulMatch:
     a_k_inner: bool  # A stored [.., M, K] (layout letter N) rather than [.., K, M] (T)
     b_k_inner: bool  # B stored [.., N, K] (layout letter T) rather than [.., K, N] (N)
     num_epilogue: int  # spatial blocks after the matmul (bias, cast, relu, ...)
+    #: G > 0: the epilogue combines accumulator columns in pairs (``c``, ``c + G``) of every
+    #: ``2G``-column block into one output column (gate and up projections interleaved into one
+    #: GEMM, see ``fastdlight.relax.gated``): the output has N / 2 columns
+    pair_columns: int = 0
 
     @property
     def layout(self) -> str:
@@ -164,8 +168,46 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
         a_k_inner=a2[-1].same_as(vk),
         b_k_inner=b2[-1].same_as(vk),
         num_epilogue=len(blocks) - 1 - blocks.index(red),
+        pair_columns=_pair_columns(sch, [b for b in blocks if b is not red], store.buffer),
     )
     return match, ""
+
+
+#: pair widths :func:`_pair_columns` recognizes: 128 bytes of 16-bit or of 32-bit values
+PAIR_WIDTHS = (64, 32)
+
+
+def _pair_columns(sch, consumers, acc) -> int:
+    """``G`` when every read of the accumulator ``acc`` after the matmul is at column
+    ``c // G * 2G + c % G`` or that plus ``G`` (``c``: the reading block's output column, the
+    other indices its own), both forms present; else 0."""
+    reads = []
+    for info in consumers:
+        block = sch.get(info.block_rv)
+        loads = []
+        tvm_ffi.structural_walk(block.body, (ir.TensorLoad, lambda x: loads.append(x) if x.source.same_as(acc) else None),
+                                order="pre")
+        if loads and not isinstance(block.body, tirx.BufferStore):
+            return 0
+        reads += [(load, block.body.indices) for load in loads]
+    if not reads:
+        return 0
+    for g in PAIR_WIDTHS:
+        offsets = [pair_offset(load.indices, out, g) for load, out in reads]
+        if set(offsets) == {0, g}:
+            return g
+    return 0
+
+
+def pair_offset(indices, out, g: int) -> int | None:
+    """0 or ``g`` when the accumulator read at ``indices`` is the first or second of the pair
+    that makes the output element at ``out`` (see :func:`_pair_columns`), else None."""
+    analyzer = sym.Analyzer()
+    col = out[-1]
+    offset = analyzer.simplify(indices[-1] - (tirx.floordiv(col, g) * (2 * g) + tirx.floormod(col, g)))
+    same_rows = len(indices) == len(out) and all(
+        isinstance(d := analyzer.simplify(a - b), tirx.IntImm) and d.value == 0 for a, b in zip(indices[:-1], out[:-1]))
+    return offset.value if same_rows and isinstance(offset, tirx.IntImm) and offset.value in (0, g) else None
 
 
 def _match_implicit_gemm(func, block, index: int, num_blocks: int) -> tuple[MatmulMatch | None, str]:

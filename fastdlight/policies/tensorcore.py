@@ -100,6 +100,8 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
 def _mma_sync_refusal(match: MatmulMatch, arch: CUDA) -> str:
     """Why the mma.sync template cannot take this matmul ("" when it can)."""
     pair = (match.in_dtype, match.acc_dtype)
+    if match.pair_columns:
+        return "the epilogue pairs the matmul's columns (gate and up in one GEMM): wgmma only"
     if pair not in SUPPORTED_MMA or pair not in arch.mma_shapes:
         return f"dtypes {pair} have no tensor-core path"
     if match.in_dtype == "int8" and match.layout != "NT":

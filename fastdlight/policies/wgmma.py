@@ -31,6 +31,8 @@ OUT_DTYPES = ("float16", "bfloat16", "float32")
 TMA_STRIDE_BYTES = 16
 #: the K step of a stage: one 128-byte swizzled row of 16-bit elements
 BK = 64
+#: the epilogue stores 64-row x 128-byte chunks of the output
+SWIZZLE_CHUNK_BYTES = 128
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
 CLOCK_HZ = 1.5e9
@@ -56,10 +58,24 @@ class WgmmaMatch:
     a_batched: bool
     b_batched: bool
     conv: ConvGeometry | None = None  # an NHWC convolution's implicit GEMM (A: the input's boxes)
+    #: G > 0: accumulator columns c and c + G of every 2G-column block make one output column
+    #: (``MatmulMatch.pair_columns``); G is the epilogue's chunk, so each chunk pairs with the next
+    pair: int = 0
 
     @property
     def in_bytes(self) -> int:
         return NBYTES[self.in_dtype]
+
+    @property
+    def out_n(self) -> int:
+        """The output's columns: N, or N / 2 where the epilogue pairs columns."""
+        return self.n // 2 if self.pair else self.n
+
+    @property
+    def bn_multiple(self) -> int:
+        """A tile's N is a whole number of epilogue chunks (128 bytes of output), of pairs of
+        them where the epilogue pairs columns."""
+        return SWIZZLE_CHUNK_BYTES // self.out_bytes * (2 if self.pair else 1)
 
     @property
     def out_bytes(self) -> int:
@@ -127,14 +143,17 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     b_k, b_ok = _layout(y_vars, j_var, k_var, batch_var)
     if not (a_ok and b_ok):
         return None, "operand axes are not [batch?, rows, K] or [batch?, K, rows]"
-    if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n]:
+    pair = base.pair_columns
+    if pair and pair != SWIZZLE_CHUNK_BYTES // NBYTES[str(out.dtype)]:
+        return None, f"columns paired {pair} apart: the epilogue pairs whole 128-byte chunks"
+    if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n // 2 if pair else base.n]:
         return None, "output is not [batch?, M, N]"
     match = WgmmaMatch(
         block=base.block, in_dtype=in_dtype, out_dtype=str(out.dtype), batch=base.batch,
         m=base.m, n=base.n, k=base.k, a_name=str(load_x.source.name), b_name=str(load_y.source.name),
         d_name=str(out.name), a_k_major=a_k, b_k_major=b_k,
         a_batched=batch_var is not None and _has(batch_var, x_vars),
-        b_batched=batch_var is not None and _has(batch_var, y_vars),
+        b_batched=batch_var is not None and _has(batch_var, y_vars), pair=pair,
     )  # fmt: skip
     inner = {"A": match.k if a_k else match.m, "B": match.k if b_k else match.n}
     for name, extent in inner.items():
@@ -181,7 +200,7 @@ def _the_output(func):
 
 def _output_rows_misaligned(match: WgmmaMatch) -> str:
     """Why TMA cannot store the output's rows ("" when it can)."""
-    row = match.n * match.out_bytes
+    row = match.out_n * match.out_bytes
     return f"output rows are {row} bytes: TMA needs multiples of 16" if row % TMA_STRIDE_BYTES else ""
 
 
@@ -262,7 +281,7 @@ class WgmmaPolicy:
         for wm in self.WARP_M:
             for bm in (2 * wm, wm):
                 for bn in self.BLOCK_N:
-                    if bn % (128 // mt.out_bytes) or (not mt.b_k_major and bn % 64):
+                    if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64):
                         continue
                     if wm // 64 * bn // 2 > MAX_ACC_REGS:
                         continue

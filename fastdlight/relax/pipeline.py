@@ -27,6 +27,7 @@ from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
+from .gated import gated_projections
 from .reshapes import sink_reshapes
 from .rewrites import causal_masks, exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
 
@@ -94,6 +95,7 @@ def prepare(target) -> tvm.transform.Pass:
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
+        gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
         causal_masks(),  # before softmax_of_fp16, which then finds the widened scores
         softmax_of_fp16(),
         relax.transform.LegalizeOps(),

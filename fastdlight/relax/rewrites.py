@@ -26,6 +26,24 @@ def bound_value(mutator: PyExprMutator, expr):
     return mutator.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
 
 
+def constant_value(mutator: PyExprMutator, expr) -> np.ndarray | None:
+    """``expr``'s value as numpy when it is a constant, or a cast (to fp16/fp32) or
+    ``permute_dims`` of one (a bound weight as ``ToMixedPrecision`` and the exporter leave it),
+    else None."""
+    value = bound_value(mutator, expr)
+    if isinstance(value, tvm.ir.expr.Constant):
+        return value.value.numpy()
+    call = call_to(value, "relax.astype", "relax.permute_dims")
+    inner = None if call is None else constant_value(mutator, call.args[0])
+    if inner is None:
+        return None
+    if call.op.name == "relax.permute_dims":
+        axes = call.attrs.axes
+        return np.transpose(inner, None if axes is None else [int(a) for a in axes])
+    dtype = str(call.ty.dtype)
+    return inner.astype(dtype) if dtype in ("float16", "float32") else None
+
+
 def static_shape(expr) -> list[int] | None:
     """``expr``'s shape when it is a tensor of static shape, else None."""
     ty = getattr(expr, "ty", None)
@@ -144,22 +162,12 @@ def causal_masks() -> tvm.transform.Pass:
 
     @mutator
     class Rewriter(PyExprMutator):
-        def constant(self, expr):
-            """``expr``'s value as numpy (through a cast of a constant), else None."""
-            value = bound_value(self, expr)
-            cast = call_to(value, "relax.astype")
-            if cast is not None:
-                inner = self.constant(cast.args[0])
-                dtype = str(cast.ty.dtype)
-                return None if inner is None or dtype not in ("float16", "float32") else inner.astype(dtype)
-            return value.value.numpy() if isinstance(value, tvm.ir.expr.Constant) else None
-
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if getattr(call.op, "name", "") != "relax.add":
                 return call
             for x, mask in (call.args, call.args[::-1]):
-                shape, m = static_shape(x), self.constant(mask)
+                shape, m = static_shape(x), constant_value(self, mask)
                 if shape is None or m is None or m.ndim != 2 or list(m.shape) != shape[-2:] or m.shape[0] < 2:
                     continue
                 if str(m.dtype) != str(x.ty.dtype) or str(x.ty.dtype) not in ("float16", "float32"):

@@ -282,7 +282,7 @@ class Plan:
 
     def in_bounds(self, coords: list[str], rows: bool = True) -> str:
         """Text of "the element at ``coords`` (from :meth:`out_coords`) is in the output"."""
-        col = f"{coords[-1]} < {self.match.n}"
+        col = f"{coords[-1]} < {self.match.out_n}"
         if not rows:
             return col
         geo = self.match.conv
@@ -340,6 +340,25 @@ class Plan:
         return self.bn // self.chunk_cols
 
     @property
+    def out_bn(self) -> int:
+        """Output columns of a tile: ``bn``, or half of it where the epilogue pairs chunks."""
+        return self.bn // 2 if self.match.pair else self.bn
+
+    @property
+    def out_chunks(self) -> int:
+        """Chunks of output a 64-row slice of a tile stores."""
+        return self.out_bn // self.chunk_cols
+
+    def acc_chunk(self, c):
+        """The accumulator chunk output chunk ``c`` is made of (the first of its pair)."""
+        return 2 * c if self.match.pair else c
+
+    @property
+    def pair_regs(self) -> int:
+        """Accumulator registers from a value to its pair's (the next chunk's same place)."""
+        return self.chunk_cols // 8 * 4
+
+    @property
     def mma_per_step(self) -> int:
         return self.bk // 16
 
@@ -383,7 +402,7 @@ def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Ope
         return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
     a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
                 else dims(match.m, match.k, match.a_batched), eb)
-    d = Output(dims(match.n, match.m, True), match.out_bytes, bm)
+    d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm)
     return a, b, d
 
 
@@ -400,7 +419,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
     chunk = SWIZZLE_BYTES // match.in_bytes
     return (
         wm in (64, 128) and bm in (wm, 2 * wm) and wn == bn and bk == chunk and 16 <= bn <= 256
-        and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % (SWIZZLE_BYTES // match.out_bytes) == 0
+        and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % match.bn_multiple == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
     )  # fmt: skip
 

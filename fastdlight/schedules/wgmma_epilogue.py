@@ -22,9 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tvm import s_tir, tirx
+import tvm_ffi
+from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
+from ..policies.matmul_match import pair_offset
 from ..policies.wgmma import WgmmaMatch
 from .base import root_block
 
@@ -95,7 +97,7 @@ class Prefetch:
         return f"k_x{self.index}"
 
     def registers(self, plan: Plan) -> int:
-        pairs = self.depth * plan.chunk_cols // 4 if self.read.per_row else plan.bn // 8
+        pairs = self.depth * plan.chunk_cols // 4 if self.read.per_row else plan.out_bn // 8
         return pairs * self.read.words
 
     def slot(self, plan: Plan, q: str) -> str:
@@ -126,7 +128,7 @@ class Epilogue:
         first: each of their values comes from DRAM once, where a column-only read (a bias) is
         shared by every row and mostly hits the L1 cache."""
         chosen, live = [], plan.acc_regs
-        chunks = plan.m_per_wg * plan.chunks
+        chunks = plan.m_per_wg * plan.out_chunks
         order = sorted(range(len(self.reads)), key=lambda i: not self.reads[i].per_row)
         for i in (i for i in order if self.pairable[i]):
             read = self.reads[i]
@@ -143,7 +145,7 @@ class Epilogue:
         """The output indices of the thread's element ``k_col + e`` of row ``k_row`` in slice
         ``mi`` and chunk ``c`` (text)."""
         return plan.out_coords(f"{plan.row0_text()} + {mi} * 64 + k_row",
-                               f"(k_n * {plan.bn} + {c} * {plan.chunk_cols} + k_col + {e})")
+                               f"(k_n * {plan.out_bn} + {c} * {plan.chunk_cols} + k_col + {e})")
 
     def substitute(self, text: str, plan: Plan, e: int, mi: str = "k_mi", c: str = "k_c") -> str:
         """``text`` with the block vars replaced by element ``k_col + e``'s coordinates."""
@@ -159,7 +161,7 @@ class Epilogue:
         """The output element at column ``k_col + e`` of the thread's row, as an expression over
         the kernel's own names, passed through ``wrap``. Where a direct read could fall outside
         its tensor the element is guarded, with ``zero`` (default: 0 of the output dtype) outside."""
-        text = self.text.replace("K_ACC", f"k_acc[k_reg + {e}]")
+        text = self.text.replace("K_UP", f"k_acc[k_reg + {plan.pair_regs + e}]").replace("K_ACC", f"k_acc[k_reg + {e}]")
         prefetches = self.prefetches(plan)
         for p in prefetches:
             text = text.replace(p.read.text, p.read.element(p.reg, p.slot(plan, self.chunk(plan)), e))
@@ -172,7 +174,7 @@ class Epilogue:
     @staticmethod
     def chunk(plan: Plan, ahead: int = 0) -> str:
         """The linear index of the store loop's current chunk (plus ``ahead``)."""
-        return f"(k_mi * {plan.chunks} + k_c + {ahead})"
+        return f"(k_mi * {plan.out_chunks} + k_c + {ahead})"
 
     def stores(self, plan: Plan, indent: str) -> str:
         """The staging stores of the thread's two adjacent outputs (``k_at``: their word)."""
@@ -194,7 +196,7 @@ class Epilogue:
 
     def _loads(self, p: Prefetch, plan: Plan, q: str, slot_q: str) -> list[str]:
         """A loop nest loading the thread's pairs of chunk ``q`` (linear) into ``slot_q``'s slots."""
-        mi, c = f"(({q}) // {plan.chunks})", f"(({q}) % {plan.chunks})"
+        mi, c = f"(({q}) // {plan.out_chunks})", f"(({q}) % {plan.out_chunks})"
         if not p.read.per_row:
             mi, c = "0", "k_c"
         load = p.read.load(p.reg, p.slot(plan, slot_q), self.in_bounds(plan, 0, p.read.per_row, mi, c))
@@ -209,13 +211,13 @@ class Epilogue:
         """At a tile's start: load the first chunks of every prefetched read."""
         out = []
         for p in self.prefetches(plan):
-            out.append(f"for {'k_q' if p.read.per_row else 'k_c'} in T.unroll({p.depth if p.read.per_row else plan.chunks}):")
+            out.append(f"for {'k_q' if p.read.per_row else 'k_c'} in T.unroll({p.depth if p.read.per_row else plan.out_chunks}):")
             out += ["    " + line for line in self._loads(p, plan, "k_q", "k_q")]
         return ("\n" + indent).join(out) or "T.evaluate(0)"
 
     def prefetch_next(self, plan: Plan, indent: str) -> str:
         """After the store loop's chunk ``q``: load chunk ``q + depth`` of every ring."""
-        out, total = [], plan.m_per_wg * plan.chunks
+        out, total = [], plan.m_per_wg * plan.out_chunks
         for p in self.prefetches(plan):
             if p.read.per_row and p.depth < total:
                 out.append(f"if {self.chunk(plan, p.depth)} < {total}:")
@@ -267,6 +269,8 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
             raise ValueError("the output is not indexed by plain variables")
     text = store.value.script()
     acc_name = str(acc_buf.name)
+    if match.pair:
+        text = _paired(text, store, acc_buf, match.pair, acc)
     index_text = ", ".join(n if n is not None else "0" for n in names)
     for found in re.findall(rf"\b{re.escape(acc_name)}\[([^\]]*)\]", text):
         if found.replace("T.int64(0)", "0") != index_text:
@@ -275,13 +279,28 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     others = {m for m in re.findall(r"\b(\w+)\[", text)} - {"T"}
     if others - params.keys():
         raise ValueError(f"the epilogue reads intermediates {sorted(others - params.keys())}")
-    if RESERVED.search(re.sub(r"\bT\.\w+|K_ACC|\"[^\"]*\"", "", text)):
+    if RESERVED.search(re.sub(r"\bT\.\w+|K_ACC|K_UP|\"[^\"]*\"", "", text)):
         raise ValueError("an epilogue name collides with the kernel's own")
     reads = [_read(m.group(0), params[m.group(1)], m.group(2), tuple(names))
              for m in re.finditer(r"\b(\w+)\[([^\]]*)\]", text) if m.group(1) != "T"]
     reads = list({r.text: r for r in reads}.values())
     pairable = tuple(_pairable(r, params[r.buffer], tuple(names), match) for r in reads)
     return Epilogue(text, tuple(names), tuple(reads), pairable)
+
+
+def _paired(text: str, store, acc_buf, g: int, acc: str) -> str:
+    """``text`` with the accumulator's reads that pair into the output element (see
+    ``MatmulMatch.pair_columns``) as ``K_ACC`` (the first) and ``K_UP`` (the second, ``g``
+    columns on: the next chunk's accumulator)."""
+    loads = []
+    tvm_ffi.structural_walk(store.value, (ir.TensorLoad, lambda x: loads.append(x) if x.source.same_as(acc_buf) else None),
+                            order="pre")
+    for load in loads:
+        offset = pair_offset(load.indices, store.indices, g)
+        if offset is None:
+            raise ValueError("the epilogue reads the accumulator outside the column pairs")
+        text = text.replace(load.script(), acc if offset == 0 else acc.replace("K_ACC", "K_UP"))
+    return text
 
 
 def _read(text: str, param: tirx.Var, index_text: str, names: tuple[str | None, ...]) -> Read:

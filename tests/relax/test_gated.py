@@ -1,0 +1,93 @@
+"""Gate and up projections as one GEMM over interleaved weights (``fastdlight.relax.gated``):
+the same values, only the wgmma template takes the result, and its kernel compiles."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from fastdlight.arch import CUDA
+from fastdlight.policies.matmul_match import match_matmul
+from fastdlight.relax import prepare
+from fastdlight.relax.gated import PAIR_COLUMNS, gated_projections, interleave
+from fastdlight.relax.pipeline import prim_funcs
+
+H100 = CUDA("nvidia/nvidia-h100")
+
+
+def gated_mlp(silu_op: bool = False, n: int = 512, same_x: bool = True):
+    """``silu(x @ Wg^T) * (x @ Wu^T)`` as torch.export and ToMixedPrecision leave it (fp32
+    products cast to fp16; SiLU as ``t * sigmoid(t)`` or ``nn.silu``), the weights bound."""
+
+    silu = "R.nn.silu(g)" if silu_op else "R.multiply(g, R.sigmoid(g))"
+    source = f"""
+@I.ir_module
+class Mlp:
+    @R.function
+    def main(x: R.Tensor((128, 256), "float16"), x2: R.Tensor((128, 256), "float16"),
+             wg: R.Tensor(({n}, 256), "float16"), wu: R.Tensor(({n}, 256), "float16")):
+        with R.dataflow():
+            g = R.astype(R.matmul(x, R.permute_dims(wg, [1, 0]), out_dtype="float32"), "float16")
+            s = {silu}
+            u = R.astype(R.matmul({"x" if same_x else "x2"}, R.permute_dims(wu, [1, 0]), out_dtype="float32"), "float16")
+            y = R.multiply(s, u)
+            R.output(y)
+        return y
+"""
+    mod = tvm.script.from_source(source, extra_vars={"I": I, "R": R})
+    rng = np.random.default_rng(0)
+    weights = {name: tvm.runtime.tensor((rng.standard_normal((n, 256)) * 0.1).astype("float16")) for name in ("wg", "wu")}
+    return relax.transform.BindParams("main", weights)(mod)
+
+
+def run_on_cpu(mod, args):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def test_interleave_alternates_blocks_of_gate_and_up_rows():
+    gate, up = np.arange(256).reshape(128, 2), -np.arange(256).reshape(128, 2)
+    w = interleave(gate, up)
+    assert w.shape == (256, 2)
+    np.testing.assert_array_equal(w[:64], gate[:64])
+    np.testing.assert_array_equal(w[64:128], up[:64])
+    np.testing.assert_array_equal(w[128:192], gate[64:])
+
+
+@pytest.mark.parametrize("silu_op", [False, True])
+def test_gate_and_up_become_one_gemm_with_the_same_values(silu_op):
+    mod = gated_mlp(silu_op)
+    rewritten = gated_projections()(mod)
+    ops = str(rewritten["main"])
+    assert ops.count("R.call_tir") == 1 and "R.matmul" not in ops
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((128, 256)).astype("float16") for _ in range(2)]
+    np.testing.assert_array_equal(run_on_cpu(rewritten, args), run_on_cpu(mod, args))
+
+
+def test_left_alone_where_it_does_not_apply():
+    for mod in (gated_mlp(same_x=False), gated_mlp(n=96)):  # two inputs; N not a multiple of G
+        assert "R.call_tir" not in str(gated_projections()(mod)["main"])
+    sm89 = CUDA("nvidia/geforce-rtx-4090")  # no wgmma: no template would take the pairs
+    assert "R.call_tir" not in str(gated_projections(sm89.target)(gated_mlp())["main"])
+
+
+def test_only_the_wgmma_template_takes_the_pairs_and_its_kernel_compiles():
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune.candidates import candidate_sets, stock_configs
+    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+
+    (name, func), = prim_funcs(prepare(H100.target)(gated_mlp())).items()
+    assert "gated" in name
+    match, _ = match_matmul(func)
+    assert match.pair_columns == PAIR_COLUMNS and match.n == 1024
+    configs = [c for s in candidate_sets(func, H100, 8, stock_configs(func, H100)) for c in s.configs]
+    own = [c for c in configs if not c.is_stock]
+    assert own and all(c.kind == "matmul_wgmma" and c.block[1] % (2 * PAIR_COLUMNS) == 0 for c in own)
+    with H100.target:
+        kernel = apply_config(func, own[0])
+    src = cuda_source(build(tvm.IRModule({"main": kernel}), H100.target))
+    assert "wgmma.mma_async" in src and "hexp" in src  # the SiLU in the epilogue
+    assert compile_cubin(src, H100.target).spill_bytes == 0
