@@ -1,0 +1,181 @@
+"""Does a kernel's time depend on how long the GPU has been busy?
+
+The tuner times each candidate for about 100 ms on a GPU that sat idle while the candidates
+compiled; a model replays its kernels back to back for seconds. A GEMM draws the most power,
+and an H100 lowers its clock when the power stays at the limit. This times a few wgmma tiles of
+the GEMMs where a model's kernel ran slower than its tuning time, each *cold* (after an idle
+second, as in tuning) and *hot* (right after ``--heat-s`` seconds of the same kernel back to
+back), with the SM clock and board power sampled meanwhile (``nvidia-smi``). torch's matmul of
+the same shape is timed the same way.
+
+    python benchmarks/bench_sustained.py [--heat-s 2] [--only NAME ...]
+
+Writes ``$OUT/bench_sustained.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tvm  # noqa: E402
+from tvm import te  # noqa: E402
+
+from bench_gemm_hopper import matmul_func  # noqa: E402
+from fastdlight.arch import auto_arch  # noqa: E402
+from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
+from fastdlight.relax.gated import gated_product  # noqa: E402
+from fastdlight.schedules import apply_config  # noqa: E402
+from fastdlight.tune.compile import build  # noqa: E402
+from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
+
+BUDGET_MS = 100.0
+
+
+def gated_func(m: int, n: int, k: int):
+    x = te.placeholder((m, k), "float16", name="x")
+    w = te.placeholder((2 * n, k), "float16", name="w")
+    out = gated_product(x, w, "float32", "float16", "float16")
+    return te.create_prim_func([x, w, out]).with_attr("global_symbol", "gated")
+
+
+# name, function, tiles (bm, bn, wm) to compare, torch's equivalent (M, N, K) or None
+CASES = [
+    ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048), [(128, 128, 64), (128, 256, 64), (256, 128, 128)],
+     (2048, 11264, 2048)),
+    ("mlp down 2048x4096x11008 NN", lambda: matmul_func(2048, 4096, 11008, "float16", "NN"),
+     [(128, 192, 64), (128, 256, 64), (256, 128, 128)], (2048, 4096, 11008)),
+]
+
+
+class Sampler:
+    """SM clock (MHz) and power (W) from ``nvidia-smi``, sampled in a thread."""
+
+    def __init__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5).stdout.split(",")
+                self.samples.append((time.perf_counter(), float(out[0]), float(out[1])))
+            except Exception:  # noqa: BLE001 - no reading this time
+                time.sleep(0.1)
+
+    def between(self, t0: float, t1: float) -> dict:
+        rows = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not rows:
+            return {"clock_mhz": None, "power_w": None}
+        return {"clock_mhz": float(np.mean([r[1] for r in rows])), "power_w": float(np.mean([r[2] for r in rows]))}
+
+    def stop(self):
+        self._stop.set()
+
+
+def timed(run, sampler: Sampler, heat_s: float) -> dict:
+    """``run(budget_ms)`` -> median ms: cold (after an idle second) and hot (after ``heat_s`` s)."""
+    out = {}
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    out["cold_ms"] = run(BUDGET_MS)
+    out["cold"] = sampler.between(t0, time.perf_counter())
+    run(heat_s * 1e3)
+    t0 = time.perf_counter()
+    out["hot_ms"] = run(BUDGET_MS)
+    out["hot"] = sampler.between(t0, time.perf_counter())
+    return out
+
+
+def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict:
+    import torch
+
+    func = make()
+    configs = {(c.block[0], c.block[1], c.warp[0]): c for c in WgmmaPolicy(func, arch).emit_config(64)}
+    wl = Workload(func, tvm.cuda(0), seed=0)
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    row = {"case": name, "tiles": {}}
+    for tile in tiles:
+        config = configs.get(tile)
+        if config is None:
+            row["tiles"][str(tile)] = {"error": "not among the policy's tiles"}
+            continue
+        with arch.target:
+            kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
+        mod = build(tvm.IRModule({"main": kernel}), arch.target)
+        launch = mod[function_name(mod, kernel)]
+        row["tiles"][str(tile)] = timed(lambda b: time_launches(launch, arg_sets, wl.dev, b).median_ms, sampler, heat_s)
+        log(f"{name} {config}: {row['tiles'][str(tile)]}")
+    if torch_shape is not None:
+        m, n, k = torch_shape
+        copies = len(arg_sets)
+        pairs = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+                 for _ in range(copies)]
+        fns = [lambda a=a, b=b: torch.matmul(a, b) for a, b in pairs]
+        row["torch"] = timed(lambda b: time_torch(fns, b).median_ms, sampler, heat_s)
+        log(f"{name} torch: {row['torch']}")
+    return row
+
+
+def markdown(rows, device) -> str:
+    lines = [f"Device: {device}", "", "| case | kernel | cold ms | MHz, W | hot ms | MHz, W | hot / cold |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        kernels = dict(row["tiles"])
+        if "torch" in row:
+            kernels["torch"] = row["torch"]
+        for kernel, r in kernels.items():
+            if "error" in r:
+                lines.append(f"| {row['case']} | {kernel} | {r['error']} | | | | |")
+                continue
+            cw = lambda s: f"{s['clock_mhz']:.0f}, {s['power_w']:.0f}" if s["clock_mhz"] else "-"  # noqa: E731
+            lines.append(f"| {row['case']} | {kernel} | {r['cold_ms']:.4f} | {cw(r['cold'])} | {r['hot_ms']:.4f} "
+                         f"| {cw(r['hot'])} | {r['hot_ms'] / r['cold_ms']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heat-s", type=float, default=2.0)
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_sustained: needs torch (and a GPU)")
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_sustained: needs a CUDA GPU")
+        return 2
+    arch = auto_arch()
+    out_dir = os.environ.get("OUT", ".")
+    sampler = Sampler()
+    rows = []
+    for name, make, tiles, shape in CASES:
+        if args.only and not any(s in name for s in args.only):
+            continue
+        rows.append(run_case(name, make, tiles, shape, arch, sampler, args.heat_s, print))
+    sampler.stop()
+    device = torch.cuda.get_device_name()
+    with open(os.path.join(out_dir, "bench_sustained.json"), "w") as f:
+        json.dump({"device": device, "rows": rows}, f, indent=1)
+    md = markdown(rows, device)
+    with open(os.path.join(out_dir, "bench_sustained.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
