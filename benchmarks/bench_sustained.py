@@ -128,6 +128,26 @@ def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict
     return row
 
 
+def transient(name, make, tile, arch, sampler, seconds: float, batch_ms: float = 10.0) -> dict:
+    """One kernel back to back for ``seconds`` after an idle second: the median of every
+    ``batch_ms`` batch, with its time since the start (how fast the clock settles)."""
+    func = make()
+    config = next(c for c in WgmmaPolicy(func, arch).emit_config(64) if (c.block[0], c.block[1], c.warp[0]) == tile)
+    with arch.target:
+        kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
+    mod = build(tvm.IRModule({"main": kernel}), arch.target)
+    launch = mod[function_name(mod, kernel)]
+    wl = Workload(func, tvm.cuda(0), seed=0)
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    time_launches(launch, arg_sets, wl.dev, 20.0)
+    time.sleep(1.0)
+    t0, series = time.perf_counter(), []
+    while time.perf_counter() - t0 < seconds:
+        ms = time_launches(launch, arg_sets, wl.dev, batch_ms).median_ms
+        series.append((round(time.perf_counter() - t0, 4), ms))
+    return {"case": name, "tile": str(tile), "series": series, "clock": sampler.between(t0, time.perf_counter())}
+
+
 def markdown(rows, device) -> str:
     lines = [f"Device: {device}", "", "| case | kernel | cold ms | MHz, W | hot ms | MHz, W | hot / cold |",
              "|---|---|---|---|---|---|---|"]
@@ -149,6 +169,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heat-s", type=float, default=2.0)
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--transient", type=float, default=0.0,
+                        help="seconds of the first case's first tile back to back, timed in 10 ms batches")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -166,10 +188,15 @@ def main(argv=None) -> int:
         if args.only and not any(s in name for s in args.only):
             continue
         rows.append(run_case(name, make, tiles, shape, arch, sampler, args.heat_s, print))
+    series = []
+    if args.transient:
+        name, make, tiles, _shape = next(c for c in CASES if not args.only or any(s in c[0] for s in args.only))
+        series.append(transient(name, make, tiles[0], arch, sampler, args.transient))
+        print(series[-1])
     sampler.stop()
     device = torch.cuda.get_device_name()
     with open(os.path.join(out_dir, "bench_sustained.json"), "w") as f:
-        json.dump({"device": device, "rows": rows}, f, indent=1)
+        json.dump({"device": device, "rows": rows, "transient": series}, f, indent=1)
     md = markdown(rows, device)
     with open(os.path.join(out_dir, "bench_sustained.md"), "w") as f:
         f.write(md)

@@ -352,6 +352,24 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
     return Timing.of(samples)
 
 
+#: a GPU is hot when the time per launch of a ``HEAT_BATCH_MS`` batch back to back has stopped
+#: rising (within ``HEAT_SETTLED``); at most ``HEAT_MAX_MS`` of heating, at least two batches
+HEAT_BATCH_MS, HEAT_SETTLED, HEAT_MAX_MS = 20.0, 0.005, 500.0
+
+
+def heat(launch, arg_sets: list, dev, max_ms: float = HEAT_MAX_MS) -> float:
+    """Run ``launch`` back to back until its time per launch stops rising: the GPU is then at
+    the clock its power limit allows under this load, where a model runs it. Returns the
+    milliseconds spent (at most about ``max_ms``)."""
+    t0, last = time.perf_counter(), None
+    while (time.perf_counter() - t0) * 1e3 < max_ms:
+        now = time_launches(launch, arg_sets, dev, HEAT_BATCH_MS).median_ms
+        if last is not None and now <= last * (1 + HEAT_SETTLED):
+            break
+        last = now
+    return (time.perf_counter() - t0) * 1e3
+
+
 def _time_one_at_a_time(once, budget_ms: float) -> Timing:
     """Median of ``once()`` (milliseconds of one synchronized launch) over ``budget_ms``, after
     a warm-up; the first three calls also size the repetitions."""
