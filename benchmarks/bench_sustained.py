@@ -16,6 +16,7 @@ Writes ``$OUT/bench_sustained.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -48,13 +49,26 @@ def gated_func(m: int, n: int, k: int):
     return te.create_prim_func([x, w, out]).with_attr("global_symbol", "gated")
 
 
-# name, function, tiles (bm, bn, wm) to compare, torch's equivalent (M, N, K) or None
+# name, function, tiles (bm, bn, wm, cluster) to compare, torch's equivalent (M, N, K) or None
 CASES = [
-    ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048), [(128, 128, 64), (128, 256, 64), (256, 128, 128)],
+    ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048),
+     [(128, 128, 64, 1), (128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2)],
      (2048, 11264, 2048)),
     ("mlp down 2048x4096x11008 NN", lambda: matmul_func(2048, 4096, 11008, "float16", "NN"),
-     [(128, 192, 64), (128, 256, 64), (256, 128, 128)], (2048, 4096, 11008)),
+     [(128, 192, 64, 1), (128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2)],
+     (2048, 4096, 11008)),
+    ("odd 3000x5120x1000 NT", lambda: matmul_func(3000, 5120, 1000, "float16", "NT"),
+     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], (3000, 5120, 1000)),
 ]
+
+
+def policy_config(func, arch, tile):
+    """The policy's config of tile ``(bm, bn, wm, cluster)``, or None."""
+    bm, bn, wm, cluster = tile
+    for c in WgmmaPolicy(func, arch).emit_config(64):
+        if (c.block[0], c.block[1], c.warp[0]) == (bm, bn, wm):
+            return dataclasses.replace(c, cluster=cluster)
+    return None
 
 
 class Sampler:
@@ -102,21 +116,30 @@ def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict
     import torch
 
     func = make()
-    configs = {(c.block[0], c.block[1], c.warp[0]): c for c in WgmmaPolicy(func, arch).emit_config(64)}
     wl = Workload(func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
-    row = {"case": name, "tiles": {}}
+    row, first = {"case": name, "tiles": {}}, None
     for tile in tiles:
-        config = configs.get(tile)
+        config = policy_config(func, arch, tile)
         if config is None:
             row["tiles"][str(tile)] = {"error": "not among the policy's tiles"}
             continue
-        with arch.target:
-            kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
-        mod = build(tvm.IRModule({"main": kernel}), arch.target)
-        launch = mod[function_name(mod, kernel)]
-        row["tiles"][str(tile)] = timed(lambda b: time_launches(launch, arg_sets, wl.dev, b).median_ms, sampler, heat_s)
-        log(f"{name} {config}: {row['tiles'][str(tile)]}")
+        try:
+            with arch.target:
+                kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
+            mod = build(tvm.IRModule({"main": kernel}), arch.target)
+            launch = mod[function_name(mod, kernel)]
+            out = wl.run_outputs(launch)[0].astype(np.float32)
+        except Exception as e:  # noqa: BLE001 - one tile's failure is a row, not the end of the run
+            row["tiles"][str(tile)] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            log(f"{name} {config}: {row['tiles'][str(tile)]}")
+            continue
+        first = out if first is None else first
+        r = timed(lambda b: time_launches(launch, arg_sets, wl.dev, b).median_ms, sampler, heat_s)
+        # the first tile's output is the yardstick (every tile sums K in the same order)
+        r["max_diff_vs_first"] = float(np.nanmax(np.abs(out - first)) if np.isfinite(out).all() else np.inf)
+        row["tiles"][str(tile)] = r
+        log(f"{name} {config}: {r}")
     if torch_shape is not None:
         m, n, k = torch_shape
         copies = len(arg_sets)
@@ -132,7 +155,7 @@ def transient(name, make, tile, arch, sampler, seconds: float, batch_ms: float =
     """One kernel back to back for ``seconds`` after an idle second: the median of every
     ``batch_ms`` batch, with its time since the start (how fast the clock settles)."""
     func = make()
-    config = next(c for c in WgmmaPolicy(func, arch).emit_config(64) if (c.block[0], c.block[1], c.warp[0]) == tile)
+    config = policy_config(func, arch, tile)
     with arch.target:
         kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
     mod = build(tvm.IRModule({"main": kernel}), arch.target)
@@ -160,7 +183,8 @@ def markdown(rows, device) -> str:
                 lines.append(f"| {row['case']} | {kernel} | {r['error']} | | | | |")
                 continue
             cw = lambda s: f"{s['clock_mhz']:.0f}, {s['power_w']:.0f}" if s["clock_mhz"] else "-"  # noqa: E731
-            lines.append(f"| {row['case']} | {kernel} | {r['cold_ms']:.4f} | {cw(r['cold'])} | {r['hot_ms']:.4f} "
+            diff = f" (max diff {r['max_diff_vs_first']:.3g})" if "max_diff_vs_first" in r else ""
+            lines.append(f"| {row['case']} | {kernel}{diff} | {r['cold_ms']:.4f} | {cw(r['cold'])} | {r['hot_ms']:.4f} "
                          f"| {cw(r['hot'])} | {r['hot_ms'] / r['cold_ms']:.3f} |")
     return "\n".join(lines) + "\n"
 

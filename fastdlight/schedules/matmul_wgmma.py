@@ -60,6 +60,9 @@ class Operand:
     bk: int
     dims: tuple[int, ...]  # the global tensor, innermost first (TMA order)
     elem_bytes: int
+    #: CTAs of a cluster sharing the tile: each loads its share of the pieces (``mine``) and
+    #: multicasts them to all (B of a 2-CTA cluster along M); 1: loaded whole, unicast
+    split: int = 1
 
     @property
     def rank(self) -> int:
@@ -71,7 +74,7 @@ class Operand:
 
     @property
     def box(self) -> tuple[int, ...]:
-        inner = (self.bk, self.rows) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
+        inner = (self.bk, self.rows // self.split) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
         return inner + (1,) * (self.rank - 2)
 
     @property
@@ -80,12 +83,23 @@ class Operand:
 
     @property
     def loads(self) -> int:
-        """TMA loads per stage: one box, or one per 64-wide column chunk when MN-major."""
-        return 1 if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
+        """TMA loads per stage: one box (one per CTA sharing it), or one per 64-wide column
+        chunk when MN-major."""
+        return self.split if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
 
     @property
     def chunk_elems(self) -> int:
-        return 0 if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
+        """Shared-memory elements from one load's destination to the next."""
+        return self.rows // self.split * self.bk if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
+
+    def mine(self, c, rank):
+        """Whether the CTA of cluster rank ``rank`` issues load ``c`` (each piece once)."""
+        return True if self.split == 1 else c % self.split == rank
+
+    def load_args(self, mbar):
+        """The TMA load's arguments after the coordinates: the stage's barrier (and, shared
+        by a cluster, the mask of the CTAs the piece is multicast to)."""
+        return [mbar] if self.split == 1 else [mbar, tvm.tirx.const((1 << self.split) - 1, "uint16")]
 
     @property
     def lbo(self) -> int:
@@ -120,12 +134,13 @@ class Operand:
 
     @property
     def load_op(self) -> str:
-        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        multicast = ".multicast::cluster" if self.split > 1 else ""
+        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{multicast}"
 
     def coords(self, b, blk, k, c):
         batch = [b] if self.rank == 3 else []
         if self.k_major:
-            return [k * self.bk, blk * self.rows] + batch
+            return [k * self.bk, blk * self.rows + c * (self.rows // self.split)] + batch
         return [blk * self.rows + c * (SWIZZLE_BYTES // self.elem_bytes), k * self.bk] + batch
 
 
@@ -217,6 +232,7 @@ class Plan:
     group_m: int
     num_sms: int
     wg_m: int = 64
+    cluster: int = 1  # CTAs of a cluster along M, sharing B (see ``Operand.split``)
 
     consumers = 2
     producer_regs = PRODUCER_REGS
@@ -243,12 +259,13 @@ class Plan:
 
     @property
     def consumer_iters(self) -> int:
-        return (self.tiles_per_cta + self.tile_step - 1) // self.tile_step
+        return (self.tiles_per_worker + self.tile_step - 1) // self.tile_step
 
     @property
     def empty_arrivals(self) -> int:
-        """Consumers that release each stage: the one whose tile it is, or both."""
-        return 1 if self.pingpong else self.consumers
+        """Consumers that release each stage: the one whose tile it is, or both; in every CTA
+        of the cluster (each one's producer also writes the others' stages)."""
+        return (1 if self.pingpong else self.consumers) * self.cluster
 
     def row0(self, cw):
         """First tile row of consumer ``cw``."""
@@ -295,16 +312,32 @@ class Plan:
         return -(-self.match.n // self.bn)
 
     @property
+    def cluster_grid_m(self):
+        """Clusters' rows of tiles: a cluster takes ``cluster`` vertically adjacent tiles."""
+        return (self.grid_m + self.cluster - 1) // self.cluster
+
+    @property
     def tiles(self) -> int:
-        return self.match.batch * self.grid_m * self.grid_n
+        """Work items of the persistent loop: tiles, or clusters' groups of tiles."""
+        return self.match.batch * self.cluster_grid_m * self.grid_n
+
+    @property
+    def workers(self) -> int:
+        """Persistent workers: CTAs, or clusters of CTAs; one CTA per SM."""
+        most = self.num_sms // self.cluster
+        return min(most, self.tiles) if isinstance(self.tiles, int) else most
 
     @property
     def ctas(self) -> int:
-        return min(self.num_sms, self.tiles) if isinstance(self.tiles, int) else self.num_sms
+        return self.workers * self.cluster
 
     @property
-    def tiles_per_cta(self) -> int:
-        return (self.tiles + self.ctas - 1) // self.ctas
+    def tiles_per_worker(self) -> int:
+        return (self.tiles + self.workers - 1) // self.workers
+
+    def cta_m(self, m, rank):
+        """The M tile of the CTA of rank ``rank`` in a cluster whose group of tiles is ``m``."""
+        return m * self.cluster + rank
 
     @property
     def k_steps(self) -> int:
@@ -373,13 +406,14 @@ class Plan:
     def coords(self, tile):
         """(batch, M tile, N tile) of a linear tile index: batch outermost, then groups of
         ``group_m`` M-tiles walked column by column (the last group may be shorter)."""
-        per_batch = self.grid_m * self.grid_n
+        grid_m = self.cluster_grid_m
+        per_batch = grid_m * self.grid_n
         b, t = tile // per_batch, tile % per_batch
         if self.group_m <= 1:
-            return b, t % self.grid_m, t // self.grid_m
+            return b, t % grid_m, t // grid_m
         group = self.group_m * self.grid_n
         first_m = (t // group) * self.group_m
-        height = tirx.min(self.grid_m - first_m, self.group_m)
+        height = tirx.min(grid_m - first_m, self.group_m)
         return b, first_m + (t % group) % height, (t % group) // height
 
     def swizzled_word(self, row, col):
@@ -389,16 +423,16 @@ class Plan:
         return (((byte // 16) ^ (row % ATOM_ROWS)) * 16 + byte % 16) // 4
 
 
-def operands(match: WgmmaMatch, bm: int, bn: int, bk: int) -> tuple[Operand, Operand, Output]:
+def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1) -> tuple[Operand, Operand, Output]:
     def dims(inner, outer, batched):
         return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
 
     eb = match.in_bytes
     b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
-                else dims(match.n, match.k, match.b_batched), eb)
+                else dims(match.n, match.k, match.b_batched), eb, cluster)
     geo = match.conv
     if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
-        a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo)
+        a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo=geo)
         return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
     a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
                 else dims(match.m, match.k, match.a_batched), eb)
@@ -421,6 +455,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
         wm in (64, 128) and bm in (wm, 2 * wm) and wn == bn and bk == chunk and 16 <= bn <= 256
         and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % match.bn_multiple == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
+        and (config.cluster == 1 or (match.conv is None and bn // (1 if match.b_k_major else chunk) % config.cluster == 0))
     )  # fmt: skip
 
 
@@ -437,7 +472,7 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         target = tvm.target.Target.current(allow_none=True)
         num_sms = CUDA(target).sm_count if target is not None else 132
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
-                    config.rasterization, num_sms, config.warp[0])
+                    config.rasterization, num_sms, config.warp[0], config.cluster)
         return build_kernel(func, plan)
 
 
@@ -458,7 +493,7 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
         return None
     m = rows if scalar_dtype(rows) == "int32" else tirx.Cast("int32", rows)
     plan = Plan(dataclasses.replace(match, m=m), config.block[0], config.block[1], config.rstep[0],
-                config.pipeline_stages, config.rasterization, num_sms, config.warp[0])
+                config.pipeline_stages, config.rasterization, num_sms, config.warp[0], config.cluster)
     kernel = build_kernel(static, plan, bind=symbolic)
     return symbolic.with_body(kernel.body).with_attrs(dict(kernel.attrs))
 
@@ -469,12 +504,17 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     register_codegen_fixes()
     func = distinct_param_names(func)
     epilogue = extract_epilogue(func, plan.match)
-    a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk)
+    a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk, plan.cluster)
     params = "" if bind is not None else ", ".join(
         f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
+            .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
+            .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,
+                                                    _indent("{RELEASE_PREVIOUS}")))
+            .replace("{RELEASE_LAST}", _release("(k_it * K_PLAN.k_steps + K_PLAN.k_steps - 1) % K_PLAN.stages",
+                                                plan.cluster, _indent("{RELEASE_LAST}")))
             .replace("{REGISTERS}", epilogue.registers(plan, _indent("{REGISTERS}")))
             .replace("{PREFETCH_NEXT}", epilogue.prefetch_next(plan, _indent("{PREFETCH_NEXT}")))
             .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
@@ -491,6 +531,17 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]
     return kernel.with_attrs(attrs)
+
+
+def _release(stage: str, cluster: int, indent: str) -> str:
+    """Statements by which consumer thread ``k_ltid`` (< ``cluster``) hands ``stage`` back to
+    the producer: its own CTA's, or CTA ``k_ltid``'s of the cluster (mapped address)."""
+    if cluster == 1:
+        return f"T.ptx.mbarrier.arrive.shared.b64(k_empty.ptr_to([{stage}]), T.uint32(1))"
+    lines = [f"T.ptx.mapa.shared__cluster.u32(k_remote[0], T.cuda.cvta_generic_to_shared(k_empty.ptr_to([{stage}])), "
+             "T.Cast(\"uint32\", k_ltid))",
+             "T.ptx.mbarrier.arrive.release.cluster.shared__cluster.b64(k_remote[0], T.uint32(1))"]
+    return ("\n" + indent).join(lines)
 
 
 @functools.cache
