@@ -540,7 +540,7 @@ def _release(stage: str, cluster: int, indent: str) -> str:
         return f"T.ptx.mbarrier.arrive.shared.b64(k_empty.ptr_to([{stage}]), T.uint32(1))"
     lines = [f"T.ptx.mapa.shared__cluster.u32(k_remote[0], T.cuda.cvta_generic_to_shared(k_empty.ptr_to([{stage}])), "
              "T.Cast(\"uint32\", k_ltid))",
-             "T.ptx.mbarrier.arrive.release.cluster.shared__cluster.b64(k_remote[0], T.uint32(1))"]
+             "T.ptx.mbarrier.arrive.shared__cluster.b64(k_remote[0], T.uint32(1))"]
     return ("\n" + indent).join(lines)
 
 

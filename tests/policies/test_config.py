@@ -102,3 +102,12 @@ def test_config_is_immutable():
     cfg = _matmul()
     with pytest.raises(Exception):
         cfg.block = (1, 1)  # frozen dataclass
+
+
+def test_cluster_is_for_wgmma_configs_and_shows_in_the_repr():
+    c = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4, cluster=2)
+    assert "cluster=2" in repr(c) and Config.from_dict(c.to_dict()) == c
+    assert c != Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4)
+    for kind, cluster in (("matmul_tc", 2), ("matmul_wgmma", 3)):
+        with pytest.raises(ValueError, match="cluster"):
+            Config(kind, block=(128, 128), warp=(64, 64), rstep=(32,), cluster=cluster)

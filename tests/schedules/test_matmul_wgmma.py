@@ -26,10 +26,10 @@ def gemm(m, n, k, dtype="float16", layout="NN", batch=None, out=None):
     return ops.matmul(m, n, k, dtype, out or dtype, layout, batch, acc_dtype="float32").func
 
 
-def wgmma(bm=128, bn=256, stages=4, group=8, wm=64) -> Config:
+def wgmma(bm=128, bn=256, stages=4, group=8, wm=64, cluster=1) -> Config:
     """bm = 2 wm: cooperative (both consumer warpgroups on each tile); bm = wm: ping-pong."""
     return Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=stages,
-                  use_async_copy=True, rasterization=group)
+                  use_async_copy=True, rasterization=group, cluster=cluster)
 
 
 def kernel(func, config):
@@ -66,6 +66,25 @@ def test_layouts_dtypes_and_odd_shapes_compile_to_cubin():
         assert [str(p.name) for p in k.params] == [str(p.name) for p in func.params]
         assert [tuple(int(x) for x in p.shape) for p in k.params] == [tuple(int(x) for x in p.shape) for p in func.params]
     assert "cp.async.bulk.tensor.3d" in compile_all(jobs[-1:])[0][1]
+
+
+def test_two_cta_clusters_multicast_b_and_release_stages_in_both_ctas():
+    from fastdlight.schedules.matmul_wgmma import config_fits
+
+    jobs = [
+        (gemm(1000, 520, 264, "float16", "NT"), wgmma(128, 256, cluster=2)),  # B's rows halved: two boxes
+        (gemm(1000, 512, 264, "float16", "NN"), wgmma(64, 128, 6, wm=64, cluster=2)),  # B's chunks; ping-pong
+    ]
+    for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
+        check_hopper_kernel(src, cubin, config.block[1])
+        assert ".multicast::cluster" in src and "mapa.shared::cluster" in src  # B shared, stages released remotely
+        assert "%cluster_ctarank" in src and "barrier.cluster.wait" in src
+    # the A loads stay unicast: one multicast load per B piece the CTA issues
+    assert jobs[0][1].cluster == 2 and not config_fits(match_wgmma(jobs[1][0])[0], wgmma(64, 64, wm=64, cluster=2))
+    # the policy offers both, where two rows of tiles share B
+    configs = WgmmaPolicy(gemm(1000, 512, 264, "float16", "NT"), H100).emit_config(40)
+    assert {c.cluster for c in configs} == {1, 2}
+    assert {c.cluster for c in WgmmaPolicy(gemm(64, 512, 264, "float16", "NT"), H100).emit_config(40)} == {1}
 
 
 def test_policy_top_configs_compile():
