@@ -10,6 +10,7 @@ operands must be parameters indexed by plain variables: ``[batch?, M|N, K]`` (K-
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm
@@ -247,6 +248,8 @@ MAX_ACC_REGS = 128
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
 #: GEMM stayed within 3%; the tuner measures both
 CLUSTER = 2
+#: tiles (the best by estimate) that also get a cluster variant
+CLUSTER_VARIANTS = 3
 
 
 @dataclass(frozen=True)
@@ -296,9 +299,9 @@ class WgmmaPolicy:
                     stages = min((self.arch.smem_per_block_optin - STAGING_BYTES) // stage, 8)
                     if stages >= 2:
                         out.append(_Tile(bm, bn, wm, stages))
-                        if self._clusters(bm, bn):
-                            out.append(_Tile(bm, bn, wm, stages, CLUSTER))
-        return out
+        # cluster twins of the best few (each a candidate more to compile)
+        best = sorted(out, key=self.cost)[:CLUSTER_VARIANTS]
+        return out + [dataclasses.replace(t, cluster=CLUSTER) for t in best if self._clusters(t.bm, t.bn)]
 
     def _clusters(self, bm: int, bn: int) -> bool:
         """Whether two CTAs along M can share this tile's B: two rows of tiles at least, and
