@@ -58,6 +58,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes = []
     if params:
         main_params = mod["main"].params
+        params = [_on_host(p) for p in params]  # the graph rewrites hash constants: host copies only
         passes.append(relax.transform.BindParams("main", dict(zip(main_params[len(main_params) - len(params):],
                                                                   params))))
     passes.append(relax.transform.DecomposeOpsForInference())
@@ -73,6 +74,13 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(im2col_convs())  # NHWC convolutions of 3-channel images, as GEMMs
     passes.append(sink_reshapes())  # the im2col GEMM's reshape below its epilogue
     return tvm.transform.Sequential(passes)(mod)
+
+
+def _on_host(param):
+    """``param`` as a host tensor (a copy where it lives on a GPU)."""
+    if isinstance(param, tvm.runtime.Tensor) and param.device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
+        return tvm.runtime.tensor(param.numpy())
+    return param
 
 
 def _has_nchw_conv(mod: IRModule) -> bool:
