@@ -79,3 +79,29 @@ def test_every_wgmma_conv_config_is_correct(args, arch):
                                      progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
+
+
+def test_gate_and_up_paired_in_one_gemm_are_correct(arch):
+    """LLaMA's gate and up projections as one GEMM over interleaved weights
+    (``fastdlight.relax.gated``), the epilogue pairing each gate chunk with its up chunk: every
+    config (clusters included) agrees with numpy, with edges in M and K."""
+    import numpy as np
+    from tvm import te
+
+    from fastdlight.relax.gated import PAIR_COLUMNS, gated_product
+
+    m, n, k = 1000, 5 * PAIR_COLUMNS, 264
+    x, w = te.placeholder((m, k), "float16", name="x"), te.placeholder((2 * n, k), "float16", name="w")
+    func = te.create_prim_func([x, w, gated_product(x, w, "float32", "float16", "float16")])
+
+    def reference(xs, ws):
+        acc = (xs.astype(np.float32) @ ws.astype(np.float32).T).reshape(m, n // PAIR_COLUMNS, 2, PAIR_COLUMNS)
+        gate, up = acc[:, :, 0].reshape(m, n).astype(np.float16), acc[:, :, 1].reshape(m, n).astype(np.float16)
+        gate = gate.astype(np.float64)  # the kernel's SiLU and product are fp16 arithmetic: within its tolerance
+        return gate / (1 + np.exp(-gate)) * up.astype(np.float64)
+
+    configs = WgmmaPolicy(func, arch).emit_config(20)
+    assert {c.cluster for c in configs} == {1, 2}
+    results, _best = apply_and_build(func, configs, arch, check="all", budget_ms=5, ref=reference, progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
