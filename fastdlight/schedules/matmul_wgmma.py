@@ -15,6 +15,11 @@ rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes o
 * epilogue: the elementwise blocks that follow the matmul in the function (cast, bias,
   activation, multiply by another tensor...) are evaluated on the accumulators, staged through
   swizzled shared memory and written by TMA stores that overlap the next tile's main loop.
+  Where the function pairs accumulator columns (gate and up projections interleaved into one
+  GEMM, ``WgmmaMatch.pair``) each output chunk is made of two accumulator chunks;
+* ``cluster = 2``: two CTAs of a thread-block cluster take vertically adjacent tiles; each
+  loads half of the B tile they share and multicasts it to both, and a stage goes back to the
+  producers once the consumers of both CTAs released it (remote mbarrier arrives).
 
 Operands may be K-major (``A[M, K]``, ``B[N, K]``) or MN-major (``A[K, M]``, ``B[K, N]``: the
 transpose bit of wgmma, the tile loaded as 64-wide column chunks), with one batch axis or none
@@ -27,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import pathlib
 import re
 from dataclasses import dataclass
@@ -38,183 +42,14 @@ from tvm import tirx
 from ..arch import CUDA
 from ..policies.config import Config
 from ..policies.wgmma import WgmmaMatch, distinct_param_names, match_wgmma
-from ..policies.wgmma_conv import PATCH_W, ConvGeometry
+from ..policies.wgmma_conv import PATCH_W
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
+from .wgmma_tma import ATOM_ROWS, SWIZZLE_128B, SWIZZLE_BYTES, operands
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
-SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
-L2_PROMO_128B, L2_PROMO_256B = 2, 3  # CUtensorMapL2promotion
-SWIZZLE_BYTES = 128  # one swizzled row: 64 fp16 elements
-ATOM_ROWS = 8  # a 128B swizzle atom is 8 rows x 128 bytes (1024 bytes)
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 40*128 + 232*256 <= 64K registers
 ABBR = {"float16": "f16", "bfloat16": "bf16"}
-
-
-@dataclass(frozen=True)
-class Operand:
-    """How one input is loaded (TMA box, coordinates) and described to wgmma (LBO/SBO)."""
-
-    k_major: bool
-    rows: int  # the tile's extent along M (A) or N (B)
-    bk: int
-    dims: tuple[int, ...]  # the global tensor, innermost first (TMA order)
-    elem_bytes: int
-    #: CTAs of a cluster sharing the tile: each loads its share of the pieces (``mine``) and
-    #: multicasts them to all (B of a 2-CTA cluster along M); 1: loaded whole, unicast
-    split: int = 1
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(self.rank - 1))
-
-    @property
-    def box(self) -> tuple[int, ...]:
-        inner = (self.bk, self.rows // self.split) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
-        return inner + (1,) * (self.rank - 2)
-
-    @property
-    def elem_strides(self) -> tuple[int, ...]:
-        return (1,) * self.rank
-
-    @property
-    def loads(self) -> int:
-        """TMA loads per stage: one box (one per CTA sharing it), or one per 64-wide column
-        chunk when MN-major."""
-        return self.split if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
-
-    @property
-    def chunk_elems(self) -> int:
-        """Shared-memory elements from one load's destination to the next."""
-        return self.rows // self.split * self.bk if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
-
-    def mine(self, c, rank):
-        """Whether the CTA of cluster rank ``rank`` issues load ``c`` (each piece once)."""
-        return True if self.split == 1 else c % self.split == rank
-
-    def load_args(self, mbar):
-        """The TMA load's arguments after the coordinates: the stage's barrier (and, shared
-        by a cluster, the mask of the CTAs the piece is multicast to)."""
-        return [mbar] if self.split == 1 else [mbar, tvm.tirx.const((1 << self.split) - 1, "uint16")]
-
-    @property
-    def lbo(self) -> int:
-        """Leading byte offset >> 4: unused for swizzled K-major; the column-chunk stride else."""
-        return 1 if self.k_major else self.bk * SWIZZLE_BYTES // 16
-
-    @property
-    def sbo(self) -> int:
-        """Stride byte offset >> 4: from one 8-row swizzle atom to the next."""
-        return ATOM_ROWS * SWIZZLE_BYTES // 16
-
-    @property
-    def k16_step(self) -> int:
-        """Descriptor address step (16-byte units) between wgmma k16 slices of a stage."""
-        return 16 * self.elem_bytes // 16 if self.k_major else 16 * SWIZZLE_BYTES // 16
-
-    @property
-    def transposed(self) -> int:
-        return 0 if self.k_major else 1
-
-    @property
-    def l2_promotion(self) -> int:
-        """256-byte L2 promotion, or 128-byte where the rows are not 128-byte aligned (fp16 K = 1000):
-        each box row then straddles two lines, and 256-byte fetches around both cost more than
-        they bring (3000x5120x1000 NT on an H100: 0.084 ms with 256, 0.073 with 128 or none;
-        aligned shapes the same either way, within noise)."""
-        row = self.dims[0]
-        row = row.value if isinstance(row, tirx.IntImm) else row
-        if isinstance(row, int) and row * self.elem_bytes % SWIZZLE_BYTES:
-            return L2_PROMO_128B
-        return L2_PROMO_256B
-
-    @property
-    def load_op(self) -> str:
-        multicast = ".multicast::cluster" if self.split > 1 else ""
-        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{multicast}"
-
-    def coords(self, b, blk, k, c):
-        batch = [b] if self.rank == 3 else []
-        if self.k_major:
-            return [k * self.bk, blk * self.rows + c * (self.rows // self.split)] + batch
-        return [blk * self.rows + c * (SWIZZLE_BYTES // self.elem_bytes), k * self.bk] + batch
-
-
-@dataclass(frozen=True)
-class Output:
-    """The output's TMA store: 64-row x 128-byte chunks, one consumer warpgroup's rows each."""
-
-    dims: tuple[int, ...]
-    elem_bytes: int
-    bm: int
-
-    @property
-    def chunk_cols(self) -> int:
-        return SWIZZLE_BYTES // self.elem_bytes
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(len(self.dims) - 1))
-
-    @property
-    def box(self) -> tuple[int, ...]:
-        return (self.chunk_cols, 64) + (1,) * (len(self.dims) - 2)
-
-    @property
-    def elem_strides(self) -> tuple[int, ...]:
-        return (1,) * len(self.dims)
-
-    @property
-    def store_op(self) -> str:
-        return f"cp.async.bulk.tensor.{len(self.dims)}d.global.shared::cta.tile.bulk_group"
-
-    def store_coords(self, b, col, m_tile, row):
-        """Coordinates of the chunk at ``row`` of M tile ``m_tile``, columns from ``col``."""
-        return [col, m_tile * self.bm + row] + ([b] if len(self.dims) == 3 else [])
-
-
-@dataclass(frozen=True)
-class ConvInput(Operand):
-    """The A tile of an NHWC convolution's K step: a 4-D box of the input (channels, a patch of
-    ``PATCH_W`` x ``bm / PATCH_W`` pixels at the convolution's element stride), see
-    :mod:`fastdlight.policies.wgmma_conv`."""
-
-    geo: ConvGeometry | None = None
-
-    @property
-    def box(self) -> tuple[int, ...]:
-        sh, sw = self.geo.stride
-        return (self.bk, PATCH_W * sw, self.geo.patch_rows(self.rows) * sh, 1)
-
-    @property
-    def elem_strides(self) -> tuple[int, ...]:
-        return (1, self.geo.stride[1], self.geo.stride[0], 1)
-
-    def coords(self, b, blk, k, c):
-        img, p0, q0 = self.geo.patch(blk, self.rows)
-        r, s, c0 = self.geo.tap(k)
-        (sh, sw), (ph, pw) = self.geo.stride, self.geo.pad
-        return [c0, q0 * sw + s - pw, p0 * sh + r - ph, img]
-
-
-@dataclass(frozen=True)
-class ConvOutput(Output):
-    """The output ``[N, P, Q, K]`` stored as boxes of a tile's patch: 64 rows (``64 / PATCH_W``
-    image rows) by 128 bytes of channels; TMA clips what falls past the image."""
-
-    geo: ConvGeometry | None = None
-
-    @property
-    def box(self) -> tuple[int, ...]:
-        return (self.chunk_cols, PATCH_W, 64 // PATCH_W, 1)
-
-    def store_coords(self, b, col, m_tile, row):
-        img, p0, q0 = self.geo.patch(m_tile, self.bm)
-        return [col, q0, p0 + row // PATCH_W, img]
 
 
 @dataclass(frozen=True)
@@ -423,23 +258,6 @@ class Plan:
         return (((byte // 16) ^ (row % ATOM_ROWS)) * 16 + byte % 16) // 4
 
 
-def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1) -> tuple[Operand, Operand, Output]:
-    def dims(inner, outer, batched):
-        return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
-
-    eb = match.in_bytes
-    b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
-                else dims(match.n, match.k, match.b_batched), eb, cluster)
-    geo = match.conv
-    if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
-        a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo=geo)
-        return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
-    a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
-                else dims(match.m, match.k, match.a_batched), eb)
-    d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm)
-    return a, b, d
-
-
 #: accumulator registers a consumer thread may hold (of the 232 setmaxnreg gives it)
 MAX_ACC_REGS = 128
 
@@ -462,7 +280,8 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
 class WgmmaMatmulTemplate(ScheduleTemplate):
     kinds = ("matmul_wgmma",)
     name = "matmul_wgmma"
-    sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("wgmma_epilogue.py"))  # part of the template's identity in the tuning database
+    sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("wgmma_epilogue.py"),
+               pathlib.Path(__file__).with_name("wgmma_tma.py"))  # part of the template's identity in the tuning database
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
         func = distinct_param_names(func)  # once: match_wgmma and build_kernel then find the names unique
