@@ -11,8 +11,8 @@ value beside its ``up`` value, in the same thread's accumulators of the wgmma te
 product is written.
 
 ``G`` is the template's epilogue chunk: 128 bytes of 16-bit outputs. The rewrite applies where
-the target has wgmma, both weights are bound fp16 constants of one shape, ``N`` is a multiple
-of ``G`` and ``x``'s rows are 16-byte aligned (TMA).
+the target has wgmma, both weights are bound fp16 or bf16 constants of one shape, ``N`` is a
+multiple of ``G`` and ``x``'s rows are 16-byte aligned (TMA).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def gated_projections(target=None) -> tvm.transform.Pass:
                 return None
             wg, wu = constant_value(self, g_mm.args[1]), constant_value(self, u_mm.args[1])
             in_dtype = str(x.ty.dtype)
-            if wg is None or wu is None or wg.ndim != 2 or wg.shape != wu.shape or in_dtype != "float16":
+            if wg is None or wu is None or wg.ndim != 2 or wg.shape != wu.shape or in_dtype not in ("float16", "bfloat16"):
                 return None
             kdim, n = wg.shape
             if n % PAIR_COLUMNS or kdim * 2 % 16 or str(wg.dtype) != in_dtype or str(wu.dtype) != in_dtype:

@@ -27,12 +27,15 @@ def bound_value(mutator: PyExprMutator, expr):
 
 
 def constant_value(mutator: PyExprMutator, expr) -> np.ndarray | None:
-    """``expr``'s value as numpy when it is a constant, or a cast (to fp16/fp32) or
+    """``expr``'s value as numpy when it is a constant, or a cast (to fp16/bf16/fp32) or
     ``permute_dims`` of one (a bound weight as ``ToMixedPrecision`` and the exporter leave it),
     else None."""
     value = bound_value(mutator, expr)
     if isinstance(value, tvm.ir.expr.Constant):
-        return value.value.numpy()
+        try:
+            return value.value.numpy()
+        except Exception:  # noqa: BLE001 - a dtype numpy cannot hold here (bf16 without ml_dtypes)
+            return None
     call = call_to(value, "relax.astype", "relax.permute_dims")
     inner = None if call is None else constant_value(mutator, call.args[0])
     if inner is None:
@@ -41,7 +44,7 @@ def constant_value(mutator: PyExprMutator, expr) -> np.ndarray | None:
         axes = call.attrs.axes
         return np.transpose(inner, None if axes is None else [int(a) for a in axes])
     dtype = str(call.ty.dtype)
-    return inner.astype(dtype) if dtype in ("float16", "float32") else None
+    return inner.astype(dtype) if dtype in ("float16", "bfloat16", "float32") else None
 
 
 def static_shape(expr) -> list[int] | None:

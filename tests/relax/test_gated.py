@@ -1,6 +1,7 @@
 """Gate and up projections as one GEMM over interleaved weights (``fastdlight.relax.gated``):
 the same values, only the wgmma template takes the result, and its kernel compiles."""
 
+import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 import numpy as np
 import pytest
 import tvm
@@ -13,11 +14,12 @@ from fastdlight.policies.matmul_match import match_matmul
 from fastdlight.relax import prepare
 from fastdlight.relax.gated import PAIR_COLUMNS, gated_projections, interleave
 from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.tune.candidates import candidate_sets
 
 H100 = CUDA("nvidia/nvidia-h100")
 
 
-def gated_mlp(silu_op: bool = False, n: int = 512, same_x: bool = True):
+def gated_mlp(silu_op: bool = False, n: int = 512, same_x: bool = True, dtype: str = "float16"):
     """``silu(x @ Wg^T) * (x @ Wu^T)`` as torch.export and ToMixedPrecision leave it (fp32
     products cast to fp16; SiLU as ``t * sigmoid(t)`` or ``nn.silu``), the weights bound."""
 
@@ -26,19 +28,19 @@ def gated_mlp(silu_op: bool = False, n: int = 512, same_x: bool = True):
 @I.ir_module
 class Mlp:
     @R.function
-    def main(x: R.Tensor((128, 256), "float16"), x2: R.Tensor((128, 256), "float16"),
-             wg: R.Tensor(({n}, 256), "float16"), wu: R.Tensor(({n}, 256), "float16")):
+    def main(x: R.Tensor((128, 256), "{dtype}"), x2: R.Tensor((128, 256), "{dtype}"),
+             wg: R.Tensor(({n}, 256), "{dtype}"), wu: R.Tensor(({n}, 256), "{dtype}")):
         with R.dataflow():
-            g = R.astype(R.matmul(x, R.permute_dims(wg, [1, 0]), out_dtype="float32"), "float16")
+            g = R.astype(R.matmul(x, R.permute_dims(wg, [1, 0]), out_dtype="float32"), "{dtype}")
             s = {silu}
-            u = R.astype(R.matmul({"x" if same_x else "x2"}, R.permute_dims(wu, [1, 0]), out_dtype="float32"), "float16")
+            u = R.astype(R.matmul({"x" if same_x else "x2"}, R.permute_dims(wu, [1, 0]), out_dtype="float32"), "{dtype}")
             y = R.multiply(s, u)
             R.output(y)
         return y
 """
     mod = tvm.script.from_source(source, extra_vars={"I": I, "R": R})
     rng = np.random.default_rng(0)
-    weights = {name: tvm.runtime.tensor((rng.standard_normal((n, 256)) * 0.1).astype("float16")) for name in ("wg", "wu")}
+    weights = {name: tvm.runtime.tensor((rng.standard_normal((n, 256)) * 0.1).astype(dtype)) for name in ("wg", "wu")}
     return relax.transform.BindParams("main", weights)(mod)
 
 
@@ -56,15 +58,33 @@ def test_interleave_alternates_blocks_of_gate_and_up_rows():
     np.testing.assert_array_equal(w[128:192], gate[64:])
 
 
-@pytest.mark.parametrize("silu_op", [False, True])
-def test_gate_and_up_become_one_gemm_with_the_same_values(silu_op):
-    mod = gated_mlp(silu_op)
+@pytest.mark.parametrize("silu_op,dtype", [(False, "float16"), (True, "float16"), (False, "bfloat16")])
+def test_gate_and_up_become_one_gemm_with_the_same_values(silu_op, dtype):
+    mod = gated_mlp(silu_op, dtype=dtype)
     rewritten = gated_projections()(mod)
     ops = str(rewritten["main"])
     assert ops.count("R.call_tir") == 1 and "R.matmul" not in ops
     rng = np.random.default_rng(1)
-    args = [rng.standard_normal((128, 256)).astype("float16") for _ in range(2)]
-    np.testing.assert_array_equal(run_on_cpu(rewritten, args), run_on_cpu(mod, args))
+    args = [rng.standard_normal((128, 256)).astype("float32").astype(dtype) for _ in range(2)]
+    got, want = run_on_cpu(rewritten, args), run_on_cpu(mod, args)
+    if dtype == "float16":
+        np.testing.assert_array_equal(got, want)
+    else:  # LLVM rounds bf16 intermediates only where they are stored: a few ulps (2^-8) apart
+        np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=2**-5, atol=0)
+
+
+def test_bf16_weights_are_interleaved_too_and_compile_on_wgmma():
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+
+    rewritten = gated_projections()(gated_mlp(dtype="bfloat16"))
+    assert str(rewritten["main"]).count("R.call_tir") == 1 and "R.matmul" not in str(rewritten["main"])
+    (_name, func), = prim_funcs(prepare(H100.target)(gated_mlp(dtype="bfloat16"))).items()
+    config = next(c for s in candidate_sets(func, H100, 8) for c in s.configs if c.kind == "matmul_wgmma")
+    with H100.target:
+        kernel = apply_config(func, config)
+    src = cuda_source(build(tvm.IRModule({"main": kernel}), H100.target))
+    assert "wgmma.mma_async" in src and ".bf16.bf16" in src and compile_cubin(src, H100.target).spill_bytes == 0
 
 
 def test_left_alone_where_it_does_not_apply():
