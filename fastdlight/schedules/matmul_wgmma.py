@@ -299,7 +299,8 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
     """The kernel ``config`` gives ``static`` (``symbolic`` at one row count), for every row
     count: ``symbolic`` with a TIRx body whose tile counts are expressions of its M (TMA clips
     the edge tiles; the grid is one CTA per SM). None unless the output's rows are ``symbolic``'s
-    only symbolic dimension."""
+    only symbolic dimension. A cluster config gives its single-CTA tile: clusters over a
+    symbolic number of tile rows are not tested on a GPU."""
     from ..policies.prepare import scalar_dtype, shape_var_names
 
     symbolic, static = distinct_param_names(symbolic), distinct_param_names(static)
@@ -312,7 +313,7 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
         return None
     m = rows if scalar_dtype(rows) == "int32" else tirx.Cast("int32", rows)
     plan = Plan(dataclasses.replace(match, m=m), config.block[0], config.block[1], config.rstep[0],
-                config.pipeline_stages, config.rasterization, num_sms, config.warp[0], config.cluster)
+                config.pipeline_stages, config.rasterization, num_sms, config.warp[0])
     kernel = build_kernel(static, plan, bind=symbolic)
     return symbolic.with_body(kernel.body).with_attrs(dict(kernel.attrs))
 

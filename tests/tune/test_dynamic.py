@@ -141,6 +141,27 @@ def test_a_wgmma_kernel_with_symbolic_m_shares_a_dispatcher_with_s_tir_kernels()
     assert "wgmma.mma_async" in source and "mma.sync" in source and cubin.binary
 
 
+def test_a_cluster_winner_gives_its_single_cta_tile_for_a_symbolic_m():
+    import dataclasses
+
+    from fastdlight.policies.config import Config
+    from fastdlight.policies.prepare import specialize
+    from fastdlight.schedules.dispatch import dispatch_config
+    from fastdlight.schedules.symbolic import generalize
+    from fastdlight.tune.compile import build, cuda_source
+
+    func = decode_matmul(512, 512)
+    static = specialize(func, {"m": 256})
+    single = Config("matmul_wgmma", (128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=3, rasterization=4)
+    sources = []
+    for config in (dataclasses.replace(single, cluster=2), single):
+        with H100.target:
+            kernel = generalize(func, static, dispatch_config(static, config, allow_fallback=False).schedule, config, 132)
+        assert kernel is not None
+        sources.append(cuda_source(build(tvm.IRModule({"main": kernel}), H100.target)))
+    assert "multicast::cluster" not in sources[0] and sources[0] == sources[1]
+
+
 @pytest.mark.gpu
 def test_decode_matmul_dispatches_correctly_on_gpu():
     from fastdlight.arch import auto_arch
