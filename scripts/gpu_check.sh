@@ -4,7 +4,7 @@
 # cannot starve the rest; one log, $OUT/gpu_check.log (the device tool returns at most 8 files).
 #   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: arch tests cli tc ops)
 # Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
-# layers matching $CONV_ONLY).
+# layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -21,6 +21,7 @@ for s in $steps; do case $s in
   bf16)   step bf16 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_tensorcore_gpu.py -k bf16;;
   models) step models "${MODELS_LIMIT:-400}" python3 benchmarks/bench_models.py --models "${MODELS:-decoder_ln,llama_b1_s512}" \
             --profile --out "$out/models";;
+  sustained) step sustained "${SUSTAINED_LIMIT:-300}" python3 benchmarks/bench_sustained.py;;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
 esac; done

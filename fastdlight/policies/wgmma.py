@@ -270,7 +270,8 @@ class WgmmaPolicy:
     sharing each tile (cooperative) or taking turns (ping-pong), the deepest stage ring the SM's
     shared memory holds; scored by an estimated time: waves of persistent tiles x (K steps x the
     step's tensor-core time, or its load time when the tile is too small to hide it) + a per-tile
-    overhead; padding waste included."""
+    overhead; padding waste included. The best few also come as 2-CTA clusters sharing B,
+    whose load time counts half of B."""
 
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
