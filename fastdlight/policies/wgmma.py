@@ -32,8 +32,8 @@ OUT_DTYPES = ("float16", "bfloat16", "float32")
 TMA_STRIDE_BYTES = 16
 #: the K step of a stage: one 128-byte swizzled row of 16-bit elements
 BK = 64
-#: the epilogue stores 64-row x 128-byte chunks of the output
-SWIZZLE_CHUNK_BYTES = 128
+#: one 128-byte swizzled row of shared memory: a stage's K step, an epilogue chunk of output
+SWIZZLE_BYTES = 128
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
 CLOCK_HZ = 1.5e9
@@ -76,11 +76,17 @@ class WgmmaMatch:
     def bn_multiple(self) -> int:
         """A tile's N is a whole number of epilogue chunks (128 bytes of output), of pairs of
         them where the epilogue pairs columns."""
-        return SWIZZLE_CHUNK_BYTES // self.out_bytes * (2 if self.pair else 1)
+        return SWIZZLE_BYTES // self.out_bytes * (2 if self.pair else 1)
 
     @property
     def out_bytes(self) -> int:
         return NBYTES[self.out_dtype]
+
+    def cluster_fits(self, bn: int, cluster: int) -> bool:
+        """Whether ``cluster`` CTAs along M can share a ``bn``-wide B tile: its pieces (K-major:
+        one box a CTA; MN-major: the 64-column chunks) split evenly; not for convolutions."""
+        pieces = 2 if self.b_k_major else bn // (SWIZZLE_BYTES // self.in_bytes)
+        return cluster == 1 or (self.conv is None and pieces % cluster == 0)
 
     def m_tiles(self, bm: int):
         """Tiles of ``bm`` output rows: of M, or of the convolution's image patches."""
@@ -145,7 +151,7 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     if not (a_ok and b_ok):
         return None, "operand axes are not [batch?, rows, K] or [batch?, K, rows]"
     pair = base.pair_columns
-    if pair and pair != SWIZZLE_CHUNK_BYTES // NBYTES[str(out.dtype)]:
+    if pair and pair != SWIZZLE_BYTES // NBYTES[str(out.dtype)]:
         return None, f"columns paired {pair} apart: the epilogue pairs whole 128-byte chunks"
     if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n // 2 if pair else base.n]:
         return None, "output is not [batch?, M, N]"
@@ -305,11 +311,9 @@ class WgmmaPolicy:
         return out + [dataclasses.replace(t, cluster=CLUSTER) for t in best if self._clusters(t.bm, t.bn)]
 
     def _clusters(self, bm: int, bn: int) -> bool:
-        """Whether two CTAs along M can share this tile's B: two rows of tiles at least, and
-        B's pieces (K-major: halves; MN-major: 64-column chunks) split evenly."""
+        """Whether two CTAs along M can share this tile's B: two rows of tiles at least."""
         mt = self.match
-        pieces = 2 if mt.b_k_major else bn // 64
-        return mt.conv is None and isinstance(mt.m, int) and mt.m_tiles(bm) >= CLUSTER and pieces % CLUSTER == 0
+        return isinstance(mt.m, int) and mt.m_tiles(bm) >= CLUSTER and mt.cluster_fits(bn, CLUSTER)
 
     def cost(self, t: _Tile) -> float:
         mt, arch = self.match, self.arch

@@ -8,15 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm
 from tvm import tirx
 
-from ..policies.wgmma import WgmmaMatch
+from ..policies.wgmma import SWIZZLE_BYTES, WgmmaMatch
 from ..policies.wgmma_conv import PATCH_W, ConvGeometry
 
 SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
 L2_PROMO_128B, L2_PROMO_256B = 2, 3  # CUtensorMapL2promotion
-SWIZZLE_BYTES = 128  # one swizzled row: 64 fp16 elements
 ATOM_ROWS = 8  # a 128B swizzle atom is 8 rows x 128 bytes (1024 bytes)
 
 
@@ -68,7 +66,7 @@ class Operand:
     def load_args(self, mbar):
         """The TMA load's arguments after the coordinates: the stage's barrier (and, shared
         by a cluster, the mask of the CTAs the piece is multicast to)."""
-        return [mbar] if self.split == 1 else [mbar, tvm.tirx.const((1 << self.split) - 1, "uint16")]
+        return [mbar] if self.split == 1 else [mbar, tirx.const((1 << self.split) - 1, "uint16")]
 
     @property
     def lbo(self) -> int:

@@ -219,23 +219,18 @@ class Timer:
         finalists = [r for r in results if r.index in {f.index for f in by_median + by_best}]
         if not finalists:
             return list(results)
-        again: dict[int, list[float] | CompileResult] = {r.index: [] for r in finalists}
+        samples: dict[int, list[float]] = {r.index: [] for r in finalists}
+        failed: dict[int, CompileResult] = {}
         with clock.holding(GPU_TURN, "time"):
             self._heat(finalists[0])
             for _ in range(RETIME_ROUNDS):
-                for r in finalists:
-                    if isinstance(again[r.index], list):
-                        again[r.index] = self._samples(r, again[r.index])
-        retimed = {i: (v if isinstance(v, CompileResult) else None) for i, v in again.items()}
-        return [retimed[r.index] or r.replace(timing=Timing.of(again[r.index])) if r.index in again else r
+                for r in (r for r in finalists if r.index not in failed):
+                    try:
+                        samples[r.index] += self._time(r.module, self.opts.budget_ms / RETIME_ROUNDS).samples_ms
+                    except Exception as e:  # noqa: BLE001
+                        failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
+        return [failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index])) if r.index in samples else r
                 for r in results]
-
-    def _samples(self, r: CompileResult, samples: list[float]) -> list[float] | CompileResult:
-        """``samples`` and one round's more of ``r``, or ``r`` failed."""
-        try:
-            return samples + list(self._time(r.module, self.opts.budget_ms / RETIME_ROUNDS).samples_ms)
-        except Exception as e:  # noqa: BLE001
-            return r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
 
     def _heat(self, r: CompileResult) -> None:
         wl = self.get_workload()

@@ -15,6 +15,7 @@ from fastdlight.relax import prepare
 from fastdlight.relax.gated import PAIR_COLUMNS, gated_projections, interleave
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.tune.candidates import candidate_sets
+from test_pipeline import run_on_cpu
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -42,11 +43,6 @@ class Mlp:
     rng = np.random.default_rng(0)
     weights = {name: tvm.runtime.tensor((rng.standard_normal((n, 256)) * 0.1).astype(dtype)) for name in ("wg", "wu")}
     return relax.transform.BindParams("main", weights)(mod)
-
-
-def run_on_cpu(mod, args):
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
 def test_interleave_alternates_blocks_of_gate_and_up_rows():
