@@ -23,6 +23,7 @@ from .config import Config
 from .matmul_match import _has, _load_of, match_matmul
 from .tensorcore import NBYTES
 from .wgmma_conv import ConvGeometry, gemm_shape, match_conv
+from .wgmma_view import OperandView, view_operand
 
 #: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
 WGMMA_DTYPES = ("float16", "bfloat16")
@@ -62,6 +63,9 @@ class WgmmaMatch:
     #: G > 0: accumulator columns c and c + G of every 2G-column block make one output column
     #: (``MatmulMatch.pair_columns``); G is the epilogue's chunk, so each chunk pairs with the next
     pair: int = 0
+    #: operands read through a view of a larger tensor (:mod:`.wgmma_view`), else None
+    a_view: OperandView | None = None
+    b_view: OperandView | None = None
 
     @property
     def in_bytes(self) -> int:
@@ -88,6 +92,11 @@ class WgmmaMatch:
         pieces = 2 if self.b_k_major else bn // (SWIZZLE_BYTES // self.in_bytes)
         return cluster == 1 or (self.conv is None and pieces % cluster == 0)
 
+    def views_fit(self, bm: int, bn: int) -> bool:
+        """Whether operands read through views take tiles of ``bm`` x ``bn`` (see
+        :meth:`OperandView.fits`)."""
+        return (self.a_view is None or self.a_view.fits(bm, self.m)) and (self.b_view is None or self.b_view.fits(bn, self.n))
+
     def m_tiles(self, bm: int):
         """Tiles of ``bm`` output rows: of M, or of the convolution's image patches."""
         return self.conv.m_tiles(bm) if self.conv is not None else (self.m + bm - 1) // bm
@@ -109,7 +118,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     func = distinct_param_names(func)
     base, reason = match_matmul(func)
     if base is None:
-        return None, reason
+        found, view_reason = _match_views(func)
+        return found, view_reason or ("" if found is not None else reason)
     sch = s_tir.Schedule(func)
     try:
         block_rv = sch.get_sblock(base.block)
@@ -139,7 +149,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     x_vars, y_vars = _vars(load_x), _vars(load_y)
     c_vars = _vars(block.body)
     if x_vars is None or y_vars is None or c_vars is None:
-        return None, "operands not indexed by plain variables"
+        found, reason = _match_views(func)
+        return found, reason or "operands not indexed by plain variables"
     if len(c_vars) not in (2, 3):
         return None, "more than one batch axis"
     i_var, j_var = c_vars[-2:]
@@ -191,6 +202,81 @@ def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
     if reason := _output_rows_misaligned(match):
         return None, reason
     return match, ""
+
+
+def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
+    """A matmul whose operands are views of larger tensors (see :mod:`.wgmma_view`); reason
+    None where the function is no such sum of products at all."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in _child_blocks(sch)]
+    reductions = [b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce for iv in b.iter_vars)]
+    if len(reductions) != 1:
+        return None, None
+    block_rv = sch.get_sblock(reductions[0].name_hint)
+    try:
+        auto_inline_producers(sch, block_rv)
+    except Exception:  # noqa: BLE001
+        return None, None
+    block = sch.get(block_rv)
+    store = block.body
+    value = getattr(store, "value", None)
+    if not (isinstance(store, tirx.BufferStore) and isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
+        return None, None
+    load_x, load_y = _load_of(value.b.a), _load_of(value.b.b)
+    reduce_vars = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    c_vars = _vars(store)
+    if load_x is None or load_y is None or len(reduce_vars) != 1 or c_vars is None or len(c_vars) not in (2, 3):
+        return None, None
+    params = {str(p.name): p for p in func.params}
+    if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
+        return None, "a matmul operand is computed in the function (TMA reads parameters only)"
+    in_dtype = str(load_x.source.dtype)
+    if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
+        return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
+    out, reason = _the_output(func)
+    if out is None:
+        return None, reason
+    extent = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
+    ext = lambda v: next(e for var, e in extent.items() if var.same_as(v))  # noqa: E731
+    k_var, (i_var, j_var) = reduce_vars[0].var, c_vars[-2:]
+    batch_var = c_vars[0] if len(c_vars) == 3 else None
+    if _uses(load_x, j_var) or not _uses(load_x, i_var):
+        load_x, load_y = load_y, load_x
+    views = []
+    for load, row in ((load_x, i_var), (load_y, j_var)):
+        batch = batch_var if batch_var is not None and _uses(load, batch_var) else None
+        view, reason = view_operand(load.source, load.indices, row, k_var, batch, list(extent.items()), NBYTES[in_dtype])
+        if view is None:
+            return None, reason
+        views.append(view)
+    batch, m, n = (ext(batch_var) if batch_var is not None else 1), ext(i_var), ext(j_var)
+    if _nonunit(out.shape) != ([batch] if batch > 1 else []) + [m, n]:
+        return None, "output is not [batch?, M, N]"
+    a, b = views
+    match = WgmmaMatch(
+        block=block.name_hint, in_dtype=in_dtype, out_dtype=str(out.dtype), batch=batch, m=m, n=n, k=ext(k_var),
+        a_name=str(load_x.source.name), b_name=str(load_y.source.name), d_name=str(out.name),
+        a_k_major=a.k_major, b_k_major=b.k_major, a_batched=a.batch is not None, b_batched=b.batch is not None,
+        a_view=a, b_view=b,
+    )  # fmt: skip
+    if reason := _output_rows_misaligned(match):
+        return None, reason
+    if match.m < 64 or match.n < 16:
+        return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
+    return match, ""
+
+
+def _child_blocks(sch):
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    return sch.get_child_blocks(get_root_block(sch))
+
+
+def _uses(load, var) -> bool:
+    found = []
+    for idx in load.indices:
+        tvm_ffi.structural_walk(idx, (tirx.Var, found.append), order="pre")
+    return any(v.same_as(var) for v in found)
 
 
 def _the_output(func):
@@ -301,6 +387,8 @@ class WgmmaPolicy:
                     if wm // 64 * bn // 2 > MAX_ACC_REGS:
                         continue
                     if bn > 64 and bn >= 2 * mt.n or bm > 64 and bm >= 2 * mt.m:  # tiles that only pad
+                        continue
+                    if not mt.views_fit(bm, bn):
                         continue
                     stage = (bm + bn) * BK * mt.in_bytes
                     stages = min((self.arch.smem_per_block_optin - STAGING_BYTES) // stage, 8)

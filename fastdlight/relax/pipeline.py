@@ -29,6 +29,7 @@ from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
 from .gated import gated_projections
 from .reshapes import sink_reshapes
+from .views import fold_views
 from .rewrites import causal_masks, exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
 
 
@@ -111,6 +112,7 @@ def prepare(target) -> tvm.transform.Pass:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        fold_views(target),  # where the target has wgmma: matmuls read attention's heads in place
         relax.transform.DeadCodeElimination(),
     ], "fastdlight.prepare")  # fmt: skip
 

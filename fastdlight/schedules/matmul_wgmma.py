@@ -273,7 +273,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
         wm in (64, 128) and bm in (wm, 2 * wm) and wn == bn and bk == chunk and 16 <= bn <= 256
         and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % match.bn_multiple == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
-        and match.cluster_fits(bn, config.cluster)
+        and match.cluster_fits(bn, config.cluster) and match.views_fit(bm, bn)
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from tvm import tirx
 
 from ..policies.wgmma import SWIZZLE_BYTES, WgmmaMatch
 from ..policies.wgmma_conv import PATCH_W, ConvGeometry
+from ..policies.wgmma_view import OperandView
 
 SWIZZLE_128B = 3  # CUtensorMapSwizzle and the wgmma descriptor helper use the same code
 L2_PROMO_128B, L2_PROMO_256B = 2, 3  # CUtensorMapL2promotion
@@ -30,6 +31,8 @@ class Operand:
     #: CTAs of a cluster sharing the tile: each loads its share of the pieces (``mine``) and
     #: multicasts them to all (B of a 2-CTA cluster along M); 1: loaded whole, unicast
     split: int = 1
+    #: read through a view of a larger tensor (the box spans its row and K axes), or None
+    view: OperandView | None = None
 
     @property
     def rank(self) -> int:
@@ -42,7 +45,12 @@ class Operand:
     @property
     def box(self) -> tuple[int, ...]:
         inner = (self.bk, self.rows // self.split) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
-        return inner + (1,) * (self.rank - 2)
+        if self.view is None:
+            return inner + (1,) * (self.rank - 2)
+        box = [1] * self.rank
+        k_axis, row_axis = self.view.k_axis, self.view.row_axis
+        box[k_axis if self.k_major else row_axis], box[row_axis if self.k_major else k_axis] = inner
+        return tuple(box)
 
     @property
     def elem_strides(self) -> tuple[int, ...]:
@@ -105,10 +113,11 @@ class Operand:
         return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{multicast}"
 
     def coords(self, b, blk, k, c):
+        row0 = blk * self.rows + c * (self.rows // self.split if self.k_major else SWIZZLE_BYTES // self.elem_bytes)
+        if self.view is not None:
+            return self.view.coords(b, row0, k * self.bk)
         batch = [b] if self.rank == 3 else []
-        if self.k_major:
-            return [k * self.bk, blk * self.rows + c * (self.rows // self.split)] + batch
-        return [blk * self.rows + c * (SWIZZLE_BYTES // self.elem_bytes), k * self.bk] + batch
+        return ([k * self.bk, row0] if self.k_major else [row0, k * self.bk]) + batch
 
 
 @dataclass(frozen=True)
@@ -189,13 +198,19 @@ def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1) -> 
         return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
 
     eb = match.in_bytes
-    b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
-                else dims(match.n, match.k, match.b_batched), eb, cluster)
+    if match.b_view is not None:
+        b = Operand(match.b_k_major, bn, bk, match.b_view.dims, eb, cluster, match.b_view)
+    else:
+        b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
+                    else dims(match.n, match.k, match.b_batched), eb, cluster)
     geo = match.conv
     if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
         a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo=geo)
         return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
-    a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
-                else dims(match.m, match.k, match.a_batched), eb)
+    if match.a_view is not None:
+        a = Operand(match.a_k_major, bm, bk, match.a_view.dims, eb, view=match.a_view)
+    else:
+        a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
+                    else dims(match.m, match.k, match.a_batched), eb)
     d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm)
     return a, b, d
