@@ -66,7 +66,7 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         return None, f"compute capability {arch.compute_capability} < 8.0: no m16n8k16 mma.sync"
     match, reason = match_matmul(func)
     if match is None:
-        return None, reason
+        return _wgmma_only_tags(func, arch, reason)
     pair = (match.in_dtype, match.acc_dtype)
     if min(match.m, match.n, match.k) < 16:
         return None, f"M/N/K = {match.m}/{match.n}/{match.k}: a dimension below 16"
@@ -95,6 +95,22 @@ def tensorcore_tags(func, target) -> tuple[dict | None, str]:
         "split_extent": (split_axis(func, match.block) or ("", 0))[1],
     }
     return tags, ""
+
+
+def _wgmma_only_tags(func, arch: CUDA, reason: str) -> tuple[dict | None, str]:
+    """Tags of a matmul only the wgmma template takes: operands read through views of larger
+    tensors (TMA boxes; see :mod:`.wgmma_view`), which the other templates' match refuses
+    with ``reason``."""
+    from .wgmma import wgmma_eligible
+
+    wm, _why = wgmma_eligible(func, arch)
+    if wm is None:
+        return None, reason
+    layout = ("N" if wm.a_k_major else "T") + ("T" if wm.b_k_major else "N")
+    return {"in_dtype": wm.in_dtype, "acc_dtype": "float32", "out_dtype": wm.out_dtype, "layout": layout,
+            "smem_layout": layout, "batch": wm.batch, "M": wm.m, "N": wm.n, "K": wm.k,
+            "mma_shape": tuple(arch.mma_shapes.get((wm.in_dtype, "float32"), (16, 8, 16))), "intrin_group": None,
+            "instructions": ("wgmma",), "block": wm.block, "split_extent": 0}, ""
 
 
 def _mma_sync_refusal(match: MatmulMatch, arch: CUDA) -> str:

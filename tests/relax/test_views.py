@@ -18,6 +18,7 @@ from fastdlight.relax import prepare
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax.views import fold_view, view_of
 from fastdlight.schedules import apply_config
+from fastdlight.tune.candidates import candidate_sets
 from fastdlight.tune.compile import build, compile_cubin, cuda_source
 from test_pipeline import run_on_cpu
 
@@ -89,6 +90,16 @@ def test_the_head_split_and_merge_copies_are_gone_and_the_matmuls_read_in_place(
     # rows (i // 256, i % 256), K (k // 64, k % 64); each 64-wide K step is within one head
     oproj = next(m for m in views.values() if m.m == B * S and m.n == H * D)
     assert oproj.a_view.dims == (D, S, B * H) and oproj.a_k_major
+
+
+def test_the_folded_matmuls_get_wgmma_candidates_first(prepared):
+    """The tuner's candidates: the other templates' matmul match refuses views, the wgmma tiles
+    still come first (tagged wgmma-only)."""
+    folded, _plain = prepared
+    for name, func in called_funcs(folded).items():
+        if "matmul" in name:
+            first = next(candidate_sets(func, H100, 20))
+            assert first.policy == "TensorCorePolicy" and {c.kind for c in first.configs} == {"matmul_wgmma"}, name
 
 
 def test_the_folded_model_computes_the_same(prepared):
