@@ -236,6 +236,8 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
     out, reason = _the_output(func)
     if out is None:
         return None, reason
+    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+        return None, "symbolic extent (specialize the shape first)"
     extent = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
     ext = lambda v: next(e for var, e in extent.items() if var.same_as(v))  # noqa: E731
     k_var, (i_var, j_var) = reduce_vars[0].var, c_vars[-2:]

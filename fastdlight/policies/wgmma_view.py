@@ -56,7 +56,7 @@ class OperandView:
         binding = [(self.row, row0), (self.k, k0)] + ([(self.batch, b)] if self.batch is not None else [])
         out = []
         for e in self.index:
-            value = _substitute(e, [(v, tirx.Cast(_dtype(v), x)) for v, x in binding])
+            value = substitute(e, [(v, tirx.Cast(_dtype(v), x)) for v, x in binding])
             out.append(value if _dtype(value) == "int32" else tirx.Cast("int32", value))
         return out
 
@@ -119,7 +119,7 @@ def _advances(e, var, extent: int, step: int):
     ana = sym.Analyzer()
     ana.bind(q, ir.Range.from_min_extent(tirx.const(0, dtype), tirx.const(max(-(-extent // step), 1), dtype)))
     ana.bind(t, ir.Range.from_min_extent(tirx.const(0, dtype), tirx.const(step, dtype)))
-    diff = ana.simplify(_substitute(e, [(var, q * step + t)]) - _substitute(e, [(var, q * step)]))
+    diff = ana.simplify(substitute(e, [(var, q * step + t)]) - substitute(e, [(var, q * step)]))
     if isinstance(diff, tirx.IntImm) and diff.value == 0:
         return False
     if isinstance(diff, tirx.Var) and diff.same_as(t):
@@ -137,7 +137,8 @@ def _dtype(v) -> str:
     return str(getattr(v.ty, "dtype", "int64"))
 
 
-def _substitute(expr, binding):
+def substitute(expr, binding):
+    """``expr`` with each variable of ``binding`` (``[(var, value)]``) replaced."""
     def var(v):
         for key, value in binding:
             if v.same_as(key):

@@ -5,7 +5,8 @@ slices of it and ``k.transpose(-1, -2)`` as view operators; FuseOps makes them c
 (``fused_strided_slice_transpose1_squeeze_reshape2``...) that write Q, K and V out of the QKV
 projection's output for the attention matmuls to read, and a copy of the attention output back
 to ``[tokens, h * d]`` for the output projection. On an H100 these copies took 9 µs of a
-132 µs LLaMA layer at one sequence of 512 tokens, more than torch.compile's single copy.
+132 µs LLaMA layer at one sequence of 512 tokens, more than torch.compile's single copy. (An
+unbound weight's transpose is such a copy too, at every call.)
 
 The wgmma template loads its operands with TMA, whose tensor maps take any strides:
 :func:`fold_views` lets a matmul read the view's source directly. A *view* is a fused function
@@ -24,13 +25,13 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, sym, tirx
 from tvm.ir import IRModule
-from tvm.s_tir.dlight.analysis import get_root_block
-
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.s_tir.dlight.analysis import get_root_block
 
 from ..arch import CUDA
 from ..policies.prepare import scalar_dtype
 from ..policies.wgmma import match_wgmma
+from ..policies.wgmma_view import substitute
 from .rewrites import mutator_pass
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -48,8 +49,8 @@ class View:
 
     def at(self, indices) -> list:
         """The source's indices of the output element at ``indices``."""
-        binding = {v: _as(scalar_dtype(v), i) for v, i in zip(self.out_vars, indices)}
-        return [sym.Analyzer().simplify(_substitute(e, binding)) for e in self.index]
+        binding = [(v, _as(scalar_dtype(v), i)) for v, i in zip(self.out_vars, indices)]
+        return [sym.Analyzer().simplify(substitute(e, binding)) for e in self.index]
 
 
 def view_of(func: tirx.PrimFunc) -> View | None:
@@ -94,7 +95,7 @@ def fold_view(func: tirx.PrimFunc, param_index: int, view: View) -> tirx.PrimFun
 
     def region(node):
         if node.source.same_as(old):
-            return tirx.BufferRegion(new, [ir.Range.from_min_extent(0, e) for e in new.shape])
+            return tirx.BufferRegion(new, [ir.Range.from_min_extent(tirx.const(0, scalar_dtype(e)), e) for e in new.shape])
         return node
 
     body = tvm_ffi.structural_map(func.body, [(ir.TensorLoad, load), (ir.TensorRegion, region)])
@@ -168,7 +169,7 @@ def _folded(mod, call, values, views, chosen) -> _Fold | None:
     prim = mod[call.args[0]]
     fields = list(call.args[1].fields)
     positions = [pos for pos, arg in enumerate(fields) if chosen(arg)]
-    for attempt in range(2):
+    for _ in range(2):
         folded, args = prim, list(fields)
         for pos in positions:
             folded = fold_view(folded, pos, views[values[fields[pos]].args[0]])
@@ -212,13 +213,3 @@ def _rewriter(folds: dict):
 
 def _as(dtype: str, expr):
     return expr if scalar_dtype(expr) == dtype else tirx.Cast(dtype, expr)
-
-
-def _substitute(expr, binding: dict):
-    def var(v):
-        for k, e in binding.items():
-            if v.same_as(k):
-                return e
-        return v
-
-    return tvm_ffi.structural_map(expr, [(tirx.Var, var)])
