@@ -46,6 +46,9 @@ class View:
     src: tirx.Buffer
     out_vars: tuple  # tirx.Var per output axis
     index: tuple  # tirx.PrimExpr per source axis, in ``out_vars``
+    #: all the elements in their order (a reshape): TVM makes it a free view at run time, which
+    #: folding would not improve on (and stock Dlight's schedule of the matmul then suffers)
+    in_order: bool = False
 
     def at(self, indices) -> list:
         """The source's indices of the output element at ``indices``."""
@@ -80,7 +83,27 @@ def view_of(func: tirx.PrimFunc) -> View | None:
     ana = sym.Analyzer()
     for iv in last.iter_vars:
         ana.bind(iv.var, iv.dom)
-    return View(src, tuple(iv.var for iv in last.iter_vars), tuple(ana.simplify(i) for i in load.indices))
+    index = tuple(ana.simplify(i) for i in load.indices)
+    out_vars = tuple(iv.var for iv in last.iter_vars)
+    offset = ana.simplify(_flat(index, src.shape) - _flat(out_vars, out.shape))
+    same_size = ana.simplify(_size(src.shape) - _size(out.shape))
+    reshape = all(isinstance(x, tirx.IntImm) and x.value == 0 for x in (offset, same_size))
+    return View(src, out_vars, index, reshape)
+
+
+def _size(shape):
+    size = tirx.const(1, scalar_dtype(shape[0]) if len(shape) else "int64")
+    for extent in shape:
+        size = size * extent
+    return size
+
+
+def _flat(indices, shape):
+    """The row-major offset of ``indices`` in a tensor of ``shape``."""
+    offset = tirx.const(0, scalar_dtype(indices[0]) if indices else "int64")
+    for i, extent in zip(indices, shape):
+        offset = offset * extent + i
+    return offset
 
 
 def fold_view(func: tirx.PrimFunc, param_index: int, view: View) -> tirx.PrimFunc:
@@ -115,7 +138,8 @@ def fold_views(target=None) -> tvm.transform.Pass:
         if t is None or not CUDA(t).has_wgmma:
             return mod
         for _ in range(MAX_ROUNDS):  # a view of a view folds once the first is in the matmul
-            views = {gv: v for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and (v := view_of(f))}
+            views = {gv: v for gv, f in mod.functions_items()
+                     if isinstance(f, tirx.PrimFunc) and (v := view_of(f)) is not None and not v.in_order}
             folds = {}
             for func in mod.functions.values():
                 if views and isinstance(func, relax.Function):
