@@ -134,12 +134,7 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     load_x, load_y = _load_of(value.b.a), _load_of(value.b.b)
     if load_x is None or load_y is None:
         return None, "matmul operands are not loads"
-    if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
-        return None, "a matmul operand is computed in the function (TMA reads parameters only)"
-    in_dtype = str(load_x.source.dtype)
-    if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
-        return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
-    out, reason = _the_output(func)
+    in_dtype, out, reason = _inputs_and_output(func, load_x, load_y)
     if out is None:
         return None, reason
     reduce_vars = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
@@ -227,13 +222,7 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
     c_vars = _vars(store)
     if load_x is None or load_y is None or len(reduce_vars) != 1 or c_vars is None or len(c_vars) not in (2, 3):
         return None, None
-    params = {str(p.name): p for p in func.params}
-    if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
-        return None, "a matmul operand is computed in the function (TMA reads parameters only)"
-    in_dtype = str(load_x.source.dtype)
-    if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
-        return None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
-    out, reason = _the_output(func)
+    in_dtype, out, reason = _inputs_and_output(func, load_x, load_y)
     if out is None:
         return None, reason
     if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
@@ -279,6 +268,20 @@ def _uses(load, var) -> bool:
     for idx in load.indices:
         tvm_ffi.structural_walk(idx, (tirx.Var, found.append), order="pre")
     return any(v.same_as(var) for v in found)
+
+
+def _inputs_and_output(func, load_x, load_y):
+    """``(in_dtype, out, "")`` where both operand loads read parameters (TMA's sources) of one
+    wgmma input dtype and the function has one output the epilogue writes; else
+    ``(None, None, reason)``."""
+    params = {str(p.name) for p in func.params}
+    if str(load_x.source.name) not in params or str(load_y.source.name) not in params:
+        return None, None, "a matmul operand is computed in the function (TMA reads parameters only)"
+    in_dtype = str(load_x.source.dtype)
+    if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
+        return None, None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
+    out, reason = _the_output(func)
+    return (in_dtype, out, "") if out is not None else (None, None, reason)
 
 
 def _the_output(func):
