@@ -187,3 +187,15 @@ def test_every_config_of_the_folded_matmuls_is_correct_on_the_gpu(prepared):
         results, _best = apply_and_build(func, configs, arch, check="all", budget_ms=5, progress=False)
         bad = [f"{name} {r.config}: {r.error or r.check_message}" for r in results if not r.verified]
         assert not bad, "\n".join(bad)
+
+
+def test_a_failing_fold_leaves_the_copies_with_a_warning(monkeypatch):
+    import fastdlight.relax.views as views
+
+    def broken(*_args):
+        raise RuntimeError("analysis failed")
+
+    monkeypatch.setattr(views, "_plan", broken)
+    with pytest.warns(UserWarning, match="views left as copy kernels"):
+        mod = prepare(H100.target)(Attention)
+    assert any("strided_slice" in n for n in called_funcs(mod))
