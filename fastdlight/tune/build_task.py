@@ -119,10 +119,16 @@ def _cheap_inspect_stack():
 
 
 def import_tensor_intrinsics() -> bool:
-    """Registers the ldmatrix/mma TensorIntrins: once per process, with a cheap inspect.stack."""
+    """Registers the ldmatrix/mma TensorIntrins, TVM's and the ones the mma.sync template adds
+    (bf16, int8: 38 TVMScript parses, 1.3 s of a worker's first mma.sync candidate otherwise):
+    once per process, with a cheap inspect.stack."""
+    from fastdlight.schedules.matmul_tensorcore import register_intrinsics
+
     if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
         with _cheap_inspect_stack():
             import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
+    with _cheap_inspect_stack():
+        register_intrinsics()
     return True
 
 

@@ -148,9 +148,18 @@ def stock_configs(func, arch: CUDA) -> tuple[Config, ...]:
     return (own, other) if _schedules_differ(func, arch, own, other) else (own,)
 
 
+#: input dtypes stock Dlight's Matmul rule puts on tensor cores at a plain arch (``sm_90``)
+STOCK_TENSOR_CORE_DTYPES = ("float16", "bfloat16", "int8")
+
+
 def _schedules_differ(func, arch: CUDA, a: Config, b: Config) -> bool:
     """Whether the two configs schedule ``func`` differently (True when either does not apply:
-    then measurement decides)."""
+    then measurement decides). A tensor-core matmul is taken to differ without scheduling it:
+    stock Dlight at ``sm_90`` tensorizes it, and applying that here would import the tensor
+    intrinsics into this process (2-5 s) before the first candidate could go to the builders."""
+    tags = get_tensorized_func_and_tags(func, arch)[1]
+    if tags and tags["in_dtype"] in STOCK_TENSOR_CORE_DTYPES:
+        return True
     try:
         with arch.target:
             schedules = [build_task.apply_template(func, c) for c in (a, b)]

@@ -114,3 +114,30 @@ def test_gpu_the_winner_is_never_slower_than_stock_dlight():
     stock = tuned.stock
     assert stock is not None and stock.config.is_stock
     assert tuned.best.verified and tuned.best.latency_ms <= stock.latency_ms
+
+
+def test_a_tensor_core_matmul_gets_both_stock_configs_without_importing_intrinsics_here():
+    """Choosing the stock candidates of an fp16 matmul must not import the tensor intrinsics
+    into the tuning process (2-5 s before the first candidate can go to the build workers);
+    the workers' warm-up registers them, fastdlight's own bf16/int8 ones included."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.tune.candidates import stock_configs
+h100 = CUDA("nvidia/nvidia-h100")
+fp16 = stock_configs(ops.matmul(512, 512, 512, "float16", "float16", "NT", acc_dtype="float32").func, h100)
+imported = "tvm.s_tir.tensor_intrin.cuda" in sys.modules
+fp32 = stock_configs(ops.matmul(512, 512, 512, "float32", "float32").func, h100)  # scheduled both ways: the same
+print(len(fp16), len(fp32), imported)
+from fastdlight.tune.build_task import import_tensor_intrinsics
+from tvm.s_tir import TensorIntrin
+import_tensor_intrinsics()
+print(TensorIntrin.get("mma_ldmatrix_bf16_a_dyn", allow_missing=True) is not None)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2", "1", "False", "True"]
