@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
 from ..arch import CUDA
@@ -172,11 +173,7 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     for name, extent in inner.items():
         if extent * match.in_bytes % TMA_STRIDE_BYTES:
             return None, f"{name}'s rows are {extent * match.in_bytes} bytes: TMA needs multiples of 16"
-    if reason := _output_rows_misaligned(match):
-        return None, reason
-    if match.m < 64 or match.n < 16:
-        return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
-    return match, ""
+    return _stores_whole_tiles(match)
 
 
 def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
@@ -250,6 +247,12 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
         a_k_major=a.k_major, b_k_major=b.k_major, a_batched=a.batch is not None, b_batched=b.batch is not None,
         a_view=a, b_view=b,
     )  # fmt: skip
+    return _stores_whole_tiles(match)
+
+
+def _stores_whole_tiles(match: WgmmaMatch) -> tuple[WgmmaMatch | None, str]:
+    """``(match, "")`` where TMA can store the output's rows and the matmul fills a wgmma tile
+    (M ≥ 64, N ≥ 16); else ``(None, reason)``."""
     if reason := _output_rows_misaligned(match):
         return None, reason
     if match.m < 64 or match.n < 16:
@@ -258,8 +261,6 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
 
 
 def _child_blocks(sch):
-    from tvm.s_tir.dlight.analysis import get_root_block
-
     return sch.get_child_blocks(get_root_block(sch))
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import ir, sym, tirx
 
+from .prepare import scalar_dtype
+
 #: the K step of a stage (one 128-byte swizzled row of 16-bit elements)
 BK = 64
 #: blocks of rows a view's rows may run through along one axis (the largest found bounds the
@@ -56,8 +58,7 @@ class OperandView:
         binding = [(self.row, row0), (self.k, k0)] + ([(self.batch, b)] if self.batch is not None else [])
         out = []
         for e in self.index:
-            value = substitute(e, [(v, tirx.Cast(_dtype(v), x)) for v, x in binding])
-            out.append(value if _dtype(value) == "int32" else tirx.Cast("int32", value))
+            out.append(as_dtype("int32", substitute(e, [(v, as_dtype(scalar_dtype(v), x)) for v, x in binding])))
         return out
 
 
@@ -114,7 +115,7 @@ def _box_axis(index, var, extent: int, step: int) -> int | None:
 def _advances(e, var, extent: int, step: int):
     """True when ``e`` advances by one with ``var`` through each ``step``-wide block of it,
     False when it is constant over each block, None otherwise."""
-    dtype = _dtype(var)
+    dtype = scalar_dtype(var)
     q, t = tirx.Var("q", dtype), tirx.Var("t", dtype)
     ana = sym.Analyzer()
     ana.bind(q, ir.Range.from_min_extent(tirx.const(0, dtype), tirx.const(max(-(-extent // step), 1), dtype)))
@@ -133,8 +134,9 @@ def _vars(e) -> list:
     return found
 
 
-def _dtype(v) -> str:
-    return str(getattr(v.ty, "dtype", "int64"))
+def as_dtype(dtype: str, expr):
+    """``expr`` as ``dtype`` (a cast only where it is another)."""
+    return expr if scalar_dtype(expr) == dtype else tirx.Cast(dtype, expr)
 
 
 def substitute(expr, binding):

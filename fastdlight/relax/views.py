@@ -32,7 +32,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from ..arch import CUDA
 from ..policies.prepare import scalar_dtype
 from ..policies.wgmma import match_wgmma
-from ..policies.wgmma_view import substitute
+from ..policies.wgmma_view import as_dtype, substitute
 from .rewrites import mutator_pass
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -53,7 +53,7 @@ class View:
 
     def at(self, indices) -> list:
         """The source's indices of the output element at ``indices``."""
-        binding = [(v, _as(scalar_dtype(v), i)) for v, i in zip(self.out_vars, indices)]
+        binding = [(v, as_dtype(scalar_dtype(v), i)) for v, i in zip(self.out_vars, indices)]
         return [sym.Analyzer().simplify(substitute(e, binding)) for e in self.index]
 
 
@@ -238,7 +238,3 @@ def _rewriter(folds: dict):
             return relax.call_tir(gv, [self.visit_expr(a) for a in fold.args], call.ty_args[0])
 
     return Rewriter
-
-
-def _as(dtype: str, expr):
-    return expr if scalar_dtype(expr) == dtype else tirx.Cast(dtype, expr)
