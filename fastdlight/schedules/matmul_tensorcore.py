@@ -58,28 +58,36 @@ VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128
 C_ROW_PAD = 8  # elements of padding per row of the shared accumulator tile
 
 
-@functools.lru_cache(maxsize=1)
-def register_intrinsics() -> None:
-    """Import TVM's CUDA tensor intrinsics (~20 s the first time in a process) and register the
-    ones fastdlight needs that TVM lacks, built with TVM's own intrinsic generators: int8
-    ldmatrix from ``shared.dyn``, an int32 accumulator store to ``shared.dyn``, and the bf16
-    ldmatrix and mma.sync intrinsics (:func:`bf16_intrinsic`)."""
+#: the in_dtypes whose intrinsics TVM lacks and :func:`register_intrinsics` adds
+OWN_INTRINSIC_DTYPES = ("int8", "bfloat16")
+
+
+@functools.lru_cache(maxsize=None)
+def register_intrinsics(in_dtype: str | None = None) -> None:
+    """Import TVM's CUDA tensor intrinsics (seconds, once per process) and register the ones
+    fastdlight needs for ``in_dtype`` (None: every dtype) that TVM lacks, built with TVM's own
+    intrinsic generators: int8 ldmatrix from ``shared.dyn`` and an int32 accumulator store to
+    ``shared.dyn``; the bf16 ldmatrix and mma.sync intrinsics (:func:`bf16_intrinsic`). fp16
+    needs none: its 38 extra parses (1.3 s) are paid only by the dtypes that use them."""
     from tvm.s_tir import TensorIntrin
     from tvm.s_tir.tensor_intrin import cuda
 
-    missing = {
-        "mma_store_16x16_i32_shared_dyn_simple_": lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False),
-        "mma_ldmatrix_i8_a_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),
-        "mma_ldmatrix_i8_b_trans_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn"),
-    }
-    for operand, trans in itertools.product("AB", (False, True)):
-        name = f"mma_ldmatrix_bf16_{operand.lower()}{'_trans' if trans else ''}_dyn"
-        missing[name] = functools.partial(
-            bf16_intrinsic, cuda.get_ldmatrix_intrin, 16, "float16", operand, trans, "shared.dyn")
-    for trans_a, trans_b in itertools.product((False, True), repeat=2):
-        name = f"mma_bf16bf16f32{'_trans_a' if trans_a else ''}{'_trans_b' if trans_b else ''}"
-        missing[name] = functools.partial(
-            bf16_intrinsic, cuda.get_mma_intrin, 16, "float16", "float16", "float32", trans_a, trans_b)
+    missing = {}
+    if in_dtype in (None, "int8"):
+        missing.update({
+            "mma_store_16x16_i32_shared_dyn_simple_": lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False),
+            "mma_ldmatrix_i8_a_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),
+            "mma_ldmatrix_i8_b_trans_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn"),
+        })
+    if in_dtype in (None, "bfloat16"):
+        for operand, trans in itertools.product("AB", (False, True)):
+            name = f"mma_ldmatrix_bf16_{operand.lower()}{'_trans' if trans else ''}_dyn"
+            missing[name] = functools.partial(
+                bf16_intrinsic, cuda.get_ldmatrix_intrin, 16, "float16", operand, trans, "shared.dyn")
+        for trans_a, trans_b in itertools.product((False, True), repeat=2):
+            name = f"mma_bf16bf16f32{'_trans_a' if trans_a else ''}{'_trans_b' if trans_b else ''}"
+            missing[name] = functools.partial(
+                bf16_intrinsic, cuda.get_mma_intrin, 16, "float16", "float16", "float32", trans_a, trans_b)
     for name, make in missing.items():
         if TensorIntrin.get(name, allow_missing=True) is None:
             TensorIntrin.register(name, *make())
@@ -137,7 +145,7 @@ class TensorCoreMatmulTemplate(ScheduleTemplate):
             return None  # int8 and bf16 ldmatrix need K-inner A and B (see tensorcore._mma_sync_refusal)
         if not config_fits(match, config):
             return None
-        register_intrinsics()
+        register_intrinsics(match.in_dtype)
         if config.split_k > 1:
             axis = split_axis(func, match.block)
             if axis is None or axis[1] % config.split_k:

@@ -17,6 +17,7 @@ means in compile-only mode.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import linecache
 import os
@@ -82,8 +83,10 @@ def uninstall_compile_callback() -> None:
     _CALLBACK_INSTALLED[0] = False
 
 
-def init_worker() -> int:
-    """Per-worker one-time setup: TVM, the templates, our compile callback."""
+def init_worker(cuda_only: bool = False) -> int:
+    """Per-worker one-time setup: TVM, the templates, our compile callback. ``cuda_only``: this
+    process only builds CUDA candidates (a build worker, not the caller's process)."""
+    _CUDA_ONLY_PROCESS[0] = cuda_only
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     install_compile_callback()
     import fastdlight.schedules  # noqa: F401 - the templates pull in Dlight: import once, here
@@ -118,18 +121,31 @@ def _cheap_inspect_stack():
         inspect.stack = original
 
 
-def import_tensor_intrinsics() -> bool:
-    """Registers the ldmatrix/mma TensorIntrins, TVM's and the ones the mma.sync template adds
-    (bf16, int8: 38 TVMScript parses, 1.3 s of a worker's first mma.sync candidate otherwise):
-    once per process, with a cheap inspect.stack."""
-    from fastdlight.schedules.matmul_tensorcore import register_intrinsics
+#: set in build worker processes (:func:`init_worker` with ``worker=True``), which only build CUDA
+_CUDA_ONLY_PROCESS = [False]
 
+
+def import_tensor_intrinsics() -> bool:
+    """Registers TVM's ldmatrix/mma TensorIntrins (286 TVMScript parses, ~3 s on the H100
+    machine), once per process, with a cheap inspect.stack. The mma.sync template registers
+    the bf16/int8 ones it adds when a config of that dtype is scheduled. In a build worker the
+    package's ``__init__`` is skipped: it also parses the x86, ARM, ROCm, Hexagon and RISC-V
+    intrinsics (about a fifth of the import), which a CUDA build never uses."""
     if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
+        if _CUDA_ONLY_PROCESS[0] and "tvm.s_tir.tensor_intrin" not in sys.modules:
+            _bare_package("tvm.s_tir.tensor_intrin")
         with _cheap_inspect_stack():
             import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
-    with _cheap_inspect_stack():
-        register_intrinsics()
     return True
+
+
+def _bare_package(name: str) -> None:
+    """Make package ``name`` importable as a parent without running its ``__init__``."""
+    spec = importlib.util.find_spec(name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -167,9 +183,11 @@ def needs_tensor_intrinsics(config) -> bool:
 def apply_template(func, config, template=None):
     """``template(func, config)`` (default: :func:`fastdlight.schedules.apply_config`), with the
     tensor-core intrinsics registered first when the config needs them."""
-    if needs_tensor_intrinsics(config):
-        import_tensor_intrinsics()
-    return resolve_template(template)(func, config)
+    if not needs_tensor_intrinsics(config):
+        return resolve_template(template)(func, config)
+    import_tensor_intrinsics()
+    with _cheap_inspect_stack():  # the template may register intrinsics of its dtype
+        return resolve_template(template)(func, config)
 
 
 def resolve_template(template):

@@ -33,7 +33,7 @@ def init_build_worker() -> int:
         pass
     from .build_task import init_worker
 
-    return init_worker()
+    return init_worker(cuda_only=True)
 
 
 def import_tensor_intrinsics() -> bool:

@@ -118,8 +118,9 @@ def test_gpu_the_winner_is_never_slower_than_stock_dlight():
 
 def test_a_tensor_core_matmul_gets_both_stock_configs_without_importing_intrinsics_here():
     """Choosing the stock candidates of an fp16 matmul must not import the tensor intrinsics
-    into the tuning process (2-5 s before the first candidate can go to the build workers);
-    the workers' warm-up registers them, fastdlight's own bf16/int8 ones included."""
+    into the tuning process (2-5 s before the first candidate can go to the build workers).
+    A build worker imports TVM's CUDA ones without the other targets' (the package's
+    ``__init__``); fastdlight's own bf16/int8 ones are registered only for their dtype."""
     import subprocess
     import sys
 
@@ -133,11 +134,20 @@ fp16 = stock_configs(ops.matmul(512, 512, 512, "float16", "float16", "NT", acc_d
 imported = "tvm.s_tir.tensor_intrin.cuda" in sys.modules
 fp32 = stock_configs(ops.matmul(512, 512, 512, "float32", "float32").func, h100)  # scheduled both ways: the same
 print(len(fp16), len(fp32), imported)
-from fastdlight.tune.build_task import import_tensor_intrinsics
-from tvm.s_tir import TensorIntrin
-import_tensor_intrinsics()
-print(TensorIntrin.get("mma_ldmatrix_bf16_a_dyn", allow_missing=True) is not None)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["2", "1", "False", "True"]
+    worker = """
+import sys
+from fastdlight.tune import build_task
+from fastdlight.schedules.matmul_tensorcore import register_intrinsics
+from tvm.s_tir import TensorIntrin
+build_task.init_worker(cuda_only=True)
+build_task.import_tensor_intrinsics()
+has = lambda name: TensorIntrin.get(name, allow_missing=True) is not None
+print(has("mma_f16f16f32_trans_b"), "tvm.s_tir.tensor_intrin.x86" in sys.modules, has("mma_ldmatrix_bf16_a_dyn"))
+register_intrinsics("bfloat16")
+print(has("mma_ldmatrix_bf16_a_dyn"), has("mma_ldmatrix_i8_a_dyn"))
+"""
+    for script, expected in ((code, ["2", "1", "False"]), (worker, ["True", "False", "False", "True", "False"])):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == expected
