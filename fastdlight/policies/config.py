@@ -98,9 +98,9 @@ class Config:
     @property
     def num_threads(self) -> int:
         """Threads in one block (tensor-core configs: warps × 32; wgmma: a producer warpgroup
-        and two consumer warpgroups)."""
+        and two consumer warpgroups, three for a tile of three 64-row warp tiles)."""
         if self.kind == "matmul_wgmma":
-            return 3 * 128
+            return 128 * (1 + (3 if self.block[0] == 3 * self.warp[0] else 2))
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))

@@ -39,9 +39,34 @@ SWIZZLE_BYTES = 128
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
 CLOCK_HZ = 1.5e9
-#: shared memory kept free besides the stage ring: two 8 KB epilogue staging chunks per consumer
-#: warpgroup (two warpgroups), barriers and the 1 KB alignment of the swizzled tiles
-STAGING_BYTES = 2 * 2 * 64 * 128 + 2048
+#: registers a thread of the 128-thread producer warpgroup keeps (setmaxnreg); the consumers
+#: share the rest of the SM's 64K
+PRODUCER_REGS = 40
+
+
+def consumer_warpgroups(bm: int, wm: int) -> int:
+    """Consumer warpgroups of a ``bm``-row tile of ``wm`` rows each: they split the tile
+    (cooperative: two of 64 or 128 rows, or three of 64), or take alternate tiles (ping-pong,
+    ``bm == wm``: two)."""
+    return 2 if bm == wm else bm // wm
+
+
+def consumer_regs(consumers: int) -> int:
+    """Registers a consumer thread gets (setmaxnreg: a multiple of 8): 232 for two warpgroups,
+    152 for three."""
+    return (65536 - 128 * PRODUCER_REGS) // (128 * consumers) // 8 * 8
+
+
+def max_acc_regs(consumers: int) -> int:
+    """fp32 accumulator registers a consumer thread may hold: 128 of 232 (two warpgroups), 96 of
+    152 (three: a 192-row tile up to 192 columns); the rest hold addresses and the epilogue."""
+    return 128 if consumers == 2 else 96
+
+
+def staging_bytes(consumers: int) -> int:
+    """Shared memory besides the stage ring: two 8 KB epilogue staging chunks per consumer
+    warpgroup, barriers and the 1 KB alignment of the swizzled tiles."""
+    return consumers * 2 * 64 * 128 + 2048
 
 
 @dataclass(frozen=True)
@@ -340,8 +365,6 @@ def _nonunit(shape) -> list[int]:
 #: per-tile cost of the epilogue and the pipeline fill, in cycles (cooperative: exposed; ping-pong:
 #: the other warpgroup's main loop runs meanwhile, only the fill shows)
 TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
-#: accumulator registers per consumer thread the template allows (wm / 64 * bn / 2)
-MAX_ACC_REGS = 128
 #: CTAs of a cluster along M: each loads half of the B tile they share and multicasts it. On an
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
 #: GEMM stayed within 3%; the tuner measures both
@@ -354,7 +377,7 @@ CLUSTER_VARIANTS = 3
 class _Tile:
     bm: int
     bn: int
-    wm: int  # rows per consumer warpgroup: bm = 2 wm (cooperative) or bm = wm (ping-pong)
+    wm: int  # rows per consumer warpgroup: bm = 2 wm or 3 wm (cooperative), or bm = wm (ping-pong)
     stages: int
     cluster: int = 1  # CTAs along M sharing (multicasting) each B tile
 
@@ -374,6 +397,13 @@ class WgmmaPolicy:
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
 
+    @staticmethod
+    def block_m(wm: int) -> tuple[int, ...]:
+        """Tile heights for warpgroups of ``wm`` rows: cooperative two, ping-pong, and three of
+        64 rows (192: on 2048 rows with N = 11008 its 638 tiles fill 4.8 waves of 132 SMs,
+        where 128 x 256 tiles leave a sixth wave 21% full)."""
+        return (2 * wm, wm) + ((3 * wm,) if wm == 64 else ())
+
     def __init__(self, func, arch: CUDA, match: WgmmaMatch | None = None):
         self.arch = arch if isinstance(arch, CUDA) else CUDA(arch)
         if match is None:
@@ -386,18 +416,21 @@ class WgmmaPolicy:
         out = []
         mt = self.match
         for wm in self.WARP_M:
-            for bm in (2 * wm, wm):
+            for bm in self.block_m(wm):
+                consumers = consumer_warpgroups(bm, wm)
+                if consumers > 2 and mt.conv is not None:
+                    continue  # the conv tiles' row geometry is for two warpgroups
                 for bn in self.BLOCK_N:
                     if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64):
                         continue
-                    if wm // 64 * bn // 2 > MAX_ACC_REGS:
+                    if wm // 64 * bn // 2 > max_acc_regs(consumers):
                         continue
                     if bn > 64 and bn >= 2 * mt.n or bm > 64 and bm >= 2 * mt.m:  # tiles that only pad
                         continue
                     if not mt.views_fit(bm, bn):
                         continue
                     stage = (bm + bn) * BK * mt.in_bytes
-                    stages = min((self.arch.smem_per_block_optin - STAGING_BYTES) // stage, 8)
+                    stages = min((self.arch.smem_per_block_optin - staging_bytes(consumers)) // stage, 8)
                     if stages >= 2:
                         out.append(_Tile(bm, bn, wm, stages))
         # cluster twins of the best few (each a candidate more to compile)

@@ -44,9 +44,9 @@ class OperandView:
     row_block: int = ROW_BLOCKS[0]  # rows run along row_axis through blocks of this many
 
     def fits(self, rows: int, extent: int) -> bool:
-        """Whether tiles of ``rows`` rows lie in one block (or the rows past the first block are
-        past the operand's ``extent``, which only make outputs the store clips)."""
-        return rows <= self.row_block or extent <= self.row_block
+        """Whether tiles of ``rows`` rows lie in one block: they divide it (or the rows past the
+        first block are past the operand's ``extent``, which only make outputs the store clips)."""
+        return self.row_block % rows == 0 or extent <= self.row_block
 
     @property
     def k_major(self) -> bool:

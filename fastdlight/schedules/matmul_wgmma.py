@@ -8,10 +8,11 @@ rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes o
   ``rasterization`` M-tiles so concurrently running CTAs share B tiles in L2);
 * warpgroup 0 is the producer: one thread issues TMA loads of the A and B tiles into a
   ``stages``-deep ring of 128-byte-swizzled shared-memory stages (full/empty mbarriers);
-* two consumer warpgroups issue ``wgmma.m64n{bn}k16`` (fp32 accumulation) straight from shared
-  memory, ``wm / 64`` slices of 64 rows each; registers are moved from the producer to them
-  with ``setmaxnreg``. Cooperative (``bm = 2 wm``): they split every tile. Ping-pong
-  (``bm = wm``): they take alternate tiles, so one's epilogue overlaps the other's main loop;
+* two (or three) consumer warpgroups issue ``wgmma.m64n{bn}k16`` (fp32 accumulation) straight
+  from shared memory, ``wm / 64`` slices of 64 rows each; registers are moved from the producer
+  to them with ``setmaxnreg``. Cooperative (``bm = 2 wm``, or ``3 wm`` with 64-row slices): they
+  split every tile. Ping-pong (``bm = wm``): two take alternate tiles, so one's epilogue
+  overlaps the other's main loop;
 * epilogue: the elementwise blocks that follow the matmul in the function (cast, bias,
   activation, multiply by another tensor...) are evaluated on the accumulators, staged through
   swizzled shared memory and written by TMA stores that overlap the next tile's main loop.
@@ -41,23 +42,23 @@ from tvm import tirx
 
 from ..arch import CUDA
 from ..policies.config import Config
-from ..policies.wgmma import WgmmaMatch, distinct_param_names, match_wgmma
+from ..policies.wgmma import (PRODUCER_REGS, WgmmaMatch, consumer_regs, consumer_warpgroups, distinct_param_names,
+                               match_wgmma, max_acc_regs)
 from ..policies.wgmma_conv import PATCH_W
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
 from .wgmma_tma import ATOM_ROWS, SWIZZLE_128B, SWIZZLE_BYTES, operands
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
-PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 40*128 + 232*256 <= 64K registers
 ABBR = {"float16": "f16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The kernel's compile-time numbers for one (function, config). Two consumer warpgroups,
-    each computing ``wg_m`` rows (one or two wgmma m64 slices) by ``bn`` columns: cooperative
-    when the tile is ``2 * wg_m`` rows (they split it), ping-pong when it is ``wg_m`` rows (they
-    take alternate tiles)."""
+    """The kernel's compile-time numbers for one (function, config). Consumer warpgroups, each
+    computing ``wg_m`` rows (one or two wgmma m64 slices) by ``bn`` columns: cooperative when
+    the tile is ``2 * wg_m`` or ``3 * wg_m`` rows (two or three of them split it), ping-pong when
+    it is ``wg_m`` rows (two take alternate tiles)."""
 
     match: WgmmaMatch
     bm: int
@@ -69,9 +70,15 @@ class Plan:
     wg_m: int = 64
     cluster: int = 1  # CTAs of a cluster along M, sharing B (see ``Operand.split``)
 
-    consumers = 2
     producer_regs = PRODUCER_REGS
-    consumer_regs = CONSUMER_REGS
+
+    @property
+    def consumers(self) -> int:
+        return consumer_warpgroups(self.bm, self.wg_m)
+
+    @property
+    def consumer_regs(self) -> int:
+        return consumer_regs(self.consumers)
 
     @property
     def pingpong(self) -> bool:
@@ -258,20 +265,18 @@ class Plan:
         return (((byte // 16) ^ (row % ATOM_ROWS)) * 16 + byte % 16) // 4
 
 
-#: accumulator registers a consumer thread may hold (of the 232 setmaxnreg gives it)
-MAX_ACC_REGS = 128
-
-
 def config_fits(match: WgmmaMatch, config: Config) -> bool:
     """Structural legality: warp tile (64 | 128 rows, bn) per consumer warpgroup, block tile of
-    one (ping-pong) or two (cooperative) warp tiles, K step = one 128-byte swizzled row."""
+    one (ping-pong), two or (64-row warp tiles, no convolution) three (cooperative) warp tiles,
+    K step = one 128-byte swizzled row."""
     if config.kind != "matmul_wgmma":
         return False
     (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
     chunk = SWIZZLE_BYTES // match.in_bytes
+    three = wm == 64 and bm == 3 * wm and match.conv is None
     return (
-        wm in (64, 128) and bm in (wm, 2 * wm) and wn == bn and bk == chunk and 16 <= bn <= 256
-        and (wm // 64) * bn // 2 <= MAX_ACC_REGS and bn % match.bn_multiple == 0
+        wm in (64, 128) and (bm in (wm, 2 * wm) or three) and wn == bn and bk == chunk and 16 <= bn <= 256
+        and (wm // 64) * bn // 2 <= max_acc_regs(consumer_warpgroups(bm, wm)) and bn % match.bn_multiple == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
         and match.cluster_fits(bn, config.cluster) and match.views_fit(bm, bn)
     )  # fmt: skip

@@ -1,6 +1,8 @@
 """Which functions the Hopper wgmma template takes (match_wgmma) and the tiles WgmmaPolicy emits
 (CPU only)."""
 
+import dataclasses
+
 import pytest
 import tvm
 
@@ -62,7 +64,9 @@ def test_policy_tiles_fit_the_sm_and_the_template():
         assert config_fits(policy.match, c), c
         plan = Plan(policy.match, *c.block, c.rstep[0], c.pipeline_stages, c.rasterization, H100.sm_count, c.warp[0])
         assert plan.smem_bytes() <= H100.smem_per_block_optin, c
-        assert plan.acc_regs <= 128 and c.num_threads == 384  # a producer and two consumer warpgroups
+        # a producer warpgroup and two consumer warpgroups, or three of 64 rows with fewer registers
+        assert c.num_threads == 128 * (1 + plan.consumers) and plan.consumers in (2, 3)
+        assert plan.acc_regs <= (128 if plan.consumers == 2 else 96)
     schedules = {"pingpong" if c.block[0] == c.warp[0] else "cooperative" for c in policy.emit_config(20)}
     assert schedules == {"pingpong", "cooperative"}
     # at 4096^3 the widest tile (two consumer warpgroups, 256 columns) is predicted fastest
@@ -89,3 +93,21 @@ def test_bf16_gets_wgmma_first_and_mma_sync_beside_it_where_nt():
     assert first.policy == "TensorCorePolicy" and kinds[0] == "matmul_wgmma" and "matmul_tc" in kinds
     nn = next(iter(candidate_sets(gemm(1024, 1024, 1024, "bfloat16", "NN"), H100, 8)))
     assert {c.kind for c in nn.configs} == {"matmul_wgmma"}
+
+
+def test_three_consumer_warpgroups_fill_the_waves_where_two_leave_a_tail():
+    """LLaMA's up projection on 2048 tokens: 128 x 256 tiles are 688 for 132 SMs (a sixth wave
+    21% full); 192 x 192 tiles (three 64-row consumer warpgroups) are 638, under five waves."""
+    policy = WgmmaPolicy(gemm(2048, 11008, 4096, layout="NT"), H100)
+    best = policy.emit_config(4)[0]
+    assert best.block == (192, 192) and best.warp == (64, 192) and best.num_threads == 512
+    plan = Plan(policy.match, *best.block, best.rstep[0], best.pipeline_stages, best.rasterization, H100.sm_count,
+                best.warp[0])
+    assert plan.consumers == 3 and plan.acc_regs == 96 and plan.smem_bytes() <= H100.smem_per_block_optin
+    # setmaxnreg: the producer's 40 and three consumer warpgroups' registers fit the SM's 64K
+    assert plan.consumer_regs == 152 and 128 * (plan.producer_regs + 3 * plan.consumer_regs) <= 65536
+    three = dataclasses.replace(best, block=(192, 256), warp=(64, 256))  # 128 accumulators: too many beside 152
+    assert not config_fits(policy.match, three)
+    assert not config_fits(policy.match, dataclasses.replace(best, block=(384, 128), warp=(128, 128)))
+    # where two warpgroups' tiles fill the waves (4096^3: 512 tiles of 128 x 256), they stay first
+    assert WgmmaPolicy(gemm(4096, 4096, 4096, layout="NT"), H100).emit_config(1)[0].block == (128, 256)

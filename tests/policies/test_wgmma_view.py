@@ -38,6 +38,7 @@ def test_sequences_of_128_bound_the_tiles():
     assert v is not None and v.row_block == 128, reason
     assert v.fits(128, 512) and not v.fits(256, 512)
     assert v.fits(256, 128)  # a single block: the rows past it are past the operand
+    assert v.fits(64, 512) and not v.fits(192, 512)  # a 192-row tile would straddle two sequences
 
 
 @pytest.mark.parametrize("index,why", [

@@ -68,6 +68,19 @@ def test_layouts_dtypes_and_odd_shapes_compile_to_cubin():
     assert "cp.async.bulk.tensor.3d" in compile_all(jobs[-1:])[0][1]
 
 
+def test_three_consumer_warpgroups_compile_without_spills():
+    """192-row tiles: three 64-row consumer warpgroups (512 threads) with 152 registers each,
+    K-major and MN-major B, bf16, a cluster; three epilogue staging buffer pairs."""
+    jobs = [
+        (gemm(1000, 520, 264, "float16", "NT"), wgmma(192, 192, 3)),
+        (gemm(1000, 520, 264, "bfloat16", "NN"), wgmma(192, 128, 4)),
+        (gemm(1000, 520, 264, "float16", "NT"), wgmma(192, 192, 3, cluster=2)),
+    ]
+    for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
+        check_hopper_kernel(src, cubin, config.block[1], {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)])
+        assert "setmaxnreg.inc.sync.aligned.u32 152" in src and "__launch_bounds__(512" in src
+
+
 def test_two_cta_clusters_multicast_b_and_release_stages_in_both_ctas():
     from fastdlight.schedules.matmul_wgmma import config_fits
 

@@ -45,6 +45,7 @@ def test_every_wgmma_config_is_correct(name, arch):
     assert not bad, "\n".join(bad)
     assert best.config.kind == "matmul_wgmma"
     assert {c.block[0] == c.warp[0] for c in configs} == {True, False}
+    assert any(c.block[0] == 3 * c.warp[0] for c in configs)  # three consumer warpgroups
 
 
 @pytest.mark.parametrize("build,m,n,k,dtype", [

@@ -271,6 +271,24 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot
     assert out[0].timing.samples_ms == (0.5,) * RETIME_ROUNDS  # the hot timing replaces the first
 
 
+def test_the_best_estimated_candidates_near_the_fastest_are_finalists_too():
+    """The first pass times each candidate at whatever clock the GPU has then: a candidate the
+    policy ranks first, a little behind there, gets the hot retime too; one far behind does not."""
+    import dataclasses
+
+    from fastdlight.tune.stages import RETIME_BY_ESTIMATE, _finalists
+
+    def row(i, ms, cost):
+        r = _row(i, ms)
+        return r.replace(config=dataclasses.replace(r.config, cost=cost))
+
+    # five fastest (policy's estimate 9..5), then a best-estimated one 4% behind, then one 20% behind
+    results = [row(i, 1.0 + 0.001 * i, 9 - i) for i in range(5)] + [row(5, 1.04, 1), row(6, 1.2, 0.5)]
+    picked = {r.index for r in _finalists(results)}
+    assert {0, 1, 2, 5} <= picked and 6 not in picked
+    assert len(picked) == 3 + RETIME_BY_ESTIMATE  # the fastest three, by median and by best sample
+
+
 def test_the_first_pass_times_each_candidate_for_the_screen_budget(monkeypatch):
     from fastdlight.tune import stages
     from fastdlight.tune.measure import Timing
