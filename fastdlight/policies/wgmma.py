@@ -397,11 +397,15 @@ class WgmmaPolicy:
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
 
+    #: the one width of three-warpgroup tiles: 192 x 128 timed well on an idle GPU but ran 6-10%
+    #: slower hot than the two-warpgroup tiles (H100, gated b4 and MLP up, 2026-11-26)
+    THREE_WG_N = 192
+
     @staticmethod
     def block_m(wm: int) -> tuple[int, ...]:
         """Tile heights for warpgroups of ``wm`` rows: cooperative two, ping-pong, and three of
-        64 rows (192: on 2048 rows with N = 11008 its 638 tiles fill 4.8 waves of 132 SMs,
-        where 128 x 256 tiles leave a sixth wave 21% full)."""
+        64 rows (192 x 192: on 2048 rows with N = 11008 its 638 tiles fill 4.8 waves of 132
+        SMs, where 128 x 256 tiles leave a sixth wave 21% full; hot, it ran 7% ahead of them)."""
         return (2 * wm, wm) + ((3 * wm,) if wm == 64 else ())
 
     def __init__(self, func, arch: CUDA, match: WgmmaMatch | None = None):
@@ -421,7 +425,7 @@ class WgmmaPolicy:
                 if consumers > 2 and mt.conv is not None:
                     continue  # the conv tiles' row geometry is for two warpgroups
                 for bn in self.BLOCK_N:
-                    if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64):
+                    if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64) or consumers > 2 and bn != self.THREE_WG_N:
                         continue
                     if wm // 64 * bn // 2 > max_acc_regs(consumers):
                         continue
