@@ -5,99 +5,126 @@ threads, for four GEMM tunes in a row (the first pays the start-up).
     python benchmarks/startup_timeline.py      # writes $OUT/startup.json, prints a summary
 
 A diagnostic: it wraps internal functions of ``fastdlight.tune`` by name (a rename there shows
-as a "no ..." line and a missing row, not a failure)."""
-import collections
-import json
-import os
-import sys
-import threading
+as a "not traced" line and a missing row, not a failure).
+"""
+
+from __future__ import annotations
+
 import time
-import traceback
 
-T0 = time.perf_counter()
+T0 = time.perf_counter()  # the imports below are part of what a fresh process pays
+
+import collections  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fastdlight  # noqa
-from fastdlight.tune import clock, candidates, workers, stages, runner, measure, reference
-import tvm  # noqa
-from bench_gemm_hopper import matmul_func
-T_IMPORT = time.perf_counter() - T0
-EVENTS = []
-PHASE = ["import"]
 
-def wrap(owner, name, label=None):
-    fn = getattr(owner, name)
-    label = label or f"{getattr(owner, '__name__', owner)}.{name}"
-    def w(*a, **k):
-        t = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            EVENTS.append((PHASE[0], label, threading.current_thread().name, round(t - T0, 3), round(time.perf_counter() - t, 3)))
-    setattr(owner, name, w)
+from bench_gemm_hopper import matmul_func  # noqa: E402
+from fastdlight.arch import auto_arch  # noqa: E402
+from fastdlight.tune import candidates, clock, measure, reference, runner, stages, workers  # noqa: E402
+from fastdlight.tune.options import TuneOptions  # noqa: E402
 
-for owner, name in [(candidates, "prewarm"), (candidates, "candidate_sets"), (candidates, "stock_configs"),
-                    (candidates, "apply_and_build"), (workers.WorkerPool, "_run_one"), (workers.WorkerPool, "_setup"),
-                    (stages.Prober, "run"), (stages.Timer, "_time"), (stages.Timer, "retime_fastest"),
-                    (stages, "load_module"), (measure.Workload, "get"), (reference.ReferenceRun, "expected"),
-                    (runner, "verify_and_pick"), (runner, "plan")]:
-    try:
-        wrap(owner, name)
-    except AttributeError as e:
-        print("no", owner, name, e)
+IMPORT_S = time.perf_counter() - T0
+#: (case, GEMM M, N, K, layout): the first pays the start-up, the third repeats it warm
+CASES = [("4096 NT", 4096, 4096, 4096, "NT"), ("4096 NN", 4096, 4096, 4096, "NN"),
+         ("4096 NT again", 4096, 4096, 4096, "NT"), ("1024 NT", 1024, 1024, 1024, "NT")]
+TRACED = [(candidates, "prewarm"), (candidates, "candidate_sets"), (candidates, "stock_configs"),
+          (candidates, "apply_and_build"), (workers.WorkerPool, "_run_one"), (workers.WorkerPool, "_setup"),
+          (stages.Prober, "run"), (stages.Timer, "_time"), (stages.Timer, "retime_fastest"), (stages, "load_module"),
+          (measure.Workload, "get"), (reference.ReferenceRun, "expected"), (runner, "verify_and_pick"),
+          (runner, "plan")]
+SAMPLE_S = 0.02
 
-SAMPLES = collections.Counter()
-def sampler():
-    me = threading.get_ident()
-    names = {}
-    while True:
-        time.sleep(0.02)
-        for t in threading.enumerate():
-            names[t.ident] = t.name
-        for tid, fr in sys._current_frames().items():
-            if tid == me:
-                continue
-            st = traceback.extract_stack(fr)
-            key = " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in reversed(st[-7:]))
-            nm = names.get(tid, "?")
-            SAMPLES[(PHASE[0], "main" if nm == "MainThread" else "other", key)] += 1
-threading.Thread(target=sampler, daemon=True).start()
 
-from fastdlight.arch import auto_arch
-from fastdlight.tune.options import TuneOptions
-arch = auto_arch(None)
-out = os.environ.get("OUT", "/tmp")
-res = {"import_s": T_IMPORT, "arch": str(arch), "cases": []}
-cases = [("4096 NT", 4096, 4096, 4096, "NT"), ("4096 NN", 4096, 4096, 4096, "NN"), ("4096 NT again", 4096, 4096, 4096, "NT"),
-         ("1024 NT", 1024, 1024, 1024, "NT")]
-for name, m, n, k, lay in cases:
-    PHASE[0] = name
-    func = matmul_func(m, n, k, "float16", lay)
-    before = clock.snapshot()
-    t = time.perf_counter()
+class Trace:
+    """Events ``(case, function, thread, start s, seconds)`` of the wrapped functions, and stack
+    samples of every other thread, counted per case."""
+
+    def __init__(self):
+        self.case = "import"
+        self.events: list[tuple] = []
+        self.samples: collections.Counter = collections.Counter()
+
+    def wrap(self, owner, name: str) -> None:
+        fn = getattr(owner, name)
+        label = f"{getattr(owner, '__name__', owner)}.{name}"
+
+        def traced(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.events.append((self.case, label, threading.current_thread().name, round(t - T0, 3),
+                                    round(time.perf_counter() - t, 3)))
+
+        setattr(owner, name, traced)
+
+    def sample_forever(self) -> None:
+        me = threading.get_ident()
+        while True:
+            time.sleep(SAMPLE_S)
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                stack = traceback.extract_stack(frame)[-7:]
+                key = " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in reversed(stack))
+                self.samples[(self.case, "main" if names.get(tid) == "MainThread" else "other", key)] += 1
+
+    def top_samples(self, n: int = 25) -> dict[str, list]:
+        top = collections.defaultdict(list)
+        for (case, who, key), count in self.samples.most_common():
+            if len(top[f"{case}|{who}"]) < n:
+                top[f"{case}|{who}"].append((count, key))
+        return dict(top)
+
+
+def tune_case(trace: Trace, arch, name, m, n, k, layout) -> dict:
+    trace.case = name
+    func = matmul_func(m, n, k, "float16", layout)
+    before, t = clock.snapshot(), time.perf_counter()
     tuned = candidates.tune_function(func, arch, 20, TuneOptions(progress=False))
-    wall = time.perf_counter() - t
-    row = {"case": name, "start": round(t - T0, 3), "wall": round(wall, 2), "clock": clock.since(before),
-           "best": repr(tuned.best.config), "ms": tuned.best.latency_ms, "n": len(tuned.results),
-           "build_s": sorted(round(r.build_seconds or 0, 2) for r in tuned.results)}
-    print(json.dumps(row), flush=True)
-    res["cases"].append(row)
-res["events"] = EVENTS
-top = collections.defaultdict(list)
-for (ph, who, key), c in SAMPLES.most_common():
-    if len(top[(ph, who)]) < 25:
-        top[(ph, who)].append((c, key))
-res["samples"] = {f"{ph}|{who}": v for (ph, who), v in top.items()}
-json.dump(res, open(os.path.join(out, "startup.json"), "w"), indent=1)
-# short report
-for ph in ["4096 NT", "4096 NN"]:
-    print("==", ph)
-    for e in EVENTS:
-        if e[0] == ph and e[1] not in ("WorkerPool._run_one",):
-            print("  ", e)
-    runs = [e for e in EVENTS if e[0] == ph and e[1] == "WorkerPool._run_one"]
-    print("   run_one: n", len(runs), "first end", min((e[3] + e[4] for e in runs), default=None),
-          "durations", sorted(e[4] for e in runs))
+    return {"case": name, "start": round(t - T0, 3), "wall": round(time.perf_counter() - t, 2),
+            "clock": clock.since(before), "best": repr(tuned.best.config), "ms": tuned.best.latency_ms,
+            "n": len(tuned.results), "build_s": sorted(round(r.build_seconds or 0, 2) for r in tuned.results)}
+
+
+def summary(trace: Trace, case: str) -> list[str]:
+    lines = [f"== {case}"]
+    lines += [f"   {e}" for e in trace.events if e[0] == case and e[1] != "WorkerPool._run_one"]
+    runs = [e for e in trace.events if e[0] == case and e[1] == "WorkerPool._run_one"]
+    lines.append(f"   builds: {len(runs)}, first done at {min((e[3] + e[4] for e in runs), default=None)} s")
     for who in ("main", "other"):
-        print("  samples", who)
-        for c, key in top[(ph, who)][:12]:
-            print("    ", c, key[:300])
+        lines.append(f"  samples, {who} thread(s)")
+        lines += [f"     {count} {key[:300]}" for count, key in trace.top_samples().get(f"{case}|{who}", [])[:12]]
+    return lines
+
+
+def main() -> int:
+    trace = Trace()
+    for owner, name in TRACED:
+        try:
+            trace.wrap(owner, name)
+        except AttributeError:
+            print(f"not traced: {owner}.{name}")
+    threading.Thread(target=trace.sample_forever, daemon=True).start()
+    arch = auto_arch(None)
+    rows = []
+    for case in CASES:
+        rows.append(tune_case(trace, arch, *case))
+        print(json.dumps(rows[-1]), flush=True)
+    report = {"import_s": IMPORT_S, "arch": str(arch), "cases": rows, "events": trace.events,
+              "samples": trace.top_samples()}
+    with open(os.path.join(os.environ.get("OUT", "."), "startup.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    for case in [c[0] for c in CASES[:2]]:
+        print("\n".join(summary(trace, case)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
