@@ -425,7 +425,9 @@ class WgmmaPolicy:
                 if consumers > 2 and mt.conv is not None:
                     continue  # the conv tiles' row geometry is for two warpgroups
                 for bn in self.BLOCK_N:
-                    if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64) or consumers > 2 and bn != self.THREE_WG_N:
+                    if bn % mt.bn_multiple or (not mt.b_k_major and bn % 64):
+                        continue
+                    if consumers > 2 and bn != self.THREE_WG_N:
                         continue
                     if wm // 64 * bn // 2 > max_acc_regs(consumers):
                         continue

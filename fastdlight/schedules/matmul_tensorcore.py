@@ -58,10 +58,6 @@ VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128
 C_ROW_PAD = 8  # elements of padding per row of the shared accumulator tile
 
 
-#: the in_dtypes whose intrinsics TVM lacks and :func:`register_intrinsics` adds
-OWN_INTRINSIC_DTYPES = ("int8", "bfloat16")
-
-
 @functools.lru_cache(maxsize=None)
 def register_intrinsics(in_dtype: str | None = None) -> None:
     """Import TVM's CUDA tensor intrinsics (seconds, once per process) and register the ones
@@ -75,7 +71,8 @@ def register_intrinsics(in_dtype: str | None = None) -> None:
     missing = {}
     if in_dtype in (None, "int8"):
         missing.update({
-            "mma_store_16x16_i32_shared_dyn_simple_": lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False),
+            "mma_store_16x16_i32_shared_dyn_simple_":
+                lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False),
             "mma_ldmatrix_i8_a_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),
             "mma_ldmatrix_i8_b_trans_dyn": lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn"),
         })

@@ -121,7 +121,7 @@ def _cheap_inspect_stack():
         inspect.stack = original
 
 
-#: set in build worker processes (:func:`init_worker` with ``worker=True``), which only build CUDA
+#: set in build worker processes (:func:`init_worker` with ``cuda_only=True``), which only build CUDA
 _CUDA_ONLY_PROCESS = [False]
 
 

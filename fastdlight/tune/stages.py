@@ -98,7 +98,8 @@ def needs_setup(request: BuildRequest) -> tuple[str, ...]:
     """The worker features a request's build needs: the tensor-core intrinsics (~3 s per fresh
     worker on the H100 machine, ~4.5 s with 16 importing at once) only for the configs that
     tensorize, so a wgmma-first run's workers start building at once."""
-    return ("tensor_intrin",) if request.config is not None and build_task.needs_tensor_intrinsics(request.config) else ()
+    tensorizes = request.config is not None and build_task.needs_tensor_intrinsics(request.config)
+    return ("tensor_intrin",) if tensorizes else ()
 
 
 def build_stream(requests: Sequence[BuildRequest], opts: TuneOptions,

@@ -77,7 +77,8 @@ def test_three_consumer_warpgroups_compile_without_spills():
         (gemm(1000, 520, 264, "float16", "NT"), wgmma(192, 192, 3, cluster=2)),
     ]
     for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
-        check_hopper_kernel(src, cubin, config.block[1], {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)])
+        abbr = {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)]
+        check_hopper_kernel(src, cubin, config.block[1], abbr)
         assert "setmaxnreg.inc.sync.aligned.u32 152" in src and "__launch_bounds__(512" in src
 
 
