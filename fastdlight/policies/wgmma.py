@@ -397,8 +397,8 @@ class WgmmaPolicy:
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
 
-    #: the one width of three-warpgroup tiles: 192 x 128 timed well on an idle GPU but ran 6-10%
-    #: slower hot than the two-warpgroup tiles (H100, gated b4 and MLP up, 2026-11-26)
+    #: the one width of three-warpgroup tiles: 192 x 128 timed well on an idle GPU but ran 3-10%
+    #: slower hot than the best two-warpgroup tiles (H100, gated b4 and MLP up, 2026-11-26)
     THREE_WG_N = 192
 
     @staticmethod
