@@ -49,7 +49,8 @@ def gated_func(m: int, n: int, k: int):
     return te.create_prim_func([x, w, out]).with_attr("global_symbol", "gated")
 
 
-# name, function, tiles (bm, bn, wm, cluster) to compare, torch's equivalent (M, N, K) or None
+# name, function, tiles (bm, bn, wm, cluster[, stages: else the policy's]) to compare, torch's
+# equivalent (M, N, K) or None
 CASES = [
     ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (64, 256, 64, 1),
@@ -58,7 +59,7 @@ CASES = [
     # 688 tiles of 128x256 for 132 SMs: 5.2 waves; 1376 of 64x256: 10.4; 638 of 192x192: 4.8
     ("mlp up 2048x11008x4096 NN", lambda: matmul_func(2048, 11008, 4096, "float16", "NN"),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (192, 192, 64, 1),
-      (192, 192, 64, 2), (192, 128, 64, 1), (64, 256, 64, 1),
+      (192, 192, 64, 2), (192, 192, 64, 1, 3), (192, 192, 64, 2, 3), (64, 256, 64, 1),
       (64, 256, 64, 2)],
      (2048, 11008, 4096)),
     ("mlp down 2048x4096x11008 NN", lambda: matmul_func(2048, 4096, 11008, "float16", "NN"),
@@ -70,11 +71,11 @@ CASES = [
 
 
 def policy_config(func, arch, tile):
-    """The policy's config of tile ``(bm, bn, wm, cluster)``, or None."""
-    bm, bn, wm, cluster = tile
+    """The policy's config of tile ``(bm, bn, wm, cluster[, stages])``, or None."""
+    bm, bn, wm, cluster = tile[:4]
     for c in WgmmaPolicy(func, arch).emit_config(64):
         if (c.block[0], c.block[1], c.warp[0]) == (bm, bn, wm):
-            return dataclasses.replace(c, cluster=cluster)
+            return dataclasses.replace(c, cluster=cluster, pipeline_stages=tile[4] if len(tile) > 4 else c.pipeline_stages)
     return None
 
 

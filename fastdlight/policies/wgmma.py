@@ -63,10 +63,30 @@ def max_acc_regs(consumers: int) -> int:
     return 128 if consumers == 2 else 96
 
 
-def staging_bytes(consumers: int) -> int:
-    """Shared memory besides the stage ring: two 8 KB epilogue staging chunks per consumer
-    warpgroup, barriers and the 1 KB alignment of the swizzled tiles."""
-    return consumers * 2 * 64 * 128 + 2048
+#: the shared memory an sm_90 block may opt in to (H100, H200: 227 KB)
+SM90_SMEM_OPTIN = 227 * 1024
+#: stage rings shallower than this trade an epilogue staging buffer for a stage (see
+#: :func:`ring`): cuBLAS's 192 x 192 tile on an H100 runs a 4-stage ring
+MIN_RING = 4
+
+
+def staging_bytes(consumers: int, buffers: int = 2) -> int:
+    """Shared memory besides the stage ring: ``buffers`` 8 KB epilogue staging chunks per
+    consumer warpgroup, barriers and the 1 KB alignment of the swizzled tiles."""
+    return consumers * buffers * 64 * 128 + 2048
+
+
+def staging_buffers(consumers: int, stages: int, stage_bytes: int, smem: int) -> int:
+    """Epilogue staging buffers per consumer warpgroup: two (a chunk's TMA store overlaps the
+    next chunk's writes) where the ring leaves room for them, else one."""
+    return 2 if stages * stage_bytes + staging_bytes(consumers, 2) <= smem else 1
+
+
+def ring(consumers: int, stage_bytes: int, smem: int, most: int = 8) -> int:
+    """The deepest stage ring beside two staging buffers a warpgroup, or beside one where two
+    leave fewer than :data:`MIN_RING` stages and one gives a stage more (192 x 192: 3 -> 4)."""
+    two, one = ((smem - staging_bytes(consumers, b)) // stage_bytes for b in (2, 1))
+    return min(one if two < MIN_RING and one > two else two, most)
 
 
 @dataclass(frozen=True)
@@ -435,8 +455,7 @@ class WgmmaPolicy:
                         continue
                     if not mt.views_fit(bm, bn):
                         continue
-                    stage = (bm + bn) * BK * mt.in_bytes
-                    stages = min((self.arch.smem_per_block_optin - staging_bytes(consumers)) // stage, 8)
+                    stages = ring(consumers, (bm + bn) * BK * mt.in_bytes, self.arch.smem_per_block_optin)
                     if stages >= 2:
                         out.append(_Tile(bm, bn, wm, stages))
         # cluster twins of the best few (each a candidate more to compile)

@@ -42,8 +42,8 @@ from tvm import tirx
 
 from ..arch import CUDA
 from ..policies.config import Config
-from ..policies.wgmma import (PRODUCER_REGS, WgmmaMatch, consumer_regs, consumer_warpgroups, distinct_param_names,
-                               match_wgmma, max_acc_regs)
+from ..policies.wgmma import (PRODUCER_REGS, SM90_SMEM_OPTIN, WgmmaMatch, consumer_regs, consumer_warpgroups,
+                               distinct_param_names, match_wgmma, max_acc_regs, staging_buffers, staging_bytes)
 from ..policies.wgmma_conv import PATCH_W
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
@@ -69,6 +69,8 @@ class Plan:
     num_sms: int
     wg_m: int = 64
     cluster: int = 1  # CTAs of a cluster along M, sharing B (see ``Operand.split``)
+    smem: int = SM90_SMEM_OPTIN  # the shared memory a block may opt in to
+
 
     producer_regs = PRODUCER_REGS
 
@@ -242,8 +244,13 @@ class Plan:
         ab = ABBR[self.match.in_dtype]
         return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k16.f32.{ab}.{ab}"
 
+    @property
+    def out_buffers(self) -> int:
+        """Epilogue staging chunks per consumer warpgroup (see ``policies.wgmma.ring``)."""
+        return staging_buffers(self.consumers, self.stages, self.stage_bytes, self.smem)
+
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + self.consumers * 2 * 64 * SWIZZLE_BYTES + 16 * self.stages + 1024
+        return self.stages * self.stage_bytes + staging_bytes(self.consumers, self.out_buffers)
 
     def coords(self, tile):
         """(batch, M tile, N tile) of a linear tile index: batch outermost, then groups of
@@ -294,9 +301,10 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         if match is None or not config_fits(match, config):
             return None
         target = tvm.target.Target.current(allow_none=True)
-        num_sms = CUDA(target).sm_count if target is not None else 132
+        arch = CUDA(target) if target is not None else None
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
-                    config.rasterization, num_sms, config.warp[0], config.cluster)
+                    config.rasterization, arch.sm_count if arch else 132, config.warp[0], config.cluster,
+                    arch.smem_per_block_optin if arch else SM90_SMEM_OPTIN)
         return build_kernel(func, plan)
 
 

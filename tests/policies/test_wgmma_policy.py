@@ -104,6 +104,14 @@ def test_three_consumer_warpgroups_fill_the_waves_where_two_leave_a_tail():
     plan = Plan(policy.match, *best.block, best.rstep[0], best.pipeline_stages, best.rasterization, H100.sm_count,
                 best.warp[0])
     assert plan.consumers == 3 and plan.acc_regs == 96 and plan.smem_bytes() <= H100.smem_per_block_optin
+    # two staging buffers a warpgroup would leave room for 3 stages: one buffer buys the fourth
+    assert best.pipeline_stages == 4 and plan.out_buffers == 1
+    three_stages = Plan(policy.match, 192, 192, 64, 3, 8, H100.sm_count, 64)
+    assert three_stages.out_buffers == 2 and three_stages.smem_bytes() <= H100.smem_per_block_optin
+    assert dataclasses.replace(plan, stages=5).smem_bytes() > H100.smem_per_block_optin
+    # two-warpgroup tiles keep both buffers (their rings are 4 deep beside them)
+    assert all(Plan(policy.match, *c.block, 64, c.pipeline_stages, 8, H100.sm_count, c.warp[0]).out_buffers == 2
+               for c in policy.emit_config(20) if c.num_threads == 384)
     # setmaxnreg: the producer's 40 and three consumer warpgroups' registers fit the SM's 64K
     assert plan.consumer_regs == 152 and 128 * (plan.producer_regs + 3 * plan.consumer_regs) <= 65536
     three = dataclasses.replace(best, block=(192, 256), warp=(64, 256))  # 128 accumulators: too many beside 152
