@@ -134,9 +134,10 @@ class WgmmaMatch:
 
     def cluster_fits(self, bn: int, cluster: int) -> bool:
         """Whether ``cluster`` CTAs along M can share a ``bn``-wide B tile: its pieces (K-major:
-        one box a CTA; MN-major: the 64-column chunks) split evenly; not for convolutions."""
-        pieces = 2 if self.b_k_major else bn // (SWIZZLE_BYTES // self.in_bytes)
-        return cluster == 1 or (self.conv is None and pieces % cluster == 0)
+        one box a CTA; MN-major: the 64-column chunks, or halves of each along K where they are
+        odd, see ``wgmma_tma.Operand.k_pieces``) split evenly; not for convolutions."""
+        pieces = 2 if self.b_k_major else bn // (SWIZZLE_BYTES // self.in_bytes) * cluster
+        return cluster == 1 or (self.conv is None and pieces % cluster == 0 and BK % (8 * cluster) == 0)
 
     def views_fit(self, bm: int, bn: int) -> bool:
         """Whether operands read through views take tiles of ``bm`` x ``bn`` (see

@@ -43,8 +43,21 @@ class Operand:
         return tuple(math.prod(self.dims[: i + 1]) * self.elem_bytes for i in range(self.rank - 1))
 
     @property
+    def chunks(self) -> int:
+        """64-column chunks of an MN-major tile (K-major: 1)."""
+        return 1 if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
+
+    @property
+    def k_pieces(self) -> int:
+        """Pieces along K of each MN-major chunk: 1, or ``split`` where the chunks do not split
+        evenly among a cluster's CTAs (192 columns: 3 chunks for 2 CTAs). Each piece is then
+        ``bk / split`` rows, whole 8-row swizzle atoms, so the swizzle is the same."""
+        return self.split if not self.k_major and self.chunks % self.split else 1
+
+    @property
     def box(self) -> tuple[int, ...]:
-        inner = (self.bk, self.rows // self.split) if self.k_major else (SWIZZLE_BYTES // self.elem_bytes, self.bk)
+        inner = ((self.bk, self.rows // self.split) if self.k_major
+                 else (SWIZZLE_BYTES // self.elem_bytes, self.bk // self.k_pieces))
         if self.view is None:
             return inner + (1,) * (self.rank - 2)
         box = [1] * self.rank
@@ -59,13 +72,15 @@ class Operand:
     @property
     def loads(self) -> int:
         """TMA loads per stage: one box (one per CTA sharing it), or one per 64-wide column
-        chunk when MN-major."""
-        return self.split if self.k_major else self.rows // (SWIZZLE_BYTES // self.elem_bytes)
+        chunk (and K piece) when MN-major."""
+        return self.split if self.k_major else self.chunks * self.k_pieces
 
     @property
     def chunk_elems(self) -> int:
         """Shared-memory elements from one load's destination to the next."""
-        return self.rows // self.split * self.bk if self.k_major else self.bk * SWIZZLE_BYTES // self.elem_bytes
+        if self.k_major:
+            return self.rows // self.split * self.bk
+        return self.bk // self.k_pieces * SWIZZLE_BYTES // self.elem_bytes
 
     def mine(self, c, rank):
         """Whether the CTA of cluster rank ``rank`` issues load ``c`` (each piece once)."""
@@ -113,11 +128,18 @@ class Operand:
         return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{multicast}"
 
     def coords(self, b, blk, k, c):
-        row0 = blk * self.rows + c * (self.rows // self.split if self.k_major else SWIZZLE_BYTES // self.elem_bytes)
+        """Load ``c``'s box at K step ``k``: piece ``c`` of a K-major tile, or K piece
+        ``c % k_pieces`` of column chunk ``c // k_pieces`` of an MN-major one."""
+        if self.k_major:
+            row0, k0 = blk * self.rows + c * (self.rows // self.split), k * self.bk
+        else:
+            chunk, piece = c // self.k_pieces, c % self.k_pieces
+            row0 = blk * self.rows + chunk * (SWIZZLE_BYTES // self.elem_bytes)
+            k0 = k * self.bk + piece * (self.bk // self.k_pieces)
         if self.view is not None:
-            return self.view.coords(b, row0, k * self.bk)
+            return self.view.coords(b, row0, k0)
         batch = [b] if self.rank == 3 else []
-        return ([k * self.bk, row0] if self.k_major else [row0, k * self.bk]) + batch
+        return ([k0, row0] if self.k_major else [row0, k0]) + batch
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from fastdlight.policies.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.schedules import apply_config
 from fastdlight.schedules.wgmma_epilogue import Epilogue, extract_epilogue
+from fastdlight.schedules.wgmma_tma import operands
 from fastdlight.policies.wgmma import match_wgmma
 from fastdlight.tune.compile import build, compile_cubin, cuda_source, tir_pipeline
 
@@ -88,18 +89,22 @@ def test_three_consumer_warpgroups_compile_without_spills():
 
 
 def test_two_cta_clusters_multicast_b_and_release_stages_in_both_ctas():
-    from fastdlight.schedules.matmul_wgmma import config_fits
-
     jobs = [
         (gemm(1000, 520, 264, "float16", "NT"), wgmma(128, 256, cluster=2)),  # B's rows halved: two boxes
         (gemm(1000, 512, 264, "float16", "NN"), wgmma(64, 128, 6, wm=64, cluster=2)),  # B's chunks; ping-pong
+        # three chunks for two CTAs: each chunk in two halves along K (32-row boxes)
+        (gemm(1000, 576, 264, "float16", "NN"), wgmma(192, 192, 4, wm=64, cluster=2)),
     ]
     for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
         check_hopper_kernel(src, cubin, config.block[1])
         assert ".multicast::cluster" in src and "mapa.shared::cluster" in src  # B shared, stages released remotely
         assert "%cluster_ctarank" in src and "barrier.cluster.wait" in src
-    # the A loads stay unicast: one multicast load per B piece the CTA issues
-    assert jobs[0][1].cluster == 2 and not config_fits(match_wgmma(jobs[1][0])[0], wgmma(64, 64, wm=64, cluster=2))
+    a, b, _ = operands(match_wgmma(jobs[2][0])[0], 192, 192, 64, cluster=2)
+    assert (b.k_pieces, b.loads, b.box[:2], b.chunk_elems) == (2, 6, (64, 32), 32 * 64)
+    assert [b.coords(0, 1, 2, c) for c in (0, 1, 2)] == [[192, 128], [192, 160], [256, 128]]  # [n, k]
+    assert [b.mine(c, 1) for c in range(6)] == [False, True] * 3  # CTA 1: the second half of each chunk
+    even = operands(match_wgmma(jobs[1][0])[0], 64, 128, 64, cluster=2)[1]
+    assert (even.k_pieces, even.loads, even.box[:2]) == (1, 2, (64, 64))  # two chunks: one each, whole
     # the policy offers both, where two rows of tiles share B
     configs = WgmmaPolicy(gemm(1000, 512, 264, "float16", "NT"), H100).emit_config(40)
     assert {c.cluster for c in configs} == {1, 2}

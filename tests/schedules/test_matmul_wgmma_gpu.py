@@ -7,6 +7,7 @@ import pytest
 
 from fastdlight import ops
 from fastdlight.arch import auto_arch, has_gpu
+from fastdlight.policies.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.tune.runner import apply_and_build
 
@@ -46,6 +47,20 @@ def test_every_wgmma_config_is_correct(name, arch):
     assert best.config.kind == "matmul_wgmma"
     assert {c.block[0] == c.warp[0] for c in configs} == {True, False}
     assert any(c.block[0] == 3 * c.warp[0] for c in configs)  # three consumer warpgroups
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_clusters_sharing_odd_chunks_of_b_are_correct(dtype, arch):
+    """MN-major B in a 2-CTA cluster whose tile has an odd number of 64-column chunks (192,
+    64): each CTA loads half of every chunk along K and multicasts it; edges in M, N and K."""
+    op = ops.matmul(1000, 1000, 264, dtype, dtype, "NN", None, acc_dtype="float32")
+    tiles = [(192, 192, 64, 4), (128, 192, 64, 4), (64, 64, 64, 8)]  # (bm, bn, wm, stages)
+    configs = [Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=stages,
+                      use_async_copy=True, rasterization=8, cluster=2) for bm, bn, wm, stages in tiles]
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad and len(results) == 3, "\n".join(bad)
 
 
 @pytest.mark.parametrize("build,m,n,k,dtype", [
