@@ -65,7 +65,7 @@ class Tuned:
         """The fastest timed stock Dlight candidate measured beside the winner (not refuted by a
         check; with ``check="winner"`` only the winner is verified)."""
         rows = [r for r in self.results if r.config.is_stock and r.verified is not False and r.latency_ms is not None]
-        return min(rows, key=lambda r: r.latency_ms, default=None)
+        return min(rows, key=lambda r: r.speed_key, default=None)
 
 
 def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
@@ -213,7 +213,7 @@ def seeded(cand: CandidateSet, seeds: tuple[Config, ...]) -> CandidateSet:
 def best_configs(tuned: Tuned, n: int) -> tuple[Config, ...]:
     """The ``n`` fastest timed policy configs of a tuning run that no check refuted."""
     rows = sorted((r for r in tuned.results if not r.config.is_stock and r.latency_ms is not None
-                   and r.verified is not False), key=lambda r: r.latency_ms)
+                   and r.verified is not False), key=lambda r: r.speed_key)
     return tuple(dict.fromkeys(r.config for r in rows))[:n]
 
 

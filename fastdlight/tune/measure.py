@@ -38,15 +38,18 @@ INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -
 
 @dataclass(frozen=True)
 class Timing:
-    """Median milliseconds per launch, and every sample it was taken from."""
+    """Median milliseconds per launch, and every sample it was taken from. ``hot``: taken in
+    the finalists' second timing, on a GPU at its sustained clock (see ``measure.heat``); such a
+    timing is compared only with others like it."""
 
     median_ms: float
     samples_ms: tuple[float, ...] = ()
+    hot: bool = False
 
     @classmethod
-    def of(cls, samples) -> Timing:
+    def of(cls, samples, hot: bool = False) -> Timing:
         samples = tuple(float(s) for s in samples)
-        return cls(float(np.median(samples)), samples)
+        return cls(float(np.median(samples)), samples, hot)
 
     @property
     def min_ms(self) -> float:

@@ -116,14 +116,14 @@ TIE_FRACTION = 0.02
 
 
 def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
-    """``timed`` (fastest first) with the fastest one's ties (same kind, an estimate, within
-    ``TIE_FRACTION``) ordered by predicted cost; the rest by latency."""
+    """``timed`` (by ``speed_key``) with the fastest one's ties (same kind and timing pass, an
+    estimate, within ``TIE_FRACTION``) ordered by predicted cost; the rest as they were."""
     timed = list(timed)
     if len(timed) < 2 or timed[0].predicted_cost <= 0:
         return timed
     first = timed[0]
     tied = sorted((r for r in timed if r.config.kind == first.config.kind and r.predicted_cost > 0
-                   and r.latency_ms <= first.latency_ms * (1 + TIE_FRACTION)),
+                   and r.timing.hot == first.timing.hot and r.latency_ms <= first.latency_ms * (1 + TIE_FRACTION)),
                   key=lambda r: (r.predicted_cost, r.latency_ms))
     chosen = {r.index for r in tied}
     return tied + [r for r in timed if r.index not in chosen]
@@ -131,7 +131,7 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
 
 def _rank_key(r: CompileResult):
     if r.latency_ms is not None:
-        return (1 if r.verified is False else 0, r.latency_ms, r.index)
+        return (1 if r.verified is False else 0, *r.speed_key, r.index)
     if r.compiled and r.error is None:
         return (2, r.predicted_cost, r.index)
     if r.compiled:
@@ -140,8 +140,8 @@ def _rank_key(r: CompileResult):
 
 
 def rank(results: Sequence[CompileResult]) -> list[CompileResult]:
-    """Timed candidates by latency (wrong ones after), then untimed compiled ones by predicted
-    cost, then failures."""
+    """Timed candidates by ``speed_key`` (wrong ones after), then untimed compiled ones by
+    predicted cost, then failures."""
     return sorted(results, key=_rank_key)
 
 
@@ -151,7 +151,7 @@ def verify_and_pick(results: Sequence[CompileResult], wl: Workload, expected: Ex
     every timed one); return the results with their verdicts and the first verified one.
     ``check="none"``: the first, unverified."""
     by_index = {r.index: r for r in results}
-    timed = pick_order(sorted((r for r in results if r.latency_ms is not None), key=lambda r: r.latency_ms))
+    timed = pick_order(sorted((r for r in results if r.latency_ms is not None), key=lambda r: r.speed_key))
     if check == "none":
         return rank(results), (timed[0] if timed else None)
     if expected is None:

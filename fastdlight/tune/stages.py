@@ -238,7 +238,7 @@ class Timer:
                         samples[r.index] += self._time(r.module, self.opts.budget_ms / RETIME_ROUNDS).samples_ms
                     except Exception as e:  # noqa: BLE001
                         failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
-        return [failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index])) if r.index in samples else r
+        return [failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index], hot=True)) if r.index in samples else r
                 for r in results]
 
     def _heat(self, r: CompileResult) -> None:

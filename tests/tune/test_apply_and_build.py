@@ -269,6 +269,24 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot
     assert retimed == [(i, 30) for i in (0, 1, 2, 3)] * RETIME_ROUNDS  # in turns, the budget split
     assert out[3].latency_ms == 0.65 and out[4].latency_ms == 2.0
     assert out[0].timing.samples_ms == (0.5,) * RETIME_ROUNDS  # the hot timing replaces the first
+    assert [r.timing.hot for r in out] == [True] * 4 + [False]
+
+
+def test_a_first_pass_time_never_beats_the_finalists_hot_times():
+    """A hot timing runs 5-15% slower than the first pass's on an H100: after the retime, the
+    pick compares finalists with each other, and a candidate left out of the finalists comes
+    after them however fast its first (cold) timing was."""
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.runner import pick_order, rank
+
+    finalists = [_row(0, 1.00), _row(1, 1.01)]
+    finalists = [r.replace(timing=Timing(r.latency_ms * 1.1, (r.latency_ms * 1.1,), hot=True)) for r in finalists]
+    cold = _row(2, 1.02)  # its first pass beat both finalists' hot times
+    ranked = rank([cold, *finalists])
+    assert [r.index for r in ranked] == [0, 1, 2]
+    assert [r.index for r in pick_order(sorted([cold, *finalists], key=lambda r: r.speed_key))][-1] == 2
+    # without a retime (one candidate, no GPU inputs), first-pass times rank as before
+    assert [r.index for r in rank([_row(4, 2.0), _row(3, 1.0)])] == [3, 4]
 
 
 def test_the_best_estimated_candidates_near_the_fastest_are_finalists_too():
