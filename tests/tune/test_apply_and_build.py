@@ -243,14 +243,16 @@ def test_public_import_paths_give_the_function():
     assert fastdlight.apply_and_build is via_tune
 
 
-def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot_gpu():
+def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot_gpu(monkeypatch):
     # a first timing taken while builds ran can be high in most samples (its median), so the
     # finalists timed again also include the fastest by best sample; they are timed after a
     # heat, in turns, so that all of them see the GPU in the same (sustained) state
     from fastdlight.tune.measure import Timing
     from fastdlight.tune.options import TuneOptions
+    from fastdlight.tune import stages
     from fastdlight.tune.stages import RETIME_ROUNDS, Timer
 
+    monkeypatch.setattr(stages, "OWN_HEAT_MIN_MS", float("inf"))  # see the next test
     results = []
     for i, (median, best) in enumerate([(1.0, 0.95), (1.1, 1.05), (1.2, 1.15), (1.3, 0.4), (2.0, 1.9)]):
         results.append(_row(i, median).replace(timing=Timing(median, (best, median, median)), module=i))
@@ -270,6 +272,22 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot
     assert out[3].latency_ms == 0.65 and out[4].latency_ms == 2.0
     assert out[0].timing.samples_ms == (0.5,) * RETIME_ROUNDS  # the hot timing replaces the first
     assert [r.timing.hot for r in out] == [True] * 4 + [False]
+
+
+def test_long_finalists_run_alone_before_each_turn():
+    """A finalist of a tenth of a millisecond or more draws enough power to set the clock: it
+    runs untimed before each of its turns; shorter ones are timed at once."""
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.options import TuneOptions
+    from fastdlight.tune.stages import OWN_HEAT_MIN_MS, OWN_HEAT_MS, RETIME_ROUNDS, Timer
+
+    results = [_row(i, ms).replace(module=i) for i, ms in enumerate([OWN_HEAT_MIN_MS * 3, OWN_HEAT_MIN_MS / 2])]
+    timer = Timer(H100, lambda: None, TuneOptions(budget_ms=90))
+    calls = []
+    timer._time = lambda module, budget_ms: calls.append((module, budget_ms)) or Timing(1.0, (1.0,))
+    timer._heat = lambda r: None
+    timer.retime_fastest(results)
+    assert calls == [(0, OWN_HEAT_MS), (0, 30), (1, 30)] * RETIME_ROUNDS
 
 
 def test_a_first_pass_time_never_beats_the_finalists_hot_times():
