@@ -108,6 +108,10 @@ def test_two_cta_clusters_multicast_b_and_release_stages_in_both_ctas():
     # the policy offers both, where two rows of tiles share B
     configs = WgmmaPolicy(gemm(1000, 512, 264, "float16", "NT"), H100).emit_config(40)
     assert {c.cluster for c in configs} == {1, 2}
+    # but not the K halves: they run slow hot, so only explicit configs get them
+    nn = WgmmaPolicy(gemm(2048, 11008, 4096, "float16", "NN"), H100).emit_config(40)
+    assert (192, 192) in {c.block for c in nn} and not any(c.cluster > 1 and c.block[1] == 192 for c in nn)
+    assert any(c.cluster > 1 for c in nn)
     assert {c.cluster for c in WgmmaPolicy(gemm(64, 512, 264, "float16", "NT"), H100).emit_config(40)} == {1}
 
 
