@@ -28,7 +28,7 @@ from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
 from .gated import gated_projections
-from .reshapes import sink_reshapes
+from .reshapes import output_reshape_views, sink_reshapes
 from .views import fold_views
 from .rewrites import causal_masks, exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
 
@@ -132,6 +132,7 @@ def lowering(target) -> tvm.transform.Pass:
     return _scoped(target, [
         relax.transform.LegalizeOps(),  # a no-op on a prepared module: ops added after prepare
         leftovers(),
+        output_reshape_views(),  # then RewriteDataflowReshape makes the outputs' reshapes views too
         *cuda_pipeline.dataflow_lower_passes(target),
         *cuda_pipeline.finalize_passes(target),
     ], "fastdlight.lowering")  # fmt: skip
