@@ -132,12 +132,20 @@ class WgmmaMatch:
     def out_bytes(self) -> int:
         return NBYTES[self.out_dtype]
 
+    def splits_chunks(self, bn: int, cluster: int) -> bool:
+        """Whether an MN-major ``bn``-wide B tile's 64-column chunks do not divide among
+        ``cluster`` CTAs, so that each loads a share of every chunk along K
+        (``wgmma_tma.Operand.k_pieces``)."""
+        return not self.b_k_major and bn // (SWIZZLE_BYTES // self.in_bytes) % cluster != 0
+
     def cluster_fits(self, bn: int, cluster: int) -> bool:
-        """Whether ``cluster`` CTAs along M can share a ``bn``-wide B tile: its pieces (K-major:
-        one box a CTA; MN-major: the 64-column chunks, or halves of each along K where they are
-        odd, see ``wgmma_tma.Operand.k_pieces``) split evenly; not for convolutions."""
-        pieces = 2 if self.b_k_major else bn // (SWIZZLE_BYTES // self.in_bytes) * cluster
-        return cluster == 1 or (self.conv is None and pieces % cluster == 0 and BK % (8 * cluster) == 0)
+        """Whether ``cluster`` CTAs along M can share a ``bn``-wide B tile: K-major, one of its
+        two boxes a CTA; MN-major, whole 64-column chunks each, or shares of every chunk along K
+        (:meth:`splits_chunks`); a share of a K step is whole 8-row swizzle atoms. Not for
+        convolutions."""
+        if cluster == 1:
+            return True
+        return self.conv is None and (not self.b_k_major or 2 % cluster == 0) and BK % (8 * cluster) == 0
 
     def views_fit(self, bm: int, bn: int) -> bool:
         """Whether operands read through views take tiles of ``bm`` x ``bn`` (see
@@ -469,8 +477,8 @@ class WgmmaPolicy:
         are correct but ran slow hot: 192x192 NN 0.334 ms with a cluster, 0.278 without (H100,
         2026-11-26); ``config_fits`` still takes them."""
         mt = self.match
-        whole = mt.b_k_major or bn // (SWIZZLE_BYTES // mt.in_bytes) % CLUSTER == 0
-        return isinstance(mt.m, int) and mt.m_tiles(bm) >= CLUSTER and whole and mt.cluster_fits(bn, CLUSTER)
+        return (isinstance(mt.m, int) and mt.m_tiles(bm) >= CLUSTER and not mt.splits_chunks(bn, CLUSTER)
+                and mt.cluster_fits(bn, CLUSTER))
 
     def cost(self, t: _Tile) -> float:
         mt, arch = self.match, self.arch

@@ -71,7 +71,6 @@ class Plan:
     cluster: int = 1  # CTAs of a cluster along M, sharing B (see ``Operand.split``)
     smem: int = SM90_SMEM_OPTIN  # the shared memory a block may opt in to
 
-
     producer_regs = PRODUCER_REGS
 
     @property

@@ -266,7 +266,7 @@ def _finalists(results: Sequence[CompileResult]) -> list[CompileResult]:
     if not timed:
         return []
     by_median = sorted(timed, key=lambda r: r.latency_ms)[:RETIME_TOP]
-    by_best = sorted(timed, key=lambda r: min(r.timing.samples_ms or (r.latency_ms,)))[:RETIME_TOP]
+    by_best = sorted(timed, key=lambda r: r.timing.min_ms)[:RETIME_TOP]
     near = [r for r in timed if r.predicted_cost > 0
             and r.latency_ms <= by_median[0].latency_ms * (1 + ESTIMATE_FINALIST_FRACTION)]
     by_estimate = sorted(near, key=lambda r: r.predicted_cost)[:RETIME_BY_ESTIMATE]
