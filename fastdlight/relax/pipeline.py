@@ -23,6 +23,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
+from ..tune.build_task import install_compile_callback
 from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
 from .apply_fast_tuning import ApplyFastTuning
@@ -147,6 +148,7 @@ def build(mod: IRModule, target) -> tvm.runtime.Module:
     """Compile a tuned module: Relax functions go through :func:`lowering` (no re-fusion), every
     PrimFunc keeps the schedule it has; a module of PrimFuncs only is built as it is."""
     target = as_target(target)
+    install_compile_callback()  # the kernels that run are compiled as the tuner compiled them
     if not has_relax_functions(mod):
         return build_prim_funcs(mod, target)
     with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):

@@ -53,14 +53,15 @@ class StageError(RuntimeError):
 
 # -- worker setup ---------------------------------------------------------------------------
 def _cuda_compile_callback(code, *_):
-    """``tvm_callback_cuda_compile`` replacement: nvcc once, keep ptxas' report."""
+    """``tvm_callback_cuda_compile`` replacement: :func:`compile_cubin` once, keep ptxas' report
+    (of the last module compiled: a model's build calls it once per kernel module)."""
     if _FORCED_CUBIN:
         return bytearray(_FORCED_CUBIN[-1])
     target = tvm.target.Target.current(allow_none=True)
     if target is None:
         raise RuntimeError("tvm_callback_cuda_compile called outside a target scope")
     cubin = compile_cubin(code, target)
-    _LAST_CUBIN.append(cubin)
+    _LAST_CUBIN[:] = [cubin]
     return bytearray(cubin.binary)
 
 

@@ -8,6 +8,7 @@ mode of ``apply_and_build`` both use it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm.target import Target
+
+from . import nvrtc
 
 #: PassContext options every fastdlight build uses (cp.async lowering needs the first one;
 #: CSE would hoist ``threadIdx.x * 8`` out of tensor-core fragment offsets, and LowerWarpMemory
@@ -210,10 +213,43 @@ def cuda_source(built) -> str:
     raise ValueError("built module carries no CUDA source")
 
 
+#: ``FASTDLIGHT_CUDA_COMPILER``: ``nvrtc``, ``nvcc``, or unset (NVRTC where it is installed)
+COMPILER_ENV = "FASTDLIGHT_CUDA_COMPILER"
+
+
+def cuda_compiler() -> str:
+    """``"nvrtc"`` or ``"nvcc"``: NVRTC (headers parsed once per process, :mod:`.nvrtc`) where
+    it is installed, unless :data:`COMPILER_ENV` asks for nvcc."""
+    asked = os.environ.get(COMPILER_ENV, "").strip().lower()
+    if asked not in ("", "nvrtc", "nvcc"):
+        raise CompileError(f"{COMPILER_ENV}={asked!r}: expected 'nvrtc' or 'nvcc'")
+    if asked == "nvcc":
+        return "nvcc"
+    reason = nvrtc.unavailable_reason()
+    if reason and asked == "nvrtc":
+        raise CompileError(f"{COMPILER_ENV}=nvrtc, but NVRTC cannot be used: {reason}")
+    return "nvcc" if reason else "nvrtc"
+
+
+#: the first line of the log of a cubin that nvcc compiled after NVRTC had rejected its source
+NVRTC_REJECTED = "NVRTC rejected this source; nvcc compiled it. NVRTC said:"
+
+
 def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
-    """Compile CUDA ``source`` with nvcc to a cubin for ``target``'s arch, parse ptxas' resource
-    report, and raise :class:`CompileError` (with the log) when nvcc fails."""
+    """Compile CUDA ``source`` to a cubin for ``target``'s arch, parse ptxas' resource report,
+    and raise :class:`CompileError` (with the log) when it does not compile. NVRTC first where
+    :func:`cuda_compiler` picks it; a source it rejects gets nvcc's verdict too."""
     arch = nvcc_arch(target)
+    if cuda_compiler() == "nvrtc":
+        try:
+            return _cubin(*nvrtc.compile_source(source, arch))
+        except nvrtc.NvrtcError as e:
+            cubin = _nvcc_cubin(source, arch, timeout)
+            return dataclasses.replace(cubin, log=f"{NVRTC_REJECTED}\n{str(e)[-2000:]}\n{cubin.log}")
+    return _nvcc_cubin(source, arch, timeout)
+
+
+def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
     nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     digits = arch[3:]
     with tempfile.TemporaryDirectory(prefix="fastdlight_") as tmp:
@@ -238,7 +274,11 @@ def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed for {arch}:\n{log[-4000:]}")
         with open(out_path, "rb") as f:
-            binary = f.read()
+            return _cubin(f.read(), log)
+
+
+def _cubin(binary: bytes, log: str) -> Cubin:
+    """A cubin with the numbers of ptxas' ``-v`` report in ``log`` (nvcc's and NVRTC's alike)."""
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", log)]
     spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
