@@ -211,7 +211,7 @@ def bench_model(name: str, args, dev, arch: CUDA) -> Row:
     row = Row(name, spec.description, device=arch.device_name or arch.name)
     model = torch_models.build(spec)
     mod, params = torch_models.export_relax(spec, model)
-    mod = for_inference(mod, params, layout=spec.layout or None, fp16_io=True)
+    mod = for_inference(mod, params, layout=spec.layout or "auto", fp16_io=True)  # as a user gets it
     x32 = torch.randn(spec.input_shape, generator=torch.Generator().manual_seed(1))
     model16 = model.half().cuda()
     ref = run_torch(model16, x32.half().cuda(), row, args)

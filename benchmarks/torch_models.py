@@ -141,7 +141,8 @@ def specs() -> dict[str, ModelSpec]:
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=True), (4, 512, 2048)),
         ModelSpec("resnet18_nhwc_b16", "ResNet-18 batch 16, 224x224, NHWC/OHWI via ConvertLayout",
                   ResNet18, (16, 3, 224, 224), "NHWC"),
-        ModelSpec("resnet18_nchw_b16", "ResNet-18 batch 16, 224x224, NCHW", ResNet18, (16, 3, 224, 224)),
+        ModelSpec("resnet18_nchw_b16", "ResNet-18 batch 16, 224x224, NCHW model (for_inference: NHWC inside)",
+                  ResNet18, (16, 3, 224, 224)),
         ModelSpec("resnet18_nhwc_b1", "ResNet-18 batch 1, 224x224, NHWC/OHWI via ConvertLayout",
                   ResNet18, (1, 3, 224, 224), "NHWC"),
     ]
