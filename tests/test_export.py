@@ -103,7 +103,8 @@ def test_softmax_through_the_cli(tmp_path, capsys):
     config = manifest["config"]
     assert math.prod(grid) * math.prod(config["block"]) == 64  # output rows per block
     assert math.prod(block) == launch_bounds(header, kernel)
-    assert manifest["launches"] == [{"kernel": kernel, "grid": list(grid), "block": list(block), "dynamic_smem": 0}]
+    assert manifest["launches"] == [{"kernel": kernel, "grid": list(grid), "block": list(block), "dynamic_smem": 0,
+                                     "cluster": [1, 1, 1]}]
     [x], [(want, _)] = read_data(out, "softmax")
     x = x.astype(np.float64)
     e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -147,6 +148,25 @@ def test_hopper_tma_kernel(tmp_path):
     assert block == (384, 1, 1) and smem > 48 * 1024 and "cudaFuncSetAttribute" in header
     assert 1 <= math.prod(grid) <= (256 // 128) * (512 // 128)
     build_example(tmp_path / "tma", "tma")
+
+
+def test_a_cluster_kernel_launches_with_its_cluster_dimension(tmp_path):
+    """A 2-CTA cluster config (the tuner picks them for large GEMMs) is launched through
+    ``cudaLaunchKernelExC`` with the cluster attribute, and the example builds."""
+    from fastdlight.policies.config import Config
+
+    op = ops.matmul(512, 512, 256, "float16", "float16", "NT", acc_dtype="float32")
+    cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
+                 use_async_copy=True, rasterization=8, cluster=2)
+    export(op.func, tmp_path / "cl", name="cl", target=H100, config=cfg, ref=op.reference)
+    header = (tmp_path / "cl" / "cl.cuh").read_text()
+    assert "cudaLaunchKernelExC(&fdl_config" in header and "cudaLaunchAttributeClusterDimension" in header
+    dims = re.findall(r"fdl_cluster\[0\]\.val\.clusterDim\.([xyz]) = (\d+);", header)
+    assert not launches(header)  # no plain launch left
+    [launch] = json.loads((tmp_path / "cl" / "cl.json").read_text())["launches"]
+    assert launch["cluster"] == [2, 1, 1] and launch["grid"][0] % 2 == 0
+    assert dims == [("x", "2"), ("y", "1"), ("z", "1")]
+    build_example(tmp_path / "cl", "cl")
 
 
 @T.prim_func(s_tir=True)
@@ -236,6 +256,17 @@ def test_example_runs_and_passes_on_the_gpu(tmp_path):
     op = ops.softmax(256, 1024, "float16")
     result = export(op.func, tmp_path / "sm", topk=4, ref=op.reference)
     run_example(build_example(tmp_path / "sm", result.name), tmp_path / "sm")
+
+
+@pytest.mark.gpu
+def test_a_cluster_example_runs_and_passes_on_the_gpu(tmp_path):
+    from fastdlight.policies.config import Config
+
+    op = ops.matmul(1000, 520, 264, "float16", "float16", "NT", acc_dtype="float32")  # edges in M, N, K
+    cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
+                 use_async_copy=True, rasterization=8, cluster=2)
+    export(op.func, tmp_path / "cl", name="cl", config=cfg, ref=op.reference)
+    run_example(build_example(tmp_path / "cl", "cl"), tmp_path / "cl")
 
 
 def tvm_timer(func, config):

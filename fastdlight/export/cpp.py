@@ -21,6 +21,25 @@ def _tma_dtype(tm: TensorMap) -> str:
     return f"(CUtensorMapDataType){tm.force_dtype}" if tm.force_dtype >= 0 else _CTYPES[tm.dtype][2]
 
 
+def _launch_call(launch) -> list[str]:
+    """The statement(s) launching ``launch`` with ``fdl_args`` on ``stream``: ``cudaLaunchKernel``,
+    or for a thread-block cluster ``cudaLaunchKernelExC`` with its cluster dimension."""
+    g, b, c = launch.grid, launch.block, launch.cluster
+    grid, block = f"dim3({g[0]}, {g[1]}, {g[2]})", f"dim3({b[0]}, {b[1]}, {b[2]})"
+    if c == (1, 1, 1):
+        return [f"    fdl_err = cudaLaunchKernel((const void*){launch.kernel}, {grid}, {block}, fdl_args, "
+                f"{launch.dynamic_smem}, stream);"]
+    return [
+        "    cudaLaunchAttribute fdl_cluster[1];",
+        "    fdl_cluster[0].id = cudaLaunchAttributeClusterDimension;",
+        f"    fdl_cluster[0].val.clusterDim.x = {c[0]};",
+        f"    fdl_cluster[0].val.clusterDim.y = {c[1]};",
+        f"    fdl_cluster[0].val.clusterDim.z = {c[2]};",
+        f"    cudaLaunchConfig_t fdl_config = {{{grid}, {block}, {launch.dynamic_smem}, stream, fdl_cluster, 1}};",
+        f"    fdl_err = cudaLaunchKernelExC(&fdl_config, (const void*){launch.kernel}, fdl_args);",
+    ]
+
+
 def _launch_args(plan: LaunchPlan) -> str:
     return ", ".join([f"{'' if p.output else 'const '}{p.ctype}* {p.name}" for p in plan.params]
                      + ["cudaStream_t stream"])
@@ -110,14 +129,8 @@ def header_text(name: str, source: str, plan: LaunchPlan, note: str) -> str:
             lines += [f"    fdl_err = cudaFuncSetAttribute((const void*){launch.kernel}, "
                       f"cudaFuncAttributeMaxDynamicSharedMemorySize, {launch.dynamic_smem});",
                       "    if (fdl_err != cudaSuccess) return fdl_err;"]
-        g, b = launch.grid, launch.block
-        lines += [
-            f"    void* fdl_args[] = {{{', '.join(refs) or 'nullptr'}}};",
-            f"    fdl_err = cudaLaunchKernel((const void*){launch.kernel}, dim3({g[0]}, {g[1]}, {g[2]}), "
-            f"dim3({b[0]}, {b[1]}, {b[2]}), fdl_args, {launch.dynamic_smem}, stream);",
-            "    if (fdl_err != cudaSuccess) return fdl_err;",
-            "  }",
-        ]
+        lines += [f"    void* fdl_args[] = {{{', '.join(refs) or 'nullptr'}}};", *_launch_call(launch),
+                  "    if (fdl_err != cudaSuccess) return fdl_err;", "  }"]
     lines += ["  return fdl_err;", "}", "", f"#endif  // FASTDLIGHT_{name.upper()}_CUH_", ""]
     return "\n".join(lines)
 

@@ -30,6 +30,9 @@ _CTYPES = {
 _LAUNCH_AXES = {"blockIdx.x": ("grid", 0), "blockIdx.y": ("grid", 1), "blockIdx.z": ("grid", 2),
                 "threadIdx.x": ("block", 0), "threadIdx.y": ("block", 1), "threadIdx.z": ("block", 2)}
 _DYN_SMEM = "tirx.use_dyn_shared_memory"
+#: thread-block cluster extents (the wgmma template's 2-CTA clusters): launched with
+#: ``cudaLaunchKernelExC`` and a cluster-dimension attribute
+_CLUSTER_AXES = {"clusterCtaIdx.x": 0, "clusterCtaIdx.y": 1, "clusterCtaIdx.z": 2}
 #: C++ words a parameter must not be called (besides Python's keywords, which C++ shares mostly)
 _RESERVED = {"int", "float", "double", "char", "void", "bool", "half", "long", "short", "unsigned", "signed",
              "const", "static", "inline", "stream", "auto", "new", "delete", "this", "template", "typename",
@@ -85,10 +88,11 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_smem: int
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block),
-                "dynamic_smem": self.dynamic_smem}
+                "dynamic_smem": self.dynamic_smem, "cluster": list(self.cluster)}
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,7 @@ def launch_plan(lowered, func) -> LaunchPlan:
         n_args = len(values) - len(tags)
         if n_args != len(device.params):
             raise ExportError(f"{kernel} takes {len(device.params)} arguments; the host passes {n_args}")
-        grid, block, smem = [1, 1, 1], [1, 1, 1], 0
+        grid, block, cluster, smem = [1, 1, 1], [1, 1, 1], [1, 1, 1], 0
         for tag, value in zip(tags, values[n_args:]):
             v = _int(value, f"the {tag} extent of {kernel}")
             if tag == _DYN_SMEM:
@@ -264,10 +268,12 @@ def launch_plan(lowered, func) -> LaunchPlan:
             elif tag in _LAUNCH_AXES:
                 which, axis = _LAUNCH_AXES[tag]
                 (grid if which == "grid" else block)[axis] = v
+            elif tag in _CLUSTER_AXES:
+                cluster[_CLUSTER_AXES[tag]] = v
             else:
                 raise ExportError(f"{kernel} has the launch parameter {tag}, which the exporter does not support")
         args = tuple(argument(a, p) for a, p in zip(values[:n_args], device.params))
-        return Launch(kernel, args, tuple(grid), tuple(block), smem)
+        return Launch(kernel, args, tuple(grid), tuple(block), smem, tuple(cluster))
 
     visit(host.body)
     if not launches:
