@@ -475,3 +475,32 @@ def test_an_fp16_overflow_is_accepted_only_where_the_exact_value_overflows():
     fits = fp16.copy()
     fits[2] = np.inf  # 60000 is a finite fp16
     assert not verify.check_outputs([fits], expected).ok
+
+
+def test_the_check_judges_every_element_by_the_rule_it_states():
+    """Elementwise: within the bound where the reference is finite (or an infinity the
+    function's own fp16 produces), identical where it is not (NaN matching NaN). The check only
+    applies the special rules to elements that failed the bound, so mix them all in."""
+    a = te.placeholder((64,), "float16", name="A")
+    d = te.compute((64,), lambda i: a[i] * te.const(4, "float16"), name="D")
+    func = te.create_prim_func([a, d])
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-100, 100, 64).astype(np.float16)
+    x[:4] = [20000, -17000, np.inf, np.nan]
+    expected = verify.expected_from_numpy(lambda v: v * 4, [x], func)
+    ref = expected.outputs[0]
+    allowed = verify.allowed_error(ref, None, expected.kinds[0], "float16")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (x * np.float16(4)).astype(np.float16)
+    out[10:14] = out[10:14].astype(np.float32) + np.float32(allowed[10:14]) * np.array([0.5, 2, -0.5, -2], np.float32)
+    out[20], out[21], out[22] = np.nan, np.inf, -np.inf
+    out[3] = np.nan
+    out64, limit = out.astype(np.float64), 65504.0
+    with np.errstate(invalid="ignore"):
+        fits = np.abs(out64 - ref) <= allowed
+    overflow = np.isinf(out64) & (np.sign(out64) == np.sign(ref)) & (np.abs(ref) + allowed >= limit)
+    same = (out64 == ref) | (np.isnan(ref) & np.isnan(out64))
+    want_bad = int(np.count_nonzero(~np.where(np.isfinite(ref), fits | overflow, same)))
+    assert want_bad == 5  # 11 and 13 beyond the bound, 20-22 not finite where the value is
+    verdict = verify.check_outputs([out], expected)
+    assert verdict.bad == want_bad and not verdict.ok
