@@ -8,7 +8,10 @@ options match reuse it. Every source therefore starts with the same :data:`PREFI
 of what TVM's generated kernels include); the kernel's own ``#include`` lines follow it and cost
 nothing more, since the headers are guarded. On an H100 machine (16 CPUs, CUDA 13.0) 13
 candidates (wgmma, mma.sync, stock Dlight, softmax) took 5.4 s this way, 11.2 s through nvcc
-and 15.3 s through NVRTC without the precompiled header, with the same register counts.
+and 15.3 s through NVRTC without the precompiled header. NVRTC's code is not nvcc's (it keeps
+shared-memory addresses in 64-bit registers): register counts were equal for the wgmma and
+softmax kernels and 208-222 against 216-217 for the mma.sync ones. The tuner times what it
+builds. A compilation has no timeout of its own: the build pool's per-candidate one applies.
 
 Used by :func:`fastdlight.tune.compile.compile_cubin` where ``cuda-bindings`` and libnvrtc are
 installed (the ``nvrtc`` extra); otherwise, or with ``FASTDLIGHT_CUDA_COMPILER=nvcc``, nvcc runs.
