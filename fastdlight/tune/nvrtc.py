@@ -85,6 +85,19 @@ def include_dirs(home: str | None) -> tuple[str, ...]:
     return tuple(p for p in found if os.path.isdir(p))
 
 
+def driver_version() -> tuple[int, int] | None:
+    """The CUDA version the installed driver supports, or None without a driver."""
+    try:
+        from cuda.bindings import driver
+
+        status, version = driver.cuDriverGetVersion()
+    except Exception:  # noqa: BLE001 - no driver library on this machine
+        return None
+    if status != driver.CUresult.CUDA_SUCCESS:
+        return None
+    return version // 1000, version % 1000 // 10
+
+
 @dataclass(frozen=True)
 class _Nvrtc:
     lib: object  # cuda.bindings.nvrtc
@@ -105,6 +118,9 @@ def _library() -> _Nvrtc | str:
         return f"libnvrtc does not load: {e}"
     if status != nvrtc.nvrtcResult.NVRTC_SUCCESS or (major, minor) < MIN_VERSION:
         return f"NVRTC {major}.{minor} has no precompiled headers (needs {MIN_VERSION[0]}.{MIN_VERSION[1]})"
+    driver = driver_version()
+    if driver is not None and (major, minor) > driver:
+        return f"NVRTC {major}.{minor} is newer than the driver's CUDA {driver[0]}.{driver[1]}: its cubins may not load"
     dirs = include_dirs(cuda_home())
     if not any(os.path.isfile(os.path.join(d, "cuda_fp16.h")) for d in dirs):
         return "no CUDA toolkit headers found (set CUDA_HOME)"

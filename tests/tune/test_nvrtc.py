@@ -117,3 +117,16 @@ def test_include_dirs_finds_the_toolkits_folders(tmp_path):
     assert found == (str(tmp_path / "include"), str(tmp_path / "include" / "cccl"),
                      str(tmp_path / "targets" / "x86_64-linux" / "include"))
     assert nvrtc.include_dirs(None) == ()
+
+
+def test_an_nvrtc_newer_than_the_driver_is_not_used(monkeypatch):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from cuda.bindings import nvrtc as lib
+
+    _, major, minor = lib.nvrtcVersion()
+    monkeypatch.setattr(nvrtc, "driver_version", lambda: (major, minor - 1) if minor else (major - 1, 9))
+    nvrtc._library.cache_clear()
+    try:
+        assert "is newer than the driver's CUDA" in nvrtc.unavailable_reason()
+    finally:
+        nvrtc._library.cache_clear()
