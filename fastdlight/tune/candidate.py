@@ -40,7 +40,7 @@ class BuildPhases:
     """Where a build's time went, in seconds (start_s/end_s: epoch seconds, show queueing)."""
 
     schedule_s: float = 0.0
-    compile_s: float = 0.0  # lower + nvcc
+    compile_s: float = 0.0  # lower + CUDA compile (NVRTC or nvcc)
     export_s: float = 0.0
     start_s: float = 0.0
     end_s: float = 0.0

@@ -8,7 +8,7 @@ Stages overlap (builds run in worker processes while this process times; several
 are tuned at once), so the sums may exceed the wall time: they say which stage to shorten.
 
     build          worker-seconds of candidate builds, split below for the ones that built:
-    build: schedule / lower + nvcc / export (the library the probe and the timer load)
+    build: schedule / lower + compile (NVRTC or nvcc) / export (the library the probe and the timer load)
     build wait     a tuning thread waiting for its next build to finish
     probe          the probe process running a candidate once (GPU turn held)
     time           timing candidates on the GPU (GPU turn held)

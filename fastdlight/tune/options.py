@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-#: seconds one candidate may take to schedule + lower + nvcc before its worker is killed
+#: seconds one candidate may take to schedule + lower + compile before its worker is killed
 DEFAULT_TIMEOUT = 120.0
 #: timing budget of the finalists: their median is taken over at least this many milliseconds
 DEFAULT_BUDGET_MS = 100.0

@@ -70,7 +70,7 @@ def built_of(out: Outcome) -> Built:
     phases = getattr(out.value, "phases", None) if out.ok else None
     if phases is not None:
         clock.add("build: schedule", phases.schedule_s)
-        clock.add("build: lower + nvcc", phases.compile_s)
+        clock.add("build: lower + compile", phases.compile_s)
         clock.add("build: export", phases.export_s)
     if out.ok:
         return Built(out.key, out.value, None, out.seconds)
