@@ -19,10 +19,12 @@ installed (the ``nvrtc`` extra); otherwise, or with ``FASTDLIGHT_CUDA_COMPILER=n
 
 from __future__ import annotations
 
+import atexit
 import functools
 import glob
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 #: the include lines every source starts with, so that one precompiled header serves them all
@@ -42,6 +44,11 @@ typedef struct CUtensorMap_st CUtensorMap;
 #define INFINITY (::cuda::std::numeric_limits<float>::infinity())
 #endif
 """
+
+#: each process keeps its precompiled headers (64 MB per option set) in ``<tmp>/PCH_PREFIX<pid>``,
+#: removed at exit; a killed build worker's is removed by the next process that sets one up
+#: (NVRTC's own default folder, ``/tmp/__nvrtc_auto_pch_<pid>_0``, stays behind a killed process)
+PCH_PREFIX = "fastdlight_pch_"
 
 #: the oldest NVRTC with automatic precompiled headers
 MIN_VERSION = (12, 8)
@@ -125,7 +132,33 @@ def _library() -> _Nvrtc | str:
     if not any(os.path.isfile(os.path.join(d, "cuda_fp16.h")) for d in dirs):
         return "no CUDA toolkit headers found (set CUDA_HOME)"
     cache = ("--no-cache",) if (major, minor) >= CACHE_VERSION else ()
-    return _Nvrtc(nvrtc, _OPTIONS + cache + tuple(f"-I{d}" for d in dirs))
+    return _Nvrtc(nvrtc, _OPTIONS + cache + (f"--pch-dir={_pch_dir()}",) + tuple(f"-I{d}" for d in dirs))
+
+
+def _pch_dir() -> str:
+    remove_stale_pch_dirs()
+    path = os.path.join(tempfile.gettempdir(), f"{PCH_PREFIX}{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def remove_stale_pch_dirs() -> None:
+    """Remove the precompiled-header folders of processes that are gone (killed workers)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), PCH_PREFIX + "*")):
+        pid = path.rsplit("_", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def unavailable_reason() -> str | None:

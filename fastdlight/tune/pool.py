@@ -10,6 +10,7 @@ import atexit
 import os
 import threading
 
+from .nvrtc import remove_stale_pch_dirs
 from .workers import WorkerPool
 
 #: build workers run at lower CPU priority than the process timing kernels: a sample's queue
@@ -77,3 +78,5 @@ def probe_pool() -> WorkerPool:
 def _close_pools() -> None:
     for pool in [*_POOLS.values(), *_PROBES]:
         pool.close(grace=0)  # idle build workers hold nothing worth a clean shutdown
+    if _POOLS:
+        remove_stale_pch_dirs()  # the killed workers' precompiled headers

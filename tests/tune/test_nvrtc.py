@@ -1,5 +1,7 @@
 """CUDA source → cubin through NVRTC with a precompiled header, and the choice of compiler."""
 
+import os
+
 import pytest
 import tvm
 from tvm.script import tirx as T
@@ -130,3 +132,19 @@ def test_an_nvrtc_newer_than_the_driver_is_not_used(monkeypatch):
         assert "is newer than the driver's CUDA" in nvrtc.unavailable_reason()
     finally:
         nvrtc._library.cache_clear()
+
+
+def test_a_gone_process_precompiled_headers_are_removed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(nvrtc.tempfile, "gettempdir", lambda: str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{nvrtc.PCH_PREFIX}{int(gone.stdout)}"
+    live = tmp_path / f"{nvrtc.PCH_PREFIX}{os.getpid()}"
+    other = tmp_path / "unrelated_123"
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "kernel_0.pch").write_bytes(b"x")
+    nvrtc.remove_stale_pch_dirs()
+    assert not dead.exists() and live.exists() and other.exists()
