@@ -45,6 +45,16 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
 
 
+def _compiler() -> str:
+    """The CUDA compiler the builds use (``FASTDLIGHT_CUDA_COMPILER``, else NVRTC where installed)."""
+    from fastdlight.tune.compile import CompileError, cuda_compiler
+
+    try:
+        return {"nvrtc": "NVRTC", "nvcc": "nvcc"}[cuda_compiler()]
+    except CompileError as e:
+        raise UsageError(str(e)) from None
+
+
 def _positive(kind):
     def parse(text: str):
         try:
@@ -340,8 +350,8 @@ def cmd_tune(args) -> int:
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check, ref=ref,
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
-    print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
-          + ("" if measure else ", compile-only"))
+    print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
+          f"built with {_compiler()}" + ("" if measure else ", compile-only"))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:

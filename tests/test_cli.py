@@ -30,7 +30,7 @@ def test_tune_add_compile_only_end_to_end(tmp_path):
     assert "compiled to cubin for sm_90a" in text
     table = [ln for ln in text.splitlines() if ln[:1].isdigit()]
     assert len(table) == 3 and "Config[elementwise]" in table[0]
-    assert "Tuning wall time" in text
+    assert "Tuning wall time" in text and ("built with NVRTC" in text or "built with nvcc" in text)
     doc = json.loads(out.read_text())
     assert doc["measured"] is False and len(doc["results"]) == 3
     assert all(r["registers"] for r in doc["results"] if r["error"] is None)
@@ -100,6 +100,12 @@ def one_error_line(capsys, argv):
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in one_error_line(capsys, argv)
+
+
+def test_a_bad_compiler_choice_exits_2_with_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("FASTDLIGHT_CUDA_COMPILER", "clang")
+    assert "FASTDLIGHT_CUDA_COMPILER='clang': expected 'nvrtc' or 'nvcc'" in one_error_line(
+        capsys, ["tune", "add", "64", "--no-measure"])
 
 
 def test_unparsable_tvmscript_exits_2(tmp_path, capsys):
