@@ -343,12 +343,25 @@ def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
     read from an input is the one the real run reads). A kernel that faults (illegal address,
     ...) poisons only this process's CUDA context; one that hangs is killed by the pool's
     timeout. Raises on any error."""
-    from .measure import Workload, function_name
+    from .measure import function_name
 
-    wl = _probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(0), seed))
+    wl = probe_inputs(func_json, seed)
     mod = tvm.runtime.load_module(so_path)
     mod[function_name(mod, wl.func)](*wl.args)
     tvm.cuda(0).sync()
+    return True
+
+
+def probe_inputs(func_json: str, seed: int):
+    """The probe process's inputs for a function, made on first use (a task of its own, sent
+    ahead of the first probe: see :meth:`stages.Prober.prepare`)."""
+    from .measure import Workload
+
+    return _probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(0), seed))
+
+
+def prepare_probe_inputs(func_json: str, seed: int) -> bool:
+    probe_inputs(func_json, seed)
     return True
 
 

@@ -212,6 +212,8 @@ def _measured_run(p: Plan, opts: TuneOptions, t_start: float):
     wl_maker = Workload.background(p.func, opts.workload, opts.seed)
     timer = Timer(p.arch, wl_maker.get, opts)
     prober = Prober(opts.seed) if opts.probe else None
+    if prober is not None:
+        prober.prepare(p.func_json)
     reference = ReferenceRun(p.func, opts.ref) if opts.check != "none" else None
     results: dict[int, CompileResult] = {}
     for built in build_stream(p.requests, opts, prober):

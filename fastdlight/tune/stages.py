@@ -157,6 +157,20 @@ class Prober:
         # run in a context an earlier one poisoned
         self.lock = threading.Lock()
 
+    def prepare(self, func_json: str) -> threading.Thread:
+        """Have the probe process make the function's random inputs now, while its candidates
+        build, instead of in its first probe, which holds the GPU turn (an 8192² fp16 pair took
+        about a second). A failure is left for that probe to meet and report."""
+        task = Task("inputs", build_task.prepare_probe_inputs, (func_json, self.seed))
+
+        def send():
+            with self.lock:
+                list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
+
+        thread = threading.Thread(target=send, daemon=True, name="fastdlight-probe-inputs")
+        thread.start()
+        return thread
+
     def run(self, so_path: str, func_json: str) -> Failure | None:
         task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
         with self.lock, clock.holding(GPU_TURN, "probe"):

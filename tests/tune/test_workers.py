@@ -140,3 +140,23 @@ def test_the_probe_keeps_the_inputs_of_functions_tuned_side_by_side(monkeypatch)
     assert made == ["a", "b", "c", "d", "b"]
     build_task._probe_workload("big", 0, maker("big", 95))  # over the byte bound: all but it go
     assert list(k[0] for k in build_task._PROBE_INPUTS) == ["big"]
+
+
+def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
+    """``Prober.prepare`` sends the inputs task ahead of the first probe, and it does not hold
+    the GPU turn (timing another candidate may go on meanwhile); probes still take turns."""
+    import threading
+
+    from fastdlight.tune import build_task, stages
+
+    seen = []
+
+    class Pool:
+        def imap_unordered(self, tasks, timeout=None):
+            seen.extend((t.fn, t.args, stages.GPU_TURN.locked()) for t in tasks)
+            return iter(())
+
+    prober = stages.Prober.__new__(stages.Prober)
+    prober.seed, prober.pool, prober.lock = 7, Pool(), threading.Lock()
+    prober.prepare('{"func": 1}').join(timeout=10)
+    assert seen == [(build_task.prepare_probe_inputs, ('{"func": 1}', 7), False)]
