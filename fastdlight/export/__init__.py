@@ -109,7 +109,8 @@ def _cpu_reference(func, inputs: dict):
     import tvm
 
     from ..tune.measure import output_indices, param_buffers, static_shape
-    from ..tune.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds, widen_to_float64
+    from ..tune.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds
+    from ..tune.widen import widen_to_float64
 
     if not tvm.runtime.enabled("llvm"):
         raise ExportError("no numpy reference was given and TVM has no LLVM backend to run the function on the CPU")

@@ -270,7 +270,8 @@ def check_dispatch(dispatched: Dispatched, func: tirx.PrimFunc, arch: CUDA, opts
     from .measure import Workload, function_name, time_module
     from .reference import run_widened
     from .runner import verify_module
-    from .verify import NAIVE_REFERENCE, expected_from_outputs, naive_reference_module
+    from .verify import NAIVE_REFERENCE, expected_from_outputs
+    from .widen import naive_reference_module
 
     name = str(func.attrs["global_symbol"]) if func.attrs is not None and "global_symbol" in func.attrs else "main"
     built = build(tvm.IRModule({name: dispatched.func.with_attr("global_symbol", name)}), arch.target)

@@ -3,7 +3,7 @@
 * A float64 numpy reference (``ref``, the built-in operators) runs on the host inputs and on
   their absolute values (the magnitudes that bound a sum of products).
 * Any other PrimFunc: the function itself, widened to float64 under a naive schedule (one thread
-  per output element, serial reduction; :func:`fastdlight.tune.verify.naive_reference_module`),
+  per output element, serial reduction; :func:`fastdlight.tune.widen.naive_reference_module`),
   built in the worker pool like a candidate, run once in the probe process, then run here on the
   same inputs (exactly widened) and on their absolute values.
 

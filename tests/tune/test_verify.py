@@ -9,7 +9,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from fastdlight import ops
-from fastdlight.tune import verify
+from fastdlight.tune import verify, widen
 from fastdlight.tune.measure import param_buffers
 
 M, N, K = 64, 64, 4096
@@ -385,7 +385,7 @@ CASES = {
 def test_float64_twin_computes_what_numpy_does(case):
     make, reference = CASES[case]
     func = make()
-    wide = verify.widen_to_float64(func)
+    wide = widen.widen_to_float64(func)
     assert _float_dtypes(func) - {"float64"} and _float_dtypes(wide) == {"float64"}
     assert {d for d in _dtypes(wide) if not d.startswith("float")} == {d for d in _dtypes(func)
                                                                        if not d.startswith(("float", "bfloat"))}
@@ -402,7 +402,7 @@ def test_expected_from_the_twins_outputs_matches_numpys():
     """The naive-reference path on the CPU: the twin run on the inputs and on |inputs| gives
     the Expected numpy gives, and judges a candidate the same way."""
     op = ops.matmul_bias_relu(16, 16, 256)
-    wide = verify.widen_to_float64(op.func).with_attr("global_symbol", "main")
+    wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
     ex = tvm.compile(tvm.IRModule({"main": wide}), target="llvm")
     host = _host_inputs(op.func)
 
@@ -426,7 +426,7 @@ def test_expected_from_the_twins_outputs_matches_numpys():
 @pytest.mark.parametrize("case", ["two_store_norm", "softmax"])
 def test_naive_reference_module_compiles_to_a_float64_cuda_kernel(case):
     target = tvm.target.Target("nvidia/nvidia-h100")
-    mod = verify.naive_reference_module(CASES[case][0](), target)
+    mod = widen.naive_reference_module(CASES[case][0](), target)
     with target:
         src = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
     kernels = src.split("__global__")[1:]
@@ -451,9 +451,9 @@ def test_functions_without_a_float64_twin_are_refused():
                 B[vi] = T.call_pure_extern("float32", "expf", A[vi])
 
     with pytest.raises(ValueError, match="reinterprets bits"):
-        verify.widen_to_float64(bits)
+        widen.widen_to_float64(bits)
     with pytest.raises(ValueError, match="expf"):
-        verify.widen_to_float64(extern)
+        widen.widen_to_float64(extern)
 
 
 def test_an_fp16_overflow_is_accepted_only_where_the_exact_value_overflows():
