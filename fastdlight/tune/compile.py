@@ -259,10 +259,7 @@ def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
             f.write(source)
         cmd = [
             nvcc, "--cubin", "-O3", f"-gencode=arch=compute_{digits},code=sm_{digits}",
-            "-Xptxas=-v", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-            "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-            "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-            "--use_fast_math", "-diag-suppress=177,550", "-o", out_path, src_path,
+            "-Xptxas=-v", *nvrtc.LANGUAGE_FLAGS, "-diag-suppress=177,550", "-o", out_path, src_path,
         ]  # fmt: skip
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

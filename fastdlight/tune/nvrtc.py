@@ -56,11 +56,15 @@ MIN_VERSION = (12, 8)
 #: so that a second run's tuning time is not a cache's
 CACHE_VERSION = (12, 9)
 
-#: the same language options as the nvcc command line of :func:`compile.compile_cubin`
+#: the language options of every CUDA compile, NVRTC's and nvcc's (:func:`compile.compile_cubin`):
+#: fast math, and the fp16/bf16 operators and conversions TVM's kernels use
+LANGUAGE_FLAGS = (
+    "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+)
 _OPTIONS = (
-    "-default-device", "--device-int128", "--use_fast_math", "--ptxas-options=-v", "--pch",
-    "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
-    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    *LANGUAGE_FLAGS, "-default-device", "--device-int128", "--ptxas-options=-v", "--pch",
     # vector_types.h leaves these undefined in some include orders under NVRTC
     "-D__NV_SILENCE_DEPRECATION_BEGIN=", "-D__NV_SILENCE_DEPRECATION_END=",
     "-D__NV_SILENCE_HOST_DEPRECATION_BEGIN=", "-D__NV_SILENCE_HOST_DEPRECATION_END=",
