@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from . import clock
+from . import clock, host
 
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
 INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
@@ -106,7 +106,15 @@ def static_shape(buf: tirx.Buffer) -> tuple[int, ...]:
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit pattern (round to nearest even)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    out = np.empty(u.shape, dtype=np.uint16)
+    src, dst = u.reshape(-1), out.reshape(-1)
+
+    def bits(_, s):
+        c = src[s]
+        dst[s] = (c + 0x7FFF + ((c >> 16) & 1)) >> 16
+
+    host.map_chunks(bits, src.size)
+    return out
 
 
 def _bf16_values(bits: np.ndarray) -> np.ndarray:
@@ -124,12 +132,9 @@ def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
         return (mag * rng.choice(np.array([-1, 1]), size=shape)).astype(dtype)
     if dtype == "bool":
         return rng.random(shape) < 0.5
-    vals = rng.random(shape, dtype=np.float32)
-    vals *= 2  # in place: the same values as ``* 2 - 1``, without two more arrays of the size
-    vals -= 1
     if dtype == "bfloat16":
-        return _bf16_values(_bf16_bits(vals)).reshape(shape)
-    return vals.astype(dtype)
+        return host.uniform(shape, rng, np.float32, lambda v: _bf16_values(_bf16_bits(v)))
+    return host.uniform(shape, rng, dtype)
 
 
 def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:

@@ -104,6 +104,7 @@ import tvm_ffi
 from tvm import ir, tirx
 from tvm.s_tir.stmt import SBlock
 
+from . import host
 from .measure import output_indices, param_buffers, static_shape
 
 #: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
@@ -326,8 +327,10 @@ def check_kind(func: tirx.PrimFunc) -> CheckKind:
 
 
 # -- comparing ---------------------------------------------------------------------------------
-def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype: str) -> np.ndarray:
-    """The largest |out - ref| accepted per element (float outputs; see the module docstring)."""
+def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype: str,
+                  rms: float | None = None) -> np.ndarray:
+    """The largest |out - ref| accepted per element (float outputs; see the module docstring).
+    ``rms``: that of the whole reference output, where ``ref`` is a part of it."""
     ref = np.asarray(ref, dtype=np.float64)
     narrow = max(_u(out_dtype), _u(kind.narrow_dtype))
     if kind.sum_of_products and mag is not None:
@@ -345,8 +348,7 @@ def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_
         allowed += FLOOR
         return allowed
     rtol = C_REL * (narrow + _u(kind.acc_dtype) * math.sqrt(kind.k))
-    finite = ref[np.isfinite(ref)]
-    rms = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
+    rms = _rms(ref.reshape(-1)) if rms is None else rms
     return rtol * (np.abs(ref) + rms) + FLOOR
 
 
@@ -355,12 +357,6 @@ class _OutputCheck:
     bad: int
     score: float  # the worst element's |out - ref| / allowed (inf: non-finite or exact mismatch)
     worst: str
-
-
-def _describe(flat: int, shape, got, want, allowed) -> str:
-    idx = tuple(int(i) for i in np.unravel_index(flat, shape))
-    return (f"worst at {idx}: got {got.flat[flat]:.6g}, expected {want.flat[flat]:.6g} "
-            f"(allowed ±{allowed.flat[flat]:.3g})")
 
 
 #: the largest finite value of each narrow float dtype
@@ -379,28 +375,56 @@ def _overflowed(out64: np.ndarray, ref64: np.ndarray, allowed: np.ndarray, kind:
 def _check_one(out: np.ndarray, ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind,
                out_dtype: str) -> _OutputCheck:
     """Elements of one output out of bound, and the worst one."""
-    out64, ref64 = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    if out64.shape != ref64.shape:
-        return _OutputCheck(max(out64.size, 1), math.inf, f"shape {out64.shape} != expected {ref64.shape}")
-    allowed = allowed_error(ref64, mag, kind, out_dtype) if _is_float(out_dtype) else np.zeros_like(ref64)
-    finite = np.isfinite(ref64)
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(out64 - ref64)
-        plain = diff <= allowed
-    plain &= finite
-    # the rules for infinities and NaNs, only where the plain bound failed (few elements)
-    bad = np.flatnonzero(~plain)
-    if bad.size:
-        o, r, a = out64.flat[bad], ref64.flat[bad], allowed.flat[bad]
-        same_special = (o == r) | (np.isnan(r) & np.isnan(o))
-        bad = bad[~np.where(finite.flat[bad], _overflowed(o, r, a, kind), same_special)]
+    out, ref = np.asarray(out), np.asarray(ref)
+    if out.shape != ref.shape:
+        return _OutputCheck(max(out.size, 1), math.inf, f"shape {out.shape} != expected {ref.shape}")
+    o_all, r_all = host.flat(out), host.flat(ref)
+    m_all = host.flat(mag) if mag is not None else None
+    floats = _is_float(out_dtype)
+    rms = _rms(r_all) if floats and not (kind.sum_of_products and mag is not None) else 0.0
+
+    def allowed(r, m):
+        return allowed_error(r, m, kind, out_dtype, rms) if floats else np.zeros_like(r)
+
+    def plain_failures(_, s):  # one chunk: the plain bound, finite references only
+        o, r = np.asarray(o_all[s], dtype=np.float64), np.asarray(r_all[s], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(o - r) <= allowed(r, m_all[s] if m_all is not None else None)
+        ok &= np.isfinite(r)
+        return np.flatnonzero(~ok) + s.start
+
+    bad = np.concatenate(host.map_chunks(plain_failures, o_all.size))
     if not bad.size:
         return _OutputCheck(0, 0.0, "")
-    d, a = diff.flat[bad], allowed.flat[bad]
+    # the rules for infinities and NaNs, on the elements that failed the plain bound (few)
+    o = np.asarray(o_all[bad], dtype=np.float64)
+    r = np.asarray(r_all[bad], dtype=np.float64)
+    a = allowed(r, m_all[bad] if m_all is not None else None)
+    finite = np.isfinite(r)
+    same_special = (o == r) | (np.isnan(r) & np.isnan(o))
+    keep = ~np.where(finite, _overflowed(o, r, a, kind), same_special)
+    bad, o, r, a, finite = bad[keep], o[keep], r[keep], a[keep], finite[keep]
+    if not bad.size:
+        return _OutputCheck(0, 0.0, "")
     with np.errstate(divide="ignore", invalid="ignore"):
-        score = np.where(finite.flat[bad] & np.isfinite(d), d / np.maximum(a, 1e-300), np.inf)
-    worst = int(np.argmax(score))
-    return _OutputCheck(int(bad.size), float(score[worst]), _describe(int(bad[worst]), out64.shape, out64, ref64, allowed))
+        d = np.abs(o - r)
+        score = np.where(finite & np.isfinite(d), d / np.maximum(a, 1e-300), np.inf)
+    w = int(np.argmax(score))
+    idx = tuple(int(i) for i in np.unravel_index(int(bad[w]), out.shape))
+    return _OutputCheck(int(bad.size), float(score[w]),
+                        f"worst at {idx}: got {o[w]:.6g}, expected {r[w]:.6g} (allowed ±{a[w]:.3g})")
+
+
+def _rms(ref: np.ndarray) -> float:
+    """The root mean square of the finite elements, summed chunk by chunk."""
+    def part(_, s):
+        r = np.asarray(ref[s], dtype=np.float64)
+        r = r[np.isfinite(r)]
+        return float(np.dot(r, r)), r.size
+
+    parts = host.map_chunks(part, ref.size)
+    count = sum(n for _, n in parts)
+    return math.sqrt(sum(q for q, _ in parts) / count) if count else 0.0
 
 
 def check_outputs(outputs: Sequence[np.ndarray], expected: Expected,
@@ -430,7 +454,7 @@ def magnitude_inputs(host_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The inputs a reference runs on to give S: |x| for floats; integers and bools unchanged
     (an index must stay an index; a signed integer cast to float keeps an output off the
     sum-of-products bound, see the module docstring)."""
-    return [np.abs(a) if _is_float(np.asarray(a).dtype) else a for a in host_inputs]
+    return [host.absolute(a) if _is_float(np.asarray(a).dtype) else a for a in host_inputs]
 
 
 def _as_list(out) -> list[np.ndarray]:

@@ -9,7 +9,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from fastdlight import ops
-from fastdlight.tune import verify, widen
+from fastdlight.tune import host, verify, widen
 from fastdlight.tune.measure import param_buffers
 
 M, N, K = 64, 64, 4096
@@ -477,7 +477,7 @@ def test_an_fp16_overflow_is_accepted_only_where_the_exact_value_overflows():
     assert not verify.check_outputs([fits], expected).ok
 
 
-def test_the_check_judges_every_element_by_the_rule_it_states():
+def test_the_check_judges_every_element_by_the_rule_it_states(monkeypatch):
     """Elementwise: within the bound where the reference is finite (or an infinity the
     function's own fp16 produces), identical where it is not (NaN matching NaN). The check only
     applies the special rules to elements that failed the bound, so mix them all in."""
@@ -504,3 +504,7 @@ def test_the_check_judges_every_element_by_the_rule_it_states():
     assert want_bad == 5  # 11 and 13 beyond the bound, 20-22 not finite where the value is
     verdict = verify.check_outputs([out], expected)
     assert verdict.bad == want_bad and not verdict.ok
+    # cut into chunks of 5 elements (checked on threads): the same count and the same worst
+    monkeypatch.setattr(host, "CHUNK_ELEMENTS", 5)
+    chunked = verify.check_outputs([out], expected)
+    assert (chunked.bad, chunked.worst) == (verdict.bad, verdict.worst)
