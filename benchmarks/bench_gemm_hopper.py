@@ -101,23 +101,11 @@ def torch_operands(wl, layout):
     return (a.transpose(-1, -2) if layout[0] == "T" else a), (b.transpose(-1, -2) if layout[1] == "T" else b)
 
 
-def gpu_reference(layout):
-    def ref(a, b):
-        import torch
-
-        # the tuner hands float64 arrays already: no host copies (8192²: 0.5 GB each)
-        ta, tb = (torch.from_numpy(np.asarray(x, dtype=np.float64)).cuda() for x in (a, b))
-        ta = ta.transpose(-1, -2) if layout[0] == "T" else ta
-        tb = tb.transpose(-1, -2) if layout[1] == "T" else tb
-        return (ta @ tb).cpu().numpy()
-
-    return ref
-
-
-def tune(func, arch, topk, layout, check="all"):
-    """The tuner's own path (``tune_function``: policies in order, stock Dlight measured beside)."""
+def tune(func, arch, topk, check="all"):
+    """The tuner's own path (``tune_function``: policies in order, stock Dlight measured beside,
+    the winner checked against the function's own float64 twin)."""
     t0 = time.perf_counter()
-    tuned = tune_function(func, arch, topk, TuneOptions(check=check, ref=gpu_reference(layout), progress=False))
+    tuned = tune_function(func, arch, topk, TuneOptions(check=check, progress=False))
     return list(tuned.results), tuned.best, time.perf_counter() - t0
 
 
@@ -130,7 +118,7 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
     import torch
 
     func = matmul_func(m, n, k, dtype, layout, batch)
-    results, best, tune_s = tune(func, arch, topk, layout, check="winner")
+    results, best, tune_s = tune(func, arch, topk, check="winner")
     for r in results:
         log(f"    {r.config}  {r.latency_ms if r.latency_ms is not None else '-'} ms regs={r.registers} "
             f"verified={r.verified} {r.error or ''}")
@@ -178,7 +166,7 @@ def check_odd(arch, log) -> list[dict]:
         func = matmul_func(m, n, k, dtype, layout, batch)
         name = f"{dtype} {layout} b{batch} {m}×{n}×{k}"
         try:
-            results, best, _ = tune(func, arch, 6, layout)
+            results, best, _ = tune(func, arch, 6)
             wg = [r for r in results if r.config.kind == "matmul_wgmma"]
             ok = [r for r in wg if r.verified]
             rows.append({"case": name, "wgmma": len(wg), "verified": len(ok), "winner": repr(best.config),

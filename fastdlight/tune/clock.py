@@ -14,7 +14,9 @@ are tuned at once), so the sums may exceed the wall time: they say which stage t
     time           timing candidates on the GPU (GPU turn held)
     gpu wait       waiting for the GPU turn (another function's probe or timing holds it)
     workload       making a function's random inputs on the GPU
-    reference      the naive float64 reference, run twice
+    reference      the reference: the naive float64 module run twice (on a thread of its own,
+                   from its build on), or a numpy one after the timings
+    reference wait waiting after the timings for the naive reference's thread
     verify         checking the fastest candidates' outputs
 """
 

@@ -12,6 +12,7 @@ Never stock Dlight: a reference must not share a scheduler with what it checks.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ import tvm
 
 from ..arch import CUDA
 from .measure import Workload, function_name, param_buffers, static_shape, to_device, to_host
-from . import host
+from . import clock, host
 from .stages import GPU_TURN, Built, load_module
 from .verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from .workers import one_line
@@ -31,22 +32,36 @@ class ReferenceRun:
         self.func, self.ref = func, ref
         self._built: Built | None = None
         self._result: tuple[Expected | None, str | None] | None = None
+        self._thread: threading.Thread | None = None
 
     def built(self, built: Built) -> None:
         self._built = built
 
-    def run_early(self, wl: Workload, arch: CUDA) -> None:
-        """Run the naive module as soon as it is built, while candidates still build: its GPU
-        work is short next to the host work around it. A numpy reference waits for
+    def start_early(self, get_workload: Callable[[], Workload | None], arch: CUDA) -> None:
+        """Run the naive module now, on a thread of its own, while candidates still build and
+        are timed: only its launches take the GPU turn, and the host work around them (the
+        widening, the copies) overlaps the rest of the run. A numpy reference waits for
         :meth:`expected`, after the timings: BLAS on every core would take the CPU from the
         thread queueing the timed launches."""
-        if self.ref is None and self._result is None:
-            self._result = self._compute(wl, arch)
+        if self.ref is not None or self._thread is not None:
+            return
+
+        def run():
+            with clock.stage("reference"):
+                wl = get_workload()
+                self._result = self._compute(wl, arch) if wl is not None else None
+
+        self._thread = threading.Thread(target=run, daemon=True, name="fastdlight-reference")
+        self._thread.start()
 
     def expected(self, wl: Workload, arch: CUDA) -> tuple[Expected | None, str | None]:
         """(expected outputs, None), or (None, why the reference is unavailable)."""
+        if self._thread is not None:
+            with clock.stage("reference wait"):
+                self._thread.join()
         if self._result is None:
-            self._result = self._compute(wl, arch)
+            with clock.stage("reference"):
+                self._result = self._compute(wl, arch)
         return self._result
 
     def _compute(self, wl: Workload, arch: CUDA) -> tuple[Expected | None, str | None]:

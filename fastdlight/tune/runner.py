@@ -219,9 +219,7 @@ def _measured_run(p: Plan, opts: TuneOptions, t_start: float):
     for built in build_stream(p.requests, opts, prober):
         if built.key == REF_KEY:
             reference.built(built)
-            if (wl := wl_maker.get()) is not None:
-                with clock.stage("reference"):
-                    reference.run_early(wl, p.arch)
+            reference.start_early(wl_maker.get, p.arch)
             continue
         r = _result(p, built, opts)
         results[r.index] = timer.measure(r) if r.compiled and r.failure is None else r
@@ -229,8 +227,7 @@ def _measured_run(p: Plan, opts: TuneOptions, t_start: float):
     if wl is None:
         raise TuningError(f"cannot set up the GPU inputs: {wl_maker.error}")
     timed = timer.retime_fastest([results[i] for i in range(len(p.configs))])
-    with clock.stage("reference"):  # a numpy reference, or the naive one if not run early
-        expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
+    expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
     with clock.stage("verify"):
         ranked, best = verify_and_pick(timed, wl, expected, opts.check, why)
     return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", wl.bytes)
