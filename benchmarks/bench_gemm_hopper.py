@@ -6,9 +6,11 @@ candidates measured together) against cuBLAS (torch), same run.
 Each case is ``D = cast(A @ B)`` with fp32 accumulation (fp16 or bf16 in and out), tuned
 through ``fastdlight.tune``'s candidate path (``candidate_sets``: wgmma and mma.sync configs in
 one measured set, stock Dlight beside them; ``tune_function``, the tuner's own path and defaults: the fastest candidate that
-verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the same way on the same inputs, alternately in
-five rounds (medians; inputs rotated out of L2; kernels under the graph threshold in CUDA graphs
-on both sides).
+verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the same way on the same inputs, turn by
+turn in :data:`ROUNDS` rounds, each timing after an untimed one of the same side, the side timed
+first flipping every round (:func:`paired_rounds`; medians; inputs rotated out of L2; kernels
+under the graph threshold in CUDA graphs on both sides); again in CUDA graphs; and at one clock
+(:func:`interleaved`).
 The row gives the winner, the best of each family, the tuning wall time and the ratio to
 cuBLAS. ``--check-odd`` first runs small odd shapes of every layout and dtype (correctness of
 each wgmma candidate, no timing against cuBLAS).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -69,8 +72,10 @@ CASES = [
     ("bf16 8192³ NN", 8192, 8192, 8192, "bfloat16", "NN", 1),
 ]
 
-#: timing rounds of the winner and cuBLAS, alternated (medians reported)
-ROUNDS = 5
+#: timing rounds of the winner and cuBLAS in CUDA graphs, the side timed first flipping every
+#: round: a GPU's clock drifts as it heats (in five fixed-order rounds on an H100 the last two
+#: ran 10-25% slower on both sides). Queued launches are timed by :func:`interleaved`
+ROUNDS = 10
 
 ODD = [(m, n, k, dt, lay, b) for (m, n, k) in [(200, 136, 72), (1000, 520, 264)]
        for dt in ("float16", "bfloat16") for lay in ("NT", "NN", "TN", "TT") for b in (1,)] + [
@@ -132,19 +137,19 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
     short = min(best.latency_ms, time_torch(fns, budget_ms).median_ms) < GRAPH_BELOW_MS
     method = "CUDA graphs" if short else "queued launches"
-    ours_rounds, cublas_rounds = [], []
-    for _ in range(ROUNDS):  # alternate the two sides: GPU clocks drift over a run
-        if short:
-            ours_rounds.append(time_graph(launch, arg_sets, wl.dev, budget_ms, best.latency_ms).median_ms)
-            cublas_rounds.append(time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
-        else:
-            ours_rounds.append(time_launches(launch, arg_sets, wl.dev, budget_ms).median_ms)
-            cublas_rounds.append(time_torch(fns, budget_ms).median_ms)
+    # in CUDA graphs: what a model (replayed as a graph) sees, without the host's cost per call
+    # (ours encodes three TMA descriptors on the host at every call)
+    graphed = (lambda: time_graph(launch, arg_sets, wl.dev, budget_ms, best.latency_ms).median_ms,
+               lambda: time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
+    queued = (lambda: time_launches(launch, arg_sets, wl.dev, budget_ms).median_ms,
+              lambda: time_torch(fns, budget_ms).median_ms)
+    ours_rounds, cublas_rounds = paired_rounds(*(graphed if short else queued), own_heat=not short)
+    # queued launches of a short kernel would time the host's launch cost: graphs only there
+    same_clock = None if short else interleaved(cycle(launch, arg_sets), cycle(lambda fn: fn(), [[f] for f in fns]),
+                                                INTERLEAVED_MS)
+    graph_rounds, cublas_graph_rounds = (ours_rounds, cublas_rounds) if short else paired_rounds(*graphed, own_heat=True)
     ours, cublas = float(np.median(ours_rounds)), float(np.median(cublas_rounds))
-    # both sides once more inside CUDA graphs: what a model (replayed as a graph) sees, without
-    # the host's cost per call (ours encodes three TMA descriptors on the host at every call)
-    graph_ms = time_graph(launch, arg_sets, wl.dev, budget_ms, ours).median_ms
-    cublas_graph_ms = time_torch_graph(fns, budget_ms, cublas).median_ms
+    graph_ms, cublas_graph_ms = float(np.median(graph_rounds)), float(np.median(cublas_graph_rounds))
     flops = 2.0 * batch * m * n * k
     fam = {kind: family_best(results, kind) for kind in ("matmul_wgmma", "matmul_tc", "dlight", "gemv")}
     bad = [r for r in results if r.config.kind == "matmul_wgmma" and (r.error or r.verified is False)]
@@ -154,10 +159,86 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
         "cublas_tflops": flops / cublas / 1e9, "ratio": cublas / ours, "method": method, "tune_s": round(tune_s, 1),
         "family_ms": {k_: (r.latency_ms if r else None) for k_, r in fam.items()},
         "ms_rounds": ours_rounds, "cublas_ms_rounds": cublas_rounds,
+        "round_ratios": [c / o for o, c in zip(ours_rounds, cublas_rounds)],
         "graph_ms": graph_ms, "cublas_graph_ms": cublas_graph_ms, "graph_ratio": cublas_graph_ms / graph_ms,
+        "graph_ms_rounds": graph_rounds, "cublas_graph_ms_rounds": cublas_graph_rounds,
+        "graph_round_ratios": [c / o for o, c in zip(graph_rounds, cublas_graph_rounds)],
+        **({} if same_clock is None else {
+            "same_clock_ms": float(np.median(same_clock[0])), "cublas_same_clock_ms": float(np.median(same_clock[1])),
+            "same_clock_ratios": [c / o for o, c in zip(*same_clock)]}),
         "wgmma_failed": [f"{r.config}: {r.error or r.check_message}" for r in bad][:4],
         "candidates": len(results),
     }  # fmt: skip
+
+
+#: milliseconds of samples per side in :func:`interleaved`
+INTERLEAVED_MS = 400.0
+
+
+def cycle(launch, arg_sets):
+    """One launch per call, cycling through the rotated argument sets."""
+    state = {"i": 0}
+
+    def once():
+        launch(*arg_sets[state["i"] % len(arg_sets)])
+        state["i"] += 1
+
+    return once
+
+
+def interleaved(ours, theirs, budget_ms: float, batch: int = 25) -> tuple[list[float], list[float]]:
+    """Milliseconds per launch of each side, from samples taken alternately in one queue: a
+    sample of ours (back-to-back launches between two CUDA events), then one of theirs, the
+    pair's order flipping every time, ``batch`` pairs queued before the host waits. Both sides
+    run at one clock, set by their power draw together: a second view beside
+    :func:`paired_rounds`, whose sides each run at their own (an H100's drifts by 10-25% over
+    seconds). ``ours``/``theirs``: one launch per call."""
+    from fastdlight.tune.cuda_events import Event
+    from fastdlight.tune.measure import MIN_SAMPLE_MS
+
+    def per_launch(f, k=8):
+        f()
+        start, end = Event(), Event()
+        start.record()
+        for _ in range(k):
+            f()
+        end.record()
+        end.synchronize()
+        return start.elapsed_ms(end) / k
+
+    est = max(per_launch(ours), per_launch(theirs), 1e-3)
+    number = max(1, math.ceil(MIN_SAMPLE_MS / est))
+    pairs = max(20, math.ceil(budget_ms / (number * est)))
+    events = [(Event(), Event()) for _ in range(2 * batch)]
+    a, b = [], []
+    for first in range(0, pairs, batch):
+        taken = []
+        for i in range(first, min(pairs, first + batch)):
+            for side in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+                start, end = events[len(taken)]
+                start.record()
+                for _ in range(number):
+                    side()
+                end.record()
+                taken.append((side is ours, start, end))
+        taken[-1][2].synchronize()
+        for mine, start, end in taken:
+            (a if mine else b).append(start.elapsed_ms(end) / number)
+    return a, b
+
+
+def paired_rounds(ours, theirs, rounds: int = ROUNDS, own_heat: bool = False) -> tuple[list[float], list[float]]:
+    """``rounds`` timings of each side (``ours()`` and ``theirs()`` return ms), alternately, the
+    side timed first flipping every round. ``own_heat``: each timing follows an untimed one of
+    the same side, so that a side runs at the clock its own power draw leaves (as the tuner's
+    finalists do, ``stages.OWN_HEAT_MS``), not the one the other side left."""
+    a, b = [], []
+    for i in range(rounds):
+        for side, out in ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a)):
+            if own_heat:
+                side()
+            out.append(side())
+    return a, b
 
 
 def check_odd(arch, log) -> list[dict]:
@@ -177,24 +258,42 @@ def check_odd(arch, log) -> list[dict]:
     return rows
 
 
+def _spread(ratios) -> str:
+    if not ratios:
+        return ""
+    lo, hi = np.percentile(ratios, [10, 90])
+    return f"({lo:.2f}–{hi:.2f})"
+
+
+def _same_clock(r) -> str:
+    if "same_clock_ms" not in r:
+        return "–"
+    return f"{r['cublas_same_clock_ms'] / r['same_clock_ms']:.2f}× {_spread(r['same_clock_ratios'])}"
+
+
 def markdown(rows, device) -> str:
     lines = [
         f"Device: {device}. fastdlight's tuner (wgmma + mma.sync + stock Dlight candidates, the fastest "
-        "verified one wins) vs cuBLAS (torch.matmul, fp32 accumulation): winner and cuBLAS timed alternately in "
-        f"{ROUNDS} rounds (CUDA events, inputs rotated out of L2), medians.",
+        "verified one wins) vs cuBLAS (torch.matmul, fp32 accumulation): winner and cuBLAS timed turn by "
+        f"turn in {ROUNDS} rounds of 100 ms a side, each after 100 ms of the same side untimed (its own clock), the "
+        "side timed first flipping every round (kernels under 50 µs: in CUDA graphs, without the untimed part); "
+        "in CUDA graphs likewise; at one clock: "
+        f"samples of about 0.5 ms taken in turns, {INTERLEAVED_MS:.0f} ms a side. CUDA events, inputs rotated out "
+        "of L2. Medians, and in brackets the 10th and 90th percentile of the ratio of one turn's pair.",
         "",
         "| case | winner | ms | TFLOPS | cuBLAS ms | cuBLAS TFLOPS | ratio | in CUDA graphs: ms / cuBLAS ms / ratio "
-        "| best wgmma / mma.sync / stock / GEMV ms (tuning) | tune s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| at one clock: ratio | best wgmma / mma.sync / stock / GEMV ms (tuning) | tune s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | FAILED: {r['error'][:100]} | | | | | | | | |")
+            lines.append(f"| {r['case']} | FAILED: {r['error'][:100]} | | | | | | | | | |")
             continue
         fam = " / ".join(f"{v:.4f}" if v else "–" for v in r["family_ms"].values())
         lines.append(f"| {r['case']} | {r['best_config']} | {r['ms']:.4f} | {r['tflops']:.0f} | {r['cublas_ms']:.4f} | "
-                     f"{r['cublas_tflops']:.0f} | {r['ratio']:.2f}× | {r['graph_ms']:.4f} / {r['cublas_graph_ms']:.4f} / "
-                     f"{r['graph_ratio']:.2f}× | {fam} | {r['tune_s']} |")
+                     f"{r['cublas_tflops']:.0f} | {r['ratio']:.2f}× {_spread(r.get('round_ratios'))} | "
+                     f"{r['graph_ms']:.4f} / {r['cublas_graph_ms']:.4f} / {r['graph_ratio']:.2f}× "
+                     f"{_spread(r.get('graph_round_ratios'))} | {_same_clock(r)} | {fam} | {r['tune_s']} |")
     return "\n".join(lines)
 
 
