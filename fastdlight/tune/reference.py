@@ -5,9 +5,12 @@
 * Any other PrimFunc: the function itself, widened to float64 under a naive schedule (one thread
   per output element, serial reduction; :func:`fastdlight.tune.widen.naive_reference_module`),
   built in the worker pool like a candidate, run once in the probe process, then run here on the
-  same inputs (exactly widened) and on their absolute values.
+  same inputs (exactly widened) and on their absolute values, on a thread of its own from the
+  moment it is built (:meth:`ReferenceRun.start_early`).
 
-Never stock Dlight: a reference must not share a scheduler with what it checks.
+Never a schedule a candidate may have: stock Dlight's candidates come from its Matmul, GEMV and
+reduction rules, the reference from its Fallback rule or fastdlight's own tiled reference
+schedule, which no template uses.
 """
 
 from __future__ import annotations

@@ -72,3 +72,34 @@ def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
         outs.append(out.numpy())
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_the_naive_reference_runs_on_its_own_thread_once_and_reports_why_it_failed():
+    """``start_early`` runs the reference beside the build stream; ``expected`` waits for it and
+    never runs it a second time. A reference that did not build is reported in one line."""
+    import threading
+
+    from fastdlight.tune.candidate import Failure
+    from fastdlight.tune.reference import ReferenceRun
+    from fastdlight.tune.stages import Built
+
+    op = ops.matmul(64, 64, 64, layout="NT")
+    release, calls = threading.Event(), []
+
+    def workload():  # the reference waits for the GPU inputs, made on another thread
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        return object()
+
+    run = ReferenceRun(op.func, None)
+    run.built(Built("ref", None, Failure("nvcc", "nvcc: ptxas error"), 0.1))
+    run.start_early(workload, arch=None)
+    run.start_early(workload, arch=None)  # a second start is a no-op
+    release.set()
+    expected, why = run.expected(wl=None, arch=None)
+    assert expected is None and why.startswith("reference failed: ") and why.endswith("the naive reference did not build or run (nvcc: ptxas error)")
+    assert calls == ["fastdlight-reference"]
+    # a numpy reference never starts early: it runs after the timings
+    numpy_run = ReferenceRun(op.func, op.reference)
+    numpy_run.start_early(workload, arch=None)
+    assert numpy_run._thread is None
