@@ -8,9 +8,10 @@
   same inputs (exactly widened) and on their absolute values, on a thread of its own from the
   moment it is built (:meth:`ReferenceRun.start_early`).
 
-Never a schedule a candidate may have: stock Dlight's candidates come from its Matmul, GEMV and
-reduction rules, the reference from its Fallback rule or fastdlight's own tiled reference
-schedule, which no template uses.
+The reference's schedule is no template's: fastdlight's tiled reference schedule for plain
+contractions, else stock Dlight's Fallback rule, which a stock candidate gets only where none of
+Dlight's Matmul, GEMV and reduction rules applies (an elementwise function) and then in its own
+dtypes, not float64.
 """
 
 from __future__ import annotations
