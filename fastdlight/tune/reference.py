@@ -43,8 +43,8 @@ class ReferenceRun:
 
     def start_early(self, get_workload: Callable[[], Workload | None], arch: CUDA) -> None:
         """Run the naive module now, on a thread of its own, while candidates still build and
-        are timed: only its launches take the GPU turn, and the host work around them (the
-        widening, the copies) overlaps the rest of the run. A numpy reference waits for
+        are timed: only its copies and launches take the GPU turn, and the host work around
+        them (the widening) overlaps the rest of the run. A numpy reference waits for
         :meth:`expected`, after the timings: BLAS on every core would take the CPU from the
         thread queueing the timed launches."""
         if self.ref is not None or self._thread is not None:
@@ -91,26 +91,26 @@ class ReferenceRun:
 
 def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
     """Run the float64 twin of ``wl.func`` on ``wl``'s inputs (or their absolute values), exactly
-    widened: every fp16/bf16/fp32 input value is representable in float64. Only the launch
-    holds the GPU turn; the widening and the copies do not."""
+    widened: every fp16/bf16/fp32 input value is representable in float64. The widening is host
+    work; the copies and the launch hold the GPU turn, since a copy queued between a timing's
+    two events would count in that timing (an 8192x8192 float64 input is 512 MB)."""
     host_inputs = iter(wl.host_inputs)
-    args, outs = [], []
+    params = []  # (shape, dtype, widened host array or None for an output)
     for i, buf in enumerate(param_buffers(wl.func)):
-        shape = static_shape(buf)
-        dtype = _widened_dtype(str(buf.dtype))
-        if i in wl.out_idx:
-            args.append(tvm.runtime.empty(shape, dtype, wl.dev))
-            outs.append(len(args) - 1)
-            continue
-        arr = np.asarray(next(host_inputs))
-        if dtype == "float64":
-            arr = host.as_float64(arr)
-            arr = host.absolute(arr) if absolute else arr
-        args.append(to_device(arr, dtype, wl.dev))
+        shape, dtype = static_shape(buf), _widened_dtype(str(buf.dtype))
+        arr = None
+        if i not in wl.out_idx:
+            arr = np.asarray(next(host_inputs))
+            if dtype == "float64":
+                arr = host.as_float64(arr)
+                arr = host.absolute(arr) if absolute else arr
+        params.append((shape, dtype, arr))
     with GPU_TURN:
+        args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
+                for shape, dtype, arr in params]
         fn(*args)
         wl.dev.sync()
-    return [to_host(args[i]) for i in outs]
+        return [to_host(args[i]) for i in wl.out_idx]
 
 
 def _widened_dtype(dtype: str) -> str:
