@@ -29,7 +29,8 @@ from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.tune import stages  # noqa: E402
 from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
 
-SHAPES = {"up": (2048, 11008, 4096), "down": (2048, 4096, 11008), "llama_up": (512, 5632, 2048)}
+SHAPES = {"up": (2048, 11008, 4096), "down": (2048, 4096, 11008), "llama_up": (512, 5632, 2048),
+          "o": (2048, 4096, 4096), "sq4096": (4096, 4096, 4096)}
 HEAT_MS, BUDGET_MS, SHOWN = 2000.0, 100.0, 7
 
 

@@ -107,18 +107,22 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
 
 
 # -- pick ------------------------------------------------------------------------------------
-#: candidates of the fastest one's kind timed within this fraction of it are a tie, ordered by
-#: the policy's estimate: one kernel's timings differ more than that between runs (2-5% on the
-#: H100 machines), and a 128x128 wgmma tile that won the tuning timing by 0.5% then ran 9-14%
-#: slower in the GEMM benchmark's longer timing, where the estimate's pick did not (2026-11-26)
+#: where the fastest was timed only in the first pass (no hot retime: a single candidate, no
+#: finalists), candidates of its kind timed within this fraction of it are a tie, ordered by the
+#: policy's estimate: one kernel's first-pass timings differ more than that between runs (2-5% on
+#: the H100 machines), and a 128x128 wgmma tile that won a short cold timing by 0.5% ran 9-14%
+#: slower in the GEMM benchmark's longer one (2026-11-26). Hot-retimed finalists go by their hot
+#: times alone: there the estimate preferred 2-CTA clusters, which after 2 s alone ran 5-9%
+#: slower than the fastest hot finalist on LLaMA's o and down projections (session 10 run 13)
 TIE_FRACTION = 0.02
 
 
 def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     """``timed`` (by ``speed_key``) with the fastest one's ties (same kind and timing pass, an
-    estimate, within ``TIE_FRACTION``) ordered by predicted cost; the rest as they were."""
+    estimate, within ``TIE_FRACTION``) ordered by predicted cost where the fastest has only a
+    first-pass timing; the rest as they were. Hot-retimed finalists keep their order."""
     timed = list(timed)
-    if len(timed) < 2 or timed[0].predicted_cost <= 0:
+    if len(timed) < 2 or timed[0].predicted_cost <= 0 or timed[0].timing.hot:
         return timed
     first = timed[0]
     tied = sorted((r for r in timed if r.config.kind == first.config.kind and r.predicted_cost > 0

@@ -362,8 +362,9 @@ def test_parallel_build_comes_from_options_unless_given(monkeypatch, given, opti
 
 
 def test_ties_of_the_fastest_go_to_the_policys_estimate():
-    """Within 2% of the fastest, the candidate the policy ranked better is checked first; a
-    slower one, one of another kind, and stock Dlight's (no estimate) keep latency order."""
+    """Within 2% of the fastest (first-pass timings), the candidate the policy ranked better is
+    checked first; a slower one, one of another kind, and stock Dlight's (no estimate) keep
+    latency order; hot-retimed finalists keep their hot order."""
     import dataclasses
 
     from fastdlight.policies.config import Config
@@ -381,3 +382,10 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
     stock_first = [row(4, 0.99, 0.0, kind="dlight"), fastest, tie]
     assert [r.index for r in pick_order(stock_first)] == [4, 0, 1]
     assert pick_order([]) == [] and [r.index for r in pick_order([slow])] == [2]
+    # hot-retimed finalists go by their hot times alone: no tie goes to the estimate there
+    from fastdlight.tune.measure import Timing
+
+    def hot(r):
+        return r.replace(timing=Timing(r.latency_ms, (r.latency_ms,), hot=True))
+
+    assert [r.index for r in pick_order([hot(fastest), hot(tie), hot(slow)])] == [0, 1, 2]
