@@ -72,9 +72,9 @@ CASES = [
     ("bf16 8192³ NN", 8192, 8192, 8192, "bfloat16", "NN", 1),
 ]
 
-#: timing rounds of the winner and cuBLAS in CUDA graphs, the side timed first flipping every
-#: round: a GPU's clock drifts as it heats (in five fixed-order rounds on an H100 the last two
-#: ran 10-25% slower on both sides). Queued launches are timed by :func:`interleaved`
+#: timing rounds of the winner and cuBLAS (:func:`paired_rounds`), queued and in CUDA graphs, the
+#: side timed first flipping every round: a GPU's clock drifts as it heats (in five fixed-order
+#: rounds on an H100 the last two ran 10-25% slower on both sides)
 ROUNDS = 10
 
 ODD = [(m, n, k, dt, lay, b) for (m, n, k) in [(200, 136, 72), (1000, 520, 264)]
