@@ -35,7 +35,8 @@ CASES = [("4096 NT", 4096, 4096, 4096, "NT"), ("4096 NN", 4096, 4096, 4096, "NN"
 TRACED = [(candidates, "prewarm"), (candidates, "candidate_sets"), (candidates, "stock_configs"),
           (candidates, "apply_and_build"), (workers.WorkerPool, "_run_one"), (workers.WorkerPool, "_setup"),
           (stages.Prober, "run"), (stages.Timer, "_time"), (stages.Timer, "retime_fastest"), (stages, "load_module"),
-          (measure.Workload, "get"), (reference.ReferenceRun, "expected"), (runner, "verify_and_pick"),
+          (measure._WorkloadMaker, "get"), (reference.ReferenceRun, "expected"), (reference.ReferenceRun, "_compute"),
+          (runner, "verify_and_pick"),
           (runner, "plan")]
 SAMPLE_S = 0.02
 
