@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -192,34 +193,37 @@ def poison_value(dtype: str):
 class Workload:
     """Device arguments for ``func`` (random inputs, outputs poisoned before every check)."""
 
-    def __init__(self, func: tirx.PrimFunc, dev=None, seed: int = 0):
+    def __init__(self, func: tirx.PrimFunc, dev=None, seed: int = 0, device_lock=None):
+        """``device_lock``: held while the inputs are copied to the device, not while they are
+        made (a tuning run passes its GPU turn: a copy queued between another function's timing
+        events would count in that timing)."""
         self.func = func
         self.dev = dev if dev is not None else tvm.cuda(0)
         self.buffers = param_buffers(func)
         self.out_idx = output_indices(func)
         rng = np.random.default_rng(seed)
         bounds = index_bounds(func)
-        self.host_inputs: list[np.ndarray] = []
-        self.args = []
+        host: list[np.ndarray | None] = []  # None for an output
         for i, buf in enumerate(self.buffers):
             shape, dtype = static_shape(buf), str(buf.dtype)
             if i in self.out_idx:
-                self.args.append(tvm.runtime.empty(shape, dtype, self.dev))
+                host.append(None)
             elif str(buf.name) in bounds:  # an index into another buffer: stay inside it
-                arr = rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype)
-                self.host_inputs.append(arr)
-                self.args.append(to_device(arr, dtype, self.dev))
+                host.append(rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype))
             else:
-                arr = random_array(shape, dtype, rng)
-                self.host_inputs.append(arr)
-                self.args.append(to_device(arr, dtype, self.dev))
+                host.append(random_array(shape, dtype, rng))
+        self.host_inputs: list[np.ndarray] = [a for a in host if a is not None]
+        with device_lock if device_lock is not None else contextlib.nullcontext():
+            self.args = [tvm.runtime.empty(static_shape(buf), str(buf.dtype), self.dev) if arr is None
+                         else to_device(arr, str(buf.dtype), self.dev) for buf, arr in zip(self.buffers, host)]
         self._arg_sets: list[list] | None = None
         self.bytes = sum(_nbytes(t) for t in self.args)
 
     @classmethod
-    def background(cls, func, given: Workload | None = None, seed: int = 0) -> _WorkloadMaker:
-        """A workload made on the GPU in a thread of its own, while candidates build."""
-        return _WorkloadMaker(func, given, seed)
+    def background(cls, func, given: Workload | None = None, seed: int = 0, device_lock=None) -> _WorkloadMaker:
+        """A workload made on the GPU in a thread of its own, while candidates build; its
+        copies hold ``device_lock`` (see ``__init__``)."""
+        return _WorkloadMaker(func, given, seed, device_lock)
 
     def timing_arg_sets(self, l2_bytes: int) -> list[list]:
         """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
@@ -254,17 +258,17 @@ class Workload:
         return [to_host(self.args[i]) for i in self.out_idx]
 
 class _WorkloadMaker:
-    def __init__(self, func, given: Workload | None, seed: int):
+    def __init__(self, func, given: Workload | None, seed: int, device_lock=None):
         self.workload, self.error = given, None
         self._thread = None
         if given is None:
-            self._thread = threading.Thread(target=self._make, args=(func, seed), daemon=True)
+            self._thread = threading.Thread(target=self._make, args=(func, seed, device_lock), daemon=True)
             self._thread.start()
 
-    def _make(self, func, seed: int) -> None:
+    def _make(self, func, seed: int, device_lock) -> None:
         try:
             with clock.stage("workload"):
-                self.workload = Workload(func, tvm.cuda(0), seed)
+                self.workload = Workload(func, tvm.cuda(0), seed, device_lock)
         except Exception as e:  # noqa: BLE001 - reported by get()'s caller
             self.error = f"{type(e).__name__}: {e}"
 

@@ -37,7 +37,7 @@ from .candidate import BuildRequest, CompileResult
 from .measure import Workload, function_name
 from .options import TuneOptions
 from .report import failure_summary, format_table
-from .stages import Built, Prober, Timer, build_stream, needs_setup
+from .stages import GPU_TURN, Built, Prober, Timer, build_stream, needs_setup
 from .verify import Expected, Verdict, check_outputs
 from .workers import one_line
 
@@ -174,7 +174,8 @@ def verify_and_pick(results: Sequence[CompileResult], wl: Workload, expected: Ex
 def verify_module(module, wl: Workload, expected: Expected) -> Verdict:
     """Poison the outputs, run once on the workload's inputs, check every element."""
     try:
-        outputs = wl.run_outputs(module[function_name(module, wl.func)])
+        with GPU_TURN:  # its copies and launch, never inside another function's timing
+            outputs = wl.run_outputs(module[function_name(module, wl.func)])
     except Exception as e:  # noqa: BLE001 - a launch that fails now is as wrong as a wrong result
         return Verdict.failed(f"check run failed: {one_line(e)}", expected.reference)
     return check_outputs(outputs, expected, [str(wl.buffers[i].dtype) for i in wl.out_idx])
@@ -213,7 +214,7 @@ def _result(p: Plan, built: Built, opts: TuneOptions | None = None) -> CompileRe
 def _measured_run(p: Plan, opts: TuneOptions, t_start: float):
     from .reference import ReferenceRun
 
-    wl_maker = Workload.background(p.func, opts.workload, opts.seed)
+    wl_maker = Workload.background(p.func, opts.workload, opts.seed, device_lock=GPU_TURN)
     timer = Timer(p.arch, wl_maker.get, opts)
     prober = Prober(opts.seed) if opts.probe else None
     if prober is not None:

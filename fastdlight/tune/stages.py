@@ -41,8 +41,10 @@ RETIME_ROUNDS = 3
 OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
-#: held while a candidate is timed and while one is probed: the probe process never puts a
-#: kernel (or a context switch) on the GPU in the middle of a timing
+#: held while a candidate is timed, while one is probed, and while a function's inputs, the
+#: reference's and the checks' copies and launches go to the GPU: nothing else is put on the GPU
+#: (or in its queue) in the middle of a timing. Never wait while holding it for a thread that may
+#: take it (a timing fetches its workload first: :meth:`Timer.time`)
 GPU_TURN = threading.Lock()
 
 
@@ -211,11 +213,12 @@ class Timer:
         self.arg_sets = None
 
     def time(self, module, budget_ms: float) -> Timing:
+        self.get_workload()  # before the turn: the workload's copies take it too
         with clock.holding(GPU_TURN, "time"):
             return self._time(module, budget_ms)
 
     def _time(self, module, budget_ms: float) -> Timing:
-        """(GPU_TURN held)"""
+        """(GPU_TURN held, the workload made)"""
         wl = self.get_workload()
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
@@ -251,6 +254,7 @@ class Timer:
             return list(results)
         samples: dict[int, list[float]] = {r.index: [] for r in finalists}
         failed: dict[int, CompileResult] = {}
+        self.get_workload()  # before the turn: the workload's copies take it too
         with clock.holding(GPU_TURN, "time"):
             self._heat(finalists[0])
             for _ in range(RETIME_ROUNDS):

@@ -51,6 +51,42 @@ def test_workload_checks_a_built_kernel_and_catches_poison(dtype):
     assert not res.ok and res.bad == 64 * 64
 
 
+def test_the_inputs_are_made_without_the_device_lock_and_copied_with_it(monkeypatch):
+    """A tuning run passes its GPU turn: the copies hold it, the slow host work does not."""
+    class Lock:
+        held = False
+
+        def __enter__(self):
+            self.held = True
+
+        def __exit__(self, *exc):
+            self.held = False
+
+    lock, made, copied = Lock(), [], []
+    random_array, to_device = measure.random_array, measure.to_device
+    monkeypatch.setattr(measure, "random_array", lambda *a: made.append(lock.held) or random_array(*a))
+    monkeypatch.setattr(measure, "to_device", lambda *a: copied.append(lock.held) or to_device(*a))
+    op = ops.matmul(16, 16, 16, "float32")
+    wl = measure.Workload(op.func, tvm.cpu(0), seed=3, device_lock=lock)
+    assert made == [False, False] and copied == [True, True] and not lock.held
+    plain = measure.Workload(op.func, tvm.cpu(0), seed=3)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(wl.args[:2], plain.args[:2]))
+
+
+def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
+    from fastdlight.tune import runner, stages
+    from fastdlight.tune.verify import expected_from_numpy
+
+    op = ops.elementwise((8, 8), "float32", "add")
+    mod = cpu_build(op.func)
+    wl = measure.Workload(op.func, tvm.cpu(0))
+    seen = []
+    run_outputs = wl.run_outputs
+    monkeypatch.setattr(wl, "run_outputs", lambda fn: seen.append(stages.GPU_TURN.locked()) or run_outputs(fn))
+    verdict = runner.verify_module(mod, wl, expected_from_numpy(op.reference, wl.host_inputs, op.func))
+    assert verdict.ok and seen == [True] and not stages.GPU_TURN.locked()
+
+
 def test_time_module_budget_and_median():
     op = ops.elementwise((256, 256), "float32", "add")
     mod = cpu_build(op.func)

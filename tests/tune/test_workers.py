@@ -160,3 +160,34 @@ def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
     prober.seed, prober.pool, prober.lock = 7, Pool(), threading.Lock()
     prober.prepare('{"func": 1}').join(timeout=10)
     assert seen == [(build_task.prepare_probe_inputs, ('{"func": 1}', 7), False)]
+
+
+def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatch):
+    """The workload's copies to the GPU take the GPU turn (a copy queued between another
+    function's timing events would count in it), so a timing must not hold the turn while it
+    waits for its workload: that wait would never end."""
+    import threading
+
+    from fastdlight.arch import CUDA
+    from fastdlight.tune import stages
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.options import TuneOptions
+
+    copied = threading.Event()
+
+    def make():  # the workload maker's copies
+        with stages.GPU_TURN:
+            copied.set()
+
+    maker = threading.Thread(target=make, daemon=True)
+
+    def get_workload():
+        if not maker.is_alive() and not copied.is_set():
+            maker.start()
+        maker.join(timeout=5)
+        return object()
+
+    monkeypatch.setattr(stages.Timer, "_time", lambda self, module, budget_ms: Timing.of([1.0]))
+    timer = stages.Timer(CUDA("nvidia/nvidia-h100"), get_workload, TuneOptions())
+    assert timer.time(module=None, budget_ms=1.0).median_ms == 1.0
+    assert copied.is_set() and not stages.GPU_TURN.locked()
