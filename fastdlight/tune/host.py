@@ -53,32 +53,37 @@ def flat(a: np.ndarray) -> np.ndarray:
     return np.ravel(np.asarray(a), order="C")
 
 
-def as_float64(a: np.ndarray) -> np.ndarray:
-    """``a`` in float64 (``a`` itself when it already is), converted chunk by chunk."""
+def map_into(a: np.ndarray, dtype, fill: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray:
+    """A new array of ``a``'s shape in ``dtype``, written chunk by chunk: ``fill(src, dst)``
+    with ``src`` a chunk of ``a`` (flattened) and ``dst`` the same chunk of the result."""
     a = np.asarray(a)
-    if a.dtype == np.float64:
-        return a
-    out = np.empty(a.shape, dtype=np.float64)
+    out = np.empty(a.shape, dtype=dtype)
     src, dst = flat(a), out.reshape(-1)
-
-    def convert(_, s):
-        dst[s] = src[s]
-
-    map_chunks(convert, src.size)
+    map_chunks(lambda _, s: fill(src[s], dst[s]), src.size)
     return out
+
+
+def as_float64(a: np.ndarray, absolute: bool = False) -> np.ndarray:
+    """``a`` in float64 (``a`` itself when it already is), or its absolute values in float64
+    (exact for every float dtype), in one pass."""
+    a = np.asarray(a)
+    if a.dtype == np.float64 and not absolute:
+        return a
+    return map_into(a, np.float64, _widen_absolute if absolute else _widen)
+
+
+def _widen(src: np.ndarray, dst: np.ndarray) -> None:
+    dst[...] = src
+
+
+def _widen_absolute(src: np.ndarray, dst: np.ndarray) -> None:
+    np.abs(src, out=dst)
 
 
 def absolute(a: np.ndarray) -> np.ndarray:
     """``np.abs(a)``, chunk by chunk."""
     a = np.asarray(a)
-    out = np.empty_like(a)
-    src, dst = flat(a), out.reshape(-1)
-
-    def fill(_, s):
-        np.abs(src[s], out=dst[s])
-
-    map_chunks(fill, src.size)
-    return out
+    return map_into(a, a.dtype, _widen_absolute)
 
 
 def uniform(shape, rng: np.random.Generator, dtype=np.float32,

@@ -106,16 +106,10 @@ def static_shape(buf: tirx.Buffer) -> tuple[int, ...]:
 # -- host data --------------------------------------------------------------------------------
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit pattern (round to nearest even)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    out = np.empty(u.shape, dtype=np.uint16)
-    src, dst = u.reshape(-1), out.reshape(-1)
+    def bits(u, dst):
+        dst[...] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
 
-    def bits(_, s):
-        c = src[s]
-        dst[s] = (c + 0x7FFF + ((c >> 16) & 1)) >> 16
-
-    host.map_chunks(bits, src.size)
-    return out
+    return host.map_into(np.ascontiguousarray(x, dtype=np.float32).view(np.uint32), np.uint16, bits)
 
 
 def _bf16_values(bits: np.ndarray) -> np.ndarray:

@@ -102,8 +102,7 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
         if i not in wl.out_idx:
             arr = np.asarray(next(host_inputs))
             if dtype == "float64":
-                arr = host.as_float64(arr)
-                arr = host.absolute(arr) if absolute else arr
+                arr = host.as_float64(arr, absolute)
         params.append((shape, dtype, arr))
     with GPU_TURN:
         args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)

@@ -44,7 +44,7 @@ PROBE_TIMEOUT = 30.0
 #: held while a candidate is timed, while one is probed, and while a function's inputs, the
 #: reference's and the checks' copies and launches go to the GPU: nothing else is put on the GPU
 #: (or in its queue) in the middle of a timing. Never wait while holding it for a thread that may
-#: take it (a timing fetches its workload first: :meth:`Timer.time`)
+#: take it (a timing fetches its workload first: :meth:`Timer._turn`)
 GPU_TURN = threading.Lock()
 
 
@@ -212,9 +212,14 @@ class Timer:
         self.flush = flush_bytes_for(arch.l2_bytes)
         self.arg_sets = None
 
+    def _turn(self):
+        """The GPU turn for timing, taken once the workload is made: its copies take the turn
+        too, so waiting for it while holding the turn would never end."""
+        self.get_workload()
+        return clock.holding(GPU_TURN, "time")
+
     def time(self, module, budget_ms: float) -> Timing:
-        self.get_workload()  # before the turn: the workload's copies take it too
-        with clock.holding(GPU_TURN, "time"):
+        with self._turn():
             return self._time(module, budget_ms)
 
     def _time(self, module, budget_ms: float) -> Timing:
@@ -254,8 +259,7 @@ class Timer:
             return list(results)
         samples: dict[int, list[float]] = {r.index: [] for r in finalists}
         failed: dict[int, CompileResult] = {}
-        self.get_workload()  # before the turn: the workload's copies take it too
-        with clock.holding(GPU_TURN, "time"):
+        with self._turn():
             self._heat(finalists[0])
             for _ in range(RETIME_ROUNDS):
                 for r in (r for r in finalists if r.index not in failed):

@@ -1,6 +1,7 @@
 """The float64 twin of a PrimFunc and its naive schedule: the reference a tuning run checks
 candidates against when no numpy reference is given (see :mod:`fastdlight.tune.reference`).
-Nothing here is shared with any template; the schedule is stock Dlight's Fallback rule alone."""
+Nothing here is shared with any template: the schedule is :func:`tiled_reference_schedule` for a
+plain contraction, stock Dlight's Fallback rule for everything else."""
 
 from __future__ import annotations
 
@@ -78,8 +79,8 @@ def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
 
 
 #: the tiled reference's output tile per thread block (TILE x TILE threads, one output each) and
-#: reduction step held in shared memory: the naive kernel re-reads both operands from global
-#: memory per output, 3.2 s for one 8192^3 product on an H100
+#: reduction step held in shared memory: Fallback's kernel re-reads both operands from global
+#: memory per output, 4.05 s for one 8192^3 float64 product on an H100 against 0.24 s tiled
 TILE = 16
 
 

@@ -26,6 +26,7 @@ def test_widening_and_absolute_values_match_numpy(small_chunks):
     wide = host.as_float64(a)
     assert wide.dtype == np.float64 and np.array_equal(wide, a.astype(np.float64))
     assert np.array_equal(host.absolute(wide), np.abs(wide))
+    assert np.array_equal(host.as_float64(a, absolute=True), np.abs(a).astype(np.float64))
     assert np.array_equal(host.absolute(a[:, ::2]), np.abs(a[:, ::2]))  # not contiguous
     assert host.as_float64(wide) is wide
 
