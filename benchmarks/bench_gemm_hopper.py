@@ -7,8 +7,8 @@ Each case is ``D = cast(A @ B)`` with fp32 accumulation (fp16 or bf16 in and out
 through ``fastdlight.tune``'s candidate path (``candidate_sets``: wgmma and mma.sync configs in
 one measured set, stock Dlight beside them; ``tune_function``, the tuner's own path and defaults: the fastest candidate that
 verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the same way on the same inputs, turn by
-turn in :data:`ROUNDS` rounds, each timing after an untimed one of the same side, the side timed
-first flipping every round (:func:`paired_rounds`; medians; inputs rotated out of L2; kernels
+turn in :data:`ROUNDS` rounds after :data:`SETTLE_TURNS` untimed turns, each timing after an
+untimed one of the same side, the side timed first flipping every round (:func:`paired_rounds`; medians; inputs rotated out of L2; kernels
 under the graph threshold in CUDA graphs on both sides); again in CUDA graphs; and at one clock
 (:func:`interleaved`).
 The row gives the winner, the best of each family, the tuning wall time and the ratio to
@@ -76,6 +76,11 @@ CASES = [
 #: side timed first flipping every round: a GPU's clock drifts as it heats (in five fixed-order
 #: rounds on an H100 the last two ran 10-25% slower on both sides)
 ROUNDS = 10
+#: untimed turns of each side, alternately, before the first round (:func:`paired_rounds`): the
+#: rounds follow the tuning, on a cool GPU whose clock then dips hardest about 0.6-1 s into a
+#: sustained load; without them the winner's second round, the one there, ran 15-18% slower
+#: than its others in every large case (H100, 2026-11-26 session 11, run 1)
+SETTLE_TURNS = 8
 
 ODD = [(m, n, k, dt, lay, b) for (m, n, k) in [(200, 136, 72), (1000, 520, 264)]
        for dt in ("float16", "bfloat16") for lay in ("NT", "NN", "TN", "TT") for b in (1,)] + [
@@ -143,7 +148,8 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
                lambda: time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
     queued = (lambda: time_launches(launch, arg_sets, wl.dev, budget_ms).median_ms,
               lambda: time_torch(fns, budget_ms).median_ms)
-    ours_rounds, cublas_rounds = paired_rounds(*(graphed if short else queued), own_heat=not short)
+    ours_rounds, cublas_rounds = paired_rounds(*(graphed if short else queued), own_heat=not short,
+                                               settle=0 if short else SETTLE_TURNS)
     # queued launches of a short kernel would time the host's launch cost: graphs only there
     same_clock = None if short else interleaved(cycle(launch, arg_sets), cycle(lambda fn: fn(), [[f] for f in fns]),
                                                 INTERLEAVED_MS)
@@ -227,11 +233,16 @@ def interleaved(ours, theirs, budget_ms: float, batch: int = 25) -> tuple[list[f
     return a, b
 
 
-def paired_rounds(ours, theirs, rounds: int = ROUNDS, own_heat: bool = False) -> tuple[list[float], list[float]]:
+def paired_rounds(ours, theirs, rounds: int = ROUNDS, own_heat: bool = False,
+                  settle: int = 0) -> tuple[list[float], list[float]]:
     """``rounds`` timings of each side (``ours()`` and ``theirs()`` return ms), alternately, the
     side timed first flipping every round. ``own_heat``: each timing follows an untimed one of
     the same side, so that a side runs at the clock its own power draw leaves (as the tuner's
-    finalists do, ``stages.OWN_HEAT_MS``), not the one the other side left."""
+    finalists do, ``stages.OWN_HEAT_MS``), not the one the other side left. ``settle``: that
+    many untimed turns of each side, alternately, first (:data:`SETTLE_TURNS`)."""
+    for _ in range(settle):
+        ours()
+        theirs()
     a, b = [], []
     for i in range(rounds):
         for side, out in ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a)):
@@ -276,7 +287,8 @@ def markdown(rows, device) -> str:
         f"Device: {device}. fastdlight's tuner (wgmma + mma.sync + stock Dlight candidates, the fastest "
         "verified one wins) vs cuBLAS (torch.matmul, fp32 accumulation): winner and cuBLAS timed turn by "
         f"turn in {ROUNDS} rounds of 100 ms a side, each after 100 ms of the same side untimed (its own clock), the "
-        "side timed first flipping every round (kernels under 50 µs: in CUDA graphs, without the untimed part); "
+        f"side timed first flipping every round, after {SETTLE_TURNS} untimed turns of each side (kernels under 50 "
+        "µs: in CUDA graphs, without the untimed parts); "
         "in CUDA graphs likewise; at one clock: "
         f"samples of about 0.5 ms taken in turns, {INTERLEAVED_MS:.0f} ms a side. CUDA events, inputs rotated out "
         "of L2. Medians, and in brackets the 10th and 90th percentile of the ratio of one turn's pair.",

@@ -27,6 +27,22 @@ def test_rounds_flip_the_side_timed_first_and_heat_each_side_before_its_timing()
     assert bench.paired_rounds(side("ours"), side("theirs"), rounds=2) == ([1.0, 4.0], [2.0, 3.0])
 
 
+def test_settling_turns_alternate_untimed_before_the_first_round():
+    calls = []
+
+    def side(name):
+        def timed():
+            calls.append(name)
+            return float(len(calls))
+        return timed
+
+    ours, theirs = bench.paired_rounds(side("ours"), side("theirs"), rounds=2, settle=3)
+    assert calls[:6] == ["ours", "theirs"] * 3
+    # the rounds start after them, in the usual flipping order, and keep none of their times
+    assert calls[6:] == ["ours", "theirs", "theirs", "ours"]
+    assert ours == [7.0, 10.0] and theirs == [8.0, 9.0]
+
+
 def test_the_table_gives_each_ratio_with_the_spread_of_its_pairs():
     row = {"case": "fp16 4096³ NN", "best_config": "Config[matmul_wgmma](...)", "ms": 0.2, "tflops": 690,
            "cublas_ms": 0.19, "cublas_tflops": 720, "ratio": 0.95, "round_ratios": [0.9 + 0.01 * i for i in range(11)],
