@@ -6,11 +6,12 @@ candidates measured together) against cuBLAS (torch), same run.
 Each case is ``D = cast(A @ B)`` with fp32 accumulation (fp16 or bf16 in and out), tuned
 through ``fastdlight.tune``'s candidate path (``candidate_sets``: wgmma and mma.sync configs in
 one measured set, stock Dlight beside them; ``tune_function``, the tuner's own path and defaults: the fastest candidate that
-verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the same way on the same inputs, turn by
-turn in :data:`ROUNDS` rounds after :data:`SETTLE_TURNS` untimed turns, each timing after an
-untimed one of the same side, the side timed first flipping every round (:func:`paired_rounds`; medians; inputs rotated out of L2; kernels
-under the graph threshold in CUDA graphs on both sides); again in CUDA graphs; and at one clock
-(:func:`interleaved`).
+verifies against a float64 GPU reference wins), then the winner and ``torch.matmul`` timed the
+same way on the same inputs, turn by turn (:func:`paired_rounds`: after :data:`SETTLE_TURNS`
+untimed turns, :data:`SUSTAINED_ROUNDS` rounds of :data:`SUSTAINED_MS`, each after an untimed
+run of the same side, the side timed first flipping every round; medians; inputs rotated out of
+L2; kernels under the graph threshold in CUDA graphs on both sides, :data:`ROUNDS` rounds);
+again in CUDA graphs; and at one clock (:func:`interleaved`).
 The row gives the winner, the best of each family, the tuning wall time and the ratio to
 cuBLAS. ``--check-odd`` first runs small odd shapes of every layout and dtype (correctness of
 each wgmma candidate, no timing against cuBLAS).
@@ -72,14 +73,21 @@ CASES = [
     ("bf16 8192³ NN", 8192, 8192, 8192, "bfloat16", "NN", 1),
 ]
 
-#: timing rounds of the winner and cuBLAS (:func:`paired_rounds`), queued and in CUDA graphs, the
-#: side timed first flipping every round: a GPU's clock drifts as it heats (in five fixed-order
-#: rounds on an H100 the last two ran 10-25% slower on both sides)
+#: timing rounds of the winner and cuBLAS in CUDA graphs (:func:`paired_rounds`), the side timed
+#: first flipping every round: a GPU's clock drifts as it heats (in five fixed-order rounds on an
+#: H100 the last two ran 10-25% slower on both sides)
 ROUNDS = 10
-#: untimed turns of each side, alternately, before the first round (:func:`paired_rounds`): the
-#: rounds follow the tuning, on a cool GPU whose clock then dips hardest about 0.6-1 s into a
-#: sustained load; without them the winner's second round, the one there, ran 15-18% slower
-#: than its others in every large case (H100, 2026-11-26 session 11, run 1)
+#: rounds at each side's own clock (queued launches, kernels of 50 µs and more): each timing of
+#: SUSTAINED_MS after SUSTAINED_HEAT_MS of the same side untimed. A hot H100's clock swings by
+#: 10-15% over about a second (``bench_sustained --transient``): 100 ms timings landed on its
+#: peaks and troughs by their place in the run (in every large case the second round's ratio
+#: to cuBLAS fell to 0.78-0.89, or the first's 2-10% after the settling turns; H100, 2026-11-26
+#: session 11, runs 1-2); a 700 ms run of one side averages most of a swing
+SUSTAINED_ROUNDS = 4
+SUSTAINED_MS = 700.0
+SUSTAINED_HEAT_MS = 300.0
+#: untimed turns of 100 ms of each side, alternately, before the first round: the rounds follow
+#: the tuning, on a cool GPU whose clock dips hardest about 0.6-1 s into a sustained load
 SETTLE_TURNS = 8
 
 ODD = [(m, n, k, dt, lay, b) for (m, n, k) in [(200, 136, 72), (1000, 520, 264)]
@@ -144,16 +152,20 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
     method = "CUDA graphs" if short else "queued launches"
     # in CUDA graphs: what a model (replayed as a graph) sees, without the host's cost per call
     # (ours encodes three TMA descriptors on the host at every call)
-    graphed = (lambda: time_graph(launch, arg_sets, wl.dev, budget_ms, best.latency_ms).median_ms,
-               lambda: time_torch_graph(fns, budget_ms, best.latency_ms).median_ms)
-    queued = (lambda: time_launches(launch, arg_sets, wl.dev, budget_ms).median_ms,
-              lambda: time_torch(fns, budget_ms).median_ms)
-    ours_rounds, cublas_rounds = paired_rounds(*(graphed if short else queued), own_heat=not short,
-                                               settle=0 if short else SETTLE_TURNS)
+    graphed = (lambda ms: time_graph(launch, arg_sets, wl.dev, ms, best.latency_ms).median_ms,
+               lambda ms: time_torch_graph(fns, ms, best.latency_ms).median_ms)
+    queued = (lambda ms: time_launches(launch, arg_sets, wl.dev, ms).median_ms,
+              lambda ms: time_torch(fns, ms).median_ms)
     # queued launches of a short kernel would time the host's launch cost: graphs only there
-    same_clock = None if short else interleaved(cycle(launch, arg_sets), cycle(lambda fn: fn(), [[f] for f in fns]),
-                                                INTERLEAVED_MS)
-    graph_rounds, cublas_graph_rounds = (ours_rounds, cublas_rounds) if short else paired_rounds(*graphed, own_heat=True)
+    if short:
+        ours_rounds, cublas_rounds = paired_rounds(*graphed, timed_ms=budget_ms)
+        graph_rounds, cublas_graph_rounds = ours_rounds, cublas_rounds
+        same_clock = None
+    else:
+        ours_rounds, cublas_rounds = paired_rounds(*queued, SUSTAINED_ROUNDS, SUSTAINED_MS, SUSTAINED_HEAT_MS,
+                                                   settle=SETTLE_TURNS)
+        same_clock = interleaved(cycle(launch, arg_sets), cycle(lambda fn: fn(), [[f] for f in fns]), INTERLEAVED_MS)
+        graph_rounds, cublas_graph_rounds = paired_rounds(*graphed, timed_ms=budget_ms, heat_ms=budget_ms)
     ours, cublas = float(np.median(ours_rounds)), float(np.median(cublas_rounds))
     graph_ms, cublas_graph_ms = float(np.median(graph_rounds)), float(np.median(cublas_graph_rounds))
     flops = 2.0 * batch * m * n * k
@@ -233,22 +245,23 @@ def interleaved(ours, theirs, budget_ms: float, batch: int = 25) -> tuple[list[f
     return a, b
 
 
-def paired_rounds(ours, theirs, rounds: int = ROUNDS, own_heat: bool = False,
-                  settle: int = 0) -> tuple[list[float], list[float]]:
-    """``rounds`` timings of each side (``ours()`` and ``theirs()`` return ms), alternately, the
-    side timed first flipping every round. ``own_heat``: each timing follows an untimed one of
-    the same side, so that a side runs at the clock its own power draw leaves (as the tuner's
-    finalists do, ``stages.OWN_HEAT_MS``), not the one the other side left. ``settle``: that
-    many untimed turns of each side, alternately, first (:data:`SETTLE_TURNS`)."""
+def paired_rounds(ours, theirs, rounds: int = ROUNDS, timed_ms: float = 100.0, heat_ms: float = 0.0,
+                  settle: int = 0, settle_ms: float = 100.0) -> tuple[list[float], list[float]]:
+    """``rounds`` timings of each side (``ours(ms)`` and ``theirs(ms)`` run that long and return
+    the median ms a launch), alternately, the side timed first flipping every round. ``heat_ms``:
+    each timing follows an untimed run of the same side, so that a side runs at the clock its
+    own power draw leaves (as the tuner's finalists do, ``stages.OWN_HEAT_MS``), not the one the
+    other side left. ``settle``: that many untimed turns of ``settle_ms`` of each side,
+    alternately, first (:data:`SETTLE_TURNS`)."""
     for _ in range(settle):
-        ours()
-        theirs()
+        ours(settle_ms)
+        theirs(settle_ms)
     a, b = [], []
     for i in range(rounds):
         for side, out in ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a)):
-            if own_heat:
-                side()
-            out.append(side())
+            if heat_ms:
+                side(heat_ms)
+            out.append(side(timed_ms))
     return a, b
 
 
@@ -286,10 +299,11 @@ def markdown(rows, device) -> str:
     lines = [
         f"Device: {device}. fastdlight's tuner (wgmma + mma.sync + stock Dlight candidates, the fastest "
         "verified one wins) vs cuBLAS (torch.matmul, fp32 accumulation): winner and cuBLAS timed turn by "
-        f"turn in {ROUNDS} rounds of 100 ms a side, each after 100 ms of the same side untimed (its own clock), the "
-        f"side timed first flipping every round, after {SETTLE_TURNS} untimed turns of each side (kernels under 50 "
-        "µs: in CUDA graphs, without the untimed parts); "
-        "in CUDA graphs likewise; at one clock: "
+        f"turn in {SUSTAINED_ROUNDS} rounds of {SUSTAINED_MS:.0f} ms a side, each after {SUSTAINED_HEAT_MS:.0f} ms "
+        f"of the same side untimed (its own clock), the side timed first flipping every round, after "
+        f"{SETTLE_TURNS} untimed turns of 100 ms of each side (kernels under 50 µs: in CUDA graphs, {ROUNDS} rounds "
+        f"of 100 ms without the untimed parts); in CUDA graphs: {ROUNDS} rounds of 100 ms, each after 100 ms "
+        "untimed; at one clock: "
         f"samples of about 0.5 ms taken in turns, {INTERLEAVED_MS:.0f} ms a side. CUDA events, inputs rotated out "
         "of L2. Medians, and in brackets the 10th and 90th percentile of the ratio of one turn's pair.",
         "",

@@ -65,6 +65,12 @@ CASES = [
     ("mlp down 2048x4096x11008 NN", lambda: matmul_func(2048, 4096, 11008, "float16", "NN"),
      [(128, 192, 64, 1), (128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2)],
      (2048, 4096, 11008)),
+    ("4096^3 NN", lambda: matmul_func(4096, 4096, 4096, "float16", "NN"),
+     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 1), (256, 128, 128, 2), (128, 192, 64, 1),
+      (192, 192, 64, 1)], (4096, 4096, 4096)),
+    ("8192^3 NN", lambda: matmul_func(8192, 8192, 8192, "float16", "NN"),
+     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 1), (256, 128, 128, 2), (128, 192, 64, 1),
+      (192, 192, 64, 1)], (8192, 8192, 8192)),
     ("odd 3000x5120x1000 NT", lambda: matmul_func(3000, 5120, 1000, "float16", "NT"),
      [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], (3000, 5120, 1000)),
 ]
@@ -180,8 +186,8 @@ def transient(name, make, tile, arch, sampler, seconds: float, batch_ms: float =
 
 
 def markdown(rows, device) -> str:
-    lines = [f"Device: {device}", "", "| case | kernel | cold ms | MHz, W | hot ms | MHz, W | hot / cold |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Device: {device}", "", "| case | kernel | cold ms | MHz, W | hot ms | MHz, W | hot / cold | hot: mJ a run, "
+             "kcycles a run |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         kernels = dict(row["tiles"])
         if "torch" in row:
@@ -192,8 +198,12 @@ def markdown(rows, device) -> str:
                 continue
             cw = lambda s: f"{s['clock_mhz']:.0f}, {s['power_w']:.0f}" if s["clock_mhz"] else "-"  # noqa: E731
             diff = f" (max diff {r['max_diff_vs_first']:.3g})" if "max_diff_vs_first" in r else ""
+            hot = r["hot"]
+            # at the power limit a run's energy sets its speed; cycles a run are its speed at one clock
+            work = (f"{hot['power_w'] * r['hot_ms']:.0f}, {hot['clock_mhz'] * r['hot_ms']:.0f}"
+                    if hot["clock_mhz"] else "-")
             lines.append(f"| {row['case']} | {kernel}{diff} | {r['cold_ms']:.4f} | {cw(r['cold'])} | {r['hot_ms']:.4f} "
-                         f"| {cw(r['hot'])} | {r['hot_ms'] / r['cold_ms']:.3f} |")
+                         f"| {cw(hot)} | {r['hot_ms'] / r['cold_ms']:.3f} | {work} |")
     return "\n".join(lines) + "\n"
 
 

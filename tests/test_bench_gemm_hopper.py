@@ -13,25 +13,27 @@ def test_rounds_flip_the_side_timed_first_and_heat_each_side_before_its_timing()
     calls = []
 
     def side(name):
-        def timed():
-            calls.append(name)
+        def timed(ms):
+            calls.append((name, ms))
             return float(len(calls))
         return timed
 
-    ours, theirs = bench.paired_rounds(side("ours"), side("theirs"), rounds=3, own_heat=True)
-    assert calls == ["ours", "ours", "theirs", "theirs", "theirs", "theirs", "ours", "ours",
-                     "ours", "ours", "theirs", "theirs"]
-    # each kept timing is the second of its pair: the first ran untimed, as heat
+    ours, theirs = bench.paired_rounds(side("ours"), side("theirs"), rounds=3, timed_ms=700, heat_ms=300)
+    assert [name for name, _ in calls] == ["ours", "ours", "theirs", "theirs", "theirs", "theirs", "ours", "ours",
+                                           "ours", "ours", "theirs", "theirs"]
+    # each kept timing is the second of its pair: the first ran untimed, as heat, for heat_ms
+    assert [ms for _, ms in calls] == [300, 700] * 6
     assert ours == [2.0, 8.0, 10.0] and theirs == [4.0, 6.0, 12.0]
     calls.clear()
     assert bench.paired_rounds(side("ours"), side("theirs"), rounds=2) == ([1.0, 4.0], [2.0, 3.0])
+    assert [ms for _, ms in calls] == [100.0] * 4
 
 
 def test_settling_turns_alternate_untimed_before_the_first_round():
     calls = []
 
     def side(name):
-        def timed():
+        def timed(ms):
             calls.append(name)
             return float(len(calls))
         return timed
