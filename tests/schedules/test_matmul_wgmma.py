@@ -51,6 +51,9 @@ def check_hopper_kernel(src, cubin, bn, in_abbr="f16"):
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{in_abbr}.{in_abbr}" in src
     assert "cp.async.bulk.tensor" in src and "mbarrier" in src and "setmaxnreg" in src
     assert "global.shared::cta.tile.bulk_group" in src  # the TMA-store epilogue
+    # the three descriptors prefetched (one helper, three calls)
+    assert "prefetch.tensormap" in src and all(f"prefetch_tensormap(((void*)((unsigned long long)(&({m}_map)))))"
+                                                in src for m in "ABD")
     assert cubin.spill_bytes == 0 and 0 < cubin.registers <= 255
 
 
