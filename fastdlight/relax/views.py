@@ -31,7 +31,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 
 from ..arch import CUDA
 from ..policies.prepare import scalar_dtype
-from ..policies.wgmma import match_wgmma
+from ..policies.wgmma_match import match_wgmma
 from ..policies.wgmma_view import as_dtype, substitute
 from .rewrites import mutator_pass
 

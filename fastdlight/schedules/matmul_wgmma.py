@@ -42,8 +42,9 @@ from tvm import tirx
 
 from ..arch import CUDA
 from ..policies.config import Config
-from ..policies.wgmma import (PRODUCER_REGS, SM90_SMEM_OPTIN, WgmmaMatch, consumer_regs, consumer_warpgroups,
-                               distinct_param_names, match_wgmma, max_acc_regs, staging_buffers, staging_bytes)
+from ..policies.wgmma import (PRODUCER_REGS, SM90_SMEM_OPTIN, consumer_regs, consumer_warpgroups, max_acc_regs,
+                               staging_buffers, staging_bytes)
+from ..policies.wgmma_match import WgmmaMatch, distinct_param_names, match_wgmma
 from ..policies.wgmma_conv import PATCH_W
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue

@@ -27,7 +27,7 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
 from ..policies.matmul_match import pair_offset
-from ..policies.wgmma import WgmmaMatch
+from ..policies.wgmma_match import WgmmaMatch
 from .base import root_block
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from ..policies.wgmma import SWIZZLE_BYTES, WgmmaMatch
+from ..policies.wgmma_match import SWIZZLE_BYTES, WgmmaMatch
 from ..policies.wgmma_conv import PATCH_W, ConvGeometry
 from ..policies.wgmma_view import OperandView
 

@@ -8,7 +8,8 @@ import tvm
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma import WgmmaPolicy, match_wgmma, wgmma_eligible
+from fastdlight.policies.wgmma import WgmmaPolicy, wgmma_eligible
+from fastdlight.policies.wgmma_match import match_wgmma
 from fastdlight.schedules.matmul_wgmma import Plan, config_fits
 from fastdlight.tune.candidates import candidate_sets
 

@@ -13,7 +13,8 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma import WgmmaPolicy, match_wgmma
+from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.policies.wgmma_match import match_wgmma
 from fastdlight.relax import prepare
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax.views import fold_view, view_of

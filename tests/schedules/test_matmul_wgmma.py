@@ -16,7 +16,7 @@ from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.schedules import apply_config
 from fastdlight.schedules.wgmma_epilogue import Epilogue, extract_epilogue
 from fastdlight.schedules.wgmma_tma import operands
-from fastdlight.policies.wgmma import match_wgmma
+from fastdlight.policies.wgmma_match import match_wgmma
 from fastdlight.tune.compile import build, compile_cubin, cuda_source, tir_pipeline
 
 H100 = CUDA("nvidia/nvidia-h100")
