@@ -62,9 +62,11 @@ class Config:
     #: matmul_tc only: slices the reduction is cut into (split-K; the partial sums are added by
     #: a second kernel that also runs the epilogue), 1 = no split
     split_k: int = 1
-    #: matmul_wgmma only: CTAs of a thread-block cluster along M (1 or 2); a cluster's CTAs
-    #: compute vertically adjacent tiles and each loads half of their shared B tile, multicast to both
+    #: matmul_wgmma only: CTAs of a thread-block cluster (1 or 2); along M (``cluster_axis``
+    #: "m") they compute vertically adjacent tiles and each loads half of their shared B tile,
+    #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A
     cluster: int = 1
+    cluster_axis: str = "m"
     #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
     #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
     arch: str = ""
@@ -159,6 +161,8 @@ class Config:
             raise ValueError("pipeline_stages must be >= 1")
         if self.cluster not in (1, 2) or (self.cluster > 1 and self.kind != "matmul_wgmma"):
             raise ValueError(f"cluster must be 1, or 2 for matmul_wgmma configs (got {self.cluster})")
+        if self.cluster_axis not in ("m", "n") or (self.cluster_axis == "n" and self.cluster == 1):
+            raise ValueError(f"cluster_axis must be 'm', or 'n' for a cluster (got {self.cluster_axis!r})")
         if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
             raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
         for name, width in self.vectorize:
@@ -205,5 +209,5 @@ class Config:
         if self.rasterization:
             parts.append(f"{'group_m' if self.kind == 'matmul_wgmma' else 'raster'}={self.rasterization}")
         if self.cluster > 1:
-            parts.append(f"cluster={self.cluster}")
+            parts.append(f"cluster{'_n' if self.cluster_axis == 'n' else ''}={self.cluster}")
         return f"Config[{self.kind}]({', '.join(parts)})"

@@ -71,7 +71,10 @@ def ring(consumers: int, stage_bytes: int, smem: int, most: int = 8) -> int:
 TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
 #: CTAs of a cluster along M: each loads half of the B tile they share and multicasts it. On an
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
-#: GEMM stayed within 3%; the tuner measures both
+#: GEMM stayed within 3%; the tuner measures both. Tiles taller than wide come as a cluster
+#: along N instead, sharing A, the larger of their two loads (as cuBLAS's 256x128 NN kernels
+#: do). 256x128 along N against along M, CUDA graphs on an H100 (2026-11-26): 0.2176 against
+#: 0.2155 ms on 4096^3 NN, 0.2162/0.2192 NT, 0.1072/0.1088 LLaMA o, 1.706/1.755 8192^3 NN
 CLUSTER = 2
 #: tiles (the best by estimate) that also get a cluster variant
 CLUSTER_VARIANTS = 3
@@ -83,7 +86,8 @@ class _Tile:
     bn: int
     wm: int  # rows per consumer warpgroup: bm = 2 wm or 3 wm (cooperative), or bm = wm (ping-pong)
     stages: int
-    cluster: int = 1  # CTAs along M sharing (multicasting) each B tile
+    cluster: int = 1  # CTAs sharing (multicasting) each B tile (along M) or A tile (along N)
+    cluster_axis: str = "m"
 
     @property
     def schedule(self) -> str:
@@ -95,8 +99,8 @@ class WgmmaPolicy:
     sharing each tile (cooperative) or taking turns (ping-pong), the deepest stage ring the SM's
     shared memory holds; scored by an estimated time: waves of persistent tiles x (K steps x the
     step's tensor-core time, or its load time when the tile is too small to hide it) + a per-tile
-    overhead; padding waste included. The best few also come as 2-CTA clusters sharing B,
-    whose load time counts half of B."""
+    overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
+    (and, taller than wide, A), whose load time counts half of the shared tile."""
 
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
@@ -144,16 +148,26 @@ class WgmmaPolicy:
                         out.append(_Tile(bm, bn, wm, stages))
         # cluster twins of the best few (each a candidate more to compile)
         best = sorted(out, key=self.cost)[:CLUSTER_VARIANTS]
-        return out + [dataclasses.replace(t, cluster=CLUSTER) for t in best if self._clusters(t.bm, t.bn)]
+        twins = [dataclasses.replace(t, cluster=CLUSTER, cluster_axis=self.cluster_axis(t.bm, t.bn))
+                 for t in best]
+        return out + [t for t in twins if self._clusters(t.bm, t.bn, t.cluster_axis)]
 
-    def _clusters(self, bm: int, bn: int) -> bool:
-        """Whether two CTAs along M should share this tile's B: two rows of tiles at least, and
-        whole 64-column chunks each where B is MN-major. Halves of chunks along K (192 columns)
-        are correct but ran slow hot: 192x192 NN 0.334 ms with a cluster, 0.278 without (H100,
-        2026-11-26); ``config_fits`` still takes them."""
+    @staticmethod
+    def cluster_axis(bm: int, bn: int) -> str:
+        """The axis a tile's cluster runs along: the one whose CTAs share the larger operand
+        tile (N, sharing A, for tiles taller than wide)."""
+        return "n" if bm > bn else "m"
+
+    def _clusters(self, bm: int, bn: int, axis: str) -> bool:
+        """Whether two CTAs along ``axis`` should share this tile's B (along M) or A (along N):
+        two rows (columns) of tiles at least, and whole 64-column chunks each where the shared
+        operand is MN-major. Halves of chunks along K (192 columns) are correct but ran slow
+        hot: 192x192 NN 0.334 ms with a cluster, 0.278 without (H100, 2026-11-26);
+        ``config_fits`` still takes them."""
         mt = self.match
-        return (isinstance(mt.m, int) and mt.m_tiles(bm) >= CLUSTER and not mt.splits_chunks(bn, CLUSTER)
-                and mt.cluster_fits(bn, CLUSTER))
+        tiles = mt.m_tiles(bm) if axis == "m" else -(-mt.n // bn)
+        return (isinstance(mt.m, int) and tiles >= CLUSTER and not mt.splits_chunks(bm, bn, CLUSTER, axis)
+                and mt.cluster_fits(bm, bn, CLUSTER, axis))
 
     def cost(self, t: _Tile) -> float:
         mt, arch = self.match, self.arch
@@ -164,7 +178,8 @@ class WgmmaPolicy:
         per_sm_flops_per_cycle = peak * WGMMA_EFFICIENCY / (arch.sm_count * CLOCK_HZ)
         mma = 2 * t.bm * t.bn * BK / per_sm_flops_per_cycle
         l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
-        load = (t.bm + t.bn / t.cluster) * BK * mt.in_bytes / l2_per_cycle  # a cluster shares B
+        shared_a, shared_b = (t.cluster, 1) if t.cluster_axis == "n" else (1, t.cluster)
+        load = (t.bm / shared_a + t.bn / shared_b) * BK * mt.in_bytes / l2_per_cycle
         cycles = waves * (steps * max(mma, load) + TILE_OVERHEAD_CYCLES[t.schedule])
         return cycles / CLOCK_HZ
 
@@ -174,10 +189,12 @@ class WgmmaPolicy:
         return 16 if grid_m >= 32 else 8 if grid_m >= 8 else 1
 
     def emit_config(self, topk: int = 8) -> list[Config]:
-        ranked = sorted(self.tiles(), key=lambda t: (self.cost(t), -t.bm * t.bn, t.bm != t.wm, t.cluster))
+        ranked = sorted(self.tiles(),
+                        key=lambda t: (self.cost(t), -t.bm * t.bn, t.bm != t.wm, t.cluster, t.cluster_axis))
         return [
             Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(BK,), pipeline_stages=t.stages,
-                   use_async_copy=True, rasterization=self.group_m(t), cluster=t.cluster, cost=self.cost(t))
+                   use_async_copy=True, rasterization=self.group_m(t), cluster=t.cluster,
+                   cluster_axis=t.cluster_axis, cost=self.cost(t))
             for t in ranked[:topk]
         ]
 

@@ -78,20 +78,23 @@ class WgmmaMatch:
     def out_bytes(self) -> int:
         return NBYTES[self.out_dtype]
 
-    def splits_chunks(self, bn: int, cluster: int) -> bool:
-        """Whether an MN-major ``bn``-wide B tile's 64-column chunks do not divide among
-        ``cluster`` CTAs, so that each loads a share of every chunk along K
-        (``wgmma_tma.Operand.k_pieces``)."""
-        return not self.b_k_major and bn // (SWIZZLE_BYTES // self.in_bytes) % cluster != 0
+    def splits_chunks(self, bm: int, bn: int, cluster: int, axis: str = "m") -> bool:
+        """Whether the shared tile's (B's, ``bn`` wide, along M; A's, ``bm`` high, along N)
+        64-column chunks, MN-major, do not divide among ``cluster`` CTAs, so that each loads a
+        share of every chunk along K (``wgmma_tma.Operand.k_pieces``)."""
+        k_major, rows = (self.b_k_major, bn) if axis == "m" else (self.a_k_major, bm)
+        return not k_major and rows // (SWIZZLE_BYTES // self.in_bytes) % cluster != 0
 
-    def cluster_fits(self, bn: int, cluster: int) -> bool:
-        """Whether ``cluster`` CTAs along M can share a ``bn``-wide B tile: K-major, one of its
-        two boxes a CTA; MN-major, whole 64-column chunks each, or shares of every chunk along K
-        (:meth:`splits_chunks`); a share of a K step is whole 8-row swizzle atoms. Not for
-        convolutions."""
+    def cluster_fits(self, bm: int, bn: int, cluster: int, axis: str = "m") -> bool:
+        """Whether ``cluster`` CTAs along ``axis`` can share a tile: B (``bn`` wide) along M, A
+        (``bm`` high, not through a view) along N. K-major, one of its boxes a CTA; MN-major,
+        whole 64-column chunks each, or shares of every chunk along K (:meth:`splits_chunks`);
+        a share of a K step is whole 8-row swizzle atoms. Not for convolutions."""
         if cluster == 1:
             return True
-        return self.conv is None and (not self.b_k_major or 2 % cluster == 0) and BK % (8 * cluster) == 0
+        k_major, rows = (self.b_k_major, bn) if axis == "m" else (self.a_k_major, bm)
+        return (self.conv is None and (axis == "m" or self.a_view is None) and BK % (8 * cluster) == 0
+                and (not k_major or rows % (8 * cluster) == 0))
 
     def views_fit(self, bm: int, bn: int) -> bool:
         """Whether operands read through views take tiles of ``bm`` x ``bn`` (see

@@ -69,7 +69,8 @@ class Plan:
     group_m: int
     num_sms: int
     wg_m: int = 64
-    cluster: int = 1  # CTAs of a cluster along M, sharing B (see ``Operand.split``)
+    cluster: int = 1  # CTAs of a cluster, sharing B (along M) or A (along N; see ``Operand.split``)
+    cluster_axis: str = "m"
     smem: int = SM90_SMEM_OPTIN  # the shared memory a block may opt in to
 
     producer_regs = PRODUCER_REGS
@@ -155,15 +156,23 @@ class Plan:
     def grid_n(self) -> int:
         return -(-self.match.n // self.bn)
 
+    def _along(self, axis: str) -> int:
+        return self.cluster if self.cluster_axis == axis else 1
+
     @property
     def cluster_grid_m(self):
-        """Clusters' rows of tiles: a cluster takes ``cluster`` vertically adjacent tiles."""
-        return (self.grid_m + self.cluster - 1) // self.cluster
+        """Clusters' rows of tiles: a cluster along M takes ``cluster`` vertically adjacent tiles."""
+        return (self.grid_m + self._along("m") - 1) // self._along("m")
+
+    @property
+    def cluster_grid_n(self):
+        """Clusters' columns of tiles: a cluster along N takes ``cluster`` horizontally adjacent ones."""
+        return (self.grid_n + self._along("n") - 1) // self._along("n")
 
     @property
     def tiles(self) -> int:
         """Work items of the persistent loop: tiles, or clusters' groups of tiles."""
-        return self.match.batch * self.cluster_grid_m * self.grid_n
+        return self.match.batch * self.cluster_grid_m * self.cluster_grid_n
 
     @property
     def workers(self) -> int:
@@ -181,7 +190,11 @@ class Plan:
 
     def cta_m(self, m, rank):
         """The M tile of the CTA of rank ``rank`` in a cluster whose group of tiles is ``m``."""
-        return m * self.cluster + rank
+        return m * self.cluster + rank if self._along("m") > 1 else m
+
+    def cta_n(self, n, rank):
+        """The N tile of the CTA of rank ``rank`` in a cluster whose group of tiles is ``n``."""
+        return n * self.cluster + rank if self._along("n") > 1 else n
 
     @property
     def k_steps(self) -> int:
@@ -256,11 +269,11 @@ class Plan:
         """(batch, M tile, N tile) of a linear tile index: batch outermost, then groups of
         ``group_m`` M-tiles walked column by column (the last group may be shorter)."""
         grid_m = self.cluster_grid_m
-        per_batch = grid_m * self.grid_n
+        per_batch = grid_m * self.cluster_grid_n
         b, t = tile // per_batch, tile % per_batch
         if self.group_m <= 1:
             return b, t % grid_m, t // grid_m
-        group = self.group_m * self.grid_n
+        group = self.group_m * self.cluster_grid_n
         first_m = (t // group) * self.group_m
         height = tirx.min(grid_m - first_m, self.group_m)
         return b, first_m + (t % group) % height, (t % group) // height
@@ -285,7 +298,7 @@ def config_fits(match: WgmmaMatch, config: Config) -> bool:
         wm in (64, 128) and (bm in (wm, 2 * wm) or three) and wn == bn and bk == chunk and 16 <= bn <= 256
         and (wm // 64) * bn // 2 <= max_acc_regs(consumer_warpgroups(bm, wm)) and bn % match.bn_multiple == 0
         and (match.b_k_major or bn % chunk == 0) and config.pipeline_stages >= 2
-        and match.cluster_fits(bn, config.cluster) and match.views_fit(bm, bn)
+        and match.cluster_fits(bm, bn, config.cluster, config.cluster_axis) and match.views_fit(bm, bn)
     )  # fmt: skip
 
 
@@ -304,7 +317,7 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         arch = CUDA(target) if target is not None else None
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
                     config.rasterization, arch.sm_count if arch else 132, config.warp[0], config.cluster,
-                    arch.smem_per_block_optin if arch else SM90_SMEM_OPTIN)
+                    config.cluster_axis, arch.smem_per_block_optin if arch else SM90_SMEM_OPTIN)
         return build_kernel(func, plan)
 
 
@@ -337,7 +350,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     register_codegen_fixes()
     func = distinct_param_names(func)
     epilogue = extract_epilogue(func, plan.match)
-    a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk, plan.cluster)
+    a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk, plan.cluster, plan.cluster_axis)
     params = "" if bind is not None else ", ".join(
         f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()

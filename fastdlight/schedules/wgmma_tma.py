@@ -29,7 +29,7 @@ class Operand:
     dims: tuple[int, ...]  # the global tensor, innermost first (TMA order)
     elem_bytes: int
     #: CTAs of a cluster sharing the tile: each loads its share of the pieces (``mine``) and
-    #: multicasts them to all (B of a 2-CTA cluster along M); 1: loaded whole, unicast
+    #: multicasts them to all (B of a 2-CTA cluster along M, A of one along N); 1: loaded whole, unicast
     split: int = 1
     #: read through a view of a larger tensor (the box spans its row and K axes), or None
     view: OperandView | None = None
@@ -215,24 +215,27 @@ class ConvOutput(Output):
         return [col, q0, p0 + row // PATCH_W, img]
 
 
-def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1) -> tuple[Operand, Operand, Output]:
+def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1,
+             cluster_axis: str = "m") -> tuple[Operand, Operand, Output]:
+    """A's, B's and the output's TMA plans; a cluster along M shares B, one along N shares A."""
     def dims(inner, outer, batched):
         return (inner, outer) + ((match.batch,) if batched and match.batch > 1 else ())
 
     eb = match.in_bytes
+    a_split, b_split = (1, cluster) if cluster_axis == "m" else (cluster, 1)
     if match.b_view is not None:
-        b = Operand(match.b_k_major, bn, bk, match.b_view.dims, eb, cluster, match.b_view)
+        b = Operand(match.b_k_major, bn, bk, match.b_view.dims, eb, b_split, match.b_view)
     else:
         b = Operand(match.b_k_major, bn, bk, dims(match.k, match.n, match.b_batched) if match.b_k_major
-                    else dims(match.n, match.k, match.b_batched), eb, cluster)
+                    else dims(match.n, match.k, match.b_batched), eb, b_split)
     geo = match.conv
     if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
         a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo=geo)
         return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
     if match.a_view is not None:
-        a = Operand(match.a_k_major, bm, bk, match.a_view.dims, eb, view=match.a_view)
+        a = Operand(match.a_k_major, bm, bk, match.a_view.dims, eb, a_split, view=match.a_view)
     else:
         a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
-                    else dims(match.m, match.k, match.a_batched), eb)
+                    else dims(match.m, match.k, match.a_batched), eb, a_split)
     d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm)
     return a, b, d

@@ -107,6 +107,11 @@ def test_config_is_immutable():
 def test_cluster_is_for_wgmma_configs_and_shows_in_the_repr():
     c = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4, cluster=2)
     assert "cluster=2" in repr(c) and Config.from_dict(c.to_dict()) == c
+    along_n = Config("matmul_wgmma", block=(256, 128), warp=(128, 128), rstep=(64,), cluster=2, cluster_axis="n")
+    assert "cluster_n=2" in repr(along_n) and Config.from_dict(along_n.to_dict()) == along_n != c
+    for cluster, axis in ((1, "n"), (2, "k")):
+        with pytest.raises(ValueError, match="cluster_axis"):
+            Config("matmul_wgmma", block=(256, 128), warp=(128, 128), rstep=(64,), cluster=cluster, cluster_axis=axis)
     assert c != Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4)
     for kind, cluster in (("matmul_tc", 2), ("matmul_wgmma", 3)):
         with pytest.raises(ValueError, match="cluster"):

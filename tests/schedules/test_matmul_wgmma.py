@@ -14,6 +14,7 @@ from fastdlight.arch import CUDA
 from fastdlight.policies.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.schedules import apply_config
+from fastdlight.schedules.matmul_wgmma import Plan
 from fastdlight.schedules.wgmma_epilogue import Epilogue, extract_epilogue
 from fastdlight.schedules.wgmma_tma import operands
 from fastdlight.policies.wgmma_match import match_wgmma
@@ -27,10 +28,10 @@ def gemm(m, n, k, dtype="float16", layout="NN", batch=None, out=None):
     return ops.matmul(m, n, k, dtype, out or dtype, layout, batch, acc_dtype="float32").func
 
 
-def wgmma(bm=128, bn=256, stages=4, group=8, wm=64, cluster=1) -> Config:
+def wgmma(bm=128, bn=256, stages=4, group=8, wm=64, cluster=1, axis="m") -> Config:
     """bm = 2 wm: cooperative (both consumer warpgroups on each tile); bm = wm: ping-pong."""
     return Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=stages,
-                  use_async_copy=True, rasterization=group, cluster=cluster)
+                  use_async_copy=True, rasterization=group, cluster=cluster, cluster_axis=axis)
 
 
 def kernel(func, config):
@@ -116,6 +117,34 @@ def test_two_cta_clusters_multicast_b_and_release_stages_in_both_ctas():
     assert (192, 192) in {c.block for c in nn} and not any(c.cluster > 1 and c.block[1] == 192 for c in nn)
     assert any(c.cluster > 1 for c in nn)
     assert {c.cluster for c in WgmmaPolicy(gemm(64, 512, 264, "float16", "NT"), H100).emit_config(40)} == {1}
+
+
+def test_two_cta_clusters_along_n_multicast_a():
+    """Clusters along N: horizontally adjacent tiles sharing A, each CTA loading half of it
+    (K-major: half the rows; M-major, three 64-column chunks: half of each along K)."""
+    jobs = [
+        (gemm(1000, 520, 264, "float16", "NN"), wgmma(256, 128, wm=128, cluster=2, axis="n")),
+        (gemm(1000, 520, 264, "bfloat16", "TN"), wgmma(192, 128, 4, cluster=2, axis="n")),
+    ]
+    for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
+        check_hopper_kernel(src, cubin, config.block[1], {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)])
+        # one load form multicast (A's), one not (B's); stages released in both CTAs
+        assert src.count(".multicast::cluster [") == 1 and "complete_tx::bytes [" in src
+        assert "mapa.shared::cluster" in src and "%cluster_ctarank" in src
+    match = match_wgmma(jobs[0][0])[0]
+    a, b, _ = operands(match, 256, 128, 64, cluster=2, cluster_axis="n")
+    assert (a.split, b.split, a.loads, a.box[:2]) == (2, 1, 2, (64, 128))  # [k, rows]: half of A's rows each
+    assert [a.coords(0, 1, 2, c) for c in (0, 1)] == [[128, 256], [128, 384]] and [a.mine(c, 1) for c in (0, 1)] == [False, True]
+    m_major = operands(match_wgmma(jobs[1][0])[0], 192, 128, 64, cluster=2, cluster_axis="n")[0]
+    assert (m_major.k_pieces, m_major.loads, m_major.box[:2]) == (2, 6, (64, 32))
+    plan = Plan(match, 256, 128, 64, 4, 8, 132, 128, 2, "n")
+    assert (plan.cluster_grid_m, plan.cluster_grid_n, plan.tiles) == (4, 3, 12)  # 5 N tiles: 3 pairs
+    assert (plan.cta_m(3, 1), plan.cta_n(2, 1), Plan(match, 256, 128, 64, 4, 8, 132, 128, 2).cta_n(2, 1)) == (3, 5, 2)
+    # the policy's cluster twins share the larger tile: A where the tile is taller than wide
+    configs = WgmmaPolicy(gemm(4096, 4096, 4096, "float16", "NN"), H100).emit_config(20)
+    twins = [c for c in configs if c.cluster > 1]
+    assert {c.cluster_axis for c in twins} == {"m", "n"}
+    assert all(c.cluster_axis == ("n" if c.block[0] > c.block[1] else "m") for c in twins)
 
 
 def test_policy_top_configs_compile():

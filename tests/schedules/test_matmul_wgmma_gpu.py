@@ -63,6 +63,26 @@ def test_clusters_sharing_odd_chunks_of_b_are_correct(dtype, arch):
     assert not bad and len(results) == 3, "\n".join(bad)
 
 
+@pytest.mark.parametrize("layout,dtype,shape", [
+    ("NN", "float16", (1000, 1000, 264, None)),  # K-major A: each CTA one box of half the rows
+    ("TN", "bfloat16", (1000, 1000, 264, None)),  # M-major A: 64-column chunks, or K halves of 3
+    ("NT", "float16", (264, 520, 128, 3)),  # batched, an odd number of N tiles: the last pair's second clipped
+])  # fmt: skip
+def test_clusters_along_n_sharing_a_are_correct(layout, dtype, shape, arch):
+    """2-CTA clusters along N: horizontally adjacent tiles, each CTA loading half of the A tile
+    they share and multicasting it; cooperative, ping-pong and three-warpgroup tiles, with edges."""
+    m, n, k, batch = shape
+    op = ops.matmul(m, n, k, dtype, dtype, layout, batch, acc_dtype="float32")
+    tiles = [(256, 128, 128, 4), (192, 128, 64, 4), (128, 64, 64, 6), (128, 128, 128, 6)]  # (bm, bn, wm, stages)
+    configs = [Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=stages,
+                      use_async_copy=True, rasterization=8, cluster=2, cluster_axis="n")
+               for bm, bn, wm, stages in tiles]
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad and len(results) == len(tiles), "\n".join(bad)
+
+
 @pytest.mark.parametrize("build,m,n,k,dtype", [
     (ops.matmul_gated, 1000, 520, 264, "float16"), (ops.matmul_gated, 300, 1040, 200, "bfloat16"),
     (ops.matmul_residual, 1000, 520, 264, "float16"),  # fp32 reads and output: 8-byte pairs
