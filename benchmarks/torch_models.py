@@ -139,6 +139,11 @@ def specs() -> dict[str, ModelSpec]:
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=True), (1, 512, 2048)),
         ModelSpec("llama_b4_s512", "LLaMA layer b4 s512 d2048 16 heads ff5632, RMSNorm, causal, SiLU",
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=True), (4, 512, 2048)),
+        # K not a multiple of 8: fp16 rows of 2002 bytes, which TMA cannot address unpadded
+        ModelSpec("linear_k1001", "Linear 3000 tokens, 1001 -> 5120, bias (K not a multiple of 8)",
+                  lambda: nn.Linear(1001, 5120), (3000, 1001)),
+        ModelSpec("linear_k4095", "Linear 2048 tokens, 4095 -> 4096, bias (K not a multiple of 8)",
+                  lambda: nn.Linear(4095, 4096), (2048, 4095)),
         ModelSpec("resnet18_nhwc_b16", "ResNet-18 batch 16, 224x224, NHWC/OHWI via ConvertLayout",
                   ResNet18, (16, 3, 224, 224), "NHWC"),
         ModelSpec("resnet18_nchw_b16", "ResNet-18 batch 16, 224x224, NCHW model (for_inference: NHWC inside)",

@@ -26,6 +26,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from ..tune.build_task import install_compile_callback
 from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
 from ..tune.compile import build as build_prim_funcs
+from .aligned import tma_aligned_matmuls
 from .apply_fast_tuning import ApplyFastTuning
 from .convs import im2col_convs
 from .gated import gated_projections
@@ -105,6 +106,7 @@ def prepare(target) -> tvm.transform.Pass:
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
+        tma_aligned_matmuls(target),  # where the target has wgmma: K padded to whole 16-byte rows
         gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
         causal_masks(),  # before softmax_of_fp16, which then finds the widened scores
         softmax_of_fp16(),
