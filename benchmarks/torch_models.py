@@ -144,6 +144,11 @@ def specs() -> dict[str, ModelSpec]:
                   lambda: nn.Linear(1001, 5120), (3000, 1001)),
         ModelSpec("linear_k4095", "Linear 2048 tokens, 4095 -> 4096, bias (K not a multiple of 8)",
                   lambda: nn.Linear(4095, 4096), (2048, 4095)),
+        # N not a multiple of 8: output rows (and the bound [K, N] weight's) TMA cannot address
+        ModelSpec("linear_n4095", "Linear 2048 tokens, 4096 -> 4095, bias (N not a multiple of 8)",
+                  lambda: nn.Linear(4096, 4095), (2048, 4096)),
+        ModelSpec("lm_head_gpt2", "GPT-2's LM head: 2048 tokens, 768 -> 50257, no bias",
+                  lambda: nn.Linear(768, 50257, bias=False), (2048, 768)),
         ModelSpec("resnet18_nhwc_b16", "ResNet-18 batch 16, 224x224, NHWC/OHWI via ConvertLayout",
                   ResNet18, (16, 3, 224, 224), "NHWC"),
         ModelSpec("resnet18_nchw_b16", "ResNet-18 batch 16, 224x224, NCHW model (for_inference: NHWC inside)",

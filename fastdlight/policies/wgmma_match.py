@@ -101,6 +101,12 @@ class WgmmaMatch:
         :meth:`OperandView.fits`)."""
         return (self.a_view is None or self.a_view.fits(bm, self.m)) and (self.b_view is None or self.b_view.fits(bn, self.n))
 
+    @property
+    def tma_store(self) -> bool:
+        """Whether TMA can store the output's rows (each a multiple of 16 bytes); else the
+        template stores them element by element."""
+        return self.out_n * self.out_bytes % TMA_STRIDE_BYTES == 0
+
     def m_tiles(self, bm: int):
         """Tiles of ``bm`` output rows: of M, or of the convolution's image patches."""
         return self.conv.m_tiles(bm) if self.conv is not None else (self.m + bm - 1) // bm
@@ -254,10 +260,8 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
 
 
 def _stores_whole_tiles(match: WgmmaMatch) -> tuple[WgmmaMatch | None, str]:
-    """``(match, "")`` where TMA can store the output's rows and the matmul fills a wgmma tile
-    (M ≥ 64, N ≥ 16); else ``(None, reason)``."""
-    if reason := _output_rows_misaligned(match):
-        return None, reason
+    """``(match, "")`` where the matmul fills a wgmma tile (M ≥ 64, N ≥ 16); else ``(None,
+    reason)``. Output rows TMA cannot address are stored by the threads (``tma_store``)."""
     if match.m < 64 or match.n < 16:
         return None, f"M={match.m}, N={match.n}: below one wgmma tile (the GEMV path takes these)"
     return match, ""

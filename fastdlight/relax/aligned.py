@@ -4,13 +4,17 @@ loads its tiles by TMA, which needs every global stride to be a multiple of 16 b
 GEMM would be left to the mma.sync template (0.5-0.67x of cuBLAS on an H100). Instead both
 operands are zero-padded along K to a multiple of 8: the added products are 0 x 0, so the
 result is the same. A bound weight is padded here, once, as a constant; an activation or a
-weight passed in gets a ``nn.pad``, a copy of it (one, however many matmuls read it)."""
+weight passed in gets a ``nn.pad``, a copy of it (one, however many matmuls read it).
+
+N not a multiple of 8 leaves the output's rows and a ``[K, N]`` weight's rows unaddressable:
+the template stores such outputs itself (``wgmma_tma.Output.tma``), and a bound weight is
+stored ``[N, K]`` instead, its rows then K long."""
 
 from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..arch import CUDA
@@ -31,10 +35,21 @@ def padded_k(k: int, dtype: str) -> int:
     return -(-k // per) * per
 
 
+def matmul_nt(a: te.Tensor, weight: te.Tensor, out_dtype: str) -> te.Tensor:
+    """``a @ weight^T`` for ``a [..., M, K]`` and ``weight [N, K]``, products and sums in ``out_dtype``."""
+    k = te.reduce_axis((0, a.shape[-1]), name="k")
+    return te.compute(
+        (*a.shape[:-1], weight.shape[0]),
+        lambda *i: te.sum(a[(*i[:-1], k)].astype(out_dtype) * weight[i[-1], k].astype(out_dtype), axis=k),
+        name="matmul")
+
+
 def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
-    """``matmul(a, b)`` with fp16/bf16 operands of static shapes, K not a multiple of 8 and at
-    least one wgmma tile of output as ``matmul(pad(a), pad(b))`` along K. Not applied where
-    ``target`` has no wgmma: the other templates load rows at any alignment."""
+    """``matmul(a, b)`` with fp16/bf16 operands of static shapes and at least one wgmma tile of
+    output, where K is not a multiple of 8: ``matmul(pad(a), pad(b))`` along K. Where N is not
+    and ``b`` is a bound weight ``[K, N]``: :func:`matmul_nt` of ``a`` and the weight stored
+    ``[N, K]`` (its rows then are K long; the template stores the output's rows itself). Not
+    applied where ``target`` has no wgmma: the other templates load rows at any alignment."""
     has_wgmma = target is None or CUDA(target).has_wgmma
 
     @mutator
@@ -60,9 +75,16 @@ def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
                 return call
             k = sa[-1]
             extra = padded_k(k, dtype) - k
+            weight = constant_value(self, b)
+            n_misaligned = padded_k(sb[-1], dtype) != sb[-1]
+            out_dtype = str(call.ty.dtype)
+            if n_misaligned and weight is not None and weight.ndim == 2:
+                # a bound weight [K, N] whose rows TMA cannot address: read as [N, K] instead
+                rows_k = np.ascontiguousarray(np.pad(weight, [(0, extra), (0, 0)]).T)
+                return self.builder_.call_te(matmul_nt, self.pad(a, len(sa) - 1, extra), relax.const(rows_k, dtype),
+                                             out_dtype, primfunc_name_hint="matmul_nt")
             if extra == 0:
                 return call
-            out_dtype = str(call.ty.dtype)
             return relax.op.matmul(self.pad(a, len(sa) - 1, extra), self.pad(b, len(sb) - 2, extra), out_dtype)
 
         def pad(self, x, axis: int, extra: int):

@@ -331,7 +331,7 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
 
     symbolic, static = distinct_param_names(symbolic), distinct_param_names(static)
     match, _reason = match_wgmma(static)
-    if match is None or not config_fits(match, config):
+    if match is None or not match.tma_store or not config_fits(match, config):
         return None
     out = next((p for p in symbolic.params if str(p.name) == match.d_name), None)
     rows = out.shape[-2] if out is not None and len(out.shape) >= 2 else None
@@ -351,10 +351,15 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     func = distinct_param_names(func)
     epilogue = extract_epilogue(func, plan.match)
     a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk, plan.cluster, plan.cluster_axis)
+    out = next(p for p in func.params if str(p.name) == plan.match.d_name)
     params = "" if bind is not None else ", ".join(
         f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
+            .replace("{D_MAP}", ("\n" + _indent("{D_MAP}")).join(d.host(plan.match.d_name)))
+            .replace("{D_PREFETCH}", ("\n" + _indent("{D_PREFETCH}")).join(d.prefetch()))
+            .replace("{STORE_CHUNK}", ("\n" + _indent("{STORE_CHUNK}")).join(
+                d.store_chunk(plan.match.d_name, len(out.shape), plan.match.m, plan.match.out_n, plan.match.out_dtype)))
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
             .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,

@@ -144,11 +144,52 @@ class Operand:
 
 @dataclass(frozen=True)
 class Output:
-    """The output's TMA store: 64-row x 128-byte chunks, one consumer warpgroup's rows each."""
+    """The output's TMA store: 64-row x 128-byte chunks, one consumer warpgroup's rows each.
+    Where TMA cannot address its rows (``tma`` false: a row is not a multiple of 16 bytes) the
+    warpgroup's threads store each chunk from shared memory themselves, one element a store,
+    consecutive threads on consecutive columns."""
 
     dims: tuple[int, ...]
     elem_bytes: int
     bm: int
+    tma: bool = True
+
+    def host(self, d_name: str) -> list[str]:
+        """The kernel's host statements for the output: its tensor map (TMA), or none."""
+        if not self.tma:
+            return ["T.evaluate(0)"]
+        return ['D_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)',
+                f'T.call_packed("runtime.cuTensorMapEncodeTiled", D_map, K_OUT_DTYPE, len(K_D.dims), {d_name}.data, '
+                "*K_D.dims, *K_D.strides, *K_D.box, *K_D.elem_strides, 0, K_SWIZZLE_128B, 0, 0)"]
+
+    def prefetch(self) -> list[str]:
+        return ['T.ptx["prefetch.tensormap"](T.address_of(D_map))'] if self.tma else ["T.evaluate(0)"]
+
+    def store_chunk(self, d_name: str, d_rank: int, m, n, out_dtype: str) -> list[str]:
+        """Statements storing the warpgroup's staged chunk (``k_Cs[k_cw, k_buf]``, rows from
+        ``K_PLAN.row0(k_cw) + k_mi * 64`` of tile ``k_m``, columns from chunk ``k_c`` of tile
+        ``k_n``) to the output ``d_name`` (of rank ``d_rank``; ``m`` x ``n`` its rows and columns)."""
+        col0 = "k_n * K_PLAN.out_bn + k_c * K_PLAN.chunk_cols"
+        if self.tma:
+            return ["if k_ltid == 0:",
+                    f"    T.ptx[K_D.store_op](T.address_of(D_map), *K_D.store_coords(k_b, {col0}, k_m, "
+                    "K_PLAN.row0(k_cw) + k_mi * 64), k_Cs.ptr_to([k_cw, k_buf, 0]))",
+                    "    T.ptx.cp.async_.bulk.commit_group()"]
+        row = "(k_m * K_PLAN.bm + K_PLAN.row0(k_cw) + k_mi * 64 + k_r)"
+        col = f"({col0} + k_q)"
+        lead = ["k_b" if extent > 1 else "0" for extent in self.dims[2:]][::-1]  # dims run innermost first
+        if self.elem_bytes == 2:
+            half = "T.Cast(\"uint16\", k_word >> T.Cast(\"uint32\", 16 * (k_q % 2)))"
+            value = f'T.reinterpret("{out_dtype}", {half})'
+        else:
+            value = f'T.reinterpret("{out_dtype}", k_word)'
+        index = ", ".join(lead[: d_rank - 2] + [row, col])
+        return ["for k_e in T.unroll(64 * K_PLAN.chunk_cols // 128):",
+                "    k_r = T.meta_var((k_e * 128 + k_ltid) // K_PLAN.chunk_cols)",
+                "    k_q = T.meta_var((k_e * 128 + k_ltid) % K_PLAN.chunk_cols)",
+                "    k_word = T.meta_var(k_Cs[k_cw, k_buf, k_r * 32 + K_PLAN.swizzled_word(k_r, k_q)])",
+                f"    if {row} < {m} and {col} < {n}:",
+                f"        {d_name}[{index}] = {value}"]
 
     @property
     def chunk_cols(self) -> int:
@@ -231,11 +272,11 @@ def operands(match: WgmmaMatch, bm: int, bn: int, bk: int, cluster: int = 1,
     geo = match.conv
     if geo is not None:  # the input's 4-D boxes; the weights [K, R*S*C] are B as they are
         a = ConvInput(True, bm, bk, (geo.c, geo.w, geo.h, geo.n), eb, geo=geo)
-        return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo)
+        return a, b, ConvOutput((match.n, geo.q, geo.p, geo.n), match.out_bytes, bm, geo=geo)
     if match.a_view is not None:
         a = Operand(match.a_k_major, bm, bk, match.a_view.dims, eb, a_split, view=match.a_view)
     else:
         a = Operand(match.a_k_major, bm, bk, dims(match.k, match.m, match.a_batched) if match.a_k_major
                     else dims(match.m, match.k, match.a_batched), eb, a_split)
-    d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm)
+    d = Output(dims(match.out_n, match.m, True), match.out_bytes, bm, match.tma_store)
     return a, b, d

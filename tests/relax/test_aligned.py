@@ -60,6 +60,23 @@ def test_k_is_padded_once_per_operand_and_the_values_are_the_same(weights_bound)
     np.testing.assert_array_equal(run_on_cpu(padded, args), run_on_cpu(mod, args))
 
 
+@pytest.mark.parametrize("k", [1000, 1001])
+def test_a_bound_weight_with_n_not_a_multiple_of_8_is_read_as_n_by_k(k):
+    """N = 1001: the weight ``[K, N]`` (as FoldConstant leaves ``permute_dims`` of a bound
+    ``[N, K]``) is stored ``[N, K]`` and read by ``matmul_nt``; the values are the same, and the
+    prepared function is the wgmma template's, its output rows stored by the threads."""
+    mod, _weights = two_projections(n=1001, k=k)
+    rewritten = tma_aligned_matmuls(H100.target)(mod)
+    text = rewritten["main"].script()
+    assert "R.matmul" not in text and text.count("matmul_nt") >= 2
+    x = np.random.default_rng(1).standard_normal((100, k)).astype("float16")
+    np.testing.assert_allclose(run_on_cpu(rewritten, [x]).astype("float32"), run_on_cpu(mod, [x]).astype("float32"),
+                               rtol=2**-8, atol=2**-8)
+    matmuls = [f for name, f in prim_funcs(prepare(H100.target)(mod)).items() if "matmul" in name]
+    found = [match_wgmma(f)[0] for f in matmuls]
+    assert len(found) == 2 and all(m is not None and m.b_k_major and not m.tma_store for m in found)
+
+
 def test_left_alone_where_it_does_not_apply():
     # aligned; no wgmma dtype; fewer rows than a wgmma tile (the GEMV path's, at any alignment)
     for mod in (two_projections(k=1000)[0], two_projections(dtype="float32")[0], two_projections(m=16)[0]):
@@ -80,15 +97,15 @@ def test_the_prepared_matmuls_are_taken_by_the_wgmma_template():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_model_with_k_1001_runs_on_wgmma_kernels_and_computes_the_same(dtype):
+@pytest.mark.parametrize("dtype,n,k", [("float16", 1536, 1001), ("bfloat16", 1536, 1001), ("float16", 1531, 1024)])
+def test_a_model_with_k_or_n_not_a_multiple_of_8_runs_on_wgmma_kernels_and_computes_the_same(dtype, n, k):
     dev = tvm.cuda(0)
     arch = CUDA.from_device(dev)
     if not arch.has_wgmma:
         pytest.skip(f"{arch.arch}: no wgmma")
     import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 
-    m, n, k = 2048, 1536, 1001
+    m = 2048
     mod, (w1, w2, bias) = two_projections(m, n, k, dtype)
     tuning = fastdlight.ApplyFastTuning(topk=8, target=arch)
     tuned = tuning(prepare(arch.target)(mod))

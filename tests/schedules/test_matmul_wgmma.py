@@ -48,13 +48,13 @@ def compile_all(jobs):
     return list(zip(kernels, sources, cubins))
 
 
-def check_hopper_kernel(src, cubin, bn, in_abbr="f16"):
+def check_hopper_kernel(src, cubin, bn, in_abbr="f16", tma_store=True):
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{in_abbr}.{in_abbr}" in src
     assert "cp.async.bulk.tensor" in src and "mbarrier" in src and "setmaxnreg" in src
-    assert "global.shared::cta.tile.bulk_group" in src  # the TMA-store epilogue
-    # the three descriptors prefetched (one helper, three calls)
+    assert ("global.shared::cta.tile.bulk_group" in src) == tma_store  # the TMA-store epilogue
+    # the descriptors prefetched (one helper, a call each)
     assert "prefetch.tensormap" in src and all(f"prefetch_tensormap(((void*)((unsigned long long)(&({m}_map)))))"
-                                                in src for m in "ABD")
+                                                in src for m in ("ABD" if tma_store else "AB"))
     assert cubin.spill_bytes == 0 and 0 < cubin.registers <= 255
 
 
@@ -145,6 +145,24 @@ def test_two_cta_clusters_along_n_multicast_a():
     twins = [c for c in configs if c.cluster > 1]
     assert {c.cluster_axis for c in twins} == {"m", "n"}
     assert all(c.cluster_axis == ("n" if c.block[0] > c.block[1] else "m") for c in twins)
+
+
+def test_output_rows_tma_cannot_address_are_stored_by_the_threads():
+    """N = 1001 (fp16 rows of 2002 bytes, fp32 of 4012): no tensor map for the output; each
+    chunk goes from shared memory to it in element stores, guarded at the edges."""
+    jobs = [
+        (gemm(1000, 1001, 264, "float16", "NT"), wgmma(128, 256)),
+        (gemm(1000, 1003, 264, "float16", "NT", out="float32"), wgmma(256, 128, wm=128)),
+        (gemm(512, 1001, 128, "bfloat16", "NT", batch=3), wgmma(128, 128, 6, wm=128, cluster=2)),
+    ]
+    for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
+        assert not match_wgmma(func)[0].tma_store
+        check_hopper_kernel(src, cubin, config.block[1],
+                            {"float16": "f16", "bfloat16": "bf16"}[str(func.params[0].dtype)],
+                            tma_store=False)
+        d = match_wgmma(func)[0].d_name
+        assert f"{d}_map" not in src and "cp.async.bulk.tensor" in src and f"{d}_ptr[" in src
+    assert match_wgmma(gemm(1000, 1008, 264, "float16", "NT"))[0].tma_store
 
 
 def test_policy_top_configs_compile():

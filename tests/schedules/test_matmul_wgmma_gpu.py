@@ -83,6 +83,21 @@ def test_clusters_along_n_sharing_a_are_correct(layout, dtype, shape, arch):
     assert not bad and len(results) == len(tiles), "\n".join(bad)
 
 
+@pytest.mark.parametrize("n,dtype,out,batch", [
+    (1001, "float16", "float16", None), (1003, "bfloat16", "bfloat16", None),
+    (1001, "float16", "float32", None), (999, "float16", "float16", 3),
+])  # fmt: skip
+def test_outputs_whose_rows_tma_cannot_address_are_correct(n, dtype, out, batch, arch):
+    """N not a multiple of 8 (of 4 for fp32): the threads store each staged chunk themselves;
+    every config the policy emits (clusters included) agrees with numpy, edges in M and N."""
+    op = ops.matmul(1000 if batch is None else 264, n, 264, dtype, out, "NT", batch, acc_dtype="float32")
+    configs = WgmmaPolicy(op.func, arch).emit_config(20)
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad and len(results) == len(configs), "\n".join(bad)
+
+
 @pytest.mark.parametrize("build,m,n,k,dtype", [
     (ops.matmul_gated, 1000, 520, 264, "float16"), (ops.matmul_gated, 300, 1040, 200, "bfloat16"),
     (ops.matmul_residual, 1000, 520, 264, "float16"),  # fp32 reads and output: 8-byte pairs
