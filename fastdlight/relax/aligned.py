@@ -88,6 +88,8 @@ def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
             return relax.op.matmul(self.pad(a, len(sa) - 1, extra), self.pad(b, len(sb) - 2, extra), out_dtype)
 
         def pad(self, x, axis: int, extra: int):
+            if extra == 0:
+                return x
             transposed = call_to(bound_value(self, x), "relax.permute_dims")
             if transposed is not None and len(static_shape(x)) == 2 and constant_value(self, x) is None:
                 # a weight [N, K] read transposed: padded as it is, K its rows' axis, and read
