@@ -78,6 +78,20 @@ def test_a_bound_weight_with_n_not_a_multiple_of_8_is_read_as_n_by_k(k):
     assert len(found) == 2 and all(m is not None and m.b_k_major and not m.tma_store for m in found)
 
 
+def test_gate_and_up_of_a_padded_activation_still_become_one_gemm():
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 1001), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            proj = [bb.emit(relax.op.astype(relax.op.matmul(x, relax.op.permute_dims(relax.const(
+                rng.standard_normal((512, 1001)).astype("float16"))), out_dtype="float32"), "float16")) for _ in range(2)]
+            out = bb.emit_output(relax.op.multiply(relax.op.nn.silu(proj[0]), proj[1]))
+        bb.emit_func_output(out)
+    funcs = prim_funcs(prepare(H100.target)(bb.get()))
+    assert sorted(funcs) == ["gated_silu", "pad"] and match_wgmma(funcs["gated_silu"])[0] is not None
+
+
 def test_left_alone_where_it_does_not_apply():
     # aligned; no wgmma dtype; fewer rows than a wgmma tile (the GEMV path's, at any alignment)
     for mod in (two_projections(k=1000)[0], two_projections(dtype="float32")[0], two_projections(m=16)[0]):
