@@ -150,6 +150,19 @@ def test_hopper_tma_kernel(tmp_path):
     build_example(tmp_path / "tma", "tma")
 
 
+def test_a_kernel_storing_output_rows_tma_cannot_address(tmp_path):
+    """N = 1001: two TMA descriptors (A and B) in the launcher, the output passed as a pointer."""
+    from fastdlight.policies.config import Config
+
+    op = ops.matmul(256, 1001, 256, "float16", "float16", "NT", acc_dtype="float32")
+    cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
+                 use_async_copy=True, rasterization=8)
+    export(op.func, tmp_path / "rows", name="rows", target=H100, config=cfg, ref=op.reference)
+    header = (tmp_path / "rows" / "rows.cuh").read_text()
+    assert header.count("if (fdl_encode(&") == 2
+    build_example(tmp_path / "rows", "rows")
+
+
 def test_a_cluster_kernel_launches_with_its_cluster_dimension(tmp_path):
     """A 2-CTA cluster config (the tuner picks them for large GEMMs) is launched through
     ``cudaLaunchKernelExC`` with the cluster attribute, and the example builds."""
