@@ -84,6 +84,20 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+def _set_line(cset, arch) -> str:
+    """A candidate set as the run announces it; on a wgmma GPU, why a tensor-core set has no
+    wgmma tiles (say an operand's rows TMA cannot address) rather than mma.sync silently."""
+    line = f"{cset.policy}: {len(cset.configs)} configs"
+    if cset.policy == "TensorCorePolicy" and getattr(arch, "has_wgmma", False) \
+            and not any(c.kind == "matmul_wgmma" for c in cset.configs):
+        from fastdlight.policies.wgmma import wgmma_eligible
+
+        _match, why = wgmma_eligible(cset.func, arch)
+        if why:
+            line += f" (mma.sync only, no wgmma: {why})"
+    return line
+
+
 def _one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if not lines:
@@ -356,7 +370,7 @@ def cmd_tune(args) -> int:
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
-                              on_set=lambda c: print(f"{c.policy}: {len(c.configs)} configs"))
+                              on_set=lambda c: print(_set_line(c, arch)))
     except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
         raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
     except TuningError as e:

@@ -40,6 +40,17 @@ def test_tune_add_compile_only_end_to_end(tmp_path):
         assert phases["compile_s"] > 0 and phases["end_s"] >= phases["start_s"] + phases["compile_s"]
 
 
+def test_a_matmul_without_a_wgmma_path_says_why():
+    """K = 1001 in fp16: A's rows are no whole 16 bytes, so no TMA and no wgmma on sm_90a; the
+    run says so where it announces the tensor-core candidates."""
+    proc = run_cli("tune", "matmul", "300", "520", "1001", "--dtype", "float16", "--no-measure", "--topk", "2")
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TensorCorePolicy:"))
+    assert "mma.sync only, no wgmma: A's rows are 2002 bytes" in line
+    aligned = run_cli("tune", "matmul", "300", "520", "1000", "--dtype", "float16", "--no-measure", "--topk", "2")
+    assert "no wgmma" not in aligned.stdout
+
+
 def test_tune_file_compile_only(tmp_path):
     kernel = tmp_path / "kernel.py"
     kernel.write_text(
