@@ -92,6 +92,24 @@ def test_gate_and_up_of_a_padded_activation_still_become_one_gemm():
     assert sorted(funcs) == ["gated_silu", "pad"] and match_wgmma(funcs["gated_silu"])[0] is not None
 
 
+def test_the_pad_fuses_into_the_op_that_makes_the_activation():
+    """An activation computed in the model (elementwise, or a LayerNorm) is written padded by
+    the kernel that computes it: no copy of its own."""
+    rng = np.random.default_rng(0)
+    weight = lambda: relax.op.permute_dims(relax.const(rng.standard_normal((512, 1001)).astype("float16")))  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 1001), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.gelu(relax.op.multiply(x, relax.const(np.float16(2.0)))))
+            n = bb.emit(relax.op.nn.layer_norm(x, relax.const(np.ones(1001, "float16")),
+                                               relax.const(np.zeros(1001, "float16")), axes=[-1]))
+            out = bb.emit_output(relax.op.add(relax.op.matmul(h, weight()), relax.op.matmul(n, weight())))
+        bb.emit_func_output(out)
+    names = sorted(prim_funcs(prepare(H100.target)(bb.get())))
+    assert "pad" not in names and sum(name.endswith("_pad") for name in names) == 2, names
+
+
 def test_left_alone_where_it_does_not_apply():
     # aligned; no wgmma dtype; fewer rows than a wgmma tile (the GEMV path's, at any alignment)
     for mod in (two_projections(k=1000)[0], two_projections(dtype="float32")[0], two_projections(m=16)[0]):
