@@ -29,10 +29,10 @@ WGMMA_INPUT_BYTES = {"float16": 2, "bfloat16": 2}
 MIN_ROWS, MIN_COLUMNS = 64, 16
 
 
-def padded_k(k: int, dtype: str) -> int:
-    """The smallest K' >= ``k`` whose rows of ``dtype`` are whole multiples of 16 bytes."""
+def aligned_extent(extent: int, dtype: str) -> int:
+    """The smallest extent >= ``extent`` whose rows of ``dtype`` are whole multiples of 16 bytes."""
     per = TMA_STRIDE_BYTES // WGMMA_INPUT_BYTES[dtype]
-    return -(-k // per) * per
+    return -(-extent // per) * per
 
 
 def matmul_nt(a: te.Tensor, weight: te.Tensor, out_dtype: str) -> te.Tensor:
@@ -74,9 +74,9 @@ def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
             if str(b.ty.dtype) != dtype or sa[-1] != sb[-2] or sa[-2] < MIN_ROWS or sb[-1] < MIN_COLUMNS:
                 return call
             k = sa[-1]
-            extra = padded_k(k, dtype) - k
+            extra = aligned_extent(k, dtype) - k
             weight = constant_value(self, b)
-            n_misaligned = padded_k(sb[-1], dtype) != sb[-1]
+            n_misaligned = aligned_extent(sb[-1], dtype) != sb[-1]
             out_dtype = str(call.ty.dtype)
             if n_misaligned and weight is not None and weight.ndim == 2:
                 # a bound weight [K, N] whose rows TMA cannot address: read as [N, K] instead

@@ -359,7 +359,8 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{D_MAP}", ("\n" + _indent("{D_MAP}")).join(d.host(plan.match.d_name)))
             .replace("{D_PREFETCH}", ("\n" + _indent("{D_PREFETCH}")).join(d.prefetch()))
             .replace("{STORE_CHUNK}", ("\n" + _indent("{STORE_CHUNK}")).join(
-                d.store_chunk(plan.match.d_name, len(out.shape), plan.match.m, plan.match.out_n, plan.match.out_dtype)))
+                d.store_chunk(plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
+                              plan.match.out_dtype)))
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
             .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,

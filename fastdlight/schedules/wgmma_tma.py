@@ -165,10 +165,10 @@ class Output:
     def prefetch(self) -> list[str]:
         return ['T.ptx["prefetch.tensormap"](T.address_of(D_map))'] if self.tma else ["T.evaluate(0)"]
 
-    def store_chunk(self, d_name: str, d_rank: int, m, n, out_dtype: str) -> list[str]:
+    def store_chunk(self, d_name: str, d_shape: tuple[int, ...], m, n, out_dtype: str) -> list[str]:
         """Statements storing the warpgroup's staged chunk (``k_Cs[k_cw, k_buf]``, rows from
         ``K_PLAN.row0(k_cw) + k_mi * 64`` of tile ``k_m``, columns from chunk ``k_c`` of tile
-        ``k_n``) to the output ``d_name`` (of rank ``d_rank``; ``m`` x ``n`` its rows and columns)."""
+        ``k_n``) to the output ``d_name`` of shape ``d_shape`` (``[batch?, m, n]`` and unit axes)."""
         col0 = "k_n * K_PLAN.out_bn + k_c * K_PLAN.chunk_cols"
         if self.tma:
             return ["if k_ltid == 0:",
@@ -177,13 +177,14 @@ class Output:
                     "    T.ptx.cp.async_.bulk.commit_group()"]
         row = "(k_m * K_PLAN.bm + K_PLAN.row0(k_cw) + k_mi * 64 + k_r)"
         col = f"({col0} + k_q)"
-        lead = ["k_b" if extent > 1 else "0" for extent in self.dims[2:]][::-1]  # dims run innermost first
         if self.elem_bytes == 2:
             half = "T.Cast(\"uint16\", k_word >> T.Cast(\"uint32\", 16 * (k_q % 2)))"
             value = f'T.reinterpret("{out_dtype}", {half})'
         else:
             value = f'T.reinterpret("{out_dtype}", k_word)'
-        index = ", ".join(lead[: d_rank - 2] + [row, col])
+        axes = [i for i, extent in enumerate(d_shape) if extent != 1]
+        roles = dict(zip(axes[::-1], (col, row, "k_b")))  # the innermost axes that are not 1
+        index = ", ".join(roles.get(i, "0") for i in range(len(d_shape)))
         return ["for k_e in T.unroll(64 * K_PLAN.chunk_cols // 128):",
                 "    k_r = T.meta_var((k_e * 128 + k_ltid) // K_PLAN.chunk_cols)",
                 "    k_q = T.meta_var((k_e * 128 + k_ltid) % K_PLAN.chunk_cols)",

@@ -11,7 +11,7 @@ import fastdlight
 from fastdlight.arch import CUDA
 from fastdlight.policies.wgmma_match import match_wgmma
 from fastdlight.relax import prepare
-from fastdlight.relax.aligned import padded_k, tma_aligned_matmuls
+from fastdlight.relax.aligned import aligned_extent, tma_aligned_matmuls
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax.rewrites import static_shape
 from test_pipeline import run_on_cpu
@@ -38,8 +38,8 @@ def two_projections(m=100, n=72, k=1001, dtype="float16", weights_bound=True):
     return bb.get(), (w1, w2, bias)
 
 
-def test_padded_k_is_the_next_whole_16_bytes():
-    assert [padded_k(k, "float16") for k in (1, 8, 1000, 1001, 1007)] == [8, 8, 1000, 1008, 1008]
+def test_aligned_extent_is_the_next_whole_16_bytes():
+    assert [aligned_extent(k, "float16") for k in (1, 8, 1000, 1001, 1007)] == [8, 8, 1000, 1008, 1008]
 
 
 @pytest.mark.parametrize("weights_bound", [True, False])

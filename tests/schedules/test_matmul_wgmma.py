@@ -154,6 +154,7 @@ def test_output_rows_tma_cannot_address_are_stored_by_the_threads():
         (gemm(1000, 1001, 264, "float16", "NT"), wgmma(128, 256)),
         (gemm(1000, 1003, 264, "float16", "NT", out="float32"), wgmma(256, 128, wm=128)),
         (gemm(512, 1001, 128, "bfloat16", "NT", batch=3), wgmma(128, 128, 6, wm=128, cluster=2)),
+        (gemm(512, 1001, 128, "float16", "NT", batch=1), wgmma(128, 128, 6, wm=128)),  # output [1, M, N]
     ]
     for (func, config), (k, src, cubin) in zip(jobs, compile_all(jobs)):
         assert not match_wgmma(func)[0].tma_store
