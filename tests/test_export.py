@@ -134,15 +134,20 @@ def test_tensor_core_matmul(tmp_path):
     build_example(out, "mm")
 
 
-def test_hopper_tma_kernel(tmp_path):
-    """The wgmma template's TMA descriptors are encoded in the launcher (driver entry point)."""
+def export_wgmma(out_dir, name: str, m: int, n: int, cluster: int = 1) -> str:
+    """Export an fp16 NT GEMM ``m x n x 256`` under a 128 x 128 wgmma config; its header."""
     from fastdlight.policies.config import Config
 
-    op = ops.matmul(256, 512, 256, "float16", "float16", "NT", acc_dtype="float32")
+    op = ops.matmul(m, n, 256, "float16", "float16", "NT", acc_dtype="float32")
     cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
-                 use_async_copy=True, rasterization=8)
-    export(op.func, tmp_path / "tma", name="tma", target=H100, config=cfg, ref=op.reference)
-    header = (tmp_path / "tma" / "tma.cuh").read_text()
+                 use_async_copy=True, rasterization=8, cluster=cluster)
+    export(op.func, out_dir / name, name=name, target=H100, config=cfg, ref=op.reference)
+    return (out_dir / name / f"{name}.cuh").read_text()
+
+
+def test_hopper_tma_kernel(tmp_path):
+    """The wgmma template's TMA descriptors are encoded in the launcher (driver entry point)."""
+    header = export_wgmma(tmp_path, "tma", 256, 512)
     assert header.count("if (fdl_encode(&") == 3 and '"cuTensorMapEncodeTiled"' in header
     [(kernel, grid, block, smem)] = launches(header)
     assert block == (384, 1, 1) and smem > 48 * 1024 and "cudaFuncSetAttribute" in header
@@ -152,13 +157,7 @@ def test_hopper_tma_kernel(tmp_path):
 
 def test_a_kernel_storing_output_rows_tma_cannot_address(tmp_path):
     """N = 1001: two TMA descriptors (A and B) in the launcher, the output passed as a pointer."""
-    from fastdlight.policies.config import Config
-
-    op = ops.matmul(256, 1001, 256, "float16", "float16", "NT", acc_dtype="float32")
-    cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
-                 use_async_copy=True, rasterization=8)
-    export(op.func, tmp_path / "rows", name="rows", target=H100, config=cfg, ref=op.reference)
-    header = (tmp_path / "rows" / "rows.cuh").read_text()
+    header = export_wgmma(tmp_path, "rows", 256, 1001)
     assert header.count("if (fdl_encode(&") == 2
     build_example(tmp_path / "rows", "rows")
 
@@ -166,13 +165,7 @@ def test_a_kernel_storing_output_rows_tma_cannot_address(tmp_path):
 def test_a_cluster_kernel_launches_with_its_cluster_dimension(tmp_path):
     """A 2-CTA cluster config (the tuner picks them for large GEMMs) is launched through
     ``cudaLaunchKernelExC`` with the cluster attribute, and the example builds."""
-    from fastdlight.policies.config import Config
-
-    op = ops.matmul(512, 512, 256, "float16", "float16", "NT", acc_dtype="float32")
-    cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
-                 use_async_copy=True, rasterization=8, cluster=2)
-    export(op.func, tmp_path / "cl", name="cl", target=H100, config=cfg, ref=op.reference)
-    header = (tmp_path / "cl" / "cl.cuh").read_text()
+    header = export_wgmma(tmp_path, "cl", 512, 512, cluster=2)
     assert "cudaLaunchKernelExC(&fdl_config" in header and "cudaLaunchAttributeClusterDimension" in header
     dims = re.findall(r"fdl_cluster\[0\]\.val\.clusterDim\.([xyz]) = (\d+);", header)
     assert not launches(header)  # no plain launch left

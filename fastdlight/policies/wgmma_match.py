@@ -78,11 +78,15 @@ class WgmmaMatch:
     def out_bytes(self) -> int:
         return NBYTES[self.out_dtype]
 
+    def _shared(self, bm: int, bn: int, axis: str) -> tuple[bool, int]:
+        """(K-major, rows) of the tile a cluster along ``axis`` shares: B's along M, A's along N."""
+        return (self.b_k_major, bn) if axis == "m" else (self.a_k_major, bm)
+
     def splits_chunks(self, bm: int, bn: int, cluster: int, axis: str = "m") -> bool:
         """Whether the shared tile's (B's, ``bn`` wide, along M; A's, ``bm`` high, along N)
         64-column chunks, MN-major, do not divide among ``cluster`` CTAs, so that each loads a
         share of every chunk along K (``wgmma_tma.Operand.k_pieces``)."""
-        k_major, rows = (self.b_k_major, bn) if axis == "m" else (self.a_k_major, bm)
+        k_major, rows = self._shared(bm, bn, axis)
         return not k_major and rows // (SWIZZLE_BYTES // self.in_bytes) % cluster != 0
 
     def cluster_fits(self, bm: int, bn: int, cluster: int, axis: str = "m") -> bool:
@@ -92,7 +96,7 @@ class WgmmaMatch:
         a share of a K step is whole 8-row swizzle atoms. Not for convolutions."""
         if cluster == 1:
             return True
-        k_major, rows = (self.b_k_major, bn) if axis == "m" else (self.a_k_major, bm)
+        k_major, rows = self._shared(bm, bn, axis)
         return (self.conv is None and (axis == "m" or self.a_view is None) and BK % (8 * cluster) == 0
                 and (not k_major or rows % (8 * cluster) == 0))
 

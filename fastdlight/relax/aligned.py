@@ -75,10 +75,10 @@ def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
                 return call
             k = sa[-1]
             extra = aligned_extent(k, dtype) - k
-            weight = constant_value(self, b)
-            n_misaligned = aligned_extent(sb[-1], dtype) != sb[-1]
             out_dtype = str(call.ty.dtype)
-            if n_misaligned and weight is not None and weight.ndim == 2:
+            # a weight's values only where N needs them (a bound weight's numpy copy is large)
+            weight = constant_value(self, b) if aligned_extent(sb[-1], dtype) != sb[-1] else None
+            if weight is not None and weight.ndim == 2:
                 # a bound weight [K, N] whose rows TMA cannot address: read as [N, K] instead
                 rows_k = np.ascontiguousarray(np.pad(weight, [(0, extra), (0, 0)]).T)
                 return self.builder_.call_te(matmul_nt, self.pad(a, len(sa) - 1, extra), relax.const(rows_k, dtype),
@@ -90,16 +90,16 @@ def tma_aligned_matmuls(target=None) -> tvm.transform.Pass:
         def pad(self, x, axis: int, extra: int):
             if extra == 0:
                 return x
-            transposed = call_to(bound_value(self, x), "relax.permute_dims")
-            if transposed is not None and len(static_shape(x)) == 2 and constant_value(self, x) is None:
-                # a weight [N, K] read transposed: padded as it is, K its rows' axis, and read
-                # transposed again (so it stays K-major, as it was)
-                return relax.op.permute_dims(self.pad(transposed.args[0], 1 - axis, extra), transposed.attrs.axes)
             ndim = len(static_shape(x))
             widths = [(0, extra if i == axis else 0) for i in range(ndim)]
             value = constant_value(self, x)
             if value is not None:
                 return relax.const(np.pad(value, widths), str(x.ty.dtype))
+            transposed = call_to(bound_value(self, x), "relax.permute_dims")
+            if transposed is not None and ndim == 2:
+                # a weight [N, K] read transposed: padded as it is, K its rows' axis, and read
+                # transposed again (so it stays K-major, as it was)
+                return relax.op.permute_dims(self.pad(transposed.args[0], 1 - axis, extra), transposed.attrs.axes)
             key = (x, axis)
             if key not in self.padded:
                 flat = [w for pair in widths for w in pair]

@@ -356,11 +356,11 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
         f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text()
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
-            .replace("{D_MAP}", ("\n" + _indent("{D_MAP}")).join(d.host(plan.match.d_name)))
-            .replace("{D_PREFETCH}", ("\n" + _indent("{D_PREFETCH}")).join(d.prefetch()))
-            .replace("{STORE_CHUNK}", ("\n" + _indent("{STORE_CHUNK}")).join(
-                d.store_chunk(plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
-                              plan.match.out_dtype)))
+            .replace("{D_MAP}", _lines("{D_MAP}", d.host(plan.match.d_name)))
+            .replace("{D_PREFETCH}", _lines("{D_PREFETCH}", d.prefetch()))
+            .replace("{STORE_CHUNK}", _lines("{STORE_CHUNK}", d.store_chunk(
+                plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
+                plan.match.out_dtype)))
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
             .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,
@@ -399,6 +399,11 @@ def _release(stage: str, cluster: int, indent: str) -> str:
 @functools.cache
 def _kernel_text() -> str:
     return KERNEL_SOURCE.read_text()
+
+
+def _lines(placeholder: str, lines: list[str]) -> str:
+    """``lines`` as the text that replaces ``placeholder``, each at its indentation."""
+    return ("\n" + _indent(placeholder)).join(lines)
 
 
 def _indent(placeholder: str) -> str:
