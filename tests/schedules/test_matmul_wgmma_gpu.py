@@ -156,3 +156,56 @@ def test_gate_and_up_paired_in_one_gemm_are_correct(arch):
     results, _best = apply_and_build(func, configs, arch, check="all", budget_ms=5, ref=reference, progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("shape", [
+    (2048, 4096, 4096, "float16", "NN", None),  # 256 tiles: one round, then the last 124 shared out
+    (3000, 5120, 1000, "float16", "NT", None),  # 480 tiles: the last 84 shared out
+    (264, 520, 2048, "bfloat16", "TN", 3),  # batched, edges in M and N
+])  # fmt: skip
+def test_stream_k_configs_are_correct(shape, arch):
+    """Stream-K: the last wave's tiles shared out along K, their pieces added through the
+    workspace; cooperative and three-warpgroup tiles, with and without a cluster."""
+    m, n, k, dtype, layout, batch = shape
+    op = ops.matmul(m, n, k, dtype, dtype, layout, batch, acc_dtype="float32")
+    tiles = [(128, 256, 64, 1, "m"), (128, 256, 64, 2, "m"), (256, 128, 128, 2, "n"), (192, 192, 64, 1, "m")]
+    configs = [Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=4,
+                      use_async_copy=True, rasterization=8, cluster=cl, cluster_axis=axis, stream_k=True)
+               for bm, bn, wm, cl, axis in tiles]
+    results, _best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                     progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad and len(results) == len(tiles), "\n".join(bad)
+
+
+def test_stream_k_launches_one_after_another_each_wait_for_their_own_pieces(arch):
+    """The flags a head consumed are down again for the next launch: launches on fresh inputs,
+    back to back, each give that input's product (a flag left up would let a head add the
+    previous launch's pieces)."""
+    import numpy as np
+    import tvm
+
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune.compile import build
+    from fastdlight.tune.measure import function_name
+
+    op = ops.matmul(1000, 2000, 2048, "float16", "float16", "NT", None, acc_dtype="float32")
+    config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                    use_async_copy=True, rasterization=8, stream_k=True)
+    with arch.target:
+        kernel = apply_config(op.func, config).with_attr("global_symbol", "main")
+    mod = build(tvm.IRModule({"main": kernel}), arch.target)
+    run = mod[function_name(mod, kernel)]
+    rng = np.random.default_rng(0)
+    dev = tvm.cuda(0)
+    inputs = [[rng.standard_normal((1000, 2048)).astype("float16"), rng.standard_normal((2000, 2048)).astype("float16")]
+              for _ in range(3)]
+    arrays = [[tvm.runtime.tensor(x, dev) for x in pair] for pair in inputs]
+    outs = [tvm.runtime.tensor(np.zeros((1000, 2000), "float16"), dev) for _ in inputs]
+    for _ in range(4):
+        for (a, b), out in zip(arrays, outs):
+            run(a, b, out)
+    dev.sync()
+    for (a, b), out in zip(inputs, outs):
+        want = a.astype(np.float32) @ b.astype(np.float32).T
+        np.testing.assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2, atol=0.25)
