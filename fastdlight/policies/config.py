@@ -67,9 +67,6 @@ class Config:
     #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A
     cluster: int = 1
     cluster_axis: str = "m"
-    #: matmul_wgmma only: the tiles of the last, partial wave are shared out along K over every
-    #: CTA (stream-K); a tile's pieces are added through a workspace before its epilogue
-    stream_k: bool = False
     #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
     #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
     arch: str = ""
@@ -166,8 +163,6 @@ class Config:
             raise ValueError(f"cluster must be 1, or 2 for matmul_wgmma configs (got {self.cluster})")
         if self.cluster_axis not in ("m", "n") or (self.cluster_axis == "n" and self.cluster == 1):
             raise ValueError(f"cluster_axis must be 'm', or 'n' for a cluster (got {self.cluster_axis!r})")
-        if self.stream_k and self.kind != "matmul_wgmma":
-            raise ValueError(f"stream_k is for matmul_wgmma configs only, not {self.kind!r}")
         if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
             raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
         for name, width in self.vectorize:
@@ -215,6 +210,4 @@ class Config:
             parts.append(f"{'group_m' if self.kind == 'matmul_wgmma' else 'raster'}={self.rasterization}")
         if self.cluster > 1:
             parts.append(f"cluster{'_n' if self.cluster_axis == 'n' else ''}={self.cluster}")
-        if self.stream_k:
-            parts.append("stream_k")
         return f"Config[{self.kind}]({', '.join(parts)})"

@@ -48,7 +48,6 @@ from ..policies.wgmma_match import WgmmaMatch, distinct_param_names, match_wgmma
 from ..policies.wgmma_conv import PATCH_W
 from .base import ScheduleTemplate
 from .wgmma_epilogue import extract_epilogue
-from .wgmma_stream_k import BARRIER_ID, StreamK, stream_k
 from .wgmma_tma import ATOM_ROWS, SWIZZLE_128B, SWIZZLE_BYTES, operands
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
@@ -73,7 +72,6 @@ class Plan:
     cluster: int = 1  # CTAs of a cluster, sharing B (along M) or A (along N; see ``Operand.split``)
     cluster_axis: str = "m"
     smem: int = SM90_SMEM_OPTIN  # the shared memory a block may opt in to
-    stream_k: bool = False  # the last wave's tiles shared out along K (``wgmma_stream_k``)
 
     producer_regs = PRODUCER_REGS
 
@@ -106,34 +104,7 @@ class Plan:
 
     @property
     def consumer_iters(self) -> int:
-        return (self.units + self.tile_step - 1) // self.tile_step
-
-    @functools.cached_property
-    def sk(self) -> StreamK | None:
-        """The stream-K schedule (cooperative tiles only), or None."""
-        if not self.stream_k or self.pingpong:
-            return None
-        return stream_k(self.tiles, self.workers, self.k_steps, self.cluster, 128 * self.consumers, self.acc_regs)
-
-    @property
-    def units(self):
-        """Work units of a worker: its tiles (stream-K: its whole tiles, then its pieces)."""
-        return self.sk.units if self.sk else self.tiles_per_worker
-
-    def unit(self, u, worker):
-        """(tile, first K-step, end K-step, the worker's K-steps before it) of unit ``u``."""
-        if self.sk:
-            return self.sk.unit(u, worker)
-        return worker + u * self.workers, 0, self.k_steps, u * self.k_steps
-
-    def active(self, tile, kb, ke):
-        """Whether a unit has work: its tile exists (the last round may be short), or the
-        piece has K-steps."""
-        return kb < ke if self.sk else tile < self.tiles
-
-    def epilogue_runs(self, u, kb):
-        """The unit ends its tile: not a stream-K contributor's piece."""
-        return tirx.Not(tirx.all(u >= self.sk.rounds, kb > 0)) if self.sk else True
+        return (self.tiles_per_worker + self.tile_step - 1) // self.tile_step
 
     @property
     def empty_arrivals(self) -> int:
@@ -346,9 +317,7 @@ class WgmmaMatmulTemplate(ScheduleTemplate):
         arch = CUDA(target) if target is not None else None
         plan = Plan(match, config.block[0], config.block[1], config.rstep[0], config.pipeline_stages,
                     config.rasterization, arch.sm_count if arch else 132, config.warp[0], config.cluster,
-                    config.cluster_axis, arch.smem_per_block_optin if arch else SM90_SMEM_OPTIN, config.stream_k)
-        if config.stream_k and (plan.sk is None or match.conv is not None):
-            return None
+                    config.cluster_axis, arch.smem_per_block_optin if arch else SM90_SMEM_OPTIN)
         return build_kernel(func, plan)
 
 
@@ -396,19 +365,15 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
             .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,
                                                     _indent("{RELEASE_PREVIOUS}")))
-            .replace("{RELEASE_LAST}", _release("(k_g0 + k_ke - k_kb - 1) % K_PLAN.stages",
+            .replace("{RELEASE_LAST}", _release("(k_it * K_PLAN.k_steps + K_PLAN.k_steps - 1) % K_PLAN.stages",
                                                 plan.cluster, _indent("{RELEASE_LAST}")))
-            .replace("{STREAM_K}", _lines("{STREAM_K}", _stream_k_lines(plan)))
-            .replace("{UNIT_P}", _lines("{UNIT_P}", _unit_lines(plan)))
-            .replace("{UNIT_C}", _lines("{UNIT_C}", _unit_lines(plan)))
             .replace("{REGISTERS}", epilogue.registers(plan, _indent("{REGISTERS}")))
             .replace("{PREFETCH_NEXT}", epilogue.prefetch_next(plan, _indent("{PREFETCH_NEXT}")))
             .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
             .replace("{STORE}", epilogue.stores(plan, _indent("{STORE}"))))
     from tvm.script import tirx as T
 
-    env = {"T": T, "K_PLAN": plan, "K_SK": plan.sk, "K_SK_SOURCE": plan.sk.source() if plan.sk else "",
-           "K_SK_HELPER": plan.sk.helper if plan.sk else "", "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
+    env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
            "K_OUT_DTYPE": plan.match.out_dtype, "K_SWIZZLE_128B": SWIZZLE_128B,
            "len": len, "range": range}
     if bind is not None:
@@ -418,51 +383,6 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]
     return kernel.with_attrs(attrs)
-
-
-def _unit_lines(plan: Plan) -> list[str]:
-    """Bind unit ``k_u``'s (tile, first K-step, end K-step, stage count); a stream-K unit's go
-    through registers once (as expressions they stay live throughout the producer's 40)."""
-    unit = "K_PLAN.unit(k_u, k_bid // K_PLAN.cluster)"
-    if plan.sk is None:
-        return [f"k_tile, k_kb, k_ke, k_g0 = T.meta_var({unit})"]
-    return [f"k_unit_v = T.meta_var({unit})", *(f"k_unit[{i}] = k_unit_v[{i}]" for i in range(4)),
-            "k_tile, k_kb, k_ke, k_g0 = T.meta_var((k_unit[0], k_unit[1], k_unit[2], k_unit[3]))"]
-
-
-def _stream_k_lines(plan: Plan) -> list[str]:
-    """After a unit's main loop (stream-K only): a contributor's piece goes to its workspace slot
-    and raises its flag; a head with contributors adds their slots, each once its flag is up."""
-    if plan.sk is None:
-        return ["pass"]
-    n = 128 * plan.consumers
-
-    def helper(op, slot, i="0", v="T.float32(0)"):
-        return f'T.cuda.func_call(K_SK_HELPER, {op}, {slot}, {i}, {v}, source_code=K_SK_SOURCE, return_type="float32")'
-
-    mine = "K_SK.slot(K_SK.workers - 1 - k_bid // K_PLAN.cluster, k_rank)"
-    theirs = "K_SK.slot(k_v, k_rank)"
-    return [
-        "if k_u >= K_SK.rounds:",
-        "    if k_kb > 0:",
-        "        for i in T.unroll(K_PLAN.acc_regs):",
-        f"            {helper(0, mine, 'i', 'k_acc[i]')}",
-        f"        {helper(2, 0)}",
-        f"        T.ptx.bar.sync(T.uint32({BARRIER_ID}), T.uint32({n}))",
-        "        if k_tid == 128:",
-        f"            {helper(3, mine)}",
-        "    else:",
-        "        if k_ke < K_PLAN.k_steps:",
-        "            for k_c in T.serial(K_SK.contributors):",
-        "                k_has, k_v = T.meta_var(K_SK.contributor(k_bid // K_PLAN.cluster, k_c, "
-        "K_SK.split_tile(k_u, k_bid // K_PLAN.cluster)))",
-        "                if k_has:",
-        "                    if k_tid == 128:",
-        f"                        {helper(4, theirs)}",
-        f"                    T.ptx.bar.sync(T.uint32({BARRIER_ID}), T.uint32({n}))",
-        "                    for i in T.unroll(K_PLAN.acc_regs):",
-        f"                        k_acc[i] = k_acc[i] + {helper(1, theirs, 'i')}",
-    ]
 
 
 def _release(stage: str, cluster: int, indent: str) -> str:
