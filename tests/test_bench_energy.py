@@ -1,0 +1,46 @@
+"""benchmarks/bench_energy.py (CPU; the GPU, torch and NVML only on the GPU machine): how a
+stretch turns the energy counter into power and energy a GEMM, and the table's ratios."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import bench_energy as bench  # noqa: E402
+
+
+class FakeNvml:
+    def __init__(self):
+        self.reads = iter([1_000_000, 1_000_000 + 1_400])  # 1.4 J over the stretch
+
+    def energy_mj(self):
+        return next(self.reads)
+
+
+class FakeClock:
+    def mean(self, t0, t1):
+        return 1500.0
+
+
+def test_a_stretch_gives_power_energy_and_cycles_a_gemm(monkeypatch):
+    calls = []
+
+    def run(ms):
+        calls.append(ms)
+        return 0.2 if ms == bench.BATCH_MS else 9.9
+
+    ticks = iter([10.0, 12.0])  # the timed stretch: 2 s
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    r = bench.stretch(run, 1.0, FakeNvml(), FakeClock())
+    assert calls == [bench.LEAD_MS] + [bench.BATCH_MS] * 4  # the untimed lead-in, then 1 s of batches
+    assert r["ms"] == 0.2 and r["w"] == 0.7  # 1.4 J in 2 s
+    assert abs(r["mj_per_gemm"] - 0.14) < 1e-12 and r["kcycles_per_gemm"] == 300.0
+
+
+def test_the_table_gives_each_side_against_cublas():
+    rows = [{"case": "4096³ NN", "sides": {
+        "ours": {"ms": 0.2, "mhz": 1400.0, "w": 700.0, "mj_per_gemm": 140.0, "kcycles_per_gemm": 280.0},
+        "cuBLAS": {"ms": 0.21, "mhz": 1300.0, "w": 700.0, "mj_per_gemm": 147.0, "kcycles_per_gemm": 273.0}}}]
+    md = bench.markdown(rows, "H100", 3.0)
+    assert "| 4096³ NN | ours | 0.2000 | 1400 | 700 | 140.0 | 280.0 | 1.050 | 0.952 | 1.026 |" in md
+    assert "| 4096³ NN | cuBLAS | 0.2100 | 1300 | 700 | 147.0 | 273.0 | 1.000 | 1.000 | 1.000 |" in md
