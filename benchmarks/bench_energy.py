@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 
 from bench_gemm_hopper import matmul_func, torch_operands  # noqa: E402
-from bench_setup import torch_fp32_accumulation  # noqa: E402
+from bench_setup import torch_fp32_accumulation, torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.config import Config  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
@@ -159,14 +159,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="timed stretch of each side (default 3)")
     parser.add_argument("--only", nargs="*", help="cases whose name contains one of these")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("bench_energy: needs torch (and a GPU)")
+    missing = torch_gpu_missing()
+    if missing:
+        print(f"bench_energy: {missing}")
         return 2
-    if not torch.cuda.is_available():
-        print("bench_energy: needs a CUDA GPU")
-        return 2
+    import torch
     try:
         nvml = Nvml()
         nvml.energy_mj()
@@ -180,13 +177,8 @@ def main(argv=None) -> int:
             for name, shape, configs in CASES if not args.only or any(s in name for s in args.only)]
     clock.stop()
     device = torch.cuda.get_device_name()
-    out_dir = os.environ.get("OUT", ".")
-    with open(os.path.join(out_dir, "bench_energy.json"), "w") as f:
-        json.dump({"device": device, "seconds": args.seconds, "rows": rows}, f, indent=1)
-    md = markdown(rows, device, args.seconds)
-    with open(os.path.join(out_dir, "bench_energy.md"), "w") as f:
-        f.write(md)
-    print(md)
+    write_results("bench_energy", {"device": device, "seconds": args.seconds, "rows": rows},
+                  markdown(rows, device, args.seconds))
     return 0
 
 

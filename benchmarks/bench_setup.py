@@ -22,6 +22,28 @@ def open_log(name: str):
     return out_dir, log
 
 
+def write_results(name: str, data: dict, md: str) -> None:
+    """``$OUT/{name}.json`` (``data``) and ``$OUT/{name}.md`` (``md``, also printed)."""
+    import json
+
+    out_dir = os.environ.get("OUT", ".")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+def torch_gpu_missing() -> str | None:
+    """Why a benchmark that times torch on the GPU cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "needs torch (and a GPU)"
+    return None if torch.cuda.is_available() else "needs a CUDA GPU"
+
+
 def torch_fp32_accumulation() -> None:
     import torch
 

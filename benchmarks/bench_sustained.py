@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
 from bench_gemm_hopper import matmul_func  # noqa: E402
+from bench_setup import torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
 from fastdlight.relax.gated import gated_product  # noqa: E402
@@ -214,16 +214,12 @@ def main(argv=None) -> int:
     parser.add_argument("--transient", type=float, default=0.0,
                         help="seconds of the first case's first tile back to back, timed in 10 ms batches")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("bench_sustained: needs torch (and a GPU)")
+    missing = torch_gpu_missing()
+    if missing:
+        print(f"bench_sustained: {missing}")
         return 2
-    if not torch.cuda.is_available():
-        print("bench_sustained: needs a CUDA GPU")
-        return 2
+    import torch
     arch = auto_arch()
-    out_dir = os.environ.get("OUT", ".")
     sampler = Sampler()
     rows = []
     for name, make, tiles, shape in CASES:
@@ -237,12 +233,7 @@ def main(argv=None) -> int:
         print(series[-1])
     sampler.stop()
     device = torch.cuda.get_device_name()
-    with open(os.path.join(out_dir, "bench_sustained.json"), "w") as f:
-        json.dump({"device": device, "rows": rows, "transient": series}, f, indent=1)
-    md = markdown(rows, device)
-    with open(os.path.join(out_dir, "bench_sustained.md"), "w") as f:
-        f.write(md)
-    print(md)
+    write_results("bench_sustained", {"device": device, "rows": rows, "transient": series}, markdown(rows, device))
     return 0
 
 
