@@ -50,12 +50,12 @@ def gated_func(m: int, n: int, k: int):
 
 
 # name, function, tiles (bm, bn, wm, cluster[, stages: else the policy's]) to compare, torch's
-# equivalent (M, N, K) or None
+# equivalent (M, N, K[, layout: "NT" where B is stored [N, K], else NN]) or None
 CASES = [
     ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (64, 256, 64, 1),
       (64, 256, 64, 2), (192, 128, 64, 1), (192, 128, 64, 2)],
-     (2048, 11264, 2048)),
+     (2048, 11264, 2048, "NT")),
     # 688 tiles of 128x256 for 132 SMs: 5.2 waves; 1376 of 64x256: 10.4; 638 of 192x192: 4.8
     ("mlp up 2048x11008x4096 NN", lambda: matmul_func(2048, 11008, 4096, "float16", "NN"),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (192, 192, 64, 1),
@@ -72,7 +72,7 @@ CASES = [
      [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 1), (256, 128, 128, 2), (128, 192, 64, 1),
       (192, 192, 64, 1)], (8192, 8192, 8192)),
     ("odd 3000x5120x1000 NT", lambda: matmul_func(3000, 5120, 1000, "float16", "NT"),
-     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], (3000, 5120, 1000)),
+     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], (3000, 5120, 1000, "NT")),
 ]
 
 
@@ -155,9 +155,12 @@ def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict
         row["tiles"][str(tile)] = r
         log(f"{name} {config}: {r}")
     if torch_shape is not None:
-        m, n, k = torch_shape
+        m, n, k, layout = (*torch_shape, "NN")[:4]
         copies = len(arg_sets)
-        pairs = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+        # B as the case stores it: [K, N], or [N, K] read transposed (NT)
+        pairs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+                  torch.randn(n, k, device="cuda", dtype=torch.float16).T if layout == "NT"
+                  else torch.randn(k, n, device="cuda", dtype=torch.float16))
                  for _ in range(copies)]
         fns = [lambda a=a, b=b: torch.matmul(a, b) for a, b in pairs]
         row["torch"] = timed(lambda b: time_torch(fns, b).median_ms, sampler, heat_s)
