@@ -267,7 +267,9 @@ class Plan:
 
     def coords(self, tile):
         """(batch, M tile, N tile) of a linear tile index: batch outermost, then groups of
-        ``group_m`` M-tiles walked column by column (the last group may be shorter)."""
+        ``group_m`` rows of work items walked column by column (the last group may be shorter).
+        A row is an M tile, or with a cluster along M a pair of them: such a group spans
+        ``2 * group_m`` M tiles."""
         grid_m = self.cluster_grid_m
         per_batch = grid_m * self.cluster_grid_n
         b, t = tile // per_batch, tile % per_batch
