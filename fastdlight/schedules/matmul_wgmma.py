@@ -209,6 +209,20 @@ class Plan:
         return self.bn * self.bk
 
     @property
+    def a_stage_units(self) -> int:
+        """16-byte units from one A stage to the next (a wgmma descriptor's address step)."""
+        return self.a_tile * self.match.in_bytes // 16
+
+    @property
+    def b_stage_units(self) -> int:
+        return self.b_tile * self.match.in_bytes // 16
+
+    @property
+    def a_slice_units(self) -> int:
+        """16-byte units from one 64-row slice of an A stage to the next."""
+        return 64 * self.bk * self.match.in_bytes // 16
+
+    @property
     def stage_bytes(self) -> int:
         return (self.bm + self.bn) * self.bk * self.match.in_bytes
 

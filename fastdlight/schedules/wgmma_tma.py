@@ -107,6 +107,25 @@ class Operand:
         return 16 * self.elem_bytes // 16 if self.k_major else 16 * SWIZZLE_BYTES // 16
 
     @property
+    def desc_high(self) -> int:
+        """The wgmma descriptor's constant high word, in place: the stride byte offset (bits
+        32-45) and the layout (bits 62-63, 1 = 128B swizzle); base offset 0."""
+        return (self.sbo | 1 << 30) << 32
+
+    def desc_low(self, smem_addr):
+        """The descriptor's low word at shared address ``smem_addr`` (uint32): the start address
+        >> 4 (14 bits: shared memory is under 256 KB) and the leading byte offset (bits 16-29).
+        A stage or k16 slice further moves only the start address, by a 32-bit add to this word."""
+        return tirx.bitwise_or(tirx.bitwise_and(tirx.shift_right(smem_addr, tirx.const(4, "uint32")),
+                                                tirx.const(0x3FFF, "uint32")),
+                               tirx.const(self.lbo << 16, "uint32"))
+
+    def descriptor(self, low, step):
+        """The 64-bit descriptor of low word ``low`` moved ``step`` 16-byte units."""
+        moved = low + (tirx.const(step, "uint32") if isinstance(step, int) else tirx.Cast("uint32", step))
+        return tirx.bitwise_or(tirx.const(self.desc_high, "uint64"), tirx.Cast("uint64", moved))
+
+    @property
     def transposed(self) -> int:
         return 0 if self.k_major else 1
 

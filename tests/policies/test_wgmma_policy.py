@@ -120,3 +120,14 @@ def test_three_consumer_warpgroups_fill_the_waves_where_two_leave_a_tail():
     assert not config_fits(policy.match, dataclasses.replace(best, block=(384, 128), warp=(128, 128)))
     # where two warpgroups' tiles fill the waves (4096^3: 512 tiles of 128 x 256), they stay first
     assert WgmmaPolicy(gemm(4096, 4096, 4096, layout="NT"), H100).emit_config(1)[0].block == (128, 256)
+
+
+def test_rasterization_groups_span_the_same_m_tiles_with_or_without_a_cluster_along_m():
+    """Plan.coords counts a group in rows of work items; a cluster along M makes each row two M
+    tiles, so its group has half the rows and still spans 16 tiles of 4096^3's 32."""
+    policy = WgmmaPolicy(gemm(4096, 4096, 4096), H100)
+    configs = policy.emit_config(40)
+    spans = {(c.block, c.cluster, c.cluster_axis): c.rasterization * (c.cluster if c.cluster_axis == "m" else 1)
+             for c in configs if c.block[0] == 128}
+    assert any(cl == 2 and axis == "m" for _, cl, axis in spans) and any(cl == 1 for _, cl, _ in spans)
+    assert set(spans.values()) == {16}

@@ -320,3 +320,45 @@ def test_operands_with_rows_not_128_byte_aligned_get_128_byte_l2_promotion():
     assert promotions(gemm(3000, 5120, 1024, "float16", "NT")) == {"A": 3, "B": 3, "D": 0}
     # NN: A's rows are K (2000 bytes), B's are N (10240 bytes, aligned)
     assert promotions(gemm(3000, 5120, 1000, "float16", "NN")) == {"A": 2, "B": 3, "D": 0}
+
+
+def gmma_descriptor(smem_addr: int, lbo: int, sbo: int) -> int:
+    """A 128B-swizzled wgmma matrix descriptor packed field by field, as PTX's ISA lays it out:
+    start address >> 4 in bits 0-13, leading byte offset in 16-29, stride byte offset in 32-45,
+    base offset 0 in 49-51, layout type 1 (128B swizzle) in 62-63."""
+    return ((smem_addr >> 4) & 0x3FFF) | (lbo & 0x3FFF) << 16 | (sbo & 0x3FFF) << 32 | 1 << 62
+
+
+def evaluate(expr) -> int:
+    """A constant unsigned expression of adds, casts, shifts, ands and ors, in its type's bits."""
+    kind = type(expr).__name__
+    if kind == "IntImm":
+        value = expr.value
+    elif kind == "Cast":
+        value = evaluate(expr.value)
+    else:
+        x, y = evaluate(expr.a), evaluate(expr.b)
+        value = {"Add": x + y, "BitwiseOr": x | y, "BitwiseAnd": x & y, "RShift": x >> y}[kind]
+    return value & ((1 << tvm.DataType(str(expr.ty)).bits) - 1)
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
+def test_descriptors_stepped_in_their_low_word_are_the_packed_descriptors(layout):
+    """The template builds each descriptor once per kernel and moves it by 32-bit adds to its low
+    word (a stage, a 64-row slice, a k16 slice): the same bits as packing it at the moved address,
+    for K-major and MN-major operands, up to the top of shared memory."""
+    match = match_wgmma(gemm(512, 512, 512, "float16", layout))[0]
+    a, b, _ = operands(match, 128, 256, 64, 1, "m")
+    for op in (a, b):
+        for base in (0x400, 0x8400, 0x30000):
+            low = op.desc_low(tvm.tirx.const(base, "uint32"))
+            for step in (0, op.k16_step, 3 * op.k16_step + 1024, 0x800):  # to 224 KB
+                got = evaluate(op.descriptor(low, step))
+                assert got == gmma_descriptor(base + 16 * step, op.lbo, op.sbo), (layout, op.k_major, base, step)
+    assert a.k_major == (layout[0] == "N") and b.k_major == (layout[1] == "T")
+
+
+def test_descriptors_are_not_packed_in_the_main_loop_and_come_from_the_uniform_warpgroup():
+    src = cuda_source(build(tvm.IRModule({"main": kernel(gemm(512, 512, 512), wgmma())}), H100.target))
+    assert "encode_matrix_descriptor" not in src.split("__global__")[-1]
+    assert "warp_id_in_cta = __shfl_sync" in src and "k_desc_ptr[0] + " in src
