@@ -119,7 +119,7 @@ def run_case(name, shape, configs, arch, seconds, nvml, clock, log) -> dict:
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
     fns = []
     for i in range(len(arg_sets)):
-        a, b = torch_operands(Workload(func, tvm.cuda(0), seed=i), layout)
+        a, b = torch_operands(Workload(func, tvm.cuda(0), seed=i).args, layout)
         fns.append(lambda a=a, b=b: torch.matmul(a, b))
     sides = {}
     for config in configs:

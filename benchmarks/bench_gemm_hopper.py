@@ -112,10 +112,11 @@ def matmul_func(m, n, k, dtype, layout, batch=1):
     return te.create_prim_func([A, B, D]).with_attr("global_symbol", "gemm")
 
 
-def torch_operands(wl, layout):
+def torch_operands(args, layout):
+    """torch views of a GEMM's first two arguments (device tensors), as ``layout`` stores them."""
     import torch
 
-    a, b = (torch.from_dlpack(x) for x in wl.args[:2])
+    a, b = (torch.from_dlpack(x) for x in args[:2])
     return (a.transpose(-1, -2) if layout[0] == "T" else a), (b.transpose(-1, -2) if layout[1] == "T" else b)
 
 
@@ -144,7 +145,7 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
     copies = rotation_copies(sum(2 * int(np.prod(x.shape)) for x in wl.args[:2]), arch.l2_bytes)
     fns = []
     for _ in range(copies):
-        ta, tb = torch_operands(Workload(best._func, tvm.cuda(0), seed=0), layout)
+        ta, tb = torch_operands(Workload(best._func, tvm.cuda(0), seed=0).args, layout)
         fns.append(lambda ta=ta, tb=tb: torch.matmul(ta, tb))
     launch = best.module[function_name(best.module, best._func)]
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)

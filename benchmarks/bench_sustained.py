@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
-from bench_gemm_hopper import matmul_func  # noqa: E402
+from bench_gemm_hopper import matmul_func, torch_operands  # noqa: E402
 from bench_setup import torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
@@ -49,40 +49,44 @@ def gated_func(m: int, n: int, k: int):
     return te.create_prim_func([x, w, out]).with_attr("global_symbol", "gated")
 
 
-# name, function, tiles (bm, bn, wm, cluster[, stages: else the policy's]) to compare, torch's
-# equivalent (M, N, K[, layout: "NT" where B is stored [N, K], else NN]) or None
+# name, function, tiles (bm, bn, wm, cluster[, stages: else the policy's]) to compare, and the
+# layout torch reads the function's first two arguments in ("NT": B stored [N, K]), or None
 CASES = [
     ("gated b4 2048x(2x5632)x2048", lambda: gated_func(2048, 5632, 2048),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (64, 256, 64, 1),
       (64, 256, 64, 2), (192, 128, 64, 1), (192, 128, 64, 2)],
-     (2048, 11264, 2048, "NT")),
+     "NT"),
     # 688 tiles of 128x256 for 132 SMs: 5.2 waves; 1376 of 64x256: 10.4; 638 of 192x192: 4.8
     ("mlp up 2048x11008x4096 NN", lambda: matmul_func(2048, 11008, 4096, "float16", "NN"),
      [(128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2), (192, 192, 64, 1),
       (192, 192, 64, 2), (192, 192, 64, 1, 3), (192, 192, 64, 2, 3), (64, 256, 64, 1),
       (64, 256, 64, 2)],
-     (2048, 11008, 4096)),
+     "NN"),
     ("mlp down 2048x4096x11008 NN", lambda: matmul_func(2048, 4096, 11008, "float16", "NN"),
      [(128, 192, 64, 1), (128, 256, 64, 1), (256, 128, 128, 1), (128, 256, 64, 2), (256, 128, 128, 2)],
-     (2048, 4096, 11008)),
+     "NN"),
     ("4096^3 NN", lambda: matmul_func(4096, 4096, 4096, "float16", "NN"),
      [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 1), (256, 128, 128, 2), (128, 192, 64, 1),
-      (192, 192, 64, 1)], (4096, 4096, 4096)),
+      (192, 192, 64, 1)], "NN"),
     ("8192^3 NN", lambda: matmul_func(8192, 8192, 8192, "float16", "NN"),
      [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 1), (256, 128, 128, 2), (128, 192, 64, 1),
-      (192, 192, 64, 1)], (8192, 8192, 8192)),
+      (192, 192, 64, 1)], "NN"),
     ("odd 3000x5120x1000 NT", lambda: matmul_func(3000, 5120, 1000, "float16", "NT"),
-     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], (3000, 5120, 1000, "NT")),
+     [(128, 256, 64, 1), (128, 256, 64, 2), (256, 128, 128, 2)], "NT"),
 ]
 
 
 def policy_config(func, arch, tile):
     """The policy's config of tile ``(bm, bn, wm, cluster[, stages])``, or None."""
     bm, bn, wm, cluster = tile[:4]
-    for c in WgmmaPolicy(func, arch).emit_config(64):
-        if (c.block[0], c.block[1], c.warp[0]) == (bm, bn, wm):
-            return dataclasses.replace(c, cluster=cluster, pipeline_stages=tile[4] if len(tile) > 4 else c.pipeline_stages)
-    return None
+    configs = [c for c in WgmmaPolicy(func, arch).emit_config(64) if (c.block[0], c.block[1], c.warp[0]) == (bm, bn, wm)]
+    if not configs:
+        return None
+    # the policy's own config of that cluster size (its axis, its rasterization group), else
+    # another's with the cluster size replaced
+    c = next((c for c in configs if c.cluster == cluster), None) or dataclasses.replace(
+        configs[0], cluster=cluster, cluster_axis=configs[0].cluster_axis if cluster > 1 else "m")
+    return dataclasses.replace(c, pipeline_stages=tile[4] if len(tile) > 4 else c.pipeline_stages)
 
 
 class Sampler:
@@ -126,7 +130,7 @@ def timed(run, sampler: Sampler, heat_s: float) -> dict:
     return out
 
 
-def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict:
+def run_case(name, make, tiles, torch_layout, arch, sampler, heat_s, log) -> dict:
     import torch
 
     func = make()
@@ -154,15 +158,9 @@ def run_case(name, make, tiles, torch_shape, arch, sampler, heat_s, log) -> dict
         r["max_diff_vs_first"] = float(np.nanmax(np.abs(out - first)) if np.isfinite(out).all() else np.inf)
         row["tiles"][str(tile)] = r
         log(f"{name} {config}: {r}")
-    if torch_shape is not None:
-        m, n, k, layout = (*torch_shape, "NN")[:4]
-        copies = len(arg_sets)
-        # B as the case stores it: [K, N], or [N, K] read transposed (NT)
-        pairs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-                  torch.randn(n, k, device="cuda", dtype=torch.float16).T if layout == "NT"
-                  else torch.randn(k, n, device="cuda", dtype=torch.float16))
-                 for _ in range(copies)]
-        fns = [lambda a=a, b=b: torch.matmul(a, b) for a, b in pairs]
+    if torch_layout is not None:
+        # the kernels' own rotated inputs, B read as the case stores it ([K, N], or [N, K]: NT)
+        fns = [lambda a=a, b=b: torch.matmul(a, b) for a, b in (torch_operands(args, torch_layout) for args in arg_sets)]
         row["torch"] = timed(lambda b: time_torch(fns, b).median_ms, sampler, heat_s)
         log(f"{name} torch: {row['torch']}")
     return row
@@ -225,13 +223,13 @@ def main(argv=None) -> int:
     arch = auto_arch()
     sampler = Sampler()
     rows = []
-    for name, make, tiles, shape in CASES:
+    for name, make, tiles, torch_layout in CASES:
         if args.only and not any(s in name for s in args.only):
             continue
-        rows.append(run_case(name, make, tiles, shape, arch, sampler, args.heat_s, print))
+        rows.append(run_case(name, make, tiles, torch_layout, arch, sampler, args.heat_s, print))
     series = []
     if args.transient:
-        name, make, tiles, _shape = next(c for c in CASES if not args.only or any(s in c[0] for s in args.only))
+        name, make, tiles, _layout = next(c for c in CASES if not args.only or any(s in c[0] for s in args.only))
         series.append(transient(name, make, tiles[0], arch, sampler, args.transient))
         print(series[-1])
     sampler.stop()
