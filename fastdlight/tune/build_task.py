@@ -29,7 +29,6 @@ from collections import OrderedDict
 import tvm
 
 from ..arch.cuda import parse_sm
-from . import intrin_cache
 from .candidate import BuildArtifact, BuildPhases, BuildRequest
 from .compile import PASS_CONFIG, CompileError, Cubin, as_target, compile_cubin, cuda_source, tir_pipeline
 
@@ -137,10 +136,7 @@ def import_tensor_intrinsics() -> bool:
         if _CUDA_ONLY_PROCESS[0] and "tvm.s_tir.tensor_intrin" not in sys.modules:
             _bare_package("tvm.s_tir.tensor_intrin")
         with _cheap_inspect_stack():
-            if _CUDA_ONLY_PROCESS[0]:
-                intrin_cache.import_module()  # the registered pairs from a file, where one was saved
-            else:
-                import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
+            import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
     return True
 
 
