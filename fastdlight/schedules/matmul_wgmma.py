@@ -119,10 +119,11 @@ class Plan:
     def row0_text(self) -> str:
         return "0" if self.pingpong else f"k_cw * {self.wg_m}"
 
-    def a_offset(self, cw, mi):
-        """Element offset of 64-row slice ``mi`` of consumer ``cw`` in an A stage (K-major rows
-        of ``bk``, or MN-major 64-column chunks of ``bk`` rows: the same number)."""
-        return (self.row0(cw) + mi * 64) * self.bk
+    def a_offset(self, cw):
+        """Element offset of consumer ``cw``'s first 64-row slice in an A stage (K-major rows of
+        ``bk``, or MN-major 64-column chunks of ``bk`` rows: the same number); its further
+        slices follow ``a_slice_units`` apart."""
+        return self.row0(cw) * self.bk
 
     # M may be an expression (a symbolic row count, see symbolic_kernel): the tile counts then
     # are too, and the grid is one CTA per SM
@@ -219,7 +220,7 @@ class Plan:
 
     @property
     def a_slice_units(self) -> int:
-        """16-byte units from one 64-row slice of an A stage to the next."""
+        """16-byte units from one 64-row slice of an A stage to the next (64 rows of ``bk``)."""
         return 64 * self.bk * self.match.in_bytes // 16
 
     @property
