@@ -41,7 +41,7 @@ from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.tune.candidates import tune_function  # noqa: E402
 from fastdlight.tune.options import TuneOptions  # noqa: E402
 from fastdlight.tune.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, function_name, rotation_copies, time_launches, time_torch  # noqa: E402
+from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
 
 # name, M, N, K, dtype, layout (N: A is M×K / B is K×N; T: transposed), batch
 CASES = [
@@ -142,13 +142,10 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
         log(f"    {r.config}  {r.latency_ms if r.latency_ms is not None else '-'} ms regs={r.registers} "
             f"verified={r.verified} {r.error or ''}")
     wl = Workload(best._func, tvm.cuda(0), seed=0)
-    copies = rotation_copies(sum(2 * int(np.prod(x.shape)) for x in wl.args[:2]), arch.l2_bytes)
-    fns = []
-    for _ in range(copies):
-        ta, tb = torch_operands(Workload(best._func, tvm.cuda(0), seed=0).args, layout)
-        fns.append(lambda ta=ta, tb=tb: torch.matmul(ta, tb))
-    launch = best.module[function_name(best.module, best._func)]
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    # torch reads the kernel's own rotated inputs
+    fns = [lambda ta=ta, tb=tb: torch.matmul(ta, tb) for ta, tb in (torch_operands(args, layout) for args in arg_sets)]
+    launch = best.module[function_name(best.module, best._func)]
     short = min(best.latency_ms, time_torch(fns, budget_ms).median_ms) < GRAPH_BELOW_MS
     method = "CUDA graphs" if short else "queued launches"
     # in CUDA graphs: what a model (replayed as a graph) sees, without the host's cost per call
