@@ -50,6 +50,7 @@ from ..policies.tensorcore import (
     whole_step_fragments,
 )
 
+from . import intrinsics
 from .base import MAX_VECTOR_BITS, ScheduleTemplate, expr_bits
 from .split_k import schedule_partial_sum, split_axis, split_reduction
 
@@ -160,6 +161,7 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     mma_k = 32 if match.in_dtype == "int8" else 16
     a_k_inner, b_k_inner = smem_layout(match)
     intrins = intrin_group(match, a_k_inner, b_k_inner)
+    intrinsics.ensure(intrins.values())
     warps_m, warps_n = bm // wm, bn // wn
     num_warps = warps_m * warps_n
     in_bytes = NBYTES[match.in_dtype]

@@ -16,10 +16,6 @@ means in compile-only mode.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import inspect
-import linecache
 import os
 import sys
 import time
@@ -95,58 +91,26 @@ def init_worker(cuda_only: bool = False) -> int:
     return os.getpid()
 
 
-@contextlib.contextmanager
-def _cheap_inspect_stack():
-    """Make ``inspect.stack()`` cheap while TVMScript parses many functions.
-
-    Each ``@T.prim_func`` calls ``inspect.stack()``, whose per-frame source lookup
-    (``inspect.getmodule`` scans all of ``sys.modules``) is ~90% of the time of importing
-    ``tvm.s_tir.tensor_intrin.cuda`` (~35 s on 2 cores). The parser only needs the frames, their
-    locals and the current source line of each, which ``linecache`` gives cheaply."""
-    original = inspect.stack
-
-    def stack(context: int = 1):
-        frame, infos = sys._getframe(1), []
-        while frame is not None:
-            code, lineno = frame.f_code, frame.f_lineno
-            line = linecache.getline(code.co_filename, lineno) if context > 0 else ""
-            infos.append(inspect.FrameInfo(frame, code.co_filename, lineno, code.co_name,
-                                           [line] if line else None, 0 if line else None))
-            frame = frame.f_back
-        return infos
-
-    inspect.stack = stack
-    try:
-        yield
-    finally:
-        inspect.stack = original
-
-
 #: set in build worker processes (:func:`init_worker` with ``cuda_only=True``), which only build CUDA
 _CUDA_ONLY_PROCESS = [False]
 
 
-def import_tensor_intrinsics() -> bool:
-    """Registers TVM's ldmatrix/mma TensorIntrins (286 TVMScript parses, ~3 s on the H100
-    machine), once per process, with a cheap inspect.stack. The mma.sync template registers
-    the bf16/int8 ones it adds when a config of that dtype is scheduled. In a build worker the
-    package's ``__init__`` is skipped: it also parses the x86, ARM, ROCm, Hexagon and RISC-V
-    intrinsics (about a fifth of the import), which a CUDA build never uses."""
-    if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
-        if _CUDA_ONLY_PROCESS[0] and "tvm.s_tir.tensor_intrin" not in sys.modules:
-            _bare_package("tvm.s_tir.tensor_intrin")
-        with _cheap_inspect_stack():
+def import_tensor_intrinsics(config=None) -> bool:
+    """TVM's ldmatrix/mma TensorIntrins, once per process. A build worker registers each one
+    as a schedule names it (``schedules.intrinsics``: 0.04 s, then a few parses, against 1.4 s
+    for all 91); any other process imports TVM's module as is, with a cheap inspect.stack.
+    The mma.sync template registers the bf16/int8 ones it adds when a config of that dtype is
+    scheduled. A MetaSchedule record (``config``) gets every one: its trace names them from C++."""
+    from ..schedules import intrinsics  # the templates' package: workers import it anyway
+
+    if _CUDA_ONLY_PROCESS[0]:
+        intrinsics.load_deferred()
+        if config is not None and config.kind == "ms_record":
+            intrinsics.ensure_all()
+    elif intrinsics.MODULE not in sys.modules:
+        with intrinsics.cheap_inspect_stack():
             import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
     return True
-
-
-def _bare_package(name: str) -> None:
-    """Make package ``name`` importable as a parent without running its ``__init__``."""
-    spec = importlib.util.find_spec(name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    setattr(sys.modules[parent], child, module)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -186,8 +150,10 @@ def apply_template(func, config, template=None):
     tensor-core intrinsics registered first when the config needs them."""
     if not needs_tensor_intrinsics(config):
         return resolve_template(template)(func, config)
-    import_tensor_intrinsics()
-    with _cheap_inspect_stack():  # the template may register intrinsics of its dtype
+    import_tensor_intrinsics(config)
+    from ..schedules import intrinsics
+
+    with intrinsics.cheap_inspect_stack():  # the template may register intrinsics of its dtype
         return resolve_template(template)(func, config)
 
 

@@ -182,9 +182,9 @@ def _matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:
 def prewarm(func, arch: CUDA, opts: TuneOptions) -> None:
     """Start the shared build workers now, so they are ready when the policy's configs arrive.
     Where every candidate is an mma.sync one (``func`` tensor-core eligible, no wgmma), each
-    worker also imports the tensor-core intrinsics; beside wgmma only the few mma.sync and stock
-    candidates need them, and their workers import them when those arrive (16 workers importing
-    them at once took 7.6 s on the H100 machine, 3.2 s without)."""
+    worker also loads the tensor-core intrinsics module (``schedules.intrinsics``); beside wgmma
+    only the few mma.sync and stock candidates need it, and their workers load it when those
+    arrive."""
     if not opts.parallel_build or opts.pool is not None:
         return
     tags = get_tensorized_func_and_tags(func, arch)[1]

@@ -175,7 +175,7 @@ def _kernel_at(func, static, tuned: Tuned, arch: CUDA, single: bool) -> tuple[Bu
 def _generalized(func, probes, config: Config, arch: CUDA) -> tirx.PrimFunc | None:
     """The config's own template (never the generic fallback) at a probe value, replayed."""
     if build_task.needs_tensor_intrinsics(config):
-        build_task.import_tensor_intrinsics()
+        build_task.import_tensor_intrinsics(config)
     for probe in probes:
         with arch.target:
             try:
