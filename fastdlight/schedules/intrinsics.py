@@ -28,7 +28,6 @@ from collections.abc import Iterable
 MODULE = "tvm.s_tir.tensor_intrin.cuda"
 #: the statements :func:`load_deferred` set aside, by intrinsic name, until registered
 _DEFERRED: dict[str, ast.Module] = {}
-_ORIGIN: list[str] = []
 _LOCK = threading.RLock()
 
 
@@ -88,7 +87,6 @@ def load_deferred() -> None:
         for attr, value in list(vars(module).items()):
             if attr.startswith("get_") and attr.endswith("_intrin_group") and callable(value):
                 setattr(module, attr, _registering(value))
-        _ORIGIN[:] = [spec.origin]
         sys.modules[MODULE] = module
         setattr(sys.modules[package], "cuda", module)
 
@@ -124,7 +122,7 @@ def ensure(names: Iterable[str]) -> None:
         with cheap_inspect_stack():
             for name in todo:
                 if TensorIntrin.get(name, allow_missing=True) is None:  # else registered elsewhere
-                    exec(compile(_DEFERRED[name], _ORIGIN[0], "exec"), module.__dict__)  # noqa: S102
+                    exec(compile(_DEFERRED[name], module.__file__, "exec"), module.__dict__)  # noqa: S102
                 del _DEFERRED[name]
 
 
