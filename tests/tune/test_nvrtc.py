@@ -7,6 +7,7 @@ import tvm
 from tvm.script import tirx as T
 
 from fastdlight.arch import CUDA
+from fastdlight.policies.config import Config
 from fastdlight.policies.default import DefaultPolicy
 from fastdlight.schedules import apply_config
 from fastdlight.tune import nvrtc
@@ -58,6 +59,43 @@ def test_prepared_source_starts_with_the_shared_includes_and_drops_the_host_head
     assert "CUtensorMap_st" in prepared and 'extern "C" __global__ void k()' in prepared
 
 
+def test_the_preludes_type_traits_come_from_their_own_headers(softmax_source):
+    """TVM's NVRTC prelude includes all of libcu++'s traits and aliases eight of them into std."""
+    assert nvrtc.FULL_TRAITS in softmax_source
+    prepared = nvrtc.prepare(softmax_source)
+    assert nvrtc.FULL_TRAITS not in prepared
+    aliased = {line.split("cuda::std::")[1].rstrip(";").strip() for line in softmax_source.splitlines()
+               if line.strip().startswith("using cuda::std::is_") or line.strip().startswith("using cuda::std::enable_if")
+               or line.strip().startswith("using cuda::std::conditional")}
+    assert aliased == {"is_same", "is_same_v", "is_integral", "is_signed", "is_unsigned", "is_floating_point",
+                       "enable_if", "conditional"}
+    headers = {line.split("/")[-1].removesuffix(".h>") for line in nvrtc.LIGHT_TRAITS.splitlines()}
+    assert headers == aliased - {"is_same_v"}  # is_same.h defines both
+
+
+def test_the_light_trait_headers_define_what_the_prelude_aliases(tmp_path):
+    """Checked with nvcc (CI has no NVRTC): the toolkit has these headers and they declare the
+    eight traits, each used the way TVM's prelude may use it."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    src = tmp_path / "traits.cu"
+    src.write_text(nvrtc.LIGHT_TRAITS + """
+static_assert(cuda::std::is_same_v<int, int> && cuda::std::is_same<float, float>::value, "");
+static_assert(cuda::std::is_integral<int>::value && !cuda::std::is_floating_point<int>::value, "");
+static_assert(cuda::std::is_signed<int>::value && cuda::std::is_unsigned<unsigned>::value, "");
+__global__ void k(typename cuda::std::enable_if<true, int*>::type p,
+                  typename cuda::std::conditional<true, float, int>::type x) { p[0] = (int)x; }
+""")
+    proc = subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "traits.cubin"),
+                           *(f"-I{d}" for d in nvrtc.include_dirs(nvrtc.cuda_home())), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_compiler_follows_the_environment(monkeypatch):
     monkeypatch.setenv(COMPILER_ENV, "nvcc")
     assert cuda_compiler() == "nvcc"
@@ -87,6 +125,45 @@ def test_nvrtc_and_nvcc_report_the_same_kernel(monkeypatch, softmax_source):
     assert by_nvrtc.registers == by_nvcc.registers > 0
     assert by_nvrtc.shared_bytes == by_nvcc.shared_bytes and by_nvrtc.spill_bytes == by_nvcc.spill_bytes == 0
     assert "Used" in by_nvrtc.log and "k_kernel" in by_nvrtc.log
+
+
+def _text_sections(cubin: bytes) -> dict[str, bytes]:
+    """The ELF's ``.text.*`` sections (the machine code) by name."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    strings = headers[names][4]
+    out = {}
+    for h in headers:
+        name = cubin[strings + h[0]:cubin.index(b"\0", strings + h[0])].decode()
+        if name.startswith(".text"):
+            out[name] = cubin[h[4]:h[4] + h[5]]
+    return out
+
+
+@needs_nvrtc
+def test_the_light_traits_give_the_same_machine_code(monkeypatch, softmax_source):
+    """A wgmma GEMM and the softmax, compiled with libcu++'s whole type_traits (TVM's prelude as
+    it is) and with the eight traits' own headers: the same instructions."""
+    from fastdlight import ops
+
+    config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                    use_async_copy=True, rasterization=8)
+    with H100.target:
+        gemm = apply_config(ops.matmul(1024, 1024, 1024, "float16", layout="NT", acc_dtype="float32").func, config)
+    sources = [softmax_source, cuda_source(build(tvm.IRModule({"main": gemm}), H100.target))]
+    light = [nvrtc.compile_source(src, "sm_90a")[0] for src in sources]
+
+    def full(source):
+        body = "\n".join(line for line in source.splitlines() if line.strip() != "#include <cuda.h>")
+        return nvrtc.PREFIX.replace(nvrtc.LIGHT_TRAITS, nvrtc.FULL_TRAITS + "\n") + nvrtc._DEVICE_DEFINITIONS + body
+
+    monkeypatch.setattr(nvrtc, "prepare", full)
+    for src, cubin in zip(sources, light):
+        text = _text_sections(cubin)
+        assert text and _text_sections(nvrtc.compile_source(src, "sm_90a")[0]) == text
 
 
 @needs_nvrtc
