@@ -346,10 +346,16 @@ def _func_bytes(func, fname: str) -> int:
 def cmd_tune(args) -> int:
     _validate(args)
     t0 = _STARTED[0][0] if _STARTED else time.perf_counter()
-    if not args.serial:  # start the build workers now: they import TVM while we do
-        from fastdlight.tune.pool import shared_pool
+    # Start the build workers and the probe process now: they import TVM while we do. The probe
+    # process (it runs each built kernel once before this one times it) started with the first
+    # tune otherwise, 3.5 s in, and was ready at 6.3 s: the first 4096³ GEMM's builds were done
+    # by then and waited for it (H100 machine).
+    from fastdlight.tune.pool import gpu_device_nodes, probe_pool, shared_pool
 
+    if not args.serial:
         shared_pool(args.workers).warm_up()
+    if not args.no_measure and gpu_device_nodes():
+        probe_pool().warm_up()
     # A built-in op is verified like a file's function, against itself widened to float64 and
     # built with the candidates (tune.reference), not against its numpy reference: that one runs
     # on the host after the timings (on every core it would slow the builds and the timed

@@ -113,6 +113,39 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in one_error_line(capsys, argv)
 
 
+@pytest.mark.parametrize("nodes, argv, probe_started", [
+    (True, [], True),
+    (True, ["--no-measure"], False),
+    (False, [], False),
+    (True, ["--serial"], True),
+])
+def test_the_probe_process_starts_with_the_build_workers_where_kernels_will_be_timed(monkeypatch, nodes, argv,
+                                                                                   probe_started):
+    """Both start before the command imports TVM; the probe process only where a GPU's device
+    node says kernels will be timed. The run is stopped right after (a made-up usage error)."""
+    from fastdlight import cli
+    from fastdlight.tune import pool
+
+    started = []
+
+    class Pool:
+        def __init__(self, name):
+            self.name = name
+
+        def warm_up(self, features=()):
+            started.append(self.name)
+
+    def stop(args):
+        raise cli.UsageError("stopped after the warm-up")
+
+    monkeypatch.setattr(pool, "gpu_device_nodes", lambda: nodes)
+    monkeypatch.setattr(pool, "shared_pool", lambda n=None: Pool("build"))
+    monkeypatch.setattr(pool, "probe_pool", lambda: Pool("probe"))
+    monkeypatch.setattr(cli, "_workload", stop)
+    assert main(["tune", "add", "64", *argv]) == 2
+    assert started == [name for name, on in (("build", "--serial" not in argv), ("probe", probe_started)) if on]
+
+
 def test_a_bad_compiler_choice_exits_2_with_one_line(capsys, monkeypatch):
     monkeypatch.setenv("FASTDLIGHT_CUDA_COMPILER", "clang")
     assert "FASTDLIGHT_CUDA_COMPILER='clang': expected 'nvrtc' or 'nvcc'" in one_error_line(

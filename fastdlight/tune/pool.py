@@ -7,6 +7,7 @@ let them import TVM while its own process does the same (each import costs secon
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import threading
 
@@ -71,6 +72,12 @@ def init_probe_worker() -> int:
 
 
 _PROBES: list[WorkerPool] = []
+
+
+def gpu_device_nodes() -> bool:
+    """Whether this machine exposes an NVIDIA GPU (``/dev/nvidia0`` ...): a hint, before TVM is
+    imported, that a tuning run will time kernels and so needs the probe process."""
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def probe_pool() -> WorkerPool:
