@@ -115,14 +115,28 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
 #: times alone: there the estimate preferred 2-CTA clusters, which after 2 s alone ran 5-9%
 #: slower than the fastest hot finalist on LLaMA's o and down projections (session 10 run 13)
 TIE_FRACTION = 0.02
+#: where the fastest hot finalist is a 2-CTA cluster tile, the fastest finalist without a
+#: cluster within this fraction of it goes first. A cluster tile spends more energy a GEMM
+#: (multicast loads, arrivals on the peer CTA's barriers), which costs time only once the GPU
+#: sits at its power limit, about a second into a run: on an H100's 4096³ GEMM the cluster
+#: tiles spent 1.1-6.9% more energy than the plain 128x256 one and ran 1.5-3.5% slower at the
+#: limit (bench_energy, sessions 14-15), and the GEMM benchmark's cluster winners ran
+#: 0.98-0.99x of cuBLAS where a plain winner ran 1.00x; on LLaMA's o and down projections
+#: cluster tiles ran 5-9% slower than the fastest hot finalist after 2 s alone (session 10).
+#: The finalists' hot turns (100 ms of heat, 33 ms timed) end before the limit, and NVML's
+#: energy counter moves every ~100 ms (one read 4 ms), too coarse to measure a turn (session 16)
+CLUSTER_TIE_FRACTION = 0.01
 
 
 def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     """``timed`` (by ``speed_key``) with the fastest one's ties (same kind and timing pass, an
     estimate, within ``TIE_FRACTION``) ordered by predicted cost where the fastest has only a
-    first-pass timing; the rest as they were. Hot-retimed finalists keep their order."""
+    first-pass timing; the rest as they were. Hot-retimed finalists keep their order, but for a
+    cluster tile's tie with a plain one (``CLUSTER_TIE_FRACTION``)."""
     timed = list(timed)
-    if len(timed) < 2 or timed[0].predicted_cost <= 0 or timed[0].timing.hot:
+    if timed and timed[0].timing.hot:
+        return _plain_before_cluster(timed)
+    if len(timed) < 2 or timed[0].predicted_cost <= 0:
         return timed
     first = timed[0]
     tied = sorted((r for r in timed if r.config.kind == first.config.kind and r.predicted_cost > 0
@@ -130,6 +144,15 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
                   key=lambda r: (r.predicted_cost, r.latency_ms))
     chosen = {r.index for r in tied}
     return tied + [r for r in timed if r.index not in chosen]
+
+
+def _plain_before_cluster(timed: list[CompileResult]) -> list[CompileResult]:
+    first = timed[0]
+    if first.config.cluster <= 1:
+        return timed
+    plain = next((r for r in timed if r.timing.hot and r.config.kind == first.config.kind and r.config.cluster <= 1
+                  and r.latency_ms <= first.latency_ms * (1 + CLUSTER_TIE_FRACTION)), None)
+    return timed if plain is None else [plain, *(r for r in timed if r is not plain)]
 
 
 def _rank_key(r: CompileResult):

@@ -391,3 +391,28 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
         return r.replace(timing=Timing(r.latency_ms, (r.latency_ms,), hot=True))
 
     assert [r.index for r in pick_order([hot(fastest), hot(tie), hot(slow)])] == [0, 1, 2]
+
+
+def test_a_cluster_tiles_hot_tie_with_a_plain_tile_goes_to_the_plain_one():
+    """Hot finalists: a plain wgmma tile within 1% of a faster 2-CTA cluster tile is checked
+    first (a cluster spends more energy a GEMM, which shows only at the power limit); a plain
+    one further behind, a first-pass time, or a fastest tile without a cluster change nothing."""
+    import dataclasses
+
+    from fastdlight.policies.config import Config
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.runner import CLUSTER_TIE_FRACTION, pick_order
+
+    def row(index, latency, cluster=1, hot=True):
+        config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
+                        use_async_copy=True, rasterization=8 + index, cluster=cluster)
+        return dataclasses.replace(_row(index, latency), config=config,
+                                   timing=Timing(latency, (latency,), hot=hot))
+
+    cluster, near, far = row(0, 1.0, cluster=2), row(1, 1.0 + CLUSTER_TIE_FRACTION / 2), row(2, 1.0 + 2 * CLUSTER_TIE_FRACTION)
+    other_cluster = row(3, 1.001, cluster=2)
+    assert [r.index for r in pick_order([cluster, other_cluster, near, far])] == [1, 0, 3, 2]
+    assert [r.index for r in pick_order([cluster, far])] == [0, 2]
+    assert [r.index for r in pick_order([near, cluster, far])] == [1, 0, 2]
+    cold_near = row(4, 1.0 + CLUSTER_TIE_FRACTION / 2, hot=False)  # only a first-pass time
+    assert [r.index for r in pick_order([cluster, cold_near])] == [0, 4]
