@@ -347,9 +347,9 @@ def cmd_tune(args) -> int:
     _validate(args)
     t0 = _STARTED[0][0] if _STARTED else time.perf_counter()
     # Start the build workers and the probe process now: they import TVM while we do. The probe
-    # process (it runs each built kernel once before this one times it) started with the first
-    # tune otherwise, 3.5 s in, and was ready at 6.3 s: the first 4096³ GEMM's builds were done
-    # by then and waited for it (H100 machine).
+    # process runs each built kernel once before this one times it; started with the first tune,
+    # it was ready only after that 4096³ GEMM's builds were done (6.3 s into the process, on an
+    # H100 machine), and they waited for it.
     from fastdlight.tune.pool import gpu_device_nodes, probe_pool, shared_pool
 
     if not args.serial:
