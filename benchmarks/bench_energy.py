@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import tvm  # noqa: E402
 
-from bench_gemm_hopper import matmul_func, torch_operands  # noqa: E402
+from bench_gemm_hopper import matmul_func, torch_matmuls  # noqa: E402
 from bench_setup import torch_fp32_accumulation, torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.config import Config  # noqa: E402
@@ -111,16 +111,11 @@ def stretch(run, seconds: float, nvml: Nvml, clock: ClockSampler) -> dict:
 
 
 def run_case(name, shape, configs, arch, seconds, nvml, clock, log) -> dict:
-    import torch
-
     m, n, k, dtype, layout = shape
     func = matmul_func(m, n, k, dtype, layout)
     wl = Workload(func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
-    fns = []
-    for args in arg_sets:  # the kernels' own rotated inputs: both sides read the same values
-        a, b = torch_operands(args, layout)
-        fns.append(lambda a=a, b=b: torch.matmul(a, b))
+    fns = torch_matmuls(arg_sets, layout)
     sides = {}
     for config in configs:
         with arch.target:

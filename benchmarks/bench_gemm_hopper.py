@@ -120,6 +120,13 @@ def torch_operands(args, layout):
     return (a.transpose(-1, -2) if layout[0] == "T" else a), (b.transpose(-1, -2) if layout[1] == "T" else b)
 
 
+def torch_matmuls(arg_sets, layout):
+    """One ``torch.matmul`` call a set of a kernel's rotated inputs: cuBLAS reads the same values."""
+    import torch
+
+    return [lambda a=a, b=b: torch.matmul(a, b) for a, b in (torch_operands(args, layout) for args in arg_sets)]
+
+
 def tune(func, arch, topk, check="all"):
     """The tuner's own path (``tune_function``: policies in order, stock Dlight measured beside,
     the winner checked against the function's own float64 twin)."""
@@ -134,8 +141,6 @@ def family_best(results, kind):
 
 
 def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
-    import torch
-
     func = matmul_func(m, n, k, dtype, layout, batch)
     results, best, tune_s = tune(func, arch, topk, check="winner")
     for r in results:
@@ -143,8 +148,7 @@ def run_case(name, m, n, k, dtype, layout, batch, arch, topk, budget_ms, log):
             f"verified={r.verified} {r.error or ''}")
     wl = Workload(best._func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
-    # torch reads the kernel's own rotated inputs
-    fns = [lambda ta=ta, tb=tb: torch.matmul(ta, tb) for ta, tb in (torch_operands(args, layout) for args in arg_sets)]
+    fns = torch_matmuls(arg_sets, layout)
     launch = best.module[function_name(best.module, best._func)]
     short = min(best.latency_ms, time_torch(fns, budget_ms).median_ms) < GRAPH_BELOW_MS
     method = "CUDA graphs" if short else "queued launches"

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
-from bench_gemm_hopper import matmul_func, torch_operands  # noqa: E402
+from bench_gemm_hopper import matmul_func, torch_matmuls  # noqa: E402
 from bench_setup import torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
@@ -131,8 +131,6 @@ def timed(run, sampler: Sampler, heat_s: float) -> dict:
 
 
 def run_case(name, make, tiles, torch_layout, arch, sampler, heat_s, log) -> dict:
-    import torch
-
     func = make()
     wl = Workload(func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
@@ -160,7 +158,7 @@ def run_case(name, make, tiles, torch_layout, arch, sampler, heat_s, log) -> dic
         log(f"{name} {config}: {r}")
     if torch_layout is not None:
         # the kernels' own rotated inputs, B read as the case stores it ([K, N], or [N, K]: NT)
-        fns = [lambda a=a, b=b: torch.matmul(a, b) for a, b in (torch_operands(args, torch_layout) for args in arg_sets)]
+        fns = torch_matmuls(arg_sets, torch_layout)
         row["torch"] = timed(lambda b: time_torch(fns, b).median_ms, sampler, heat_s)
         log(f"{name} torch: {row['torch']}")
     return row
