@@ -362,3 +362,23 @@ def test_descriptors_are_not_packed_in_the_main_loop_and_come_from_the_uniform_w
     src = cuda_source(build(tvm.IRModule({"main": kernel(gemm(512, 512, 512), wgmma())}), H100.target))
     assert "encode_matrix_descriptor" not in src.split("__global__")[-1]
     assert "warp_id_in_cta = __shfl_sync" in src and "k_desc_ptr[0] + " in src
+
+
+def test_snake_order_visits_every_tile_once_and_reverses_odd_groups_and_odd_tiles_k():
+    """Plan.coords walks odd groups of rows right to left and Plan.k_step walks odd tiles' K
+    backwards (matmul_wgmma.SNAKE_ORDER): still every tile once, and every K step once a tile."""
+    from tvm import sym, tirx
+
+    def value(e):
+        return int(sym.Analyzer().simplify(e)) if not isinstance(e, int) else e
+
+    for m, n, k, group in ((1000, 1304, 200, 3), (4096, 2048, 4096, 16)):
+        match = match_wgmma(gemm(m, n, k, "float16", "NN"))[0]
+        plan = Plan(match, 128, 256, 64, 4, group, 132)
+        seen = [tuple(value(c) for c in plan.coords(tirx.const(t, "int32"))) for t in range(plan.tiles)]
+        assert sorted(seen) == [(0, i, j) for i in range(plan.cluster_grid_m) for j in range(plan.cluster_grid_n)]
+        rows = [[j for _, i, j in seen if i == r] for r in (0, group)]  # first rows of groups 0 and 1
+        assert rows[0] == sorted(rows[0]) and rows[1] == sorted(rows[1], reverse=True) and len(rows[1]) > 1
+        for it in (0, 1):
+            steps = [value(plan.k_step(tirx.const(it, "int32"), tirx.const(s, "int32"))) for s in range(plan.k_steps)]
+            assert steps == (list(range(plan.k_steps)) if it == 0 else list(range(plan.k_steps))[::-1])
