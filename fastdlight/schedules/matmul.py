@@ -384,12 +384,22 @@ class _Builder:
 
     def _vectorize_store(self, block) -> None:
         """Vector stores of each thread's contiguous output chunk, when every vector lies fully
-        inside or fully outside the output (the row length is a multiple of the width)."""
+        inside or fully outside the output (the row length is a multiple of the width). No
+        vector of any buffer the block touches exceeds 16 bytes: a fused epilogue computes in
+        its inputs' dtype (fp32 accumulators, bias), and TVM 0.27 writes an 8-lane fp32
+        constant as ``make_ulonglong4`` with eight arguments, which no compiler takes."""
         sch = self.sch
         inner = sch.get_loops(block)[-1]
         extent = int(sch.get(inner).extent)
-        out = sch.get(block).writes[0].source
-        if extent > 1 and extent * _dtype_bytes(out.dtype) in (4, 8, 16) and int(out.shape[-1]) % extent == 0:
+        stmt = sch.get(block)
+        out = stmt.writes[0].source
+        widest = max(_dtype_bytes(r.source.dtype) for r in [*stmt.reads, *stmt.writes])
+        width = extent
+        while width > 1 and (width * widest > 16 or extent % width or int(out.shape[-1]) % width):
+            width //= 2
+        if width > 1 and width * _dtype_bytes(out.dtype) in (4, 8, 16):
+            if width < extent:
+                inner = sch.split(inner, [None, width])[1]
             sch.vectorize(inner)
 
 

@@ -69,6 +69,13 @@ CASES = {
         mm(block=(64, 64), thread=(8, 8), rstep=(16,), vectorize={"A": 8, "B": 8}),
         (H100,),
     ),
+    # SiLU-gated epilogue in fp32 on fp16 outputs: its vectors stay within 16 bytes (an 8-lane
+    # fp32 constant came out as make_ulonglong4 with eight arguments)
+    "gated_fp16": (
+        lambda: ops.matmul_gated(256, 512, 128),
+        mm(block=(128, 64), thread=(8, 8), rstep=(16,), vectorize={"A": 8, "B": 8}, pipeline_stages=2),
+        (H100,),
+    ),
     "conv_fp32": (
         lambda: ops.conv2d_nhwc(2, 28, 28, 64, 64, dtype="float32"),
         mm(block=(1, 4, 8, 64), thread=(1, 1, 2, 8), rstep=(1, 1, 16), vectorize={"data": 4, "W": 4}, pipeline_stages=2),
