@@ -55,9 +55,10 @@ KERNEL_SOURCE = pathlib.Path(__file__).with_name("wgmma_kernel.tvmscript")
 #: tiles walk K backwards, so a wave starts on the K slices the wave before it loaded last,
 #: still in L2; odd groups of ``group_m`` rows walk their columns right to left, so a group's
 #: first wave meets the B columns the group before it loaded last. On an H100 (ncu, fp16 NN,
-#: 128x256 tiles, group 16) DRAM reads fell from 148 to 122 MB on 4096^3 and from 1225 to
-#: 1070 MB on 8192^3 (cuBLAS: 150 and 1250). DRAM traffic costs energy at the power limit: the
-#: same kernel loading one tile everywhere (145 MB less) spent 5% less and ran 6.5% faster
+#: 128x256 tiles, group 16) DRAM reads fell from 148 to 122 MB on 4096^3 and from 1298 to
+#: 1123 MB on 8192^3 (cuBLAS: 150 and 1347), and the 4096^3 kernels spent 1-2% less energy a
+#: GEMM at the power limit, at the same speed. DRAM traffic costs energy there: the same
+#: kernel loading one tile everywhere (145 MB less) spent 5% less and ran 6.5% faster
 SNAKE_ORDER = True
 ABBR = {"float16": "f16", "bfloat16": "bf16"}
 
