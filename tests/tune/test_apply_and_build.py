@@ -394,9 +394,10 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
 
 
 def test_a_cluster_tiles_hot_tie_with_a_plain_tile_goes_to_the_plain_one():
-    """Hot finalists: a plain wgmma tile within 1% of a faster 2-CTA cluster tile is checked
-    first (a cluster spends more energy a GEMM, which shows only at the power limit); a plain
-    one further behind, a first-pass time, or a fastest tile without a cluster change nothing."""
+    """Hot finalists: a plain wgmma tile within ``CLUSTER_TIE_FRACTION`` of a faster 2-CTA
+    cluster tile is checked first (a cluster spends more energy a GEMM, which shows only at the
+    power limit); a plain one further behind, a first-pass time, or a fastest tile without a
+    cluster change nothing."""
     import dataclasses
 
     from fastdlight.policies.config import Config

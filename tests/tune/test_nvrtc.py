@@ -156,9 +156,10 @@ def test_the_light_traits_give_the_same_machine_code(monkeypatch, softmax_source
     sources = [softmax_source, cuda_source(build(tvm.IRModule({"main": gemm}), H100.target))]
     light = [nvrtc.compile_source(src, "sm_90a")[0] for src in sources]
 
-    def full(source):
-        body = "\n".join(line for line in source.splitlines() if line.strip() != "#include <cuda.h>")
-        return nvrtc.PREFIX.replace(nvrtc.LIGHT_TRAITS, nvrtc.FULL_TRAITS + "\n") + nvrtc._DEVICE_DEFINITIONS + body
+    light_prepare = nvrtc.prepare
+
+    def full(source):  # the prelude as TVM writes it: the whole type_traits, in PREFIX too
+        return light_prepare(source).replace(nvrtc.LIGHT_TRAITS, nvrtc.FULL_TRAITS + "\n")
 
     monkeypatch.setattr(nvrtc, "prepare", full)
     for src, cubin in zip(sources, light):
