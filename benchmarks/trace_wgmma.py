@@ -1,0 +1,309 @@
+"""Where a wgmma kernel's cycles go, tile by tile.
+
+The kernel's generated CUDA source is instrumented before it is compiled: the first consumer
+thread of every CTA (thread 128) reads ``clock64`` when each of its tiles starts, when the tile's
+first stage is full, and when its main loop ends, and ``%globaltimer`` at entry and exit. Two
+consecutive launches are traced, after ``WARM_LAUNCHES`` untraced ones of the same module and
+after the plain kernel has heated the GPU. The records go to a device buffer; the last CTA of a
+traced launch to finish prints them all, so no printing runs while another CTA works (a
+``printf`` per CTA at exit slowed the CTAs still running by up to 10x).
+
+Per launch it reports the span, the CTAs' cycles, and per wave (a CTA's i-th tile) the main
+loop's cycles against the tensor cores' ideal, the wait for the tile's first stage, the epilogue
+(one tile's main-loop end to the next tile's start) and the last tile's epilogue and drain.
+
+    python benchmarks/trace_wgmma.py --shape 4096 4096 4096 --tile 128x256 [--warp-m 64]
+        [--layout NN] [--dtype float16] [--stages 4] [--group 16] [--cluster 1]
+
+Writes ``$OUT/trace_wgmma.json`` and ``.md``. Needs a GPU with wgmma (sm_90a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from fastdlight.policies.config import Config  # noqa: E402
+
+#: untraced launches of the instrumented module before the two traced ones
+WARM_LAUNCHES = 16
+#: the thread that records: the first consumer warpgroup's first thread
+WATCH_TID = 128
+#: CTAs the device buffer holds records for (a persistent grid is one CTA per SM)
+MAX_CTAS = 256
+#: dense fp16/bf16 tensor-core flops per SM cycle on Hopper: 989.4 TFLOPS = 132 SMs x 4096 x 1.83 GHz
+FLOPS_PER_SM_CYCLE = 4096
+#: the consumer's tile loop and its main loop in TVM's CUDA source of the template
+_TILE_LOOP = re.compile(r"for \(int (k_i(?:_\d+)?) = 0; \1 < (\d+); \+\+\1\) \{")
+_K_LOOP = re.compile(r"for \(int (k_k(?:_\d+)?) = 0; \1 < \d+; \+\+\1\) \{")
+_MAIN_LOOP_END = "tvm_builtin_ptx_wgmma_wait_group_wait_group_sync_aligned_0();"
+_DRAIN = "tvm_builtin_ptx_cp_async_bulk_wait_group_async_bulk_wait_group_0();"
+
+
+@dataclass(frozen=True)
+class TileRecord:
+    start: int  # clock64 at the tile's start
+    first: int  # ... once its first stage is full (0: the CTA had no such tile)
+    end: int  # ... at its main loop's end
+    m: int  # the tile's M and N tile indices
+    n: int
+
+
+@dataclass(frozen=True)
+class CtaRecord:
+    launch: int
+    cta: int
+    sm: int
+    entry_ns: int  # %globaltimer at entry and exit
+    exit_ns: int
+    entry: int  # clock64 at entry and exit
+    exit: int
+    tiles: tuple[TileRecord, ...]
+
+
+class InstrumentError(ValueError):
+    """The source does not have the template's shape the instrumentation expects."""
+
+
+def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
+    """``code`` (one template kernel's CUDA source) recording and, from the last CTA of launches
+    ``first_launch`` and ``first_launch + 1``, printing the records (see the module docstring)."""
+    loops = list(_TILE_LOOP.finditer(code))
+    k_loops = list(_K_LOOP.finditer(code))
+    if len(loops) != 1 or len(k_loops) != 2:
+        raise InstrumentError(f"expected one consumer tile loop and two K loops, found {len(loops)} and {len(k_loops)} "
+                              "(a shape with one tile a CTA has no tile loop: trace one with two or more)")
+    ti, n_tiles = loops[0].group(1), int(loops[0].group(2))
+    kv = k_loops[1].group(1)
+    width = 7 + 5 * n_tiles  # a CTA's record: launch, cta, sm, entry/exit ns, entry/exit clock, tiles
+    rec = f"fdl_rec[((fdl_l - {first_launch}) * {MAX_CTAS} + blockIdx.x) * {width} + "
+    sites = {
+        "entry": [f"  unsigned long long fdl_t[{5 * n_tiles}]; bool fdl_me = false; int fdl_l = 0; unsigned long long fdl_g0 = 0, fdl_c0 = 0;",
+                  f"  if (threadIdx.x == {WATCH_TID}) {{ fdl_l = atomicAdd(&fdl_launch, 1u) / gridDim.x; "
+                  f"fdl_me = (fdl_l == {first_launch} || fdl_l == {first_launch + 1}) && blockIdx.x < {MAX_CTAS}; }}",
+                  '  if (fdl_me) { for (int q = 0; q < ' + str(5 * n_tiles) + '; ++q) fdl_t[q] = 0; '
+                  'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(fdl_g0)); fdl_c0 = clock64(); }'],
+        "tile": [f"      if (fdl_me) fdl_t[{ti} * 5] = clock64();"],
+        "first": [f"          if (fdl_me && {kv} == 0) {{ fdl_t[{ti} * 5 + 1] = clock64(); "
+                  f"fdl_t[{ti} * 5 + 3] = k_coord_ptr[1]; fdl_t[{ti} * 5 + 4] = k_coord_ptr[2]; }}"],
+        "end": [f"        if (fdl_me) fdl_t[{ti} * 5 + 2] = clock64();"],
+        "exit": [
+            "    if (fdl_me) {",
+            '      unsigned long long g1, c1 = clock64(); unsigned sm; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));',
+            '      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));',
+            f"      {rec}0] = fdl_l; {rec}1] = blockIdx.x; {rec}2] = sm; {rec}3] = fdl_g0; {rec}4] = g1; {rec}5] = fdl_c0; {rec}6] = c1;",
+            f"      for (int q = 0; q < {5 * n_tiles}; ++q) {rec}7 + q] = fdl_t[q];",
+            "      __threadfence();",
+            f"      if (atomicAdd(&fdl_done[fdl_l - {first_launch}], 1u) == gridDim.x - 1) {{",
+            "        __threadfence();",
+            "        for (int b = 0; b < gridDim.x && b < " + str(MAX_CTAS) + "; ++b) {",
+            f"          const unsigned long long* r = &fdl_rec[((fdl_l - {first_launch}) * {MAX_CTAS} + b) * {width}];",
+            '          printf("FDL %llu %llu %llu %llu %llu %llu %llu\\n", r[0], r[1], r[2], r[3], r[4], r[5], r[6]);',
+            f"          for (int q = 0; q < {n_tiles}; ++q) printf(\"FDT %llu %llu %d %llu %llu %llu %llu %llu\\n\", r[0], r[1], q, "
+            "r[7 + q * 5], r[8 + q * 5], r[9 + q * 5], r[10 + q * 5], r[11 + q * 5]);",
+            "        }",
+            "      }",
+            "    }"],
+    }
+    out, state = [], "decl"
+    for line in code.split("\n"):
+        s = line.strip()
+        if state == "decl" and line.startswith('extern "C" __global__') and s.endswith(";"):
+            out += [f"__device__ unsigned long long fdl_rec[2 * {MAX_CTAS} * {width}];",
+                    "__device__ unsigned int fdl_launch = 0;", "__device__ unsigned int fdl_done[2] = {0, 0};"]
+            state = "entry"
+        out.append(line)
+        if state == "entry" and s.startswith("int k_tid = "):
+            out += sites["entry"]; state = "tile"
+        elif state == "tile" and s == loops[0].group(0):
+            out += sites["tile"]; state = "first"
+        elif state == "first" and s.startswith("tvm_builtin_cuda_mbarrier_wait(") and f"({kv} & " in s:
+            out += sites["first"]; state = "end"
+        elif state == "end" and s == _MAIN_LOOP_END:
+            out += sites["end"]; state = "drain"
+        elif state == "drain" and s == _DRAIN:
+            state = "exit"
+        elif state == "exit" and s == "}":
+            out += sites["exit"]; state = "done"
+    if state != "done":
+        raise InstrumentError(f"the source ended before the {state} site")
+    return "\n".join(out)
+
+
+def parse(text: str) -> list[CtaRecord]:
+    """The CTA records printed by an instrumented kernel (other lines ignored)."""
+    heads, tiles = {}, {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["FDL"] and len(parts) == 8:
+            v = list(map(int, parts[1:]))
+            heads[(v[0], v[1])] = v
+        elif parts[:1] == ["FDT"] and len(parts) == 9:
+            v = list(map(int, parts[1:]))
+            tiles.setdefault((v[0], v[1]), {})[v[2]] = TileRecord(v[3], v[4], v[5], v[6], v[7])
+    return [CtaRecord(*heads[k], tiles=tuple(t for _, t in sorted(tiles.get(k, {}).items())))
+            for k in sorted(heads)]
+
+
+def ideal_tile_cycles(m_n_k: tuple[int, int, int], bm: int, bn: int, bk: int = 64) -> float:
+    """A tile's main loop on the tensor cores alone: 2 bm bn K flops at the SM's peak rate."""
+    steps = -(-m_n_k[2] // bk)
+    return 2 * bm * bn * bk * steps / FLOPS_PER_SM_CYCLE
+
+
+def _stats(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"n": int(v.size), "median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "max": float(v.max())} if v.size else {}
+
+
+def summarize(records: list[CtaRecord], ideal: float) -> list[dict]:
+    """Per traced launch: span (us), CTA cycles, and per wave the main loop against ``ideal``,
+    the first-stage wait, the epilogue after it, and the last tile's epilogue and drain."""
+    out = []
+    for launch in sorted({r.launch for r in records}):
+        ctas = [r for r in records if r.launch == launch]
+        waves, last = {}, []
+        for r in ctas:
+            done = [i for i, t in enumerate(r.tiles) if t.first]
+            for i in done:
+                t = r.tiles[i]
+                w = waves.setdefault(i, {"main_loop": [], "first_stage_wait": [], "epilogue": []})
+                w["main_loop"].append((t.end - t.first) / ideal)
+                w["first_stage_wait"].append(t.first - t.start)
+                if i + 1 in done:
+                    w["epilogue"].append(r.tiles[i + 1].start - t.end)
+                else:
+                    last.append(r.exit - t.end)
+        out.append({
+            "launch": launch, "ctas": len(ctas),
+            "span_us": (max(r.exit_ns for r in ctas) - min(r.entry_ns for r in ctas)) / 1e3,
+            "cta_cycles": _stats([r.exit - r.entry for r in ctas]),
+            "waves": {i: {k: _stats(v) for k, v in w.items()} for i, w in sorted(waves.items())},
+            "last_epilogue": _stats(last),
+        })
+    return out
+
+
+def markdown(title: str, summaries: list[dict], ideal: float) -> str:
+    lines = [f"## {title}", "", f"Ideal main loop (tensor cores alone): {ideal:.0f} cycles a tile.", ""]
+    for s in summaries:
+        c = s["cta_cycles"]
+        lines += [f"Launch {s['launch']}: {s['ctas']} CTAs, span {s['span_us']:.1f} us; CTA cycles median "
+                  f"{c['median']:.0f}, max {c['max']:.0f}; last tile's epilogue and drain median {s['last_epilogue'].get('median', 0):.0f}.",
+                  "", "| wave | tiles | main loop / ideal (median, max) | first-stage wait (median) | epilogue after it (median, cycles) |",
+                  "|---|---|---|---|---|"]
+        for i, w in s["waves"].items():
+            ml, fw, ep = w["main_loop"], w["first_stage_wait"], w["epilogue"]
+            lines.append(f"| {i} | {ml['n']} | {ml['median']:.3f}, {ml['max']:.3f} | {fw['median']:.0f} | "
+                         f"{ep['median']:.0f} |" if ep else f"| {i} | {ml['n']} | {ml['median']:.3f}, {ml['max']:.3f} | {fw['median']:.0f} | - |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def captured_stdout():
+    """The process's file descriptor 1 (where the device's printf goes) into a temporary file;
+    yields a callable returning what was written."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            yield lambda: (f.seek(0), f.read().decode(errors="replace"))[1]
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def trace(func, config: Config, arch) -> list[CtaRecord]:
+    """The records of two launches of ``func`` under ``config`` (GPU)."""
+    import tvm
+    import tvm_ffi
+
+    from fastdlight.schedules import apply_config
+    from fastdlight.tune.compile import build, compile_cubin
+    from fastdlight.tune.measure import Workload, function_name, heat
+
+    def compile_instrumented(code, *_):
+        return bytearray(compile_cubin(instrument(code), tvm.target.Target.current()).binary)
+
+    with arch.target:
+        kernel = apply_config(func, config)
+    if kernel is None:
+        raise SystemExit(f"the wgmma template does not take {config}")
+    kernel = kernel.with_attr("global_symbol", "fdl_traced")
+    plain = build(tvm.IRModule({"main": kernel}), arch.target)
+    previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_instrumented, override=True)
+    try:
+        traced = build(tvm.IRModule({"main": kernel}), arch.target)
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
+    wl = Workload(func, tvm.cuda(0), seed=0)
+    arg_sets = wl.timing_arg_sets(arch.l2_bytes)
+    launch, name = traced[function_name(traced, kernel)], function_name(plain, kernel)
+    heat(plain[name], arg_sets, wl.dev)
+    for i in range(WARM_LAUNCHES):
+        launch(*arg_sets[i % len(arg_sets)])
+    wl.dev.sync()
+    with captured_stdout() as read:
+        for i in range(2):
+            launch(*arg_sets[i % len(arg_sets)])
+        wl.dev.sync()
+        text = read()
+    records = parse(text)
+    if not records:
+        raise SystemExit("the traced launches printed no records")
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 4096), metavar=("M", "N", "K"))
+    ap.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"])
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--tile", default="128x256", help="BMxBN")
+    ap.add_argument("--warp-m", type=int, default=None, help="rows per consumer warpgroup (default: BM / 2)")
+    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--group", type=int, default=16)
+    ap.add_argument("--cluster", type=int, default=1)
+    args = ap.parse_args(argv)
+    from bench_gemm_hopper import matmul_func
+    from bench_setup import write_results
+    from fastdlight.arch import auto_arch
+    from fastdlight.arch.cuda import has_gpu
+
+    bm, bn = map(int, args.tile.lower().split("x"))
+    wm = args.warp_m or bm // 2
+    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=args.stages,
+                    use_async_copy=True, rasterization=args.group, cluster=args.cluster)
+    if not has_gpu():
+        raise SystemExit("trace_wgmma: no CUDA GPU here; it times a kernel on one")
+    arch = auto_arch()
+    if not arch.has_wgmma:
+        raise SystemExit(f"trace_wgmma: {arch} has no wgmma; it traces the sm_90a template")
+    m, n, k = args.shape
+    records = trace(matmul_func(m, n, k, args.dtype, args.layout), config, arch)
+    ideal = ideal_tile_cycles((m, n, k), bm, bn)
+    summaries = summarize(records, ideal)
+    title = f"{args.dtype} {m}x{n}x{k} {args.layout}, {config} on {arch.name}"
+    md = markdown(title, summaries, ideal)
+    write_results("trace_wgmma", {"title": title, "ideal_cycles": ideal, "launches": summaries,
+                                  "records": [dataclasses.asdict(r) for r in records]}, md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
