@@ -3,9 +3,11 @@
 A hot H100 runs a large fp16 GEMM at its power limit (700 W), so what sets a kernel's
 sustained speed is the energy it spends per GEMM, not its cycles alone. Each side runs back to
 back for ``--seconds`` after a second of itself; NVML's energy counter (millijoules since the
-driver loaded) is read around that stretch and the SM clock sampled every 10 ms, so each side
-gets its median time, mean clock, mean power, energy per GEMM and cycles per GEMM. Sides take
-turns, twice (the second time in reverse order), and the two stretches are averaged.
+driver loaded) is read around that stretch, and the SM clock, the board's power and NVML's clock
+event reasons are sampled every 10 ms, so each side gets its median time, mean clock, mean power,
+energy per GEMM, cycles per GEMM, highest sampled power, and the share of samples in which the
+power cap, a hardware slowdown or the power brake held the clock. Sides take turns, twice (the
+second time in reverse order), and the two stretches are averaged.
 
     python benchmarks/bench_energy.py [--seconds 3] [--only 4096 ...]
 
@@ -78,23 +80,57 @@ class Nvml:
         self.lib.nvmlDeviceGetClockInfo(self.dev, NVML_CLOCK_SM, ctypes.byref(value))
         return value.value
 
+    def power_w(self) -> float:
+        """The board's power draw now (NVML's sample, milliwatts), in watts."""
+        value = ctypes.c_uint()
+        self.lib.nvmlDeviceGetPowerUsage(self.dev, ctypes.byref(value))
+        return value.value / 1e3
+
+    def clock_reasons(self) -> int:
+        """The bits of what holds the clocks below their maximum now (``CLOCK_REASONS``)."""
+        value = ctypes.c_ulonglong()
+        # the newer name first; drivers before 535 have only the older one
+        query = (getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                 or self.lib.nvmlDeviceGetCurrentClocksThrottleReasons)
+        query(self.dev, ctypes.byref(value))
+        return value.value
+
+
+#: NVML's clock event (throttle) reasons this benchmark reports, by bit
+CLOCK_REASONS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80}
+
 
 class ClockSampler:
-    """The SM clock every 10 ms, in a thread."""
+    """The SM clock, the board power and the clock event reasons every 10 ms, in a thread."""
 
     def __init__(self, nvml: Nvml):
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, int, float, int]] = []
         self._stop = threading.Event()
         threading.Thread(target=self._run, args=(nvml,), daemon=True).start()
 
     def _run(self, nvml: Nvml):
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter(), nvml.sm_mhz()))
+            self.samples.append((time.perf_counter(), nvml.sm_mhz(), nvml.power_w(), nvml.clock_reasons()))
             time.sleep(0.01)
 
+    def _within(self, t0: float, t1: float) -> list:
+        return [s[1:] for s in self.samples if t0 <= s[0] <= t1]
+
     def mean(self, t0: float, t1: float) -> float:
-        values = [mhz for t, mhz in self.samples if t0 <= t <= t1]
+        values = [mhz for mhz, _, _ in self._within(t0, t1)]
         return float(np.mean(values)) if values else float("nan")
+
+    def power(self, t0: float, t1: float) -> tuple[float, float]:
+        """The mean and the highest sampled board power (NVML's power reading, which the power
+        cap acts on; the energy counter's average over the same stretch can differ by a few %)."""
+        values = [w for _, w, _ in self._within(t0, t1)]
+        return (float(np.mean(values)), float(np.max(values))) if values else (float("nan"), float("nan"))
+
+    def reasons(self, t0: float, t1: float) -> dict[str, float]:
+        """The share of samples each reason in ``CLOCK_REASONS`` was set in."""
+        bits = [r for _, _, r in self._within(t0, t1)]
+        return {name: float(np.mean([bool(b & bit) for b in bits])) if bits else float("nan")
+                for name, bit in CLOCK_REASONS.items()}
 
     def stop(self):
         self._stop.set()
@@ -107,7 +143,9 @@ def stretch(run, seconds: float, nvml: Nvml, clock: ClockSampler) -> dict:
     medians = [run(BATCH_MS) for _ in range(max(1, round(seconds * 1e3 / BATCH_MS)))]
     t1, e1 = time.perf_counter(), nvml.energy_mj()
     ms, mhz, watts = float(np.median(medians)), clock.mean(t0, t1), (e1 - e0) / 1e3 / (t1 - t0)
-    return {"ms": ms, "mhz": mhz, "w": watts, "mj_per_gemm": watts * ms, "kcycles_per_gemm": mhz * ms}
+    return {"ms": ms, "mhz": mhz, "w": watts, "mj_per_gemm": watts * ms, "kcycles_per_gemm": mhz * ms,
+            **dict(zip(("sampled_w", "max_sampled_w"), clock.power(t0, t1))),
+            **{f"share_{k}": v for k, v in clock.reasons(t0, t1).items()}}
 
 
 def run_case(name, shape, configs, arch, seconds, nvml, clock, log) -> dict:
@@ -138,14 +176,18 @@ def run_case(name, shape, configs, arch, seconds, nvml, clock, log) -> dict:
 def markdown(rows, device: str, seconds: float) -> str:
     lines = [f"Device: {device}. Each side back to back for {seconds:g} s after {LEAD_MS / 1e3:g} s of itself, "
              "twice in turns; NVML energy counter and SM clock.", "",
-             "| case | kernel | ms | MHz | W | mJ a GEMM | kcycles a GEMM | time vs cuBLAS | energy vs cuBLAS | cycles vs cuBLAS |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | kernel | ms | MHz | W | mJ a GEMM | kcycles a GEMM | time vs cuBLAS | energy vs cuBLAS | cycles vs cuBLAS "
+             "| sampled W (mean, max) | power cap / HW slowdown / power brake (share of samples) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = row["sides"]["cuBLAS"]
         for name, r in row["sides"].items():
             lines.append(f"| {row['case']} | {name} | {r['ms']:.4f} | {r['mhz']:.0f} | {r['w']:.0f} | {r['mj_per_gemm']:.1f} "
                          f"| {r['kcycles_per_gemm']:.1f} | {base['ms'] / r['ms']:.3f} | {r['mj_per_gemm'] / base['mj_per_gemm']:.3f} "
-                         f"| {r['kcycles_per_gemm'] / base['kcycles_per_gemm']:.3f} |")
+                         f"| {r['kcycles_per_gemm'] / base['kcycles_per_gemm']:.3f} "
+                         f"| {r.get('sampled_w', float('nan')):.0f}, {r.get('max_sampled_w', float('nan')):.0f} "
+                         f"| {r.get('share_sw_power_cap', float('nan')):.2f} / {r.get('share_hw_slowdown', float('nan')):.2f} "
+                         f"/ {r.get('share_hw_power_brake', float('nan')):.2f} |")
     return "\n".join(lines) + "\n"
 
 

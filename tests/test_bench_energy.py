@@ -21,6 +21,12 @@ class FakeClock:
     def mean(self, t0, t1):
         return 1500.0
 
+    def power(self, t0, t1):
+        return 698.0, 712.0
+
+    def reasons(self, t0, t1):
+        return {name: 0.5 if name == "sw_power_cap" else 0.0 for name in bench.CLOCK_REASONS}
+
 
 def test_a_stretch_gives_power_energy_and_cycles_a_gemm(monkeypatch):
     calls = []
@@ -35,6 +41,18 @@ def test_a_stretch_gives_power_energy_and_cycles_a_gemm(monkeypatch):
     assert calls == [bench.LEAD_MS] + [bench.BATCH_MS] * 4  # the untimed lead-in, then 1 s of batches
     assert r["ms"] == 0.2 and r["w"] == 0.7  # 1.4 J in 2 s
     assert abs(r["mj_per_gemm"] - 0.14) < 1e-12 and r["kcycles_per_gemm"] == 300.0
+    assert r["sampled_w"] == 698.0 and r["max_sampled_w"] == 712.0 and r["share_sw_power_cap"] == 0.5 and r["share_hw_slowdown"] == 0.0
+
+
+def test_the_sampler_gives_each_reasons_share_and_the_highest_power_within_the_stretch():
+    clock = bench.ClockSampler.__new__(bench.ClockSampler)  # no sampling thread: samples set by hand
+    cap, slow = bench.CLOCK_REASONS["sw_power_cap"], bench.CLOCK_REASONS["hw_slowdown"]
+    clock.samples = [(0.5, 1980, 100.0, 0), (1.0, 1400, 690.0, cap), (1.5, 1380, 705.0, cap | slow),
+                     (2.0, 1410, 698.0, 0), (3.5, 1980, 900.0, slow)]  # the first and last: outside
+    assert clock.mean(1.0, 2.0) == 1396.6666666666667
+    assert clock.power(1.0, 2.0) == (2093.0 / 3, 705.0)
+    shares = clock.reasons(1.0, 2.0)
+    assert shares["sw_power_cap"] == 2 / 3 and shares["hw_slowdown"] == 1 / 3 and shares["hw_power_brake"] == 0.0
 
 
 def test_the_table_gives_each_side_against_cublas():
@@ -42,5 +60,7 @@ def test_the_table_gives_each_side_against_cublas():
         "ours": {"ms": 0.2, "mhz": 1400.0, "w": 700.0, "mj_per_gemm": 140.0, "kcycles_per_gemm": 280.0},
         "cuBLAS": {"ms": 0.21, "mhz": 1300.0, "w": 700.0, "mj_per_gemm": 147.0, "kcycles_per_gemm": 273.0}}}]
     md = bench.markdown(rows, "H100", 3.0)
-    assert "| 4096³ NN | ours | 0.2000 | 1400 | 700 | 140.0 | 280.0 | 1.050 | 0.952 | 1.026 |" in md
-    assert "| 4096³ NN | cuBLAS | 0.2100 | 1300 | 700 | 147.0 | 273.0 | 1.000 | 1.000 | 1.000 |" in md
+    assert "| 4096³ NN | ours | 0.2000 | 1400 | 700 | 140.0 | 280.0 | 1.050 | 0.952 | 1.026 | nan, nan | nan / nan / nan |" in md
+    assert "| 4096³ NN | cuBLAS | 0.2100 | 1300 | 700 | 147.0 | 273.0 | 1.000 | 1.000 | 1.000 | nan, nan | nan / nan / nan |" in md
+    rows[0]["sides"]["ours"].update(sampled_w=699.6, max_sampled_w=711.0, share_sw_power_cap=0.96, share_hw_slowdown=0.0, share_hw_power_brake=0.0)
+    assert "| 1.026 | 700, 711 | 0.96 / 0.00 / 0.00 |" in bench.markdown(rows, "H100", 3.0)
