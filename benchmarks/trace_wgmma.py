@@ -238,10 +238,15 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
     def compile_instrumented(code, *_):
         return bytearray(compile_cubin(instrument(code), tvm.target.Target.current()).binary)
 
-    with arch.target:
-        kernel = apply_config(func, config)
+    try:
+        with arch.target:
+            kernel = apply_config(func, config)
+    except Exception as e:  # noqa: BLE001 - one line for the user, whatever the template's reason
+        kernel, why = None, f": {str(e).splitlines()[0]}" if str(e) else ""
+    else:
+        why = ""
     if kernel is None:
-        raise SystemExit(f"the wgmma template does not take {config}")
+        raise SystemExit(f"trace_wgmma: the wgmma template does not take {config}{why}")
     kernel = kernel.with_attr("global_symbol", "fdl_traced")
     plain = build(tvm.IRModule({"main": kernel}), arch.target)
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
@@ -269,12 +274,21 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
     return records
 
 
+def _tile(text: str) -> tuple[int, int]:
+    """``BMxBN`` as two ints, for argparse."""
+    try:
+        bm, bn = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BMxBN (e.g. 128x256)") from None
+    return bm, bn
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 4096), metavar=("M", "N", "K"))
     ap.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    ap.add_argument("--tile", default="128x256", help="BMxBN")
+    ap.add_argument("--tile", type=_tile, default=(128, 256), help="BMxBN (default 128x256)")
     ap.add_argument("--warp-m", type=int, default=None, help="rows per consumer warpgroup (default: BM / 2)")
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--group", type=int, default=16)
@@ -285,7 +299,7 @@ def main(argv=None) -> int:
     from fastdlight.arch import auto_arch
     from fastdlight.arch.cuda import has_gpu
 
-    bm, bn = map(int, args.tile.lower().split("x"))
+    bm, bn = args.tile
     wm = args.warp_m or bm // 2
     config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=args.stages,
                     use_async_copy=True, rasterization=args.group, cluster=args.cluster)
