@@ -75,24 +75,21 @@ class InstrumentError(ValueError):
     """The source does not have the template's shape the instrumentation expects."""
 
 
-def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
-    """``code`` (one template kernel's CUDA source) recording and, from the last CTA of launches
-    ``first_launch`` and ``first_launch + 1``, printing the records (see the module docstring)."""
-    loops = list(_TILE_LOOP.finditer(code))
-    k_loops = list(_K_LOOP.finditer(code))
-    if len(loops) != 1 or len(k_loops) != 2:
-        raise InstrumentError(f"expected one consumer tile loop and two K loops, found {len(loops)} and {len(k_loops)} "
-                              "(a shape with one tile a CTA has no tile loop: trace one with two or more)")
-    ti, n_tiles = loops[0].group(1), int(loops[0].group(2))
-    kv = k_loops[1].group(1)
-    width = 7 + 5 * n_tiles  # a CTA's record: launch, cta, sm, entry/exit ns, entry/exit clock, tiles
+def _probes(ti: str, kv: str, n_tiles: int, first_launch: int) -> dict[str, list[str]]:
+    """The lines inserted at each site: ``ti`` and ``kv`` are the source's tile and main-loop
+    variables; a CTA's record is launch, CTA, SM, entry/exit ns, entry/exit clock, then per
+    tile its start, first-stage and main-loop-end clocks and its M and N tile."""
+    width, slots = 7 + 5 * n_tiles, 5 * n_tiles
     rec = f"fdl_rec[((fdl_l - {first_launch}) * {MAX_CTAS} + blockIdx.x) * {width} + "
-    sites = {
-        "entry": [f"  unsigned long long fdl_t[{5 * n_tiles}]; bool fdl_me = false; int fdl_l = 0; unsigned long long fdl_g0 = 0, fdl_c0 = 0;",
-                  f"  if (threadIdx.x == {WATCH_TID}) {{ fdl_l = atomicAdd(&fdl_launch, 1u) / gridDim.x; "
-                  f"fdl_me = (fdl_l == {first_launch} || fdl_l == {first_launch + 1}) && blockIdx.x < {MAX_CTAS}; }}",
-                  '  if (fdl_me) { for (int q = 0; q < ' + str(5 * n_tiles) + '; ++q) fdl_t[q] = 0; '
-                  'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(fdl_g0)); fdl_c0 = clock64(); }'],
+    return {
+        "decl": [f"__device__ unsigned long long fdl_rec[2 * {MAX_CTAS} * {width}];",
+                 "__device__ unsigned int fdl_launch = 0;", "__device__ unsigned int fdl_done[2] = {0, 0};"],
+        "entry": [
+            f"  unsigned long long fdl_t[{slots}]; bool fdl_me = false; int fdl_l = 0; unsigned long long fdl_g0 = 0, fdl_c0 = 0;",
+            f"  if (threadIdx.x == {WATCH_TID}) {{ fdl_l = atomicAdd(&fdl_launch, 1u) / gridDim.x; "
+            f"fdl_me = (fdl_l == {first_launch} || fdl_l == {first_launch + 1}) && blockIdx.x < {MAX_CTAS}; }}",
+            f"  if (fdl_me) {{ for (int q = 0; q < {slots}; ++q) fdl_t[q] = 0; "
+            'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(fdl_g0)); fdl_c0 = clock64(); }'],
         "tile": [f"      if (fdl_me) fdl_t[{ti} * 5] = clock64();"],
         "first": [f"          if (fdl_me && {kv} == 0) {{ fdl_t[{ti} * 5 + 1] = clock64(); "
                   f"fdl_t[{ti} * 5 + 3] = k_coord_ptr[1]; fdl_t[{ti} * 5 + 4] = k_coord_ptr[2]; }}"],
@@ -102,11 +99,11 @@ def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
             '      unsigned long long g1, c1 = clock64(); unsigned sm; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));',
             '      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));',
             f"      {rec}0] = fdl_l; {rec}1] = blockIdx.x; {rec}2] = sm; {rec}3] = fdl_g0; {rec}4] = g1; {rec}5] = fdl_c0; {rec}6] = c1;",
-            f"      for (int q = 0; q < {5 * n_tiles}; ++q) {rec}7 + q] = fdl_t[q];",
+            f"      for (int q = 0; q < {slots}; ++q) {rec}7 + q] = fdl_t[q];",
             "      __threadfence();",
-            f"      if (atomicAdd(&fdl_done[fdl_l - {first_launch}], 1u) == gridDim.x - 1) {{",
+            f"      if (atomicAdd(&fdl_done[fdl_l - {first_launch}], 1u) == gridDim.x - 1) {{  // the last CTA prints",
             "        __threadfence();",
-            "        for (int b = 0; b < gridDim.x && b < " + str(MAX_CTAS) + "; ++b) {",
+            f"        for (int b = 0; b < gridDim.x && b < {MAX_CTAS}; ++b) {{",
             f"          const unsigned long long* r = &fdl_rec[((fdl_l - {first_launch}) * {MAX_CTAS} + b) * {width}];",
             '          printf("FDL %llu %llu %llu %llu %llu %llu %llu\\n", r[0], r[1], r[2], r[3], r[4], r[5], r[6]);',
             f"          for (int q = 0; q < {n_tiles}; ++q) printf(\"FDT %llu %llu %d %llu %llu %llu %llu %llu\\n\", r[0], r[1], q, "
@@ -115,28 +112,38 @@ def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
             "      }",
             "    }"],
     }
-    out, state = [], "decl"
+
+
+def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
+    """``code`` (one template kernel's CUDA source) recording and, from the last CTA of launches
+    ``first_launch`` and ``first_launch + 1``, printing the records (see the module docstring)."""
+    loops = list(_TILE_LOOP.finditer(code))
+    k_loops = list(_K_LOOP.finditer(code))
+    if len(loops) != 1 or len(k_loops) != 2:
+        raise InstrumentError(f"expected one consumer tile loop and two K loops, found {len(loops)} and {len(k_loops)} "
+                              "(a shape with one tile a CTA has no tile loop: trace one with two or more)")
+    ti, kv = loops[0].group(1), k_loops[1].group(1)
+    probes = _probes(ti, kv, int(loops[0].group(2)), first_launch)
+    # (site, whether this stripped line is it, whether the probes go before the line)
+    sites = [("decl", lambda s, line: line.startswith('extern "C" __global__') and s.endswith(";"), True),
+             ("entry", lambda s, line: s.startswith("int k_tid = "), False),
+             ("tile", lambda s, line: s == loops[0].group(0), False),
+             ("first", lambda s, line: s.startswith("tvm_builtin_cuda_mbarrier_wait(") and f"({kv} & " in s, False),
+             ("end", lambda s, line: s == _MAIN_LOOP_END, False),
+             ("drain", lambda s, line: s == _DRAIN, False),  # the exit probes go after the block it closes
+             ("exit", lambda s, line: s == "}", False)]
+    out, at = [], 0
     for line in code.split("\n"):
-        s = line.strip()
-        if state == "decl" and line.startswith('extern "C" __global__') and s.endswith(";"):
-            out += [f"__device__ unsigned long long fdl_rec[2 * {MAX_CTAS} * {width}];",
-                    "__device__ unsigned int fdl_launch = 0;", "__device__ unsigned int fdl_done[2] = {0, 0};"]
-            state = "entry"
+        name, found, before = sites[at] if at < len(sites) else (None, None, False)
+        hit = found is not None and found(line.strip(), line)
+        if hit and before:
+            out += probes[name]
         out.append(line)
-        if state == "entry" and s.startswith("int k_tid = "):
-            out += sites["entry"]; state = "tile"
-        elif state == "tile" and s == loops[0].group(0):
-            out += sites["tile"]; state = "first"
-        elif state == "first" and s.startswith("tvm_builtin_cuda_mbarrier_wait(") and f"({kv} & " in s:
-            out += sites["first"]; state = "end"
-        elif state == "end" and s == _MAIN_LOOP_END:
-            out += sites["end"]; state = "drain"
-        elif state == "drain" and s == _DRAIN:
-            state = "exit"
-        elif state == "exit" and s == "}":
-            out += sites["exit"]; state = "done"
-    if state != "done":
-        raise InstrumentError(f"the source ended before the {state} site")
+        if hit:
+            out += [] if before else probes.get(name, [])
+            at += 1
+    if at < len(sites):
+        raise InstrumentError(f"the source ended before the {sites[at][0]} site")
     return "\n".join(out)
 
 
