@@ -5,9 +5,9 @@ sustained speed is the energy it spends per GEMM, not its cycles alone. Each sid
 back for ``--seconds`` after a second of itself; NVML's energy counter (millijoules since the
 driver loaded) is read around that stretch, and the SM clock, the board's power and NVML's clock
 event reasons are sampled every 10 ms, so each side gets its median time, mean clock, mean power,
-energy per GEMM, cycles per GEMM, highest sampled power, and the share of samples in which the
-power cap, a hardware slowdown or the power brake held the clock. Sides take turns, twice (the
-second time in reverse order), and the two stretches are averaged.
+energy per GEMM, cycles per GEMM, mean and highest sampled power, and the share of samples in
+which the power cap, a hardware slowdown or the power brake held the clock. Sides take turns,
+twice (the second time in reverse order), and the two stretches are averaged.
 
     python benchmarks/bench_energy.py [--seconds 3] [--only 4096 ...]
 

@@ -249,11 +249,10 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
         with arch.target:
             kernel = apply_config(func, config)
     except Exception as e:  # noqa: BLE001 - one line for the user, whatever the template's reason
-        kernel, why = None, f": {str(e).splitlines()[0]}" if str(e) else ""
-    else:
-        why = ""
+        reason = str(e.args[0]) if e.args else repr(e)  # args[0]: no quotes around a KeyError's text
+        raise SystemExit(f"trace_wgmma: {reason.splitlines()[0]}") from None
     if kernel is None:
-        raise SystemExit(f"trace_wgmma: the wgmma template does not take {config}{why}")
+        raise SystemExit(f"trace_wgmma: the wgmma template does not take {config}")
     kernel = kernel.with_attr("global_symbol", "fdl_traced")
     plain = build(tvm.IRModule({"main": kernel}), arch.target)
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
