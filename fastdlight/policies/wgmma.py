@@ -34,9 +34,12 @@ def consumer_regs(consumers: int) -> int:
 
 
 def max_acc_regs(consumers: int) -> int:
-    """fp32 accumulator registers a consumer thread may hold: 128 of 232 (two warpgroups), 96 of
-    152 (three: a 192-row tile up to 192 columns); the rest hold addresses and the epilogue."""
-    return 128 if consumers == 2 else 96
+    """fp32 accumulator registers a consumer thread may hold: 192 of 232 (two warpgroups: two
+    m64n192 slices), 96 of 152 (three: a 192-row tile up to 192 columns). ptxas lets a
+    ``setmaxnreg`` region keep that many values live, but checks each instruction against the
+    kernel's entry budget (65536 / threads: 168 for 384 threads, 128 for 512), and one
+    m64n256 f32 wgmma needs 154: so three warpgroups stay within m64n192."""
+    return 192 if consumers == 2 else 96
 
 
 #: the shared memory an sm_90 block may opt in to (H100, H200: 227 KB)
@@ -95,8 +98,9 @@ class _Tile:
 
 
 class WgmmaPolicy:
-    """Tiles for the wgmma template: two consumer warpgroups of 64 or 128 rows by 64..256 columns,
-    sharing each tile (cooperative) or taking turns (ping-pong), the deepest stage ring the SM's
+    """Tiles for the wgmma template: two consumer warpgroups of 64 or 128 rows (or three of 64)
+    by 64..256 columns, sharing each tile (cooperative) or taking turns (ping-pong), the deepest
+    stage ring the SM's
     shared memory holds; scored by an estimated time: waves of persistent tiles x (K steps x the
     step's tensor-core time, or its load time when the tile is too small to hide it) + a per-tile
     overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
@@ -108,6 +112,12 @@ class WgmmaPolicy:
     #: the one width of three-warpgroup tiles: 192 x 128 timed well on an idle GPU but ran 3-10%
     #: slower hot than the best two-warpgroup tiles (H100, gated b4 and MLP up, 2026-11-26)
     THREE_WG_N = 192
+
+    #: accumulators a thread of a ping-pong warpgroup holds (the template takes 192). Ping-pong
+    #: 128 x 192 won the tuner's hot timing on 3000x5120x1000 and ran 3% behind 128 x 256 at the
+    #: power limit, spending 4-8% more energy a GEMM (H100, session 19 run 4): a warpgroup's
+    #: tile alone loads its A and B for fewer outputs a stage than two sharing a wider one
+    PINGPONG_ACC = 128
 
     @staticmethod
     def block_m(wm: int) -> tuple[int, ...]:
@@ -137,7 +147,8 @@ class WgmmaPolicy:
                         continue
                     if consumers > 2 and bn != self.THREE_WG_N:
                         continue
-                    if wm // 64 * bn // 2 > max_acc_regs(consumers):
+                    acc = wm // 64 * bn // 2
+                    if acc > max_acc_regs(consumers) or bm == wm and acc > self.PINGPONG_ACC:
                         continue
                     if bn > 64 and bn >= 2 * mt.n or bm > 64 and bm >= 2 * mt.m:  # tiles that only pad
                         continue

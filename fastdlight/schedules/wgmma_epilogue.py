@@ -42,10 +42,11 @@ PACK = {"float16": "__pack_half2", "bfloat16": "__pack_nv_bfloat162"}
 #: CUDA intrinsics that read a 16-bit pattern as the value it encodes
 FROM_BITS = {"float16": "__ushort_as_half", "bfloat16": "__ushort_as_bfloat16"}
 
-#: accumulator + prefetch registers a consumer thread may hold. ptxas allocates the kernel
-#: within 168 registers a thread (384 threads) whatever setmaxnreg gives later; addresses,
-#: descriptors and the epilogue's temporaries need the rest (a 128x192 tile with a gate
-#: tensor, 96 + 48, compiles without spills; 128x256, 128 + 64, spills 104 bytes)
+#: accumulator + prefetch registers a consumer thread may hold; addresses, descriptors and the
+#: epilogue's temporaries need the rest of its setmaxnreg share (232 with two consumer
+#: warpgroups). Measured without spills on the tiles of 128 accumulators or fewer (128x192 with
+#: a gate tensor, 96 + 48). Tiles of 192 (256x192) get no prefetch; with a bias and a gate
+#: read directly ptxas spills 24-32 bytes there, and 192 + 16 of a gate chunk spill as much
 MAX_LIVE_REGS = 144
 
 
