@@ -132,7 +132,7 @@ def test_the_probe_process_starts_with_the_build_workers_where_kernels_will_be_t
         def __init__(self, name):
             self.name = name
 
-        def warm_up(self, features=()):
+        def warm_up(self):
             started.append(self.name)
 
     def stop(args):

@@ -46,21 +46,15 @@ def init_build_worker() -> int:
     return init_worker(cuda_only=True)
 
 
-def import_tensor_intrinsics() -> bool:
-    from .build_task import import_tensor_intrinsics as load
-
-    return load()
-
-
 def shared_pool(max_workers: int | None = None) -> WorkerPool:
-    """A process-wide pool, reused across calls so workers import TVM (and the tensor-core
-    intrinsics) once per process lifetime rather than once per tuning run."""
+    """A process-wide pool, reused across calls so workers import TVM (and register the
+    tensor-core intrinsics they are asked for) once per process lifetime rather than once per
+    tuning run."""
     n = max_workers or default_workers()
     with _POOLS_LOCK:
         pool = _POOLS.get(n)
         if pool is None or pool._closed:
-            pool = WorkerPool(n, initializer=init_build_worker,
-                              features={"tensor_intrin": (import_tensor_intrinsics, ())})
+            pool = WorkerPool(n, initializer=init_build_worker)
             _POOLS[n] = pool
         return pool
 

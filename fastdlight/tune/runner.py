@@ -32,12 +32,12 @@ import tvm
 from ..arch import CUDA, auto_arch, has_gpu
 from ..policies.prepare import check_index_range
 from ..policies.config import Config
-from . import clock
+from . import build_task, clock
 from .candidate import BuildRequest, CompileResult
 from .measure import Workload, function_name
 from .options import TuneOptions
 from .report import failure_summary, format_table
-from .stages import GPU_TURN, Built, Prober, Timer, build_stream, needs_setup
+from .stages import GPU_TURN, Built, Prober, Timer, build_stream
 from .verify import Expected, Verdict, check_outputs
 from .workers import one_line
 
@@ -98,9 +98,10 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
     func_json, target = tvm.ir.save_json(func), str(arch.target)
     requests = [BuildRequest(i, func_json, target, cfg, out_dir, measure, opts.template, opts.hook)
                 for i, cfg in enumerate(configs)]
-    # longest first: those that need the tensor intrinsics in their worker (seconds of setup on a
-    # fresh one), then by a compile-cost estimate: the slowest builds must not start last
-    requests.sort(key=lambda r: (not needs_setup(r), -compile_cost_estimate(r.config)))
+    # longest first, so the slowest builds do not start last: those that tensorize (mma.sync,
+    # stock Dlight at sm_90; their own estimate does not cover Dlight's), then by estimate
+    requests.sort(key=lambda r: (not build_task.needs_tensor_intrinsics(r.config),
+                                 -compile_cost_estimate(r.config)))
     if measure and opts.check != "none" and opts.ref is None:
         requests.insert(0, BuildRequest(REF_KEY, func_json, target, None, out_dir, True))
     return Plan(func, func_json, configs, arch, measure, tuple(requests))

@@ -95,27 +95,17 @@ def _run_serial(tasks: list[Task]) -> Iterator[Outcome]:
     for task in tasks:
         t0 = time.monotonic()
         try:
-            if "tensor_intrin" in task.features:
-                build_task.import_tensor_intrinsics()
             yield Outcome(task.key, True, task.fn(*task.args), seconds=time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - recorded on the candidate
             log = "\n".join(filter(None, [getattr(e, "log", ""), traceback.format_exc()]))
             yield Outcome(task.key, False, None, one_line(e), log, time.monotonic() - t0)
 
 
-def needs_setup(request: BuildRequest) -> tuple[str, ...]:
-    """The worker features a request's build needs: the tensor-core intrinsics only for the
-    configs that tensorize (in a build worker TVM's module is loaded with its registrations
-    deferred, 0.04 s: ``schedules.intrinsics``; all of them took 2-3 s while 16 workers started)."""
-    tensorizes = request.config is not None and build_task.needs_tensor_intrinsics(request.config)
-    return ("tensor_intrin",) if tensorizes else ()
-
-
 def build_stream(requests: Sequence[BuildRequest], opts: TuneOptions,
                  probe: Callable[[Built], Built] | None) -> Iterator[Built]:
     """Build every request (in worker processes unless ``opts.parallel_build`` is False) and
     yield each :class:`Built` as it finishes, probed first when ``probe`` is given."""
-    tasks = [Task(r.key, build_task.build_candidate, (r,), needs_setup(r)) for r in requests]
+    tasks = [Task(r.key, build_task.build_candidate, (r,)) for r in requests]
 
     def post(out: Outcome) -> Built:
         built = built_of(out)

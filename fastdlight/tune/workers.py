@@ -7,9 +7,8 @@ to it over a private pipe pair and enforces the timeout itself (``select`` with 
 even a hang that holds the worker's GIL is caught. A dead or timed-out worker is killed with
 its whole process group (nvcc children included) and a fresh one is started for the next task.
 
-Heavy imports (TVM, the tensor-core intrinsics) happen once per worker: ``initializer`` runs
-when a worker starts, and a task may name extra ``features`` (name -> (fn, args)) that are set
-up the first time a worker receives a task needing them, outside the task's timeout.
+Heavy imports (TVM) happen once per worker: ``initializer`` runs when a worker starts, outside
+the tasks' timeouts.
 
 Results are :class:`Outcome` objects carrying the caller's ``key``, so completion order never
 matters.
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 _HEADER = struct.Struct("<Q")
-#: Seconds a worker may take to start and run its initializer / a feature setup.
+#: Seconds a worker may take to start and run its initializer.
 INIT_TIMEOUT = 600.0
 
 
@@ -42,7 +41,6 @@ class Task:
     key: Any
     fn: Callable  # module-level function (pickled by reference)
     args: tuple = ()
-    features: tuple[str, ...] = ()  # names in the pool's ``features`` this task needs
 
 
 @dataclass
@@ -81,7 +79,6 @@ class _Worker:
         self.log_path = os.path.join(log_dir, f"worker{slot}.log")
         self.initializer, self.initargs, self.env = initializer, initargs, env
         self.proc: subprocess.Popen | None = None
-        self.features: set[str] = set()
         self.ready_at: float | None = None  # epoch seconds when the last start() finished setting up
         #: held while a thread starts / sets up / uses this worker (driver and warm-up threads)
         self.lock = threading.Lock()
@@ -102,7 +99,6 @@ class _Worker:
             os.close(from_child_w)
         self.writer = os.fdopen(to_child_w, "wb")
         self.reader_fd = from_child_r
-        self.features = set()
         if self.initializer is not None:
             self.call(self.initializer, self.initargs, INIT_TIMEOUT)
         self.ready_at = time.time()
@@ -211,16 +207,11 @@ class _Worker:
 
 
 class WorkerPool:
-    """``max_workers`` crash-proof worker processes; see the module docstring.
-
-    ``features`` maps a name to ``(fn, args)``: a one-time per-worker setup (e.g. importing the
-    tensor-core intrinsics) run before the first task that lists the name in ``Task.features``.
-    """
+    """``max_workers`` crash-proof worker processes; see the module docstring."""
 
     def __init__(self, max_workers: int | None = None, initializer=None, initargs=(),
-                 features: dict[str, tuple[Callable, tuple]] | None = None, log_dir: str | None = None):
+                 log_dir: str | None = None):
         self.max_workers = max(1, max_workers or os.cpu_count() or 1)
-        self.features = dict(features or {})
         self._tmp = None
         if log_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="fastdlight_workers_")
@@ -246,20 +237,16 @@ class WorkerPool:
         return sorted(w.ready_at for w in self._workers if w.ready_at is not None)
 
     # -- running tasks --------------------------------------------------------------------
-    def _setup(self, worker: _Worker, features=()) -> None:
+    @staticmethod
+    def _setup(worker: _Worker) -> None:
         if worker.proc is None:
             worker.start()
-        for name in features:
-            if name not in worker.features:
-                fn, args = self.features[name]
-                worker.call(fn, args, INIT_TIMEOUT)
-                worker.features.add(name)
 
     def _run_one(self, worker: _Worker, task: Task, timeout: float | None) -> Outcome:
         t0 = time.monotonic()
         with worker.lock:
             try:
-                self._setup(worker, task.features)
+                self._setup(worker)
                 t_task = time.monotonic()
                 value = worker.call(task.fn, task.args, timeout)
                 return Outcome(task.key, True, value, seconds=time.monotonic() - t_task)
@@ -269,16 +256,16 @@ class WorkerPool:
                 return Outcome(task.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
                                time.monotonic() - t0)
 
-    def warm_up(self, features: tuple[str, ...] = ()) -> None:
-        """Start every worker (and set up ``features``) in the background, so the first tasks
-        do not wait for Python + TVM to import. Returns at once."""
+    def warm_up(self) -> None:
+        """Start every worker in the background, so the first tasks do not wait for Python +
+        TVM to import. Returns at once."""
         if self._closed:
             return
 
         def start(worker: _Worker):
             with worker.lock:
                 try:
-                    self._setup(worker, features)
+                    self._setup(worker)
                 except Exception:  # noqa: BLE001 - the first real task will report it
                     pass
 

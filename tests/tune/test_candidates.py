@@ -151,12 +151,11 @@ def test_a_seeded_set_that_fails_as_a_whole_is_retried_in_full(monkeypatch):
     assert len(tuned.fallbacks) == 1 and tuned.fallbacks[0].startswith("TensorCorePolicy (seeded): ")
 
 
-def test_only_tensorizing_builds_wait_for_the_intrinsics_and_they_go_first(tmp_path):
-    """Beside wgmma, only the mma.sync and sm_90 stock candidates need the tensor intrinsics
-    in their worker: the wgmma builds must not wait for that import (seconds on a fresh
-    worker), and the ones that do are submitted first."""
-    from fastdlight.tune.runner import plan
-    from fastdlight.tune.stages import needs_setup
+def test_tensorizing_builds_go_first_then_the_costliest(tmp_path):
+    """Beside wgmma, the mma.sync and sm_90 stock candidates tensorize: the slowest builds, so
+    they are submitted first, then the rest by compile-cost estimate, so the last builds to
+    start are short ones."""
+    from fastdlight.tune.runner import compile_cost_estimate, plan
 
     arch = H100  # sm_90a
     func = ops.matmul(1024, 1024, 1024, "float16", "float16", "NT", acc_dtype="float32").func
@@ -165,9 +164,9 @@ def test_only_tensorizing_builds_wait_for_the_intrinsics_and_they_go_first(tmp_p
     kinds = {c.kind for c in configs}
     assert {"matmul_wgmma", "matmul_tc", "dlight"} <= kinds, kinds
     p = plan(func, configs, arch, TuneOptions(measure=False), str(tmp_path))
-    setups = [needs_setup(r) for r in p.requests]
-    for r, s in zip(p.requests, setups):
-        tensorizes = r.config.kind == "matmul_tc" or (r.config.kind == "dlight" and r.config.arch == "sm_90")
-        assert s == (("tensor_intrin",) if tensorizes else ()), (r.config, s)
-    first_plain = setups.index(())
-    assert all(setups[:first_plain]) and not any(setups[first_plain:]), setups
+    tensorizes = [r.config.kind == "matmul_tc" or (r.config.kind == "dlight" and r.config.arch == "sm_90")
+                  for r in p.requests]
+    first_plain = tensorizes.index(False)
+    assert all(tensorizes[:first_plain]) and not any(tensorizes[first_plain:]), tensorizes
+    costs = [compile_cost_estimate(r.config) for r in p.requests[first_plain:]]
+    assert costs == sorted(costs, reverse=True)

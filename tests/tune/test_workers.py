@@ -30,6 +30,11 @@ def pid(x):
     return os.getpid()
 
 
+def note(path):
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
 def torch_module(x):
     import sys
 
@@ -67,11 +72,14 @@ def test_dead_worker_is_replaced():
     assert before != after
 
 
-def test_features_set_up_once_per_worker():
-    with WorkerPool(1, features={"f": (pid, (0,))}) as p:
-        outs = list(p.imap_unordered([Task(i, pid, (0,), features=("f",)) for i in range(3)]))
-        assert all(o.ok for o in outs)
-        assert p._workers[0].features == {"f"}
+def test_the_initializer_runs_once_per_worker_process(tmp_path):
+    log = tmp_path / "init.log"
+    with WorkerPool(1, initializer=note, initargs=(str(log),)) as p:
+        outs = list(p.imap_unordered([Task(i, pid, (0,)) for i in range(3)]))
+        assert all(o.ok for o in outs) and log.read_text().split() == [str(outs[0].value)]
+        list(p.imap_unordered([Task(3, abort, (0,))]))  # a fresh worker runs it again
+        (after,) = p.imap_unordered([Task(4, pid, (0,))])
+    assert log.read_text().split() == [str(outs[0].value), str(after.value)]
 
 
 def test_workers_block_the_torch_import_tvm_ffi_would_make(monkeypatch):
