@@ -6,10 +6,19 @@ back for ``--seconds`` after a second of itself; NVML's energy counter (millijou
 driver loaded) is read around that stretch, and the SM clock, the board's power and NVML's clock
 event reasons are sampled every 10 ms, so each side gets its median time, mean clock, mean power,
 energy per GEMM, cycles per GEMM, mean and highest sampled power, and the share of samples in
-which the power cap, a hardware slowdown or the power brake held the clock. Sides take turns,
-twice (the second time in reverse order), and the two stretches are averaged.
+which the power cap, a hardware slowdown or the power brake held the clock. Right after its
+stretch each side is also timed hot for 30 ms (as the tuner's finalists are) and in a CUDA graph
+(as the models are): a tile can rank differently there than at the cap. Sides take ``--turns``
+turns (2), the order flipping each turn, and the turns are averaged. Every kernel's output is
+checked against fp32 torch first.
 
-    python benchmarks/bench_energy.py [--seconds 3] [--only 4096 ...]
+    python benchmarks/bench_energy.py [--seconds 3] [--turns 2] [--only 4096 ...]
+    python benchmarks/bench_energy.py --shape 2048 12288 4096 [--dtype float16] [--layout NN] \
+        --tile 128x256 --tile 256x192/128 --tile 128x256+2
+
+A tile is ``BMxBN[/WM][+C[m|n]]``: rows per consumer warpgroup WM (default BM / 2, or 64 for a
+192-row tile: three warpgroups; WM = BM is ping-pong), a cluster of C CTAs along M or N (default
+the policy's axis); its stages and rasterization group are the policy's, as the tuner's are.
 
 Writes ``$OUT/bench_energy.json`` and ``.md``. Needs torch, a GPU and ``libnvidia-ml``.
 """
@@ -20,9 +29,12 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -34,28 +46,62 @@ from bench_gemm_hopper import matmul_func, torch_matmuls  # noqa: E402
 from bench_setup import torch_fp32_accumulation, torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.config import Config  # noqa: E402
+from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
+from fastdlight.schedules.matmul_wgmma import config_fits  # noqa: E402
 from fastdlight.tune.compile import build  # noqa: E402
+from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
 from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
 
 #: NVML's clock type of the SM clock
 NVML_CLOCK_SM = 1
 #: each side's untimed lead-in (its own clock and power settle) and the batches it is timed in
 LEAD_MS, BATCH_MS = 1000.0, 250.0
-
-
-def wgmma(bm, bn, wm, cluster=1, axis="m", group=16) -> Config:
-    return Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=4,
-                  use_async_copy=True, rasterization=group, cluster=cluster, cluster_axis=axis)
-
+#: after its stretch, each side's hot timing (the tuner's finalists get 33 ms) and graph timing
+HOT_MS, GRAPH_MS = 30.0, 100.0
+#: a kernel whose output is further than this from fp32 torch's (relative to its largest value)
+#: is wrong, and not timed
+MAX_REL_ERR = 1e-2
 
 # name, (M, N, K, dtype, layout), the tiles to run
 CASES = [
-    ("4096³ NN", (4096, 4096, 4096, "float16", "NN"),
-     [wgmma(128, 256, 64), wgmma(128, 256, 64, 2), wgmma(256, 128, 128, 2, "n", 8)]),
-    ("8192³ NN", (8192, 8192, 8192, "float16", "NN"), [wgmma(128, 256, 64, 2), wgmma(128, 256, 64)]),
-    ("LLaMA up 2048×11008×4096", (2048, 11008, 4096, "float16", "NN"), [wgmma(192, 192, 64, group=8)]),
+    ("4096³ NN", (4096, 4096, 4096, "float16", "NN"), ["128x256", "128x256+2", "256x128/128+2n"]),
+    ("8192³ NN", (8192, 8192, 8192, "float16", "NN"), ["128x256+2", "128x256"]),
+    ("LLaMA up 2048×11008×4096", (2048, 11008, 4096, "float16", "NN"), ["192x192/64"]),
 ]
+
+TILE = re.compile(r"(\d+)x(\d+)(?:/(\d+))?(?:\+(\d+)([mn])?)?")
+
+
+class BadTile(ValueError):
+    """A tile spec that is malformed, or that the wgmma template does not take for the GEMM."""
+
+
+def tile_spec(text: str) -> str:
+    """``text`` if it reads as a tile (for argparse: a malformed one is refused in one line)."""
+    if not TILE.fullmatch(text.strip().lower()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BMxBN[/WM][+C[m|n]] (e.g. 256x192/128, 128x256+2)")
+    return text.strip().lower()
+
+
+def tile_config(spec: str, func, arch) -> Config:
+    """The wgmma config of tile ``spec`` (see the module docstring) for ``func`` on ``arch``."""
+    match = TILE.fullmatch(spec.strip().lower())
+    if match is None:
+        raise BadTile(f"{spec!r} is not BMxBN[/WM][+C[m|n]]")
+    bm, bn = int(match[1]), int(match[2])
+    wm = int(match[3]) if match[3] else 64 if bm == 192 else bm // 2
+    cluster = int(match[4] or 1)
+    if not (bm and bn and wm):
+        raise BadTile(f"tile {spec}: zero rows or columns")
+    try:
+        policy = WgmmaPolicy(func, arch)
+        config = policy.config(policy.tile(bm, bn, wm, cluster, match[5] if cluster > 1 else None))
+    except ValueError as e:  # no wgmma path for the GEMM, or a config the Config type refuses
+        raise BadTile(f"tile {spec}: {e}") from None
+    if config.pipeline_stages < 2 or not config_fits(policy.match, config):
+        raise BadTile(f"the wgmma template does not take tile {spec} (warpgroups of {wm} rows) for this GEMM")
+    return config
 
 
 class Nvml:
@@ -148,54 +194,124 @@ def stretch(run, seconds: float, nvml: Nvml, clock: ClockSampler) -> dict:
             **{f"share_{k}": v for k, v in clock.reasons(t0, t1).items()}}
 
 
-def run_case(name, shape, configs, arch, seconds, nvml, clock, log) -> dict:
+@dataclass(frozen=True)
+class Side:
+    """One kernel of a case: its queued-launch timing (median ms over a budget) and its CUDA
+    graph timing (budget, estimated ms a launch)."""
+
+    name: str
+    run: Callable[[float], float]
+    graph: Callable[[float, float], float]
+
+
+class WrongOutput(RuntimeError):
+    """A kernel whose output is not fp32 torch's."""
+
+
+def kernel_sides(func, specs, arch, wl, arg_sets, layout) -> list[Side]:
+    """Each tile's kernel, built and checked against fp32 torch on the case's inputs."""
+    import torch
+
+    from bench_gemm_hopper import torch_operands
+
+    a, b = torch_operands(wl.args, layout)
+    ref = torch.matmul(a.float(), b.float()).cpu().numpy()
+    sides = []
+    for spec in specs:
+        config = tile_config(spec, func, arch)
+        if any(s.name == repr(config) for s in sides):
+            continue  # the same tile spelled twice (e.g. 128x256 and 128x256/64)
+        with arch.target:
+            kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
+        mod = build(tvm.IRModule({"main": kernel}), arch.target)
+        launch = mod[function_name(mod, kernel)]
+        out = wl.run_outputs(launch)[0].astype(np.float32)
+        err = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-9))
+        if not err < MAX_REL_ERR:
+            raise WrongOutput(f"{config}: max relative error {err:.1e} against fp32 torch")
+        sides.append(Side(repr(config), lambda ms, f=launch: time_launches(f, arg_sets, wl.dev, ms).median_ms,
+                          lambda ms, est, f=launch: time_graph(f, arg_sets, wl.dev, ms, est).median_ms))
+    return sides
+
+
+def run_case(name, shape, specs, arch, seconds, turns, nvml, clock, log) -> dict:
     m, n, k, dtype, layout = shape
     func = matmul_func(m, n, k, dtype, layout)
     wl = Workload(func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
     fns = torch_matmuls(arg_sets, layout)
-    sides = {}
-    for config in configs:
-        with arch.target:
-            kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
-        mod = build(tvm.IRModule({"main": kernel}), arch.target)
-        launch = mod[function_name(mod, kernel)]
-        wl.run_outputs(launch)
-        sides[repr(config)] = lambda ms, launch=launch: time_launches(launch, arg_sets, wl.dev, ms).median_ms
-    sides["cuBLAS"] = lambda ms: time_torch(fns, ms).median_ms
-    names = list(sides)
-    runs = {s: [] for s in names}
-    for order in (names, names[::-1]):
-        for s in order:
-            runs[s].append(stretch(sides[s], seconds, nvml, clock))
-    row = {"case": name, "sides": {s: {key: float(np.mean([r[key] for r in v])) for key in v[0]} for s, v in runs.items()}}
+    sides = kernel_sides(func, specs, arch, wl, arg_sets, layout)
+    sides.append(Side("cuBLAS", lambda ms: time_torch(fns, ms).median_ms,
+                      lambda ms, est: time_torch_graph(fns, ms, est).median_ms))
+    row = {"case": name, **take_turns(sides, turns, seconds, nvml, clock)}
     log(json.dumps(row))
     return row
 
 
-def markdown(rows, device: str, seconds: float) -> str:
+def take_turns(sides: list[Side], turns: int, seconds: float, nvml, clock) -> dict:
+    """Every side's stretch, then its hot and graph timings, ``turns`` times, the order flipping
+    each turn: the turns' means by side, and each turn's median ms."""
+    runs = {s.name: [] for s in sides}
+    for turn in range(turns):
+        for side in sides if turn % 2 == 0 else sides[::-1]:
+            r = stretch(side.run, seconds, nvml, clock)
+            r["hot_ms"] = side.run(HOT_MS)
+            r["graph_ms"] = side.graph(GRAPH_MS, r["ms"])
+            runs[side.name].append(r)
+    return {"sides": {s: {key: float(np.mean([r[key] for r in v])) for key in v[0]} for s, v in runs.items()},
+            "turn_ms": {s: [r["ms"] for r in v] for s, v in runs.items()}}
+
+
+def markdown(rows, device: str, seconds: float, turns: int = 2) -> str:
+    nan = float("nan")
     lines = [f"Device: {device}. Each side back to back for {seconds:g} s after {LEAD_MS / 1e3:g} s of itself, "
-             "twice in turns; NVML energy counter and SM clock.", "",
+             f"{turns} turns, the order flipping; NVML energy counter and SM clock; then {HOT_MS:g} ms hot and "
+             "in a CUDA graph.", "",
              "| case | kernel | ms | MHz | W | mJ a GEMM | kcycles a GEMM | time vs cuBLAS | energy vs cuBLAS | cycles vs cuBLAS "
-             "| sampled W (mean, max) | power cap / HW slowdown / power brake (share of samples) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sampled W (mean, max) | power cap / HW slowdown / power brake (share of samples) "
+             "| hot vs cuBLAS | graph vs cuBLAS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = row["sides"]["cuBLAS"]
         for name, r in row["sides"].items():
             lines.append(f"| {row['case']} | {name} | {r['ms']:.4f} | {r['mhz']:.0f} | {r['w']:.0f} | {r['mj_per_gemm']:.1f} "
                          f"| {r['kcycles_per_gemm']:.1f} | {base['ms'] / r['ms']:.3f} | {r['mj_per_gemm'] / base['mj_per_gemm']:.3f} "
                          f"| {r['kcycles_per_gemm'] / base['kcycles_per_gemm']:.3f} "
-                         f"| {r.get('sampled_w', float('nan')):.0f}, {r.get('max_sampled_w', float('nan')):.0f} "
-                         f"| {r.get('share_sw_power_cap', float('nan')):.2f} / {r.get('share_hw_slowdown', float('nan')):.2f} "
-                         f"/ {r.get('share_hw_power_brake', float('nan')):.2f} |")
+                         f"| {r.get('sampled_w', nan):.0f}, {r.get('max_sampled_w', nan):.0f} "
+                         f"| {r.get('share_sw_power_cap', nan):.2f} / {r.get('share_hw_slowdown', nan):.2f} "
+                         f"/ {r.get('share_hw_power_brake', nan):.2f} "
+                         f"| {base.get('hot_ms', nan) / r.get('hot_ms', nan):.3f} "
+                         f"| {base.get('graph_ms', nan) / r.get('graph_ms', nan):.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def selected_cases(args, parser) -> list[tuple[str, tuple, list[str]]]:
+    """``--shape`` with its ``--tile``s as one case, or the built-in cases ``--only`` names."""
+    if args.shape is None:
+        if args.tile:
+            parser.error("--tile needs --shape")
+        return [c for c in CASES if not args.only or any(s in c[0] for s in args.only)]
+    if not args.tile:
+        parser.error("--shape needs at least one --tile")
+    if min(args.shape) < 1:
+        parser.error(f"--shape {' '.join(map(str, args.shape))}: every extent must be positive")
+    m, n, k = args.shape
+    return [(f"{args.dtype} {m}×{n}×{k} {args.layout}", (m, n, k, args.dtype, args.layout), args.tile)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="timed stretch of each side (default 3)")
-    parser.add_argument("--only", nargs="*", help="cases whose name contains one of these")
+    parser.add_argument("--turns", type=int, default=2, help="turns of every side, the order flipping (default 2)")
+    parser.add_argument("--only", nargs="*", help="built-in cases whose name contains one of these")
+    parser.add_argument("--shape", type=int, nargs=3, metavar=("M", "N", "K"), help="one GEMM of your own")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"])
+    parser.add_argument("--tile", type=tile_spec, action="append", help="BMxBN[/WM][+C[m|n]], repeatable")
     args = parser.parse_args(argv)
+    if args.turns < 1 or args.seconds <= 0:
+        parser.error("--turns and --seconds must be positive")
+    cases = selected_cases(args, parser)
     missing = torch_gpu_missing()
     if missing:
         print(f"bench_energy: {missing}")
@@ -209,13 +325,28 @@ def main(argv=None) -> int:
         return 2
     torch_fp32_accumulation()
     arch = auto_arch()
+    if not arch.has_wgmma:
+        print(f"bench_energy: {arch.arch} has no wgmma; it times the sm_90a template")
+        return 2
+    try:  # every tile checked before any is timed
+        for _name, shape, specs in cases:
+            for spec in specs:
+                tile_config(spec, matmul_func(*shape), arch)
+    except BadTile as e:
+        print(f"bench_energy: {e}")
+        return 2
     clock = ClockSampler(nvml)
-    rows = [run_case(name, shape, configs, arch, args.seconds, nvml, clock, print)
-            for name, shape, configs in CASES if not args.only or any(s in name for s in args.only)]
-    clock.stop()
+    try:
+        rows = [run_case(name, shape, specs, arch, args.seconds, args.turns, nvml, clock, print)
+                for name, shape, specs in cases]
+    except WrongOutput as e:
+        print(f"bench_energy: {e}")
+        return 1
+    finally:
+        clock.stop()
     device = torch.cuda.get_device_name()
-    write_results("bench_energy", {"device": device, "seconds": args.seconds, "rows": rows},
-                  markdown(rows, device, args.seconds))
+    write_results("bench_energy", {"device": device, "seconds": args.seconds, "turns": args.turns, "rows": rows},
+                  markdown(rows, device, args.seconds, args.turns))
     return 0
 
 

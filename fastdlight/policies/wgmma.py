@@ -5,7 +5,6 @@ the SM's shared memory and registers; which functions it takes is :mod:`.wgmma_m
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from ..arch import CUDA
@@ -100,10 +99,9 @@ class _Tile:
 class WgmmaPolicy:
     """Tiles for the wgmma template: two consumer warpgroups of 64 or 128 rows (or three of 64)
     by 64..256 columns, sharing each tile (cooperative) or taking turns (ping-pong), the deepest
-    stage ring the SM's
-    shared memory holds; scored by an estimated time: waves of persistent tiles x (K steps x the
-    step's tensor-core time, or its load time when the tile is too small to hide it) + a per-tile
-    overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
+    stage ring the SM's shared memory holds; scored by an estimated time: waves of persistent
+    tiles x (K steps x the step's tensor-core time, or its load time when the tile is too small
+    to hide it) + a per-tile overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
     (and, taller than wide, A), whose load time counts half of the shared tile."""
 
     WARP_M = (64, 128)
@@ -154,14 +152,21 @@ class WgmmaPolicy:
                         continue
                     if not mt.views_fit(bm, bn):
                         continue
-                    stages = ring(consumers, (bm + bn) * BK * mt.in_bytes, self.arch.smem_per_block_optin)
-                    if stages >= 2:
-                        out.append(_Tile(bm, bn, wm, stages))
+                    tile = self.tile(bm, bn, wm)
+                    if tile.stages >= 2:
+                        out.append(tile)
         # cluster twins of the best few (each a candidate more to compile)
         best = sorted(out, key=self.cost)[:CLUSTER_VARIANTS]
-        twins = [dataclasses.replace(t, cluster=CLUSTER, cluster_axis=self.cluster_axis(t.bm, t.bn))
-                 for t in best]
+        twins = [self.tile(t.bm, t.bn, t.wm, CLUSTER) for t in best]
         return out + [t for t in twins if self._clusters(t.bm, t.bn, t.cluster_axis)]
+
+    def tile(self, bm: int, bn: int, wm: int, cluster: int = 1, cluster_axis: str | None = None) -> _Tile:
+        """A tile of this shape with the deepest stage ring the SM holds beside its staging
+        buffers; a cluster along :meth:`cluster_axis` unless ``cluster_axis`` is given."""
+        stages = ring(consumer_warpgroups(bm, wm), (bm + bn) * BK * self.match.in_bytes,
+                      self.arch.smem_per_block_optin)
+        axis = cluster_axis or (self.cluster_axis(bm, bn) if cluster > 1 else "m")
+        return _Tile(bm, bn, wm, stages, cluster, axis)
 
     @staticmethod
     def cluster_axis(bm: int, bn: int) -> str:
@@ -206,12 +211,13 @@ class WgmmaPolicy:
     def emit_config(self, topk: int = 8) -> list[Config]:
         ranked = sorted(self.tiles(),
                         key=lambda t: (self.cost(t), -t.bm * t.bn, t.bm != t.wm, t.cluster, t.cluster_axis))
-        return [
-            Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(BK,), pipeline_stages=t.stages,
-                   use_async_copy=True, rasterization=self.group_m(t), cluster=t.cluster,
-                   cluster_axis=t.cluster_axis, cost=self.cost(t))
-            for t in ranked[:topk]
-        ]
+        return [self.config(t) for t in ranked[:topk]]
+
+    def config(self, t: _Tile) -> Config:
+        """The template's config of tile ``t``, with its rasterization group and estimated cost."""
+        return Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(BK,), pipeline_stages=t.stages,
+                      use_async_copy=True, rasterization=self.group_m(t), cluster=t.cluster,
+                      cluster_axis=t.cluster_axis, cost=self.cost(t))
 
 
 def wgmma_eligible(func, arch: CUDA) -> tuple[WgmmaMatch | None, str]:
