@@ -132,3 +132,29 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_one_gemm_of_your_own_runs_end_to_end_on_a_hopper_gpu(tmp_path, monkeypatch):
+    """Two tiles (one spelled twice) and cuBLAS: each side checked, timed at the cap, hot and in
+    a graph, and written out."""
+    import json
+
+    from fastdlight.arch import auto_arch
+
+    pytest.importorskip("torch")
+    if not auto_arch().has_wgmma:
+        pytest.skip("no wgmma on this GPU")
+    try:
+        bench.Nvml().energy_mj()
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"no NVML energy counter: {e}")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["--shape", "512", "512", "256", "--tile", "128x256", "--tile", "128x256/64", "--tile", "64x128/64",
+            "--seconds", "0.25", "--turns", "2"]
+    assert bench.main(argv) == 0
+    (row,) = json.loads((tmp_path / "bench_energy.json").read_text())["rows"]
+    assert len(row["sides"]) == 3 and "cuBLAS" in row["sides"]
+    for side in row["sides"].values():
+        assert side["ms"] > 0 and side["hot_ms"] > 0 and side["graph_ms"] > 0 and side["mj_per_gemm"] > 0
+    assert all(len(turns) == 2 for turns in row["turn_ms"].values())
