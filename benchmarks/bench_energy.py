@@ -104,6 +104,15 @@ def tile_config(spec: str, func, arch) -> Config:
     return config
 
 
+def tile_configs(specs, func, arch) -> list[Config]:
+    """The configs of ``specs``, each once (``128x256`` and ``128x256/64`` are one tile)."""
+    configs = {}
+    for spec in specs:
+        config = tile_config(spec, func, arch)
+        configs.setdefault(repr(config), config)
+    return list(configs.values())
+
+
 class Nvml:
     """The GPU's energy counter and SM clock through ``libnvidia-ml``."""
 
@@ -208,8 +217,8 @@ class WrongOutput(RuntimeError):
     """A kernel whose output is not fp32 torch's."""
 
 
-def kernel_sides(func, specs, arch, wl, arg_sets, layout) -> list[Side]:
-    """Each tile's kernel, built and checked against fp32 torch on the case's inputs."""
+def kernel_sides(func, configs, arch, wl, arg_sets, layout) -> list[Side]:
+    """Each config's kernel, built and checked against fp32 torch on the case's inputs."""
     import torch
 
     from bench_gemm_hopper import torch_operands
@@ -217,10 +226,7 @@ def kernel_sides(func, specs, arch, wl, arg_sets, layout) -> list[Side]:
     a, b = torch_operands(wl.args, layout)
     ref = torch.matmul(a.float(), b.float()).cpu().numpy()
     sides = []
-    for spec in specs:
-        config = tile_config(spec, func, arch)
-        if any(s.name == repr(config) for s in sides):
-            continue  # the same tile spelled twice (e.g. 128x256 and 128x256/64)
+    for config in configs:
         with arch.target:
             kernel = apply_config(func, config).with_attr("global_symbol", "kernel")
         mod = build(tvm.IRModule({"main": kernel}), arch.target)
@@ -234,13 +240,13 @@ def kernel_sides(func, specs, arch, wl, arg_sets, layout) -> list[Side]:
     return sides
 
 
-def run_case(name, shape, specs, arch, seconds, turns, nvml, clock, log) -> dict:
+def run_case(name, shape, configs, arch, seconds, turns, nvml, clock, log) -> dict:
     m, n, k, dtype, layout = shape
     func = matmul_func(m, n, k, dtype, layout)
     wl = Workload(func, tvm.cuda(0), seed=0)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
     fns = torch_matmuls(arg_sets, layout)
-    sides = kernel_sides(func, specs, arch, wl, arg_sets, layout)
+    sides = kernel_sides(func, configs, arch, wl, arg_sets, layout)
     sides.append(Side("cuBLAS", lambda ms: time_torch(fns, ms).median_ms,
                       lambda ms, est: time_torch_graph(fns, ms, est).median_ms))
     row = {"case": name, **take_turns(sides, turns, seconds, nvml, clock)}
@@ -329,16 +335,14 @@ def main(argv=None) -> int:
         print(f"bench_energy: {arch.arch} has no wgmma; it times the sm_90a template")
         return 2
     try:  # every tile checked before any is timed
-        for _name, shape, specs in cases:
-            for spec in specs:
-                tile_config(spec, matmul_func(*shape), arch)
+        cases = [(name, shape, tile_configs(specs, matmul_func(*shape), arch)) for name, shape, specs in cases]
     except BadTile as e:
         print(f"bench_energy: {e}")
         return 2
     clock = ClockSampler(nvml)
     try:
-        rows = [run_case(name, shape, specs, arch, args.seconds, args.turns, nvml, clock, print)
-                for name, shape, specs in cases]
+        rows = [run_case(name, shape, configs, arch, args.seconds, args.turns, nvml, clock, print)
+                for name, shape, configs in cases]
     except WrongOutput as e:
         print(f"bench_energy: {e}")
         return 1

@@ -105,6 +105,9 @@ def test_a_tile_gets_the_policys_stages_group_and_cluster_axis():
     assert (tall.cluster, tall.cluster_axis) == (2, "n")  # taller than wide: A shared, as the policy does
     assert bench.tile_config("256x128/128+2m", func, h100).cluster_axis == "m"
     assert bench.tile_config("128x256", func, h100).warp == (64, 256)
+    # a tile spelled twice is one side
+    assert bench.tile_configs(["128x256", "256x192/128", "128x256/64"], func, h100) == [
+        bench.tile_config("128x256", func, h100), wide]
 
 
 @pytest.mark.parametrize("spec,why", [
