@@ -71,6 +71,17 @@ def ring(consumers: int, stage_bytes: int, smem: int, most: int = 8) -> int:
 #: per-tile cost of the epilogue and the pipeline fill, in cycles (cooperative: exposed; ping-pong:
 #: the other warpgroup's main loop runs meanwhile, only the fill shows)
 TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
+#: the rate at which TMA loads reach an SM's tiles, in multiples of DRAM bandwidth shared out over
+#: the SMs. Concurrent CTAs load the same A and B tiles at about the same time, and the L2 serves
+#: them with fewer sector reads than the tiles hold (36% fewer for 128x256 on 4096³, ncu, session
+#: 16). At 2.5 the estimate had 128x192 and 128x256 L2-bound and ranked 192x192 ahead of both on
+#: 8192³; at one clock they ran 6% ahead of it, and at the power limit 4.5% (H100, session 20 run 2)
+L2_LOAD_FACTOR = 4.0
+#: what an SM's shared memory moves a cycle. A K step of 128x256 writes 48 KB (TMA) and has its
+#: wgmma read 80 KB in its 1024 tensor-core cycles: exactly this, and traced main loops ran at
+#: 1.03-1.05 of the tensor cores' time; 256x128, which needs 144 bytes a cycle, at 1.10-1.12
+#: (H100, session 18). Small tiles are bound by it: 128x128 ping-pong needs 160
+SMEM_BYTES_PER_CYCLE = 128
 #: CTAs of a cluster along M: each loads half of the B tile they share and multicasts it. On an
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
 #: GEMM stayed within 3%; the tuner measures both. Tiles taller than wide come as a cluster
@@ -100,8 +111,8 @@ class WgmmaPolicy:
     """Tiles for the wgmma template: two consumer warpgroups of 64 or 128 rows (or three of 64)
     by 64..256 columns, sharing each tile (cooperative) or taking turns (ping-pong), the deepest
     stage ring the SM's shared memory holds; scored by an estimated time: waves of persistent
-    tiles x (K steps x the step's tensor-core time, or its load time when the tile is too small
-    to hide it) + a per-tile overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
+    tiles x (K steps x the longest of the step's tensor-core time, its L2 load time and its
+    shared-memory time) + a per-tile overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
     (and, taller than wide, A), whose load time counts half of the shared tile."""
 
     WARP_M = (64, 128)
@@ -193,11 +204,17 @@ class WgmmaPolicy:
         peak = arch.peak_tc_tflops.get(mt.in_dtype, max(arch.peak_tc_tflops.values())) * 1e12
         per_sm_flops_per_cycle = peak * WGMMA_EFFICIENCY / (arch.sm_count * CLOCK_HZ)
         mma = 2 * t.bm * t.bn * BK / per_sm_flops_per_cycle
-        l2_per_cycle = 2.5 * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
+        l2_per_cycle = L2_LOAD_FACTOR * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
         shared_a, shared_b = (t.cluster, 1) if t.cluster_axis == "n" else (1, t.cluster)
         load = (t.bm / shared_a + t.bn / shared_b) * BK * mt.in_bytes / l2_per_cycle
-        cycles = waves * (steps * max(mma, load) + TILE_OVERHEAD_CYCLES[t.schedule])
+        cycles = waves * (steps * max(mma, load, self.smem_cycles(t)) + TILE_OVERHEAD_CYCLES[t.schedule])
         return cycles / CLOCK_HZ
+
+    def smem_cycles(self, t: _Tile) -> float:
+        """Cycles a K step keeps shared memory busy: the TMA writes of the stage, and each
+        64-row slice's wgmma reading its A rows and all of B."""
+        rows = t.bm // 64 * (64 + t.bn) + t.bm + t.bn
+        return rows * BK * self.match.in_bytes / SMEM_BYTES_PER_CYCLE
 
     def group_m(self, t: _Tile) -> int:
         """Rows of work items per rasterization group: 16 M tiles (8 where the output has fewer

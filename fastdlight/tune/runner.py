@@ -113,11 +113,12 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
 #: policy's estimate: one kernel's first-pass timings differ more than that between runs (2-5% on
 #: the H100 machines), and a 128x128 wgmma tile that won a short cold timing by 0.5% ran 9-14%
 #: slower in the GEMM benchmark's longer one (2026-11-26). Hot-retimed finalists go by their hot
-#: times alone: there the estimate preferred 2-CTA clusters, which after 2 s alone ran 5-9%
-#: slower than the fastest hot finalist on LLaMA's o and down projections (session 10 run 13)
+#: times alone: there an estimate that counted L2 loads as binding preferred 2-CTA clusters,
+#: which after 2 s alone ran 5-9% slower than the fastest hot finalist on LLaMA's o and down
+#: projections (session 10 run 13)
 TIE_FRACTION = 0.02
-#: where the fastest hot finalist is a 2-CTA cluster tile, the fastest finalist without a
-#: cluster within this fraction of it goes first. A cluster tile spends more energy a GEMM
+#: where the fastest hot finalist is a 2-CTA cluster tile, the finalists without
+#: clusters within this fraction of it go first. A cluster tile spends more energy a GEMM
 #: (multicast loads, arrivals on the peer CTA's barriers), which costs time only once the GPU
 #: sits at its power limit, about a second into a run: on an H100's 4096³ GEMM the cluster
 #: tiles spent 1.1-6.9% more energy than the plain 128x256 one and ran 1.5-3.5% slower at the
@@ -128,7 +129,11 @@ TIE_FRACTION = 0.02
 #: cuBLAS in four runs (2.5% and 4% ahead hot in two of them), its plain winners 1.00-1.01x.
 #: Where cluster tiles ran ahead at the limit (8192³, LLaMA's down projection at 4096 tokens)
 #: it was by 0.5-1.3%, the most this gives up. NVML's energy counter moves every ~100 ms (one
-#: read 4 ms), too coarse to measure a turn (session 16)
+#: read 4 ms), too coarse to measure a turn (session 16). The plain finalists in that window go
+#: first by the policy's estimate, not by their hot times, which cannot rank them there: on 8192³
+#: NT a 192x192 tile timed 2% ahead of 128x192 hot (behind a cluster tile), then ran 4.5% behind
+#: it at the limit and 6% behind at one clock (its 1849 tiles leave one for a fifteenth wave;
+#: H100, session 20 runs 1-2)
 CLUSTER_TIE_FRACTION = 0.05
 
 
@@ -136,7 +141,7 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     """``timed`` (by ``speed_key``) with the fastest one's ties (same kind and timing pass, an
     estimate, within ``TIE_FRACTION``) ordered by predicted cost where the fastest has only a
     first-pass timing; the rest as they were. Hot-retimed finalists keep their order, but for a
-    cluster tile's tie with a plain one (``CLUSTER_TIE_FRACTION``)."""
+    cluster tile's tie with plain ones (``CLUSTER_TIE_FRACTION``: those go first, by estimate)."""
     timed = list(timed)
     if timed and timed[0].timing.hot:
         return _plain_before_cluster(timed)
@@ -154,9 +159,11 @@ def _plain_before_cluster(timed: list[CompileResult]) -> list[CompileResult]:
     first = timed[0]
     if first.config.cluster <= 1:
         return timed
-    plain = next((r for r in timed if r.timing.hot and r.config.kind == first.config.kind and r.config.cluster <= 1
-                  and r.latency_ms <= first.latency_ms * (1 + CLUSTER_TIE_FRACTION)), None)
-    return timed if plain is None else [plain, *(r for r in timed if r is not plain)]
+    plain = sorted((r for r in timed if r.timing.hot and r.config.kind == first.config.kind and r.config.cluster <= 1
+                    and r.latency_ms <= first.latency_ms * (1 + CLUSTER_TIE_FRACTION)),
+                   key=lambda r: (r.predicted_cost if r.predicted_cost > 0 else math.inf, r.latency_ms))
+    chosen = {r.index for r in plain}
+    return plain + [r for r in timed if r.index not in chosen]
 
 
 def _rank_key(r: CompileResult):

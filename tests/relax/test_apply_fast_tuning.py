@@ -68,9 +68,13 @@ def test_every_primfunc_is_scheduled_and_the_database_replays_it(model, tmp_path
     assert set(funcs) == {"fused_matmul_add", "sum"}
     for f in funcs.values():
         assert f.attrs["tirx.is_scheduled"]
-        assert "blockIdx.x" in f.script() and "global_symbol" not in f.attrs  # still private
+        # bound to the GPU's blocks (a TIRx wgmma kernel names its CTA with T.cta_id); still private
+        assert ("blockIdx.x" in f.script() or "T.cta_id" in f.script()) and "global_symbol" not in f.attrs
     assert {e.function: e.status for e in tuning.report} == {"fused_matmul_add": "tuned", "sum": "tuned"}
-    assert next(e.config for e in tuning.report if e.function == "fused_matmul_add").kind == "matmul_tc"
+    # unmeasured, the best estimate wins: for this small GEMM the two tensor-core templates' best
+    # tiles estimate within 1% of each other
+    assert next(e.config for e in tuning.report if e.function == "fused_matmul_add").kind in ("matmul_tc",
+                                                                                             "matmul_wgmma")
     # the caller's module is untouched
     assert {name: f.script() for name, f in prim_funcs(model).items()} == before
     # nothing was verified (no GPU), so nothing was stored

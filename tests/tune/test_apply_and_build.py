@@ -417,3 +417,29 @@ def test_a_cluster_tiles_hot_tie_with_a_plain_tile_goes_to_the_plain_one():
     assert [r.index for r in pick_order([near, cluster, far])] == [1, 0, 2]
     cold_near = row(4, 1.0 + CLUSTER_TIE_FRACTION / 2, hot=False)  # only a first-pass time
     assert [r.index for r in pick_order([cluster, cold_near])] == [0, 4]
+
+
+def test_plain_tiles_in_a_cluster_tiles_hot_tie_go_by_the_policys_estimate():
+    """The plain finalists within ``CLUSTER_TIE_FRACTION`` of a faster cluster tile go first in
+    the policy's order, not by their hot times (which cannot rank them there): session 20's
+    8192³ NT finalists, where 192x192 timed 0.7% behind the cluster tile and 128x192 2.8%,
+    and 192x192 then ran 4.5% behind 128x192 at the power limit."""
+    import dataclasses
+
+    from fastdlight import ops
+    from fastdlight.policies.wgmma import WgmmaPolicy
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.runner import pick_order
+
+    policy = WgmmaPolicy(ops.matmul(8192, 8192, 8192, "float16", "float16", "NT", acc_dtype="float32").func, H100)
+    cluster, wide, narrow = (policy.config(policy.tile(128, 256, 64, 2)), policy.config(policy.tile(192, 192, 64)),
+                             policy.config(policy.tile(128, 192, 64)))
+    assert narrow.cost < wide.cost  # 1849 192x192 tiles fill 14 waves of 132 SMs and one more
+
+    def row(index, config, latency):
+        return dataclasses.replace(_row(index, latency), config=config, timing=Timing(latency, (latency,), hot=True))
+
+    finalists = [row(0, cluster, 1.6549), row(1, wide, 1.6664), row(2, narrow, 1.7013)]
+    assert [r.index for r in pick_order(finalists)] == [2, 1, 0]
+    far = row(3, narrow, 1.6549 * 1.06)  # outside the window: the hot order stands
+    assert [r.index for r in pick_order([finalists[0], far])] == [0, 3]
