@@ -12,8 +12,12 @@ Per launch it reports the span, the CTAs' cycles, and per wave (a CTA's i-th til
 loop's cycles against the tensor cores' ideal, the wait for the tile's first stage, the epilogue
 (one tile's main-loop end to the next tile's start) and the last tile's epilogue and drain.
 
-    python benchmarks/trace_wgmma.py --shape 4096 4096 4096 --tile 128x256 [--warp-m 64]
-        [--layout NN] [--dtype float16] [--stages 4] [--group 16] [--cluster 1]
+    python benchmarks/trace_wgmma.py --shape 4096 4096 4096 --tile 128x256 [--layout NN]
+        [--dtype float16] [--stages S] [--group G]
+
+The tile is spelled as for ``bench_energy``: ``BMxBN[/WM][+C[m|n]]`` (rows per consumer
+warpgroup, a cluster of C CTAs along M or N); its stages and rasterization group are the
+policy's unless ``--stages`` / ``--group`` are given.
 
 Writes ``$OUT/trace_wgmma.json`` and ``.md``. Needs a GPU with wgmma (sm_90a).
 """
@@ -33,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench_energy import BadTile, tile_config, tile_spec  # noqa: E402
 from fastdlight.policies.config import Config  # noqa: E402
 
 #: untraced launches of the instrumented module before the two traced ones
@@ -280,43 +285,35 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
     return records
 
 
-def _tile(text: str) -> tuple[int, int]:
-    """``BMxBN`` as two ints, for argparse."""
-    try:
-        bm, bn = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not BMxBN (e.g. 128x256)") from None
-    return bm, bn
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 4096), metavar=("M", "N", "K"))
     ap.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    ap.add_argument("--tile", type=_tile, default=(128, 256), help="BMxBN (default 128x256)")
-    ap.add_argument("--warp-m", type=int, default=None, help="rows per consumer warpgroup (default: BM / 2)")
-    ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--group", type=int, default=16)
-    ap.add_argument("--cluster", type=int, default=1)
+    ap.add_argument("--tile", type=tile_spec, default="128x256", help="BMxBN[/WM][+C[m|n]] (default 128x256)")
+    ap.add_argument("--stages", type=int, default=None, help="stage ring depth (default: the policy's)")
+    ap.add_argument("--group", type=int, default=None, help="rasterization group (default: the policy's)")
     args = ap.parse_args(argv)
     from bench_gemm_hopper import matmul_func
     from bench_setup import write_results
     from fastdlight.arch import auto_arch
     from fastdlight.arch.cuda import has_gpu
 
-    bm, bn = args.tile
-    wm = args.warp_m or bm // 2
-    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=args.stages,
-                    use_async_copy=True, rasterization=args.group, cluster=args.cluster)
     if not has_gpu():
         raise SystemExit("trace_wgmma: no CUDA GPU here; it times a kernel on one")
     arch = auto_arch()
     if not arch.has_wgmma:
         raise SystemExit(f"trace_wgmma: {arch} has no wgmma; it traces the sm_90a template")
     m, n, k = args.shape
-    records = trace(matmul_func(m, n, k, args.dtype, args.layout), config, arch)
-    ideal = ideal_tile_cycles((m, n, k), bm, bn)
+    func = matmul_func(m, n, k, args.dtype, args.layout)
+    try:
+        config = tile_config(args.tile, func, arch)
+    except BadTile as e:
+        raise SystemExit(f"trace_wgmma: {e}") from None
+    config = dataclasses.replace(config, pipeline_stages=args.stages or config.pipeline_stages,
+                                 rasterization=args.group or config.rasterization)
+    records = trace(func, config, arch)
+    ideal = ideal_tile_cycles((m, n, k), *config.block)
     summaries = summarize(records, ideal)
     title = f"{args.dtype} {m}x{n}x{k} {args.layout}, {config} on {arch.name}"
     md = markdown(title, summaries, ideal)

@@ -1,6 +1,6 @@
 """benchmarks/trace_wgmma.py on the CPU: the instrumented template kernels compile to cubins
-without spills (cooperative, ping-pong, a cluster), a source of another shape is refused, and
-printed records parse into the per-wave summary."""
+without spills (cooperative, ping-pong, a cluster), a source of another shape is refused,
+printed records parse into the per-wave summary, and a malformed tile is one line."""
 
 import os
 import sys
@@ -71,3 +71,11 @@ def test_printed_records_give_each_waves_main_loop_epilogue_and_drain():
     assert sorted([s["last_epilogue"]["median"]]) == [(154000 + 78000) / 2]  # 300000-146000, 150000-72000
     md = tw.markdown("t", [s], ideal)
     assert "| 0 | 2 |" in md and "| 1 | 1 |" in md
+
+
+def test_a_malformed_tile_is_one_line_before_any_gpu_work(capsys):
+    """The tile is spelled as for bench_energy (BMxBN[/WM][+C[m|n]]); argparse refuses another."""
+    with pytest.raises(SystemExit) as e:
+        tw.main(["--tile", "128by256"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is not BMxBN[/WM][+C[m|n]]" in err and "Traceback" not in err
