@@ -412,9 +412,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
            "len": len, "range": range}
     if bind is not None:
         env.update({str(p.name): p for p in bind.params})
-    # the parser names the kernel after the template; the function's own name (or none: private,
-    # as a Relax model's functions are) stands
-    kernel = tvm.script.from_source(text, extra_vars=env, check_well_formed=bind is None).without_attr("global_symbol")
+    kernel = tvm.script.from_source(text, extra_vars=env, check_well_formed=bind is None)
     attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]
