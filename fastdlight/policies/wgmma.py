@@ -112,8 +112,9 @@ class WgmmaPolicy:
     by 64..256 columns, sharing each tile (cooperative) or taking turns (ping-pong), the deepest
     stage ring the SM's shared memory holds; scored by an estimated time: waves of persistent
     tiles x (K steps x the longest of the step's tensor-core time, its L2 load time and its
-    shared-memory time) + a per-tile overhead; padding waste included. The best few also come as 2-CTA clusters sharing B
-    (and, taller than wide, A), whose load time counts half of the shared tile."""
+    shared-memory time) + a per-tile overhead; padding waste included. The best few also come
+    as 2-CTA clusters sharing B (and, taller than wide, A), whose load time counts half of the
+    shared tile."""
 
     WARP_M = (64, 128)
     BLOCK_N = (256, 192, 128, 64)
