@@ -153,3 +153,21 @@ def test_rasterization_groups_span_the_same_m_tiles_with_or_without_a_cluster_al
              for c in configs if c.block[0] == 128}
     assert any(cl == 2 and axis == "m" for _, cl, axis in spans) and any(cl == 1 for _, cl, _ in spans)
     assert set(spans.values()) == {16}
+
+
+def test_the_estimate_orders_8192_cubed_tiles_as_they_ran():
+    """8192³ NT on an H100 (session 20 run 2), at one clock: 128x192 and 128x256 1.605 ms,
+    192x192 1.701 (its 1849 tiles leave one for a fifteenth wave). Counted L2-bound (2.5x DRAM
+    bandwidth), the two-warpgroup tiles estimated behind 192x192; shared memory (128 bytes a
+    cycle) binds the tall 256x128 and the small tiles instead. (256x128 ran 1.611 ms there: the
+    estimate puts it behind 192x192, the one tile of run 2 it misplaces.)"""
+    from fastdlight.policies import wgmma
+
+    policy = WgmmaPolicy(gemm(8192, 8192, 8192, layout="NT"), H100)
+    cost = {(bm, bn): policy.cost(policy.tile(bm, bn, wm)) for bm, bn, wm in
+            [(128, 256, 64), (128, 192, 64), (256, 128, 128), (192, 192, 64)]}
+    assert max(cost[128, 256], cost[128, 192]) < min(cost[256, 128], cost[192, 192])
+    # 128x256 is held by its tensor cores; 256x128 and 128x128 ping-pong by shared memory
+    steps = {t: policy.smem_cycles(policy.tile(*t)) for t in [(128, 256, 64), (256, 128, 128), (128, 128, 128)]}
+    assert steps[128, 256, 64] == 1024 and steps[256, 128, 128] == 1152 and steps[128, 128, 128] == 640
+    assert wgmma.SMEM_BYTES_PER_CYCLE == 128
