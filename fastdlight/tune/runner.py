@@ -135,16 +135,26 @@ TIE_FRACTION = 0.02
 #: it at the limit and 6% behind at one clock (its 1849 tiles leave one for a fifteenth wave;
 #: H100, session 20 runs 1-2)
 CLUSTER_TIE_FRACTION = 0.05
+#: where the fastest hot finalist is a plain wgmma tile, the plain ones of its kind within this
+#: fraction of it are a tie, ordered by the policy's estimate. The hot retime cannot rank tiles
+#: that close: on an H100 (session 21) the turns timed 0.9-1.05 s into it ran 10-20% slow
+#: whatever the tile (the power cap settling), and a tile's other turns varied by up to 7%.
+#: 128x256 and 256x128 on 4096³ NN swapped places in one of three tunes (256x128 1.6% ahead hot),
+#: while at the power limit 128x256 ran 0.5-0.9% ahead in every run (NN and NT). Where the
+#: estimate was checked against the power limit (4096³, 8192³, LLaMA's projections, sessions
+#: 18-21) it put the faster of such tiles first
+HOT_TIE_FRACTION, HOT_TIE_KINDS = 0.02, ("matmul_wgmma",)
 
 
 def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     """``timed`` (by ``speed_key``) with the fastest one's ties (same kind and timing pass, an
     estimate, within ``TIE_FRACTION``) ordered by predicted cost where the fastest has only a
     first-pass timing; the rest as they were. Hot-retimed finalists keep their order, but for a
-    cluster tile's tie with plain ones (``CLUSTER_TIE_FRACTION``: those go first, by estimate)."""
+    cluster tile's tie with plain ones (``CLUSTER_TIE_FRACTION``: those go first, by estimate)
+    and a plain wgmma tile's tie with others (``HOT_TIE_FRACTION``: by estimate)."""
     timed = list(timed)
     if timed and timed[0].timing.hot:
-        return _plain_before_cluster(timed)
+        return _hot_ties(timed)
     if len(timed) < 2 or timed[0].predicted_cost <= 0:
         return timed
     first = timed[0]
@@ -155,12 +165,16 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     return tied + [r for r in timed if r.index not in chosen]
 
 
-def _plain_before_cluster(timed: list[CompileResult]) -> list[CompileResult]:
+def _hot_ties(timed: list[CompileResult]) -> list[CompileResult]:
     first = timed[0]
-    if first.config.cluster <= 1:
+    if first.config.cluster > 1:
+        window = CLUSTER_TIE_FRACTION
+    elif first.config.kind in HOT_TIE_KINDS:
+        window = HOT_TIE_FRACTION
+    else:
         return timed
     plain = sorted((r for r in timed if r.timing.hot and r.config.kind == first.config.kind and r.config.cluster <= 1
-                    and r.latency_ms <= first.latency_ms * (1 + CLUSTER_TIE_FRACTION)),
+                    and r.latency_ms <= first.latency_ms * (1 + window)),
                    key=lambda r: (r.predicted_cost if r.predicted_cost > 0 else math.inf, r.latency_ms))
     chosen = {r.index for r in plain}
     return plain + [r for r in timed if r.index not in chosen]

@@ -443,3 +443,33 @@ def test_plain_tiles_in_a_cluster_tiles_hot_tie_go_by_the_policys_estimate():
     assert [r.index for r in pick_order(finalists)] == [2, 1, 0]
     far = row(3, narrow, 1.6549 * 1.06)  # outside the window: the hot order stands
     assert [r.index for r in pick_order([finalists[0], far])] == [0, 3]
+
+
+def test_plain_wgmma_finalists_within_the_hot_tie_go_by_the_policys_estimate():
+    """A plain wgmma tile's hot tie (``HOT_TIE_FRACTION``) goes to the policy's estimate: session
+    21's 4096³ NN tune where 256x128 timed 1.6% ahead of 128x256 hot (a 128x256 turn met the
+    power cap settling) and then ran 0.5-0.9% behind it at the power limit. A tile further
+    behind, or one of another kind, keeps its hot place; the cluster tile stays after the plain ones."""
+    import dataclasses
+
+    from fastdlight import ops
+    from fastdlight.policies.config import Config
+    from fastdlight.policies.wgmma import WgmmaPolicy
+    from fastdlight.tune.measure import Timing
+    from fastdlight.tune.runner import HOT_TIE_FRACTION, pick_order
+
+    policy = WgmmaPolicy(ops.matmul(4096, 4096, 4096, "float16", "float16", "NN", acc_dtype="float32").func, H100)
+    wide, tall, cluster = (policy.config(policy.tile(128, 256, 64)), policy.config(policy.tile(256, 128, 128)),
+                           policy.config(policy.tile(128, 256, 64, 2)))
+    assert wide.cost < tall.cost  # the shared-memory term: 256x128 moves 144 bytes a cycle, 128x256 128
+
+    def row(index, config, latency):
+        return dataclasses.replace(_row(index, latency), config=config, timing=Timing(latency, (latency,), hot=True))
+
+    finalists = [row(0, tall, 0.2035), row(1, cluster, 0.2055), row(2, wide, 0.2068)]
+    assert [r.index for r in pick_order(finalists)] == [2, 0, 1]
+    far = row(3, wide, 0.2035 * (1 + 2 * HOT_TIE_FRACTION))  # outside the window: the hot order stands
+    assert [r.index for r in pick_order([finalists[0], far])] == [0, 3]
+    mma = row(4, Config("matmul_tc", block=(128, 256), warp=(64, 64), rstep=(64,), pipeline_stages=4,
+                        use_async_copy=True, rasterization=16, cost=wide.cost / 2), 0.2040)
+    assert [r.index for r in pick_order([finalists[0], mma])] == [0, 4]
