@@ -166,6 +166,7 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
 
 
 def _hot_ties(timed: list[CompileResult]) -> list[CompileResult]:
+    """Hot finalists with the plain tiles of the fastest one's tie first, in the policy's order."""
     first = timed[0]
     if first.config.cluster > 1:
         window = CLUSTER_TIE_FRACTION

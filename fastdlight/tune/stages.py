@@ -28,8 +28,8 @@ RETIME_TOP = 3
 #: ``ESTIMATE_FINALIST_FRACTION`` of the fastest: the first pass times each candidate at the clock
 #: the GPU has just then, which varies by 15% between candidates; on an H100 a 192 x 192 tile of
 #: LLaMA's up projection, 1% behind first there (at 1732 MHz against 1980), ran 7% ahead hot. In
-#: 8192³ tunes the best-estimated 128x256 came 5-13% behind the fastest in the first pass (H100,
-#: session 21): left out, 128x192 (bf16 NN, 0.99x cuBLAS at its own clock; 128x256 1.02x) or
+#: 8192³ tunes the best-estimated 128x256 came up to 13% behind the fastest in the first pass
+#: (H100, session 21): left out, 128x192 (bf16 NN, 0.99x cuBLAS at its own clock; 128x256 1.02x) or
 #: 256x192 (fp16 NT) won
 RETIME_BY_ESTIMATE, ESTIMATE_FINALIST_FRACTION = 2, 0.15
 #: the second timing takes turns: each finalist is timed for ``budget_ms / RETIME_ROUNDS`` per
