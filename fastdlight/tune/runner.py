@@ -158,11 +158,9 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
     if len(timed) < 2 or timed[0].predicted_cost <= 0:
         return timed
     first = timed[0]
-    tied = sorted((r for r in timed if r.config.kind == first.config.kind and r.predicted_cost > 0
-                   and r.timing.hot == first.timing.hot and r.latency_ms <= first.latency_ms * (1 + TIE_FRACTION)),
-                  key=lambda r: (r.predicted_cost, r.latency_ms))
-    chosen = {r.index for r in tied}
-    return tied + [r for r in timed if r.index not in chosen]
+    return _estimate_order_first(timed, [r for r in timed if r.config.kind == first.config.kind and r.predicted_cost > 0
+                                         and r.timing.hot == first.timing.hot
+                                         and r.latency_ms <= first.latency_ms * (1 + TIE_FRACTION)])
 
 
 def _hot_ties(timed: list[CompileResult]) -> list[CompileResult]:
@@ -174,11 +172,15 @@ def _hot_ties(timed: list[CompileResult]) -> list[CompileResult]:
         window = HOT_TIE_FRACTION
     else:
         return timed
-    plain = sorted((r for r in timed if r.timing.hot and r.config.kind == first.config.kind and r.config.cluster <= 1
-                    and r.latency_ms <= first.latency_ms * (1 + window)),
-                   key=lambda r: (r.predicted_cost if r.predicted_cost > 0 else math.inf, r.latency_ms))
-    chosen = {r.index for r in plain}
-    return plain + [r for r in timed if r.index not in chosen]
+    return _estimate_order_first(timed, [r for r in timed if r.timing.hot and r.config.kind == first.config.kind
+                                         and r.config.cluster <= 1 and r.latency_ms <= first.latency_ms * (1 + window)])
+
+
+def _estimate_order_first(timed: list[CompileResult], tied: list[CompileResult]) -> list[CompileResult]:
+    """``tied`` first, by the policy's estimate (none last, then by time), then the rest of ``timed``."""
+    tied = sorted(tied, key=lambda r: (r.predicted_cost if r.predicted_cost > 0 else math.inf, r.latency_ms))
+    chosen = {r.index for r in tied}
+    return tied + [r for r in timed if r.index not in chosen]
 
 
 def _rank_key(r: CompileResult):
