@@ -77,10 +77,12 @@ TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
 #: 16). At 2.5 the estimate had 128x192 and 128x256 L2-bound and ranked 192x192 ahead of both on
 #: 8192³; at one clock they ran 6% ahead of it, and at the power limit 4.5% (H100, session 20 run 2)
 L2_LOAD_FACTOR = 4.0
-#: what an SM's shared memory moves a cycle. A K step of 128x256 writes 48 KB (TMA) and has its
-#: wgmma read 80 KB in its 1024 tensor-core cycles: exactly this, and traced main loops ran at
-#: 1.03-1.05 of the tensor cores' time; 256x128, which needs 144 bytes a cycle, at 1.10-1.12
-#: (H100, session 18). Small tiles are bound by it: 128x128 ping-pong needs 160
+#: the rate, in bytes a cycle, at which ``smem_cycles`` charges a K step's TMA writes and wgmma
+#: reads. A fit, not a bandwidth: a K step of 128x256 writes 48 KB and reads 80 KB in its 1024
+#: tensor-core cycles, and its traced main loops ran 1.03-1.05 of the tensor cores' time; 256x128
+#: (144 bytes a cycle at this rate) 1.12 (H100, session 18). Without the TMA loads they ran the
+#: same (session 22), so what slows the taller and narrower tiles is wgmma on their slices, which
+#: this charge tracks within 4%. Small tiles pay most: 128x128 ping-pong comes to 160
 SMEM_BYTES_PER_CYCLE = 128
 #: CTAs of a cluster along M: each loads half of the B tile they share and multicasts it. On an
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
