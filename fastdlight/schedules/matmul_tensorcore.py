@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -156,54 +158,118 @@ class TensorCoreMatmulTemplate(ScheduleTemplate):
         return _schedule(func, match, config)
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A config's tile sizes and what follows from them and the operands."""
+
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    bk: int
+    mma_k: int  # the MMA's K: 32 for int8, 16 for 16-bit operands
+    in_bytes: int
+
+    @classmethod
+    def of(cls, match: MatmulMatch, config: Config) -> _Shape:
+        (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
+        return cls(bm, bn, wm, wn, bk, 32 if match.in_dtype == "int8" else 16, NBYTES[match.in_dtype])
+
+    @property
+    def warps(self) -> tuple[int, int]:
+        return self.bm // self.wm, self.bn // self.wn
+
+
+@dataclass(frozen=True)
+class _Loops:
+    """The tiled main block's handles that the later phases attach to."""
+
+    outer: object  # the blockized 16 x 16 x mma_k MMA tile (what the caches read and write)
+    inner: object  # the MMA itself (tensorized)
+    k0: object  # the K-step loop (shared-memory copies, software pipeline)
+    k1: object  # the MMA-k steps inside a K-step
+    ty: object  # the warp loop (threadIdx.y)
+
+
 def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.Schedule:
-    (bm, bn), (wm, wn), (bk,) = config.block, config.warp, config.rstep
-    mma_k = 32 if match.in_dtype == "int8" else 16
+    shape = _Shape.of(match, config)
     a_k_inner, b_k_inner = smem_layout(match)
     intrins = intrin_group(match, a_k_inner, b_k_inner)
     intrinsics.ensure(intrins.values())
-    warps_m, warps_n = bm // wm, bn // wn
-    num_warps = warps_m * warps_n
-    in_bytes = NBYTES[match.in_dtype]
-
     sch = s_tir.Schedule(func)
     main = sch.get_sblock(match.block)
+    _normalize(sch, main, a_k_inner, b_k_inner)
+    # Pad every axis to the tile (no-op when it divides): zero-filled reads, predicated writes.
+    sch.pad_einsum(main, [1, shape.bm, shape.bn, shape.bk])
+    loops = _tile(sch, main, shape, config.rasterization)
 
-    # 1. Normalize to C[S, I, J] += A[S, I|K, K|I] * B[S, J|K, K|J]: the operands keep the layout
-    #    they will have in shared memory, so every global load stays contiguous.
+    # Create both cache stages first: the fragment stage must be `compute_at` k0 while it is
+    # not yet nested under k0 (where a cache_read of the shared copy would put it).
+    a_copy = sch.cache_read(loops.outer, 0, "shared.dyn")
+    b_copy = sch.cache_read(loops.outer, 1, "shared.dyn")
+    a_frag = sch.cache_read(loops.outer, 0, "warp")
+    b_frag = sch.cache_read(loops.outer, 1, "warp")
+    # Fragments are not multi-buffered by a k1 software pipeline (see the unrolling note).
+    # Small ones hold the whole K-step: every ldmatrix of the step issues back to back, then
+    # every mma.sync. Larger ones are loaded per MMA-k sub-step (nvcc unrolls k1 and ptxas
+    # overlaps the next sub-step's ldmatrix with the current mma), which frees the registers
+    # for longer K-steps (fewer barriers).
+    frag_loop = loops.k0 if whole_step_fragments(shape.wm, shape.wn, shape.bk, shape.in_bytes) else loops.k1
+    sch.compute_at(a_frag, frag_loop, preserve_unit_loops=True)
+    sch.compute_at(b_frag, frag_loop, preserve_unit_loops=True)
+    a_smem = _fetch_to_shared(sch, a_copy, loops.k0, match, shape, a_k_inner, shape.bm)
+    b_smem = _fetch_to_shared(sch, b_copy, loops.k0, match, shape, b_k_inner, shape.bn)
+    a_tile = _fetch_to_fragment(sch, a_frag, a_k_inner, use_swizzle(match, shape.bk if a_k_inner else shape.bm),
+                                shape.mma_k)
+    b_tile = _fetch_to_fragment(sch, b_frag, b_k_inner, use_swizzle(match, shape.bk if b_k_inner else shape.bn),
+                                shape.mma_k)
+    c_smem, c_frag = _accumulators(sch, loops)
+
+    init = sch.decompose_reduction(loops.outer, loops.k0)
+    init_inner = sch.get_child_blocks(init)[0]
+    sch.tensorize(a_tile, intrins["load_a"])
+    sch.tensorize(b_tile, intrins["load_b"])
+    sch.tensorize(sch.get_loops(loops.inner)[-3], intrins["compute"])
+    sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
+    sch.tensorize(sch.get_loops(c_frag)[-2], intrins["store"])
+
+    _store_output(sch, c_smem, match, shape, split=config.split_k > 1)
+    _pipeline(sch, loops.k0, (a_smem, b_smem), config)
+    return sch
+
+
+def _normalize(sch: s_tir.Schedule, main, a_k_inner: bool, b_k_inner: bool) -> None:
+    """The main block as C[S, I, J] += A[S, I|K, K|I] * B[S, J|K, K|J]: the operands keep the
+    layout they will have in shared memory, so every global load stays contiguous. Reindexed
+    first, the traits read off the reindexed accesses (as Dlight does): a convolution's input
+    (h + r) becomes a plain [n, h, w, r, s, c] view, and unit axes (a batch of 1, a 1x1 kernel)
+    are counted the way the reindexed buffers have them."""
     S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
-    #    Reindex first, then read the traits off the reindexed accesses (as Dlight does): a
-    #    convolution's input (h + r) becomes a plain [n, h, w, r, s, c] view, and unit axes (a
-    #    batch of 1, a 1x1 kernel) are counted the way the reindexed buffers have them.
     a_re = sch.reindex(main, ("read", 0))
     b_re = sch.reindex(main, ("read", 1))
     c_re = sch.reindex(main, ("write", 0))
     a_traits, b_traits, c_traits, block_traits = detect_iter_traits(sch.get(main))
-    a_map = make_iter_fusion_index_map(a_traits, [S, I, K] if a_k_inner else [S, K, I])
-    b_map = make_iter_fusion_index_map(b_traits, [S, J, K] if b_k_inner else [S, K, J])
-    c_map = make_iter_fusion_index_map(c_traits, [S, I, J])
-    m_map = make_iter_fusion_index_map(block_traits, [S, I, J, K])
-    sch.transform_layout(a_re, ("write", 0), a_map)
-    sch.transform_layout(b_re, ("write", 0), b_map)
-    sch.transform_layout(c_re, ("read", 0), c_map)
-    sch.transform_block_layout(main, m_map)
-    # 2. Pad every axis to the tile (no-op when it divides): zero-filled reads, predicated writes.
-    sch.pad_einsum(main, [1, bm, bn, bk])
+    sch.transform_layout(a_re, ("write", 0), make_iter_fusion_index_map(a_traits, [S, I, K] if a_k_inner else [S, K, I]))
+    sch.transform_layout(b_re, ("write", 0), make_iter_fusion_index_map(b_traits, [S, J, K] if b_k_inner else [S, K, J]))
+    sch.transform_layout(c_re, ("read", 0), make_iter_fusion_index_map(c_traits, [S, I, J]))
+    sch.transform_block_layout(main, make_iter_fusion_index_map(block_traits, [S, I, J, K]))
 
-    # 3. Tile: grid (bm × bn) / warps (wm × wn) / 16 × 16 × mma_k tensor-core micro tiles.
+
+def _tile(sch: s_tir.Schedule, main, shape: _Shape, panel: int) -> _Loops:
+    """Grid (bm x bn) / warps (wm x wn) / 16 x 16 x mma_k tensor-core micro tiles, bound to
+    blocks and warps."""
+    warps_m, warps_n = shape.warps
     batch, i, j, k = sch.get_loops(main)
     i, i_mma = sch.split(i, [None, 16])
     j, j_mma = sch.split(j, [None, 16])
-    k, k_mma = sch.split(k, [None, mma_k])
+    k, k_mma = sch.split(k, [None, shape.mma_k])
     sch.reorder(i, j, k, i_mma, j_mma, k_mma)
-    inner = main
     outer = sch.blockize(i_mma)
-    i0, i1, i2 = sch.split(i, [None, warps_m, wm // 16])
-    j0, j1, j2 = sch.split(j, [None, warps_n, wn // 16])
-    k0, k1 = sch.split(k, [None, bk // mma_k])
+    i0, i1, i2 = sch.split(i, [None, warps_m, shape.wm // 16])
+    j0, j1, j2 = sch.split(j, [None, warps_n, shape.wn // 16])
+    k0, k1 = sch.split(k, [None, shape.bk // shape.mma_k])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
     grid_m = int(sch.get(i0).extent)
-    panel = config.rasterization
     if 1 < panel < grid_m and grid_m % panel == 0 and int(sch.get(j0).extent) > 1:
         # Launch order: `panel` tile-rows advance across N together, so the blocks of one wave
         # reuse the same A rows and B columns from L2.
@@ -220,77 +286,62 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     # LowerWarpMemory's index simplification (truncdiv), leaving fragments in local memory.
     for loop in (k1, i2, j2):
         unroll_in_nvcc(sch, loop)
+    return _Loops(outer, main, k0, k1, ty)
 
-    # 4. Global -> shared copies by all threads, 128-bit vectors, swizzled or padded.
-    # Create both cache stages first: the fragment stage must be `compute_at` k0 while it is
-    # not yet nested under k0 (where a cache_read of the shared copy would put it).
-    a_copy = sch.cache_read(outer, 0, "shared.dyn")
-    b_copy = sch.cache_read(outer, 1, "shared.dyn")
-    a_frag = sch.cache_read(outer, 0, "warp")
-    b_frag = sch.cache_read(outer, 1, "warp")
-    # Fragments are not multi-buffered by a k1 software pipeline (see the unrolling note).
-    # Small ones hold the whole K-step: every ldmatrix of the step issues back to back, then
-    # every mma.sync. Larger ones are loaded per MMA-k sub-step (nvcc unrolls k1 and ptxas
-    # overlaps the next sub-step's ldmatrix with the current mma), which frees the registers
-    # for longer K-steps (fewer barriers).
-    frag_loop = k0 if whole_step_fragments(wm, wn, bk, in_bytes) else k1
-    sch.compute_at(a_frag, frag_loop, preserve_unit_loops=True)
-    sch.compute_at(b_frag, frag_loop, preserve_unit_loops=True)
 
-    def fetch_to_shared(copy, k_inner: bool, rows: int):
-        sch.compute_at(copy, k0, preserve_unit_loops=True)
-        # producers (a dequantize step) first, so the vector width sees every value the copy
-        # computes: lanes x the widest of them must stay <= 128 bits (uint32x8 has no CUDA type)
-        auto_inline_producers(sch, copy)
-        inner_extent = bk if k_inner else rows
-        vec = min(VECTOR_BYTES // in_bytes, max(1, MAX_VECTOR_BITS // expr_bits(sch.get(copy))))
-        while vec > 1 and inner_extent % vec:  # (tiles are multiples of 16: a safety net)
-            vec //= 2
-        fused = sch.fuse(*sch.get_loops(copy)[-len(sch.get(copy).iter_vars) :])
-        serial, t_y, t_x, lane = sch.split(fused, [None, num_warps, WARP, vec])
-        sch.bind(t_y, "threadIdx.y")
-        sch.bind(t_x, "threadIdx.x")
-        sch.vectorize(lane)
-        sch.unroll(serial)
-        if use_swizzle(match, inner_extent):
-            sch.annotate(copy, "permuted_layout", 1)
-        else:
-            pad = VECTOR_BYTES // in_bytes
-            sch.storage_align(copy, 0, axis=-2, factor=32, offset=pad)
-        return copy
+def _fetch_to_shared(sch: s_tir.Schedule, copy, k0, match: MatmulMatch, shape: _Shape, k_inner: bool, rows: int):
+    """A global -> shared copy at the K-step by all threads, 128-bit vectors, swizzled or padded."""
+    sch.compute_at(copy, k0, preserve_unit_loops=True)
+    # producers (a dequantize step) first, so the vector width sees every value the copy
+    # computes: lanes x the widest of them must stay <= 128 bits (uint32x8 has no CUDA type)
+    auto_inline_producers(sch, copy)
+    inner_extent = shape.bk if k_inner else rows
+    vec = min(VECTOR_BYTES // shape.in_bytes, max(1, MAX_VECTOR_BITS // expr_bits(sch.get(copy))))
+    while vec > 1 and inner_extent % vec:  # (tiles are multiples of 16: a safety net)
+        vec //= 2
+    fused = sch.fuse(*sch.get_loops(copy)[-len(sch.get(copy).iter_vars) :])
+    serial, t_y, t_x, lane = sch.split(fused, [None, math.prod(shape.warps), WARP, vec])
+    sch.bind(t_y, "threadIdx.y")
+    sch.bind(t_x, "threadIdx.x")
+    sch.vectorize(lane)
+    sch.unroll(serial)
+    if use_swizzle(match, inner_extent):
+        sch.annotate(copy, "permuted_layout", 1)
+    else:
+        sch.storage_align(copy, 0, axis=-2, factor=32, offset=VECTOR_BYTES // shape.in_bytes)
+    return copy
 
-    a_smem = fetch_to_shared(a_copy, a_k_inner, bm)
-    b_smem = fetch_to_shared(b_copy, b_k_inner, bn)
 
-    # 5. Shared -> warp fragments (ldmatrix), one 16 × mma_k tile per instruction.
-    def fetch_to_fragment(frag, k_inner: bool, swizzled: bool):
-        r, c = sch.get_loops(frag)[-2:]
-        tile = (16, mma_k) if k_inner else (mma_k, 16)
-        r0, r1 = sch.split(r, [None, tile[0]])
-        c0, c1 = sch.split(c, [None, tile[1]])
-        sch.reorder(r0, c0, r1, c1)
-        unroll_in_nvcc(sch, r0)
-        unroll_in_nvcc(sch, c0)
-        layout = fragment_layout(*tile)
-        sch.transform_layout(
-            frag,
-            ("write", 0),
-            lambda s, a, b: (s, a // tile[0], b // tile[1], *layout(a % tile[0], b % tile[1])),
-        )
-        if swizzled:
-            # the ldmatrix addresses must be swizzled like the shared stores: mark the block
-            wrapper = sch.blockize(r0)
-            sch.annotate(wrapper, "permuted_layout", 1)
-        return frag, r1
+def _fetch_to_fragment(sch: s_tir.Schedule, frag, k_inner: bool, swizzled: bool, mma_k: int):
+    """Shared -> warp fragments (ldmatrix), one 16 x mma_k tile per instruction. Returns the
+    loop to tensorize."""
+    r, c = sch.get_loops(frag)[-2:]
+    tile = (16, mma_k) if k_inner else (mma_k, 16)
+    r0, r1 = sch.split(r, [None, tile[0]])
+    c0, c1 = sch.split(c, [None, tile[1]])
+    sch.reorder(r0, c0, r1, c1)
+    unroll_in_nvcc(sch, r0)
+    unroll_in_nvcc(sch, c0)
+    layout = fragment_layout(*tile)
+    sch.transform_layout(
+        frag,
+        ("write", 0),
+        lambda s, a, b: (s, a // tile[0], b // tile[1], *layout(a % tile[0], b % tile[1])),
+    )
+    if swizzled:
+        # the ldmatrix addresses must be swizzled like the shared stores: mark the block
+        wrapper = sch.blockize(r0)
+        sch.annotate(wrapper, "permuted_layout", 1)
+    return r1
 
-    a_frag, a_tile = fetch_to_fragment(a_frag, a_k_inner, use_swizzle(match, bk if a_k_inner else bm))
-    b_frag, b_tile = fetch_to_fragment(b_frag, b_k_inner, use_swizzle(match, bk if b_k_inner else bn))
 
-    # 6. Accumulators: warp fragments -> shared (per warp tile) -> global (+ epilogue).
-    c_smem = sch.cache_write(outer, 0, "shared.dyn")
-    c_frag = sch.cache_write(outer, 0, "warp")
-    sch.reverse_compute_at(c_frag, ty, preserve_unit_loops=True)
-    sch.reverse_compute_at(c_smem, ty, preserve_unit_loops=True)
+def _accumulators(sch: s_tir.Schedule, loops: _Loops):
+    """Accumulators: warp fragments -> shared (per warp tile) -> global. Returns the shared
+    and the fragment stage."""
+    c_smem = sch.cache_write(loops.outer, 0, "shared.dyn")
+    c_frag = sch.cache_write(loops.outer, 0, "warp")
+    sch.reverse_compute_at(c_frag, loops.ty, preserve_unit_loops=True)
+    sch.reverse_compute_at(c_smem, loops.ty, preserve_unit_loops=True)
     # pad rows by 32 bytes: the 8 rows one fragment store touches land on distinct banks
     sch.storage_align(c_frag, 0, axis=-2, factor=32, offset=C_ROW_PAD)
     r, c = sch.get_loops(c_frag)[-2:]
@@ -299,42 +350,40 @@ def _schedule(func: tirx.PrimFunc, match: MatmulMatch, config: Config) -> s_tir.
     sch.reorder(r0, c0, r1, c1)
     c_layout = fragment_layout(16, 16)
     sch.transform_layout(c_frag, ("read", 0), lambda s, a, b: (s, a // 16, b // 16, *c_layout(a % 16, b % 16)))
+    return c_smem, c_frag
 
-    init = sch.decompose_reduction(outer, k0)
-    init_inner = sch.get_child_blocks(init)[0]
 
-    sch.tensorize(a_tile, intrins["load_a"])
-    sch.tensorize(b_tile, intrins["load_b"])
-    sch.tensorize(sch.get_loops(inner)[-3], intrins["compute"])
-    sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
-    sch.tensorize(sch.get_loops(c_frag)[-2], intrins["store"])
-
-    if config.split_k > 1:  # the partial sums' only consumer is the kernel that adds them
+def _store_output(sch: s_tir.Schedule, c_smem, match: MatmulMatch, shape: _Shape, split: bool) -> None:
+    """The shared accumulator tile to global, the elementwise consumers (the epilogue) inlined,
+    in vector stores; under split-K the partial sums' only consumer is the kernel that adds them."""
+    if split:
         auto_inline_consumers(sch, c_smem)
     else:
         auto_inline_consumer_chain(sch, c_smem)
     out_bytes = max(NBYTES.get(str(sch.get(c_smem).writes[0].source.dtype), 4), 1)
     fused = sch.fuse(*sch.get_loops(c_smem)[-len(sch.get(c_smem).iter_vars) :])
     out_vec = VECTOR_BYTES // max(out_bytes, NBYTES[match.acc_dtype])
-    while out_vec > 1 and wn % out_vec:
+    while out_vec > 1 and shape.wn % out_vec:
         out_vec //= 2
     _, t_x, lane = sch.split(fused, [None, WARP, out_vec])
     sch.bind(t_x, "threadIdx.x")
     sch.vectorize(lane)
 
-    # 7. Software pipeline over K: copies run `stages - 1` steps ahead (cp.async groups);
-    #    the ldmatrix + mma of a step form the last stage.
+
+def _pipeline(sch: s_tir.Schedule, k0, copies, config: Config) -> None:
+    """Software pipeline over K: the copies run ``stages - 1`` steps ahead (cp.async groups);
+    the ldmatrix + mma of a step form the last stage."""
     stages = max(config.pipeline_stages, 1)
-    if stages > 1:
-        copies = {sch.get(a_smem).name_hint, sch.get(b_smem).name_hint}
-        is_copy = [_names_under(child) & copies != set() for child in _children(sch.get(k0))]
-        sch.annotate(k0, "software_pipeline_stage", [0 if c else stages - 1 for c in is_copy])
-        # copies first (in their order), then the fragment loads and the mma
-        rank = sorted(range(len(is_copy)), key=lambda i: (not is_copy[i], i))
-        sch.annotate(k0, "software_pipeline_order", [rank.index(i) for i in range(len(is_copy))])
-        if config.use_async_copy:
-            sch.annotate(k0, "software_pipeline_async_stages", [0])
-    return sch
+    if stages <= 1:
+        return
+    names = {sch.get(c).name_hint for c in copies}
+    is_copy = [_names_under(child) & names != set() for child in _children(sch.get(k0))]
+    sch.annotate(k0, "software_pipeline_stage", [0 if c else stages - 1 for c in is_copy])
+    # copies first (in their order), then the fragment loads and the mma
+    rank = sorted(range(len(is_copy)), key=lambda i: (not is_copy[i], i))
+    sch.annotate(k0, "software_pipeline_order", [rank.index(i) for i in range(len(is_copy))])
+    if config.use_async_copy:
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
 
 
 def _children(loop: tirx.For) -> list:
