@@ -1,5 +1,6 @@
-"""benchmarks/bench_course.py: the MLC course's hand schedules compile to cubins (CPU, nvcc),
-compute the right thing (GPU), and the script's dry run writes its table and JSON."""
+"""benchmarks/bench_course.py: the MLC course's hand schedules (``course_schedules``) compile to
+cubins (CPU, nvcc) and compute the right thing (GPU), MetaSchedule's failures are summarized
+(``course_metaschedule``), and the script's dry run writes its table and JSON."""
 
 import json
 import os
@@ -11,17 +12,19 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_course  # noqa: E402
+import course_metaschedule  # noqa: E402
+import course_schedules  # noqa: E402
 
 from fastdlight.tune.compile import compile_mod_to_cubin  # noqa: E402
 
 #: small sizes every hand tile divides
 SIZES = {"gemm": 256, "window": 4096}
-IDS = [f"{h.workload}-{h.key}" for h in bench_course.HAND]
+IDS = [f"{h.workload}-{h.key}" for h in course_schedules.HAND]
 
 
-@pytest.mark.parametrize("hand", bench_course.HAND, ids=IDS)
+@pytest.mark.parametrize("hand", course_schedules.HAND, ids=IDS)
 def test_hand_schedule_compiles(hand):
-    func = bench_course.make_func(hand.workload, SIZES[hand.workload])
+    func = course_schedules.make_func(hand.workload, SIZES[hand.workload])
     src, cubin = compile_mod_to_cubin(hand.schedule(func).mod, bench_course.DRY_TARGET)
     assert "__global__" in src
     assert cubin.registers > 0 and cubin.spill_bytes == 0, cubin.log[-500:]
@@ -31,7 +34,7 @@ def test_hand_schedule_compiles(hand):
 
 def test_tile_must_divide():
     with pytest.raises(ValueError, match="not a multiple"):
-        bench_course.gemm_register_shared(bench_course.gemm_func(96), micro=(8, 8), threads=(16, 16))
+        course_schedules.gemm_register_shared(course_schedules.gemm_func(96), micro=(8, 8), threads=(16, 16))
 
 
 def test_ms_failures_are_summarized(tmp_path):
@@ -44,10 +47,10 @@ def test_ms_failures_are_summarized(tmp_path):
         "LocalRunner: An exception occurred\nTraceback (most recent call last):\n  File \"x\", line 1\n"
         "RuntimeError: boom\n\n# from tvm.script import ir as I\n")
     (logs / "tvm.s_tir.meta_schedule.logging.task_scheduler.log").write_text("Trial #9: Error in building:\nno\n")
-    fails = bench_course.ms_failures(str(tmp_path))
+    fails = course_metaschedule.ms_failures(str(tmp_path))
     assert fails == {"building: LocalBuilder: Timeout, killed after 30.0 seconds": 1,
                      "running: LocalRunner: An exception occurred … RuntimeError: boom": 1}
-    reason = bench_course.ms_reason({"tune_s": 5.0, "records": 2, "valid_records": 0, "failures": fails})
+    reason = course_metaschedule.ms_reason({"tune_s": 5.0, "records": 2, "valid_records": 0, "failures": fails})
     assert reason.startswith("0/2 trials measured") and "Timeout" in reason
 
 
@@ -57,7 +60,7 @@ def test_dry_run_writes_table_and_json(tmp_path):
     assert rc == 0
     report = json.loads((tmp_path / "bench_course.json").read_text())
     rows = report["rows"]
-    assert len(rows) == len(bench_course.HAND) + 2  # + stock Dlight per workload
+    assert len(rows) == len(course_schedules.HAND) + 2  # + stock Dlight per workload
     assert all(r["error"] is None and r["cubin"]["registers"] > 0 for r in rows), rows
     table = (tmp_path / "bench_course.md").read_text()
     assert table.count("| built |") == len(rows) and "compile-only" in table
@@ -65,7 +68,7 @@ def test_dry_run_writes_table_and_json(tmp_path):
 
 # -- on a GPU: every hand schedule against float64 numpy ----------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("hand", bench_course.HAND, ids=IDS)
+@pytest.mark.parametrize("hand", course_schedules.HAND, ids=IDS)
 def test_hand_schedule_correct(hand):
     import tvm
 
@@ -73,7 +76,7 @@ def test_hand_schedule_correct(hand):
     from fastdlight.tune.compile import build
 
     n = SIZES[hand.workload]
-    func = bench_course.make_func(hand.workload, n)
+    func = course_schedules.make_func(hand.workload, n)
     kernel = build(hand.schedule(func).mod, auto_arch().target)["main"]
     dev = tvm.cuda(0)
     for seed in (0, 1):  # fresh inputs each time
@@ -91,4 +94,4 @@ def test_hand_schedule_correct(hand):
         got = out.numpy().astype(np.float64)
         assert np.all(np.isfinite(got)), f"{hand.key}: output not fully written"
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert err <= bench_course.TOL[hand.workload], f"{hand.key}: relative error {err:.3g}"
+        assert err <= course_schedules.TOL[hand.workload], f"{hand.key}: relative error {err:.3g}"
