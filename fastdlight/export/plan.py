@@ -153,33 +153,48 @@ def launch_plan(lowered, func) -> LaunchPlan:
         if dtype not in _CTYPES:
             raise ExportError(f"parameter {b.name} has dtype {dtype}, which the exporter does not support")
         params.append(Param(_c_name(str(b.name), taken), dtype, static_shape(b), i in outs))
+    code = _HostCode(host, devices, taken)
+    code.visit(host.body)
+    if not code.launches:
+        raise ExportError("the lowered function launches no kernel")
+    if any(m is None for m in code.maps):
+        raise ExportError("a tensormap of the host code is never encoded")
+    return LaunchPlan(tuple(params), tuple(code.maps), tuple(code.launches))
 
-    host_params = list(host.params)
-    maps: list[TensorMap] = []
-    map_vars: list = []
-    map_names: list[str] = []
-    launches: list[Launch] = []
 
-    def lookup(var, table):
-        return next((v for k, v in table if k.same_as(var)), None)
+class _HostCode:
+    """What a lowered host function does, read statement by statement: the TMA descriptors it
+    encodes and the kernels it launches, in order. Anything else it cannot reproduce in C++ is an
+    :class:`ExportError`."""
 
-    decl_table: list = []  # (declared buffer var, the data pointer it views)
+    def __init__(self, host, devices: dict, taken: set[str]):
+        self.host_params = list(host.params)
+        self.devices, self.taken = devices, taken
+        self.maps: list[TensorMap | None] = []
+        self.map_vars: list = []
+        self.map_names: list[str] = []
+        self.launches: list[Launch] = []
+        self.decls: list = []  # (declared buffer var, the data pointer it views)
 
-    def pointer_of(expr, depth=0) -> int:
+    def pointer_of(self, expr, depth=0) -> int:
         """The parameter whose data pointer ``expr`` is."""
+        import tvm
+
         if depth < 16 and isinstance(expr, tvm.ir.Call) and _call_name(expr) == "tirx.buffer_data":
             var = expr.args[0]
-            for i, p in enumerate(host_params):
+            for i, p in enumerate(self.host_params):
                 if p.same_as(var):
                     return i
-            data = lookup(var, decl_table)
+            data = next((v for k, v in self.decls if k.same_as(var)), None)
             if data is not None:
-                return pointer_of(data, depth + 1)
+                return self.pointer_of(data, depth + 1)
         raise ExportError(f"a kernel argument ({expr}) is not a parameter's data pointer (a workspace "
                           "buffer or pointer arithmetic), which the exporter cannot reproduce")
 
-    def argument(expr, device_param) -> tuple[str, int]:
-        for j, v in enumerate(map_vars):
+    def argument(self, expr, device_param) -> tuple[str, int]:
+        import tvm
+
+        for j, v in enumerate(self.map_vars):
             if isinstance(expr, tvm.tirx.Var) and v.same_as(expr):
                 return ("tensormap", j)
         if isinstance(expr, tvm.tirx.IntImm):
@@ -188,52 +203,55 @@ def launch_plan(lowered, func) -> LaunchPlan:
                 raise ExportError(f"kernel argument {device_param} has dtype {dtype}")
             return (dtype, int(expr.value))
         if isinstance(expr, tvm.ir.Call) and _call_name(expr) == "tirx.buffer_data":
-            return ("param", pointer_of(expr))
+            return ("param", self.pointer_of(expr))
         raise ExportError(f"kernel argument {expr} is computed on the host, which the exporter cannot reproduce")
 
-    def visit(stmt) -> None:
-        if isinstance(stmt, tvm.tirx.SeqStmt):
+    def visit(self, stmt) -> None:
+        import tvm
+
+        tirx = tvm.tirx
+        if isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
-                visit(s)
-        elif isinstance(stmt, tvm.tirx.DeclBuffer):
-            decl_table.append((stmt.buffer, stmt.data))
-            if hasattr(stmt, "body") and isinstance(stmt.body, tvm.tirx.Stmt):
-                visit(stmt.body)
-        elif isinstance(stmt, tvm.tirx.Bind):
+                self.visit(s)
+        elif isinstance(stmt, tirx.DeclBuffer):
+            self.decls.append((stmt.buffer, stmt.data))
+            if hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
+                self.visit(stmt.body)
+        elif isinstance(stmt, tirx.Bind):
             value = stmt.value
             if isinstance(value, tvm.ir.Call) and _call_name(value) == "tirx.tvm_stack_alloca" \
                     and str(value.args[0].value) == "tensormap":
-                map_vars.append(stmt.var)
-                maps.append(None)
-                map_names.append(_c_name(str(stmt.var.name), taken))
+                self.map_vars.append(stmt.var)
+                self.maps.append(None)
+                self.map_names.append(_c_name(str(stmt.var.name), self.taken))
             else:
                 raise ExportError(f"the host code binds {stmt.var} = {value}, which the exporter cannot reproduce")
-        elif isinstance(stmt, tvm.tirx.AttrStmt):
-            visit(stmt.body)
-        elif isinstance(stmt, tvm.tirx.AssertStmt):
-            if hasattr(stmt, "body") and isinstance(stmt.body, tvm.tirx.Stmt):
-                visit(stmt.body)
-        elif isinstance(stmt, tvm.tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call):
-            call(stmt.value)
-        elif isinstance(stmt, tvm.tirx.Evaluate) and isinstance(stmt.value, tvm.tirx.IntImm):
+        elif isinstance(stmt, tirx.AttrStmt):
+            self.visit(stmt.body)
+        elif isinstance(stmt, tirx.AssertStmt):
+            if hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
+                self.visit(stmt.body)
+        elif isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call):
+            self.call(stmt.value)
+        elif isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tirx.IntImm):
             pass  # a no-op
         else:
             raise ExportError(f"the host code has a {type(stmt).__name__} statement (only kernel launches and "
                               "TMA descriptors can be exported)")
 
-    def call(c) -> None:
+    def call(self, c) -> None:
         name = _call_name(c)
         if name == "tirx.call_ffi_kernel":
-            launches.append(kernel_launch(c))
+            self.launches.append(self.kernel_launch(c))
         elif name in ("tirx.tvm_call_packed", "tirx.call_packed") and str(c.args[0].value) == _TMA_ENCODE:
-            tensor_map(c)
+            self.tensor_map(c)
         else:
             label = c.args[0].value if c.args and hasattr(c.args[0], "value") else name
             raise ExportError(f"the host code calls {label}, which the exporter cannot reproduce")
 
-    def tensor_map(c) -> None:
+    def tensor_map(self, c) -> None:
         args = list(c.args[1:])
-        slot = next((j for j, v in enumerate(map_vars) if v.same_as(args[0])), None)
+        slot = next((j for j, v in enumerate(self.map_vars) if v.same_as(args[0])), None)
         if slot is None:
             raise ExportError(f"a TMA descriptor is encoded into {args[0]}, not a tensormap of the host code")
         dtype, rank = str(args[1].value), _int(args[2], "the TMA rank")
@@ -247,12 +265,12 @@ def launch_plan(lowered, func) -> LaunchPlan:
         box, rest = rest[:rank], rest[rank:]
         estrides, rest = rest[:rank], rest[rank:]
         force = rest[4] if len(rest) > 4 else -1
-        maps[slot] = TensorMap(map_names[slot], dtype, pointer_of(args[3]), tuple(dims), tuple(strides),
-                               tuple(box), tuple(estrides), *rest[:4], force)
+        self.maps[slot] = TensorMap(self.map_names[slot], dtype, self.pointer_of(args[3]), tuple(dims),
+                                    tuple(strides), tuple(box), tuple(estrides), *rest[:4], force)
 
-    def kernel_launch(c) -> Launch:
+    def kernel_launch(self, c) -> Launch:
         kernel = str(c.args[0].value)
-        device = devices.get(kernel)
+        device = self.devices.get(kernel)
         if device is None:
             raise ExportError(f"the host code launches {kernel}, which is not a device function of the module")
         tags = [str(t) for t in c.attrs.launch_params]
@@ -272,15 +290,8 @@ def launch_plan(lowered, func) -> LaunchPlan:
                 cluster[_CLUSTER_AXES[tag]] = v
             else:
                 raise ExportError(f"{kernel} has the launch parameter {tag}, which the exporter does not support")
-        args = tuple(argument(a, p) for a, p in zip(values[:n_args], device.params))
+        args = tuple(self.argument(a, p) for a, p in zip(values[:n_args], device.params))
         return Launch(kernel, args, tuple(grid), tuple(block), smem, tuple(cluster))
-
-    visit(host.body)
-    if not launches:
-        raise ExportError("the lowered function launches no kernel")
-    if any(m is None for m in maps):
-        raise ExportError("a tensormap of the host code is never encoded")
-    return LaunchPlan(tuple(params), tuple(maps), tuple(launches))
 
 
 def lower(mod, target) -> tuple[str, Any]:
