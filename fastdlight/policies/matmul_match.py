@@ -81,24 +81,10 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
     if not all(b.is_injective() for b in blocks if b is not red):
         return None, "non-injective blocks besides the matmul"
     block = sch.get(red.block_rv)
-    store = block.body
-    if not isinstance(store, tirx.BufferStore) or len(block.writes) != 1:
-        return None, "reduction body is not a single store"
-    value = store.value
-    if not (isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
-        return None, "reduction is not a sum of products"
-    acc = value.a
-    if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)):
-        return None, "reduction does not accumulate into its output"
-    load_a, load_b = _load_of(value.b.a), _load_of(value.b.b)
-    if load_a is None or load_b is None or load_a.source.same_as(load_b.source):
-        return None, "product operands are not two distinct buffer loads"
-    if len(block.reads) != 2:
-        return None, "matmul block must read exactly two buffers"
-    # "A" is the block's first read region (what reindex / the template call read 0)
-    if load_b.source.same_as(block.reads[0].source):
-        load_a, load_b = load_b, load_a
-
+    product = _product(block)
+    if isinstance(product, str):
+        return None, product
+    store, load_a, load_b = product
     iter_vars = list(block.iter_vars)
     block_vars = [iv.var for iv in iter_vars]
     for iv in iter_vars:
@@ -106,50 +92,24 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
             return None, "unsupported iterator type"
         if not isinstance(iv.dom.extent, tirx.IntImm):
             return None, "symbolic extent (specialize the shape first)"
-
-    def access_vars(access):
-        out = []
-        for idx in access.indices:
-            v = _index_var(idx, block_vars)
-            if v is None:
-                return None
-            if v is not _Zero:
-                out.append(v)
-        return out
-
-    a_vars, b_vars, c_vars = access_vars(load_a), access_vars(load_b), access_vars(store)
+    a_vars, b_vars, c_vars = (_access_vars(x, block_vars) for x in (load_a, load_b, store))
     if a_vars is None or b_vars is None or c_vars is None:
         # an implicit GEMM (convolution: A read at h + r, w + s): Dlight's iterator traits
         return _match_implicit_gemm(func, block, blocks.index(red), len(blocks))
-    roles: dict[str, list] = {r: [] for r in "SIJK"}
-    for iv in iter_vars:
-        v = iv.var
-        if int(iv.dom.extent) == 1:
-            continue
-        spatial = iv.iter_type == tirx.IterVar.DataPar
-        in_a, in_b, in_c = _has(v, a_vars), _has(v, b_vars), _has(v, c_vars)
-        if not spatial and in_a and in_b and not in_c:
-            roles["K"].append(iv)
-        elif spatial and in_a and in_b and in_c:
-            roles["S"].append(iv)
-        elif spatial and in_a and in_c and not in_b:
-            roles["I"].append(iv)
-        elif spatial and in_b and in_c and not in_a:
-            roles["J"].append(iv)
-        else:
-            return None, f"iterator {v.name} is not a batch/M/N/K axis"
-    if any(len(roles[r]) != 1 for r in "IJK"):
-        return None, "need exactly one M, one N and one K axis"
+    roles = _roles(iter_vars, a_vars, b_vars, c_vars)
+    if isinstance(roles, str):
+        return None, roles
     (ii,), (ij,), (ik,) = roles["I"], roles["J"], roles["K"]
     vi, vj, vk = ii.var, ij.var, ik.var
+    batch_vars = [x.var for x in roles["S"]]
 
     def innermost_two(vars_):
-        return [v for v in vars_ if not _has(v, [x.var for x in roles["S"]])][-2:]
+        return [v for v in vars_ if not _has(v, batch_vars)][-2:]
 
     a2, b2, c2 = innermost_two(a_vars), innermost_two(b_vars), innermost_two(c_vars)
     # the matrix axes must be the two innermost (batch axes outside: row-major batches)
     if not (len(a2) == len(b2) == len(c2) == 2) or any(
-        _has(v, [x.var for x in roles["S"]]) for v in (a_vars[-2:] + b_vars[-2:] + c_vars[-2:])
+        _has(v, batch_vars) for v in (a_vars[-2:] + b_vars[-2:] + c_vars[-2:])
     ):
         return None, "matrix axes are not the two innermost dimensions"
     if not (c2[0].same_as(vi) and c2[1].same_as(vj)):
@@ -171,6 +131,67 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
         pair_columns=_pair_columns(sch, [b for b in blocks if b is not red], store.buffer),
     )
     return match, ""
+
+
+def _product(block):
+    """``(store, load_a, load_b)`` of a block ``C[..] = C[..] + A[..] * B[..]`` (casts allowed),
+    A being the block's first read region (what reindex and the templates call read 0); or why
+    the block is not one."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or len(block.writes) != 1:
+        return "reduction body is not a single store"
+    value = store.value
+    if not (isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
+        return "reduction is not a sum of products"
+    acc = value.a
+    if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)):
+        return "reduction does not accumulate into its output"
+    load_a, load_b = _load_of(value.b.a), _load_of(value.b.b)
+    if load_a is None or load_b is None or load_a.source.same_as(load_b.source):
+        return "product operands are not two distinct buffer loads"
+    if len(block.reads) != 2:
+        return "matmul block must read exactly two buffers"
+    if load_b.source.same_as(block.reads[0].source):
+        load_a, load_b = load_b, load_a
+    return store, load_a, load_b
+
+
+def _access_vars(access, block_vars) -> list | None:
+    """The block variables ``access`` is indexed by, in order (constant-zero indices left out);
+    None where an index is not a single variable (an implicit GEMM's ``h + r``)."""
+    out = []
+    for idx in access.indices:
+        v = _index_var(idx, block_vars)
+        if v is None:
+            return None
+        if v is not _Zero:
+            out.append(v)
+    return out
+
+
+def _roles(iter_vars, a_vars, b_vars, c_vars) -> dict[str, list] | str:
+    """Each non-unit iterator as batch (S), M (I), N (J) or K by which accesses it indexes;
+    or why one is none of them, or why there is not exactly one M, N and K."""
+    roles: dict[str, list] = {r: [] for r in "SIJK"}
+    for iv in iter_vars:
+        v = iv.var
+        if int(iv.dom.extent) == 1:
+            continue
+        spatial = iv.iter_type == tirx.IterVar.DataPar
+        in_a, in_b, in_c = _has(v, a_vars), _has(v, b_vars), _has(v, c_vars)
+        if not spatial and in_a and in_b and not in_c:
+            roles["K"].append(iv)
+        elif spatial and in_a and in_b and in_c:
+            roles["S"].append(iv)
+        elif spatial and in_a and in_c and not in_b:
+            roles["I"].append(iv)
+        elif spatial and in_b and in_c and not in_a:
+            roles["J"].append(iv)
+        else:
+            return f"iterator {v.name} is not a batch/M/N/K axis"
+    if any(len(roles[r]) != 1 for r in "IJK"):
+        return "need exactly one M, one N and one K axis"
+    return roles
 
 
 #: pair widths :func:`_pair_columns` recognizes: 128 bytes of 16-bit or of 32-bit values
