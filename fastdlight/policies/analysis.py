@@ -383,18 +383,7 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     reduction_blocks = tuple(b.name for b in blocks if reduces(b))
     iter_kinds = anchor.dom_kind()
 
-    # Inline injective producers of the output block (e.g. conv padding, softmax's exp) into it
-    # so its loads are over real inputs; a copy of the schedule, templates do their own.
-    work = s_tir.Schedule(normalized)
-    for b in blocks:
-        if b.name == anchor.name:
-            break
-        if not reduces(b) and b.is_injective():
-            try:
-                work.compute_inline(work.get_sblock(b.name))
-            except Exception:  # noqa: BLE001 - TVM raises ScheduleError when not inlinable
-                pass
-    block = work.get(work.get_sblock(anchor.name))
+    block = _output_block_inlined(normalized, blocks, anchor.name)
     iter_vars = [iv.var for iv in block.iter_vars]
     stores = []
     tvm_ffi.structural_walk(block.body, (tirx.BufferStore, stores.append), order="pre")
@@ -407,15 +396,7 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     out_name = str(store.buffer.name)
     out_names = {str(st.buffer.name) for st in stores}
 
-    groups: dict[str, list] = {}
-    buffers = {}
-    for ld in _loads(block.body):
-        n = str(ld.source.name)
-        if n in out_names:
-            continue  # the accumulators
-        groups.setdefault(n, []).append(ld)
-        buffers[n] = ld.source
-    reads = tuple(_make_access(_tensor(buffers[n]), n in param_names, lds, iter_vars) for n, lds in groups.items())
+    reads = _reads(block, out_names, param_names, iter_vars)
     write = _make_access(_tensor(store.buffer), out_name in param_names, [store], iter_vars)
 
     written = {str(w.source.name) for b in blocks for w in sch.get(b.block_rv).writes}
@@ -423,12 +404,10 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     inputs = tuple(_tensor(p) for p in params if str(p.name) not in written)
     outputs = tuple(_tensor(p) for p in params if str(p.name) in written)
 
-    extents = [0] * len(iter_kinds)
     si = [i for i, k in enumerate(iter_kinds) if k == "S"]
     ri = [i for i, k in enumerate(iter_kinds) if k == "R"]
-    for i, a in zip(si, spatial):
-        extents[i] = a.extent
-    for i, a in zip(ri, reduce):
+    extents = [0] * len(iter_kinds)
+    for i, a in [*zip(si, spatial), *zip(ri, reduce)]:
         extents[i] = a.extent
     weight = None
     if not reduction_blocks:
@@ -457,4 +436,33 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
         gemv_weight=weight,
         dominant_read=dominant,
     )
+
+def _output_block_inlined(normalized: tirx.PrimFunc, blocks, anchor: str):
+    """The output block with the injective producers before it (a convolution's padding,
+    softmax's exp) inlined, so its loads are over real inputs: on a copy of the schedule (the
+    templates do their own)."""
+    work = s_tir.Schedule(normalized)
+    for b in blocks:
+        if b.name == anchor:
+            break
+        if not reduces(b) and b.is_injective():
+            try:
+                work.compute_inline(work.get_sblock(b.name))
+            except Exception:  # noqa: BLE001 - TVM raises ScheduleError when not inlinable
+                pass
+    return work.get(work.get_sblock(anchor))
+
+
+def _reads(block, out_names: set[str], param_names: set[str], iter_vars) -> tuple:
+    """One access per buffer the block loads (its own accumulators left out), in load order."""
+    groups: dict[str, list] = {}
+    buffers = {}
+    for ld in _loads(block.body):
+        n = str(ld.source.name)
+        if n in out_names:
+            continue
+        groups.setdefault(n, []).append(ld)
+        buffers[n] = ld.source
+    return tuple(_make_access(_tensor(buffers[n]), n in param_names, lds, iter_vars) for n, lds in groups.items())
+
 
