@@ -51,10 +51,11 @@ from bench_setup import kernel_trace, open_log, torch_fp32_accumulation  # noqa:
 from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
 from fastdlight.relax import compile_model, for_inference, prepare  # noqa: E402
 from fastdlight.relax.pipeline import prim_funcs  # noqa: E402
-from fastdlight.tune.candidates import candidate_sets, stock_configs, tune_function  # noqa: E402
-from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, function_name  # noqa: E402
-from fastdlight.tune.options import TuneOptions  # noqa: E402
+from fastdlight.policies.select import candidate_sets
+from fastdlight.search.candidates import stock_configs, tune_function  # noqa: E402
+from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import Workload, function_name  # noqa: E402
+from fastdlight.search.options import TuneOptions  # noqa: E402
 
 
 @dataclass(frozen=True)

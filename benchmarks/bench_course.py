@@ -27,10 +27,10 @@ best record of its database is applied with ``compile_tir``; a row says why when
 and torch (``torch.matmul``, TF32 off; ``a[:-2] + a[1:-1] + a[2:]`` for the window sum).
 
 Every kernel is checked against a float64 numpy reference (output NaN-poisoned first) and
-timed the same way in the same run (``fastdlight.tune.measure``: warm-up, inputs rotated
+timed the same way in the same run (``fastdlight.measure.timing``: warm-up, inputs rotated
 through enough copies that none is in L2, launches queued between CUDA events, median over
 ``--budget-ms``); when a workload's fastest kernel is under 50 µs, all of its kernels are timed
-again inside CUDA graphs (``fastdlight.tune.graph_timing``, torch through
+again inside CUDA graphs (``fastdlight.measure.graph_timing``, torch through
 ``torch.cuda.CUDAGraph``). torch is timed first and once more at the end (its spread).
 
 Writes ``bench_course.md``, ``bench_course.json`` and ``bench_course.log`` to ``--out``

@@ -27,11 +27,11 @@ def graph_timings(dispatched, func, arch, values) -> list[dict]:
     CUDA graphs at that value: what is left of the gap without per-launch host work."""
     import tvm
 
-    from fastdlight.policies.prepare import specialize
-    from fastdlight.tune import build_task
-    from fastdlight.tune.compile import build
-    from fastdlight.tune.graph_timing import time_graph
-    from fastdlight.tune.measure import Workload, function_name
+    from fastdlight.analysis.prepare import specialize
+    from fastdlight.compiler import build_task
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.graph_timing import time_graph
+    from fastdlight.measure.timing import Workload, function_name
 
     name = str(func.attrs["global_symbol"])
     disp = build(tvm.IRModule({name: dispatched.func}), arch.target)
@@ -69,8 +69,8 @@ def main() -> int:
 
     from fastdlight import ops
     from fastdlight.arch import auto_arch
-    from fastdlight.tune.dynamic import check_dispatch, tune_dispatch
-    from fastdlight.tune.options import TuneOptions
+    from fastdlight.search.dynamic import check_dispatch, tune_dispatch
+    from fastdlight.search.options import TuneOptions
 
     arch, func = auto_arch(), ops.matmul_symbolic_rows(args.n, args.k)
     values = [int(v) for v in args.values.split(",")]

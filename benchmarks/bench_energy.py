@@ -45,13 +45,13 @@ import tvm  # noqa: E402
 from bench_gemm_hopper import matmul_func, torch_matmuls  # noqa: E402
 from bench_setup import torch_fp32_accumulation, torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
-from fastdlight.policies.config import Config  # noqa: E402
+from fastdlight.config import Config  # noqa: E402
 from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
-from fastdlight.schedules.matmul_wgmma import config_fits  # noqa: E402
-from fastdlight.tune.compile import build  # noqa: E402
-from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.schedules.wgmma.template import config_fits  # noqa: E402
+from fastdlight.compiler.compile import build  # noqa: E402
+from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
 
 #: NVML's clock type of the SM clock
 NVML_CLOCK_SM = 1

@@ -4,7 +4,7 @@
 
 For each case (fp16 add 4096x8192, softmax 4096x4096, fp16 GEMM 4096^3 with fp32 sums): tune on
 the GPU (top 4), export, build the example with the export's own nvcc command, then alternate
-``--rounds`` times: the kernel timed through TVM (``fastdlight.tune.measure``: inputs rotated,
+``--rounds`` times: the kernel timed through TVM (``fastdlight.measure.timing``: inputs rotated,
 queued launches between CUDA events, median over 100 ms) and the example program (the same
 method in C++). The ratio is the median of the example's medians over the median of TVM's (the
 issue's target: within 5%); alternating keeps clock drift out of it. Writes export.md/.json/.log
@@ -36,9 +36,9 @@ CASES = {
 def tvm_timer(func, config, arch):
     import tvm
 
-    from fastdlight.tune import build_task
-    from fastdlight.tune.compile import build
-    from fastdlight.tune.measure import Workload, function_name, time_module
+    from fastdlight.compiler import build_task
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.timing import Workload, function_name, time_module
 
     with arch.target:
         mod = build_task.as_module(build_task.apply_template(func, config))

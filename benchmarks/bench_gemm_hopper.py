@@ -38,10 +38,10 @@ from tvm import te  # noqa: E402
 
 from bench_setup import open_log, torch_fp32_accumulation  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
-from fastdlight.tune.candidates import tune_function  # noqa: E402
-from fastdlight.tune.options import TuneOptions  # noqa: E402
-from fastdlight.tune.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.search.candidates import tune_function  # noqa: E402
+from fastdlight.search.options import TuneOptions  # noqa: E402
+from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
 
 # name, M, N, K, dtype, layout (N: A is M×K / B is K×N; T: transposed), batch
 CASES = [
@@ -81,8 +81,8 @@ ROUNDS = 10
 #: SUSTAINED_MS after SUSTAINED_HEAT_MS of the same side untimed. A hot H100's clock swings by
 #: 10-15% over about a second (``bench_sustained --transient``): 100 ms timings landed on its
 #: peaks and troughs by their place in the run (in every large case the second round's ratio
-#: to cuBLAS fell to 0.78-0.89, or the first's 2-10% after the settling turns; H100, 2026-11-26
-#: session 11, runs 1-2); a 700 ms run of one side averages most of a swing
+#: to cuBLAS fell to 0.78-0.89, or the first's 2-10% after the settling turns; H100 80GB HBM3,
+#: 2026-11-26); a 700 ms run of one side averages most of a swing
 SUSTAINED_ROUNDS = 4
 SUSTAINED_MS = 700.0
 SUSTAINED_HEAT_MS = 300.0
@@ -213,8 +213,8 @@ def interleaved(ours, theirs, budget_ms: float, batch: int = 25) -> tuple[list[f
     run at one clock, set by their power draw together: a second view beside
     :func:`paired_rounds`, whose sides each run at their own (an H100's drifts by 10-25% over
     seconds). ``ours``/``theirs``: one launch per call."""
-    from fastdlight.tune.cuda_events import Event
-    from fastdlight.tune.measure import MIN_SAMPLE_MS
+    from fastdlight.measure.cuda_events import Event
+    from fastdlight.measure.timing import MIN_SAMPLE_MS
 
     def per_launch(f, k=8):
         f()

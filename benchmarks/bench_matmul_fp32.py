@@ -121,9 +121,9 @@ def build_one(job):
     n, label, cfg, opts, out_dir = job
     try:
         from fastdlight import ops
-        from fastdlight.policies.config import Config
+        from fastdlight.config import Config
         from fastdlight.schedules.matmul import MatmulTemplate
-        from fastdlight.tune.compile import build
+        from fastdlight.compiler.compile import build
 
         op = ops.matmul(n, n, n, "float32")
         sch = MatmulTemplate(**opts).apply_config(op.func, Config.from_dict(dict(cfg)))
@@ -139,11 +139,11 @@ def build_one(job):
 
 def time_cuda(launch, arg_sets) -> float:
     """Median seconds per launch, timed like apply_and_build times candidates
-    (:func:`fastdlight.tune.measure.time_launches`: inputs rotated through copies so none is
+    (:func:`fastdlight.measure.timing.time_launches`: inputs rotated through copies so none is
     in L2, launches queued between CUDA events, >= 100 ms)."""
     import tvm
 
-    from fastdlight.tune.measure import time_launches
+    from fastdlight.measure.timing import time_launches
 
     return time_launches(launch, arg_sets, tvm.cuda(0), MIN_TIME_S * 1e3).median_ms * 1e-3
 
@@ -171,7 +171,7 @@ def bench_size(n, entries, pool, log, dry_run):
     flops = 2.0 * n**3
 
     from fastdlight.arch import CUDA
-    from fastdlight.tune.measure import rotation_copies
+    from fastdlight.measure.timing import rotation_copies
 
     copies = rotation_copies(2 * a.numel() * 4, CUDA.from_device(dev).l2_bytes)
     pairs = [(a, b)] + [(a.clone(), b.clone()) for _ in range(copies - 1)]

@@ -35,9 +35,9 @@ from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.policies.tensorcore import TensorCorePolicy, tensorcore_tags  # noqa: E402
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore  # noqa: E402
-from fastdlight.tune.runner import TuningError, apply_and_build  # noqa: E402
-from fastdlight.tune.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, function_name, rotation_copies, time_torch  # noqa: E402
+from fastdlight.search.runner import TuningError, apply_and_build  # noqa: E402
+from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import Workload, function_name, rotation_copies, time_torch  # noqa: E402
 
 # name, M, N, K, input dtype, layout
 CASES = [

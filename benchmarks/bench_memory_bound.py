@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "schedules"))
 
 from fastdlight import ops  # noqa: E402
-from fastdlight.policies.config import Config  # noqa: E402
+from fastdlight.config import Config  # noqa: E402
 from fastdlight.schedules import default_schedule, dispatch_config  # noqa: E402
-from fastdlight.tune.compile import build  # noqa: E402
+from fastdlight.compiler.compile import build  # noqa: E402
 from mb_cases import gemv_acc32  # noqa: E402
 
 REPS = 20

@@ -36,8 +36,8 @@ import fastdlight  # noqa: E402
 from fastdlight.arch import CUDA  # noqa: E402
 from fastdlight.relax import ApplyFastTuning, build, prepare  # noqa: E402
 from fastdlight.relax.pipeline import for_inference, prim_funcs  # noqa: E402
-from fastdlight.tune.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import time_launches, time_torch  # noqa: E402
+from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import time_launches, time_torch  # noqa: E402
 from bench_setup import kernel_trace  # noqa: E402
 
 BUDGET_MS = 200.0
@@ -171,8 +171,8 @@ def kernel_check(tuned, arch: CUDA, dev, report) -> list:
     """Each scheduled function of the tuned module, compiled alone and timed as the tuner does:
     (function, ms now, ms the tuner measured). A function far slower now than when it was tuned
     points at the build, not the kernel."""
-    from fastdlight.tune.build_task import lower_and_compile
-    from fastdlight.tune.measure import Workload, time_module
+    from fastdlight.compiler.build_task import lower_and_compile
+    from fastdlight.measure.timing import Workload, time_module
 
     tuned_ms = {e.function: e.latency_ms for e in report}
     views = {e.function for e in report if e.status == "view"}  # no kernel: a view of the input

@@ -6,7 +6,7 @@ Every kernel of one operator runs on the same device inputs and is timed the sam
 (``--timing rotate``: inputs cycled through copies so none is in L2, launches queued between
 CUDA events; ``--timing flush``: L2 flushed and the device synchronized before each launch;
 median over a time budget). When any side's kernel runs under GRAPH_BELOW_MS (50 us), every
-side is timed again inside CUDA graphs (``fastdlight.tune.graph_timing``): there the host's
+side is timed again inside CUDA graphs (``fastdlight.measure.graph_timing``): there the host's
 launch path, not the kernel, would decide the queued numbers.
 
 Sides: fastdlight's candidates through the shared candidate path; stock Dlight
@@ -36,12 +36,12 @@ import tvm  # noqa: E402
 from fastdlight import ops  # noqa: E402
 from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
 from fastdlight.schedules import default_schedule  # noqa: E402
-from fastdlight.tune.candidates import candidate_sets  # noqa: E402
-from fastdlight.tune.compile import build  # noqa: E402
-from fastdlight.tune.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.tune.measure import Workload, flush_bytes_for, function_name, time_module, time_torch  # noqa: E402
-from fastdlight.tune.options import TuneOptions  # noqa: E402
-from fastdlight.tune.runner import TuningError, apply_and_build  # noqa: E402
+from fastdlight.policies.select import candidate_sets  # noqa: E402
+from fastdlight.compiler.compile import build  # noqa: E402
+from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
+from fastdlight.measure.timing import Workload, flush_bytes_for, function_name, time_module, time_torch  # noqa: E402
+from fastdlight.search.options import TuneOptions  # noqa: E402
+from fastdlight.search.runner import TuningError, apply_and_build  # noqa: E402
 
 #: stock Dlight's two targets: the H100 tag (sm_90a: no tensor cores in its Matmul rule) and sm_90
 DLIGHT_TARGETS = {"dlight_sm90a": {"tag": "nvidia/nvidia-h100"}, "dlight_sm90": {"tag": "nvidia/nvidia-h100",

@@ -33,7 +33,7 @@ class Kernel:
 
 
 def build_kernel(k: Kernel, target, log) -> None:
-    from fastdlight.tune.compile import build
+    from fastdlight.compiler.compile import build
 
     if k.mod is None or k.error:
         return
@@ -50,7 +50,7 @@ def cubin_report(kernels: list[Kernel], target, log, fatal: bool = True) -> None
     """nvcc on every built kernel's CUDA source (threads: nvcc is a subprocess): registers,
     shared memory, spills; on a CPU-only machine this is the "it compiles" check (``fatal``: a
     failure marks the kernel failed; on a GPU it is only noted, the kernel runs anyway)."""
-    from fastdlight.tune.compile import compile_cubin, cuda_source
+    from fastdlight.compiler.compile import compile_cubin, cuda_source
 
     def one(k: Kernel):
         try:
@@ -73,7 +73,7 @@ def fastdlight_kernel(workload: str, func, target_or_arch, topk: int, log) -> Ke
     import warnings
 
     import fastdlight
-    from fastdlight.tune.measure import function_name
+    from fastdlight.measure.timing import function_name
 
     k = Kernel(workload, "fastdlight", f"fastdlight.tune(topk={topk})")
     t0 = time.perf_counter()
@@ -107,7 +107,7 @@ class Bench:
     def __init__(self, workload: str, n: int, arch, budget_ms: float):
         import torch
 
-        from fastdlight.tune.measure import rotation_copies
+        from fastdlight.measure.timing import rotation_copies
 
         self.workload, self.n, self.budget_ms = workload, n, budget_ms
         self.dev = tvm.cuda(0)
@@ -159,8 +159,8 @@ class Bench:
         k.result["verified"] = bool(err <= TOL[self.workload])
 
     def time(self, k: Kernel, graphs: bool) -> float:
-        from fastdlight.tune.graph_timing import time_graph, time_torch_graph
-        from fastdlight.tune.measure import time_launches, time_torch
+        from fastdlight.measure.graph_timing import time_graph, time_torch_graph
+        from fastdlight.measure.timing import time_launches, time_torch
 
         if not graphs:
             if k.side == "torch":

@@ -52,7 +52,7 @@ def ms_sketch(func, target, draws: int = 400):
 MS_EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 25}
 #: put first on a MetaSchedule process's PYTHONPATH: tvm_ffi imports torch in every process when
 #: it is installed (4-5 s on the H100 machine), and MetaSchedule starts a pool of build workers
-#: for every batch; none of them uses torch (cf. fastdlight.tune.workers._block_torch)
+#: for every batch; none of them uses torch (cf. fastdlight.compiler.workers._block_torch)
 _NO_TORCH_SITECUSTOMIZE = """import os, sys
 sys.modules.setdefault("torch", None)
 _here = os.path.dirname(os.path.abspath(__file__))

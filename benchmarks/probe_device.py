@@ -1,4 +1,4 @@
-"""Quick probe of the GPU machine: TVM runtime APIs fastdlight relies on (run once per session)."""
+"""Quick probe of the GPU machine: TVM runtime APIs fastdlight relies on (run once per fresh machine)."""
 import os, time, shutil, subprocess, sys, tempfile
 import numpy as np
 import tvm
@@ -7,7 +7,7 @@ if not tvm.cuda(0).exist:
     sys.exit("error: probe_device needs a CUDA GPU")
 from tvm.s_tir import dlight as dl
 from fastdlight import ops
-from fastdlight.tune.compile import build
+from fastdlight.compiler.compile import build
 
 print("gcc:", shutil.which("gcc"), "nvcc:", shutil.which("nvcc"), "cpus:", os.cpu_count())
 dev = tvm.cuda(0)

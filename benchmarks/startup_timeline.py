@@ -25,8 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_gemm_hopper import matmul_func  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
-from fastdlight.tune import candidates, clock, measure, reference, runner, stages, workers  # noqa: E402
-from fastdlight.tune.options import TuneOptions  # noqa: E402
+from fastdlight.search import candidates, reference, runner, stages
+from fastdlight.measure import clock, timing as measure
+from fastdlight.compiler import workers  # noqa: E402
+from fastdlight.search.options import TuneOptions  # noqa: E402
 
 IMPORT_S = time.perf_counter() - T0
 #: (case, GEMM M, N, K, layout): the first pays the start-up, the third repeats it warm
@@ -35,7 +37,7 @@ CASES = [("4096 NT", 4096, 4096, 4096, "NT"), ("4096 NN", 4096, 4096, 4096, "NN"
 TRACED = [(candidates, "prewarm"), (candidates, "candidate_sets"), (candidates, "stock_configs"),
           (candidates, "apply_and_build"), (workers.WorkerPool, "_run_one"), (workers.WorkerPool, "_setup"),
           (stages.Prober, "run"), (stages.Timer, "_time"), (stages.Timer, "retime_fastest"), (stages, "load_module"),
-          (measure._WorkloadMaker, "get"), (reference.ReferenceRun, "expected"), (reference.ReferenceRun, "_compute"),
+          (measure.WorkloadMaker, "get"), (reference.ReferenceRun, "expected"), (reference.ReferenceRun, "_compute"),
           (runner, "verify_and_pick"),
           (runner, "plan")]
 SAMPLE_S = 0.02

@@ -127,8 +127,8 @@ def run_fastdlight(w: Workload, target: str, topk: int) -> Outcome:
     import tvm
 
     from fastdlight.arch import CUDA
-    from fastdlight.tune.candidates import tune_function
-    from fastdlight.tune.options import TuneOptions
+    from fastdlight.search.candidates import tune_function
+    from fastdlight.search.options import TuneOptions
 
     func = tvm.ir.load_json(w.func_json)
     try:
@@ -145,9 +145,9 @@ def run_fastdlight(w: Workload, target: str, topk: int) -> Outcome:
 def run_stock(w: Workload, target: str) -> Outcome:
     import tvm
 
-    from fastdlight.policies.prepare import specialize
+    from fastdlight.analysis.prepare import specialize
     from fastdlight.schedules import default_schedule
-    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
     try:
         func = specialize(tvm.ir.load_json(w.func_json), dict(w.opt_shapes) or None)
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     print(f"apache/tvm {commit.stdout.strip() or '(not a git checkout)'}: {len(workloads)} workloads, "
           f"{sum(bool(w.opt_shapes) for w in workloads)} symbolic; target {args.target}, top {args.topk}", flush=True)
 
-    from fastdlight.tune.workers import Task, WorkerPool
+    from fastdlight.compiler.workers import Task, WorkerPool
 
     tasks = [Task((i, "ours"), me.run_fastdlight, (w, args.target, args.topk)) for i, w in enumerate(workloads)]
     tasks += [Task((i, "stock"), me.run_stock, (w, args.target)) for i, w in enumerate(workloads)]

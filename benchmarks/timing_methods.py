@@ -11,7 +11,7 @@ longer compute-bound one (fp32 1024³ matmul), and torch's version of each:
   the launch, nothing synchronized in between (launch latency hidden, dirty L2 kept).
 * ``rotate+sync``: inputs rotated through copies, device synchronized before each launch
   (clean L2, launch latency exposed).
-* ``rotate queued``: fastdlight's default (:func:`fastdlight.tune.measure.time_launches`).
+* ``rotate queued``: fastdlight's default (:func:`fastdlight.measure.timing.time_launches`).
 
 The differences separate the two effects: dirty lines left by a write flush, and the host's
 launch latency when the GPU idles before each launch.
@@ -32,9 +32,9 @@ from fastdlight import ops  # noqa: E402
 from fastdlight.arch import CUDA  # noqa: E402
 from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
-from fastdlight.tune.compile import build  # noqa: E402
-from fastdlight.tune.cuda_events import Event  # noqa: E402
-from fastdlight.tune.measure import Workload, flush_bytes_for, function_name, time_launches, time_module  # noqa: E402
+from fastdlight.compiler.compile import build  # noqa: E402
+from fastdlight.measure.cuda_events import Event  # noqa: E402
+from fastdlight.measure.timing import Workload, flush_bytes_for, function_name, time_launches, time_module  # noqa: E402
 
 
 def median_of(samples):

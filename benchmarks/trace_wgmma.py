@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_energy import BadTile, tile_config, tile_spec  # noqa: E402
-from fastdlight.policies.config import Config  # noqa: E402
+from fastdlight.config import Config  # noqa: E402
 
 #: untraced launches of the instrumented module before the two traced ones
 WARM_LAUNCHES = 16
@@ -244,8 +244,8 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
     import tvm_ffi
 
     from fastdlight.schedules import apply_config
-    from fastdlight.tune.compile import build, compile_cubin
-    from fastdlight.tune.measure import Workload, function_name, heat
+    from fastdlight.compiler.compile import build, compile_cubin
+    from fastdlight.measure.timing import Workload, function_name, heat
 
     def compile_instrumented(code, *_):
         return bytearray(compile_cubin(instrument(code), tvm.target.Target.current()).binary)

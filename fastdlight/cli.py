@@ -3,6 +3,7 @@
     fastdlight tune matmul 4096 4096 4096 --dtype float32
     fastdlight tune add 1024 1024 --no-measure --topk 3
     fastdlight tune --file kernel.py [--func NAME]
+    fastdlight export softmax 4096 4096 --out softmax_export/
     fastdlight arch [--target nvidia/nvidia-a100]
 
 Bad input (unknown op, bad shape or dtype, missing or unparsable file) exits with status 2
@@ -17,11 +18,12 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
 
-from .tune.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
+from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
 
 DEFAULT_TARGET = "nvidia/nvidia-h100"
 #: when the command started (set by :func:`entry`): the wall time we report includes imports
@@ -47,7 +49,7 @@ class UsageError(Exception):
 
 def _compiler() -> str:
     """The CUDA compiler the builds use (``FASTDLIGHT_CUDA_COMPILER``, else NVRTC where installed)."""
-    from fastdlight.tune.compile import CompileError, cuda_compiler
+    from fastdlight.compiler.compile import CompileError, cuda_compiler
 
     try:
         return {"nvrtc": "NVRTC", "nvcc": "nvcc"}[cuda_compiler()]
@@ -98,7 +100,7 @@ def _set_line(cset, arch) -> str:
     return line
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if not lines:
         return type(e).__name__
@@ -173,8 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Print the hardware model (SMs, registers, shared memory, L2, bandwidth, "
                           "tensor-core shapes) for a target, the live GPU, or the H100 model.")
     arch.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
-    from .export import add_parser as add_export_parser
-
     add_export_parser(sub)
     return parser
 
@@ -219,7 +219,7 @@ def make_op(args):
         return ops.conv2d_nhwc(*d, r=args.kernel, s=args.kernel, stride=args.stride, pad=args.pad,
                                dtype=args.dtype, out_dtype=args.out_dtype)
     except (ValueError, TypeError) as e:
-        raise UsageError(f"{args.op}: {_one_line(e)}") from None
+        raise UsageError(f"{args.op}: {one_line(e)}") from None
 
 
 def load_primfunc(path: str, name: str | None = None):
@@ -240,7 +240,7 @@ def load_primfunc(path: str, name: str | None = None):
     except SyntaxError as e:
         raise UsageError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
     except BaseException as e:  # noqa: BLE001 - TVMScript DiagnosticError, NameError, ... in the user's file
-        raise UsageError(f"cannot parse {path}: {_one_line(e)}") from None
+        raise UsageError(f"cannot parse {path}: {one_line(e)}") from None
     found = []
     for key, value in namespace.items():
         if isinstance(value, tvm.tirx.PrimFunc):
@@ -273,7 +273,7 @@ def resolve_arch(target: str | None):
     try:
         arch = CUDA(target)
     except Exception as e:  # noqa: BLE001 - unknown tag, not CUDA, unparsable
-        raise UsageError(f"bad --target {target!r}: {_one_line(e)}") from None
+        raise UsageError(f"bad --target {target!r}: {one_line(e)}") from None
     if not gpu:
         return arch, False, f"No GPU was found: nothing will be timed (target {target})."
     live = auto_arch()
@@ -292,7 +292,7 @@ def cmd_arch(args) -> int:
     return 0
 
 
-def _describe(args, fname) -> str:
+def describe_workload(args, fname) -> str:
     if args.file:
         return f"{fname} from {args.file}"
     extra = ""
@@ -312,7 +312,7 @@ def _check_json_path(path: str) -> None:
         raise UsageError(f"cannot write --json {path}: permission denied")
 
 
-def _validate(args) -> None:
+def validate_args(args) -> None:
     if args.file and args.op:
         raise UsageError("give either OP SHAPE... or --file, not both")
     if not args.file and not args.op:
@@ -323,7 +323,7 @@ def _validate(args) -> None:
         _check_json_path(args.json)
 
 
-def _workload(args):
+def make_workload(args):
     """(name, func, numpy reference or None, flops, bytes, memory_bound, opt_shapes)."""
     if args.file:
         fname, func = load_primfunc(args.file, args.func)
@@ -335,22 +335,22 @@ def _workload(args):
 def _func_bytes(func, fname: str) -> int:
     import tvm
 
-    from fastdlight.tune.measure import param_buffers, static_shape
+    from fastdlight.measure.timing import param_buffers, static_shape
 
     try:
         return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
     except ValueError as e:
-        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
 
 
 def cmd_tune(args) -> int:
-    _validate(args)
+    validate_args(args)
     t0 = _STARTED[0][0] if _STARTED else time.perf_counter()
     # Start the build workers and the probe process now: they import TVM while we do. The probe
     # process runs each built kernel once before this one times it; started with the first tune,
     # it was ready only after that 4096³ GEMM's builds were done (6.3 s into the process, on an
     # H100 machine), and they waited for it.
-    from fastdlight.tune.pool import gpu_device_nodes, probe_pool, shared_pool
+    from fastdlight.compiler.pool import gpu_device_nodes, probe_pool, shared_pool
 
     if not args.serial:
         shared_pool(args.workers).warm_up()
@@ -361,21 +361,21 @@ def cmd_tune(args) -> int:
     # on the host after the timings (on every core it would slow the builds and the timed
     # launches), 0.85 s of a 4096³ GEMM's first tune on the H100 machine, where the widened
     # function runs on the GPU while candidates still build.
-    fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes = _workload(args)
+    fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes = make_workload(args)
     arch, can_measure, notice = resolve_arch(args.target)
     measure = can_measure and not args.no_measure
     if notice:
         print(notice)
 
-    from fastdlight.tune.candidates import tune_function
-    from fastdlight.tune.options import TuneOptions
-    from fastdlight.tune.report import format_table
-    from fastdlight.tune.runner import TuningError
+    from fastdlight.search.candidates import tune_function
+    from fastdlight.search.options import TuneOptions
+    from fastdlight.search.report import format_table
+    from fastdlight.search.runner import TuningError
 
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
-    print(f"Tuning {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
+    print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
           f"built with {_compiler()}" + ("" if measure else ", compile-only"))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
@@ -383,7 +383,7 @@ def cmd_tune(args) -> int:
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
                               on_set=lambda c: print(_set_line(c, arch)))
     except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
-        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
     except TuningError as e:
         print(str(e), file=sys.stderr)
         print(f"fastdlight: tuning failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -403,14 +403,14 @@ def cmd_tune(args) -> int:
 
 
 def _tune_dispatch(func, fname: str, arch, args, opts, opt_shapes: dict, t0: float) -> int:
-    from fastdlight.tune.dynamic import check_dispatch, tune_dispatch
-    from fastdlight.tune.runner import TuningError
+    from fastdlight.search.dynamic import check_dispatch, tune_dispatch
+    from fastdlight.search.runner import TuningError
 
     try:
         dispatched = tune_dispatch(func, arch, args.topk, opts, opt_shapes)
         checks = check_dispatch(dispatched, func, arch, opts)
     except ValueError as e:
-        raise UsageError(f"cannot tune {fname}: {_one_line(e)}") from None
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
     except TuningError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -427,7 +427,7 @@ def _tune_dispatch(func, fname: str, arch, args, opts, opt_shapes: dict, t0: flo
 
 
 def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
-    from fastdlight.tune.report import perf_text
+    from fastdlight.search.report import perf_text
 
     if measure:
         check = "NOT checked (--check none)" if best.verdict is None else \
@@ -442,11 +442,11 @@ def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -
 
 
 def _write_json(args, fname, arch, measure, wall, results, best, perf) -> None:
-    from fastdlight.tune.report import perf_text
+    from fastdlight.search.report import perf_text
 
     flops, nbytes, _ = perf
     doc = {
-        "op": fname, "description": _describe(args, fname), "target": str(arch.target), "arch": arch.name,
+        "op": fname, "description": describe_workload(args, fname), "target": str(arch.target), "arch": arch.name,
         "measured": measure, "wall_s": round(wall, 3), "best": best.index, "flops": flops, "bytes": nbytes,
         "reference": best.verdict.reference if best.verdict is not None else None,
         "results": [dict(rank=i, perf=perf_text(r, *perf), **r.to_dict()) for i, r in enumerate(results, 1)],
@@ -458,6 +458,83 @@ def _write_json(args, fname, arch, measure, wall, results, best, perf) -> None:
         raise UsageError(f"cannot write --json {args.json}: {e.strerror}") from None
 
 
+# -- fastdlight export ---------------------------------------------------------------------
+def add_export_parser(sub) -> argparse.ArgumentParser:
+    """``fastdlight export``: the operator spec of ``fastdlight tune`` plus ``--out``."""
+    p = sub.add_parser(
+        "export", help="tune one operator (or a TVMScript PrimFunc) and export it for C++ hosts",
+        description="Tune like 'fastdlight tune', then write OUT/NAME.cuh (the kernels and NAME_launch), "
+        "OUT/NAME_example.cu (checks the result against a float64 reference and times it), its data, a Makefile "
+        "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    add_workload_arguments(p, "export", "e.g. 'softmax 4096 4096'")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
+    p.add_argument("--name", help="C name of the export (default: the function's)")
+    p.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    p.add_argument("--no-measure", action="store_true", help="compile only; export the top-ranked candidate")
+    add_build_arguments(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the example's random inputs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(json=None)
+    return p
+
+
+def cmd_export(args) -> int:
+    """The ``fastdlight export`` command: bad input exits 2 with one line (nothing written);
+    a tuning run where no candidate works exits 1."""
+    try:
+        return _export(args)
+    except UsageError as e:  # printed here: under ``python -m fastdlight.cli`` the caller's class differs
+        print(f"fastdlight: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _export(args) -> int:
+    from fastdlight.export import ExportError, check_out_dir, export
+    from fastdlight.search.runner import TuningError
+
+    validate_args(args)
+    if args.name is not None and not re.fullmatch(r"[A-Za-z_]\w*", args.name):
+        raise UsageError(f"bad --name {args.name!r}: use a C identifier")
+    out = os.path.abspath(args.out)
+    try:
+        check_out_dir(out, args.force)
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    if not args.serial:  # start the build workers now: they import TVM while we do
+        from fastdlight.compiler.pool import shared_pool
+
+        shared_pool(args.workers).warm_up()
+    fname, func, ref, _flops, _nbytes, _mb, opt_shapes = make_workload(args)
+    arch, can_measure, notice = resolve_arch(args.target)
+    measure = can_measure and not args.no_measure
+    if notice:
+        print(notice)
+    print(f"Exporting {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
+          + ("" if measure else ", compile-only"))
+    try:
+        result = export(func, out, name=args.name or re.sub(r"\W", "_", fname), target=arch, topk=args.topk,
+                        ref=ref, opt_shapes=opt_shapes, seed=args.seed, force=args.force, measure=measure,
+                        parallel_build=not args.serial, max_workers=args.workers, timeout=args.timeout,
+                        budget_ms=args.budget_ms, screen_ms=args.screen_ms,
+                        progress=not args.quiet and sys.stderr.isatty())
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
+        raise UsageError(f"cannot export {fname}: {one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        print("fastdlight: export failed: no candidate could be used", file=sys.stderr)
+        return 1
+    timed = f"{result.latency_ms:.4f} ms (tuner)" if result.latency_ms is not None else "not timed"
+    print(f"Exported {result.config!r}, {timed}, to {result.out_dir}:")
+    for ln in result.launches:
+        print(f"  {ln.kernel}<<<{ln.grid}, {ln.block}, {ln.dynamic_smem}>>>")
+    print(f"Build and run: cd {result.out_dir} && {result.build_command} && ./{result.name}_example")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     warnings.formatwarning = lambda msg, *a, **k: f"{msg}\n"
@@ -467,8 +544,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if args.command == "export":
-            from .export import run as cmd_export
-
             return cmd_export(args)
         return cmd_tune(args) if args.command == "tune" else cmd_arch(args)
     except UsageError as e:

@@ -3,7 +3,7 @@
 Reusable by any GPU test::
 
     from gpu_util import run_and_check        # tests/ is on sys.path (tests/conftest.py)
-    built = fastdlight.tune.compile.build(sch.mod, "cuda")   # or any target of the live GPU
+    built = fastdlight.compiler.compile.build(sch.mod, "cuda")   # or any target of the live GPU
     err = run_and_check(built, op)             # asserts err <= tol, returns err
 
 Inputs are random (uniform in [-1, 1] for floats, small integers for ints — never all zeros);
@@ -58,7 +58,7 @@ def kernel_name(func) -> str:
 
 
 def get_function(built, name: str):
-    """The callable for ``name`` in what ``fastdlight.tune.compile.build`` returned (an
+    """The callable for ``name`` in what ``fastdlight.compiler.compile.build`` returned (an
     Executable: its ``.mod``) or in a plain runtime Module."""
     mod = built.mod if hasattr(built, "mod") and not callable(getattr(built, "get_function", None)) else built
     return mod[name]
@@ -101,7 +101,7 @@ def check_configs(op, configs, arch) -> None:
     """Each of ``configs`` scheduled by its own template (no fallback), built for ``arch`` and
     checked against ``op.reference`` (see :func:`run_and_check`)."""
     from fastdlight.schedules import dispatch_config
-    from fastdlight.tune.compile import build
+    from fastdlight.compiler.compile import build
 
     assert configs
     for config in configs:

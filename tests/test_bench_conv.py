@@ -53,8 +53,8 @@ def test_held_out_shapes_are_drawn_from_the_seed_and_reach_tensor_cores(tmp_path
     NHWC ones with channels a multiple of 8 get tensor-core candidates, whose top one compiles."""
     from fastdlight.arch import CUDA
     from fastdlight.schedules import dispatch_config
-    from fastdlight.tune.candidates import candidate_sets
-    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+    from fastdlight.policies.select import candidate_sets
+    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
     drawn = bench_conv.held_out_layers(6, seed=11)
     assert drawn == bench_conv.held_out_layers(6, seed=11) != bench_conv.held_out_layers(6, seed=12)

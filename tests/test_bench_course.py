@@ -15,7 +15,7 @@ import bench_course  # noqa: E402
 import course_metaschedule  # noqa: E402
 import course_schedules  # noqa: E402
 
-from fastdlight.tune.compile import compile_mod_to_cubin  # noqa: E402
+from fastdlight.compiler.compile import compile_mod_to_cubin  # noqa: E402
 
 #: small sizes every hand tile divides
 SIZES = {"gemm": 256, "window": 4096}
@@ -73,7 +73,7 @@ def test_hand_schedule_correct(hand):
     import tvm
 
     from fastdlight.arch import auto_arch
-    from fastdlight.tune.compile import build
+    from fastdlight.compiler.compile import build
 
     n = SIZES[hand.workload]
     func = course_schedules.make_func(hand.workload, n)

@@ -1,6 +1,8 @@
 """``fastdlight.dlight`` stands in for ``tvm.s_tir.dlight``: the same rules and pass, plus
 ApplyFastTuning, in one pipeline where Dlight schedules only what tuning left."""
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -20,6 +22,30 @@ def test_every_dlight_name_is_the_same_object():
         assert getattr(dl, name) is getattr(tvm_dl, name), name
     assert dl.gpu.Matmul is tvm_dl.gpu.Matmul
     assert dl.ApplyFastTuning is ApplyFastTuning and "ApplyFastTuning" in dl.__all__
+
+
+IMPORT_FORMS = [
+    "import fastdlight.dlight as dl",
+    "from fastdlight.dlight.gpu import Matmul",
+    "from fastdlight.dlight import gpu",
+    "import fastdlight.dlight.gpu.matmul",
+]
+
+
+@pytest.mark.parametrize("first", IMPORT_FORMS)
+def test_every_import_form_gives_tvms_own_objects(first):
+    # in a fresh process, so that the form under test is the first import of fastdlight.dlight
+    code = f"""{first}
+import tvm.s_tir.dlight as tvm_dl
+import fastdlight.dlight as dl
+from fastdlight.dlight.gpu import Matmul
+import fastdlight.dlight.gpu.matmul as matmul_module
+assert dl.gpu is tvm_dl.gpu and dl.gpu.Matmul is tvm_dl.gpu.Matmul is Matmul
+assert matmul_module is tvm_dl.gpu.matmul
+assert isinstance(dl.gpu.Matmul(), tvm_dl.ScheduleRule)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @T.prim_func(private=True, s_tir=True)

@@ -136,7 +136,7 @@ def test_tensor_core_matmul(tmp_path):
 
 def export_wgmma(out_dir, name: str, m: int, n: int, cluster: int = 1) -> str:
     """Export an fp16 NT GEMM ``m x n x 256`` under a 128 x 128 wgmma config; its header."""
-    from fastdlight.policies.config import Config
+    from fastdlight.config import Config
 
     op = ops.matmul(m, n, 256, "float16", "float16", "NT", acc_dtype="float32")
     cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
@@ -266,7 +266,7 @@ def test_example_runs_and_passes_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_a_cluster_example_runs_and_passes_on_the_gpu(tmp_path):
-    from fastdlight.policies.config import Config
+    from fastdlight.config import Config
 
     op = ops.matmul(1000, 520, 264, "float16", "float16", "NT", acc_dtype="float32")  # edges in M, N, K
     cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
@@ -276,14 +276,14 @@ def test_a_cluster_example_runs_and_passes_on_the_gpu(tmp_path):
 
 
 def tvm_timer(func, config):
-    """A function timing the same config built through TVM (``fastdlight.tune.measure``: inputs
+    """A function timing the same config built through TVM (``fastdlight.measure.timing``: inputs
     rotated, queued launches between CUDA events, median), ms."""
     import tvm
 
     from fastdlight.arch import auto_arch
-    from fastdlight.tune import build_task
-    from fastdlight.tune.compile import build
-    from fastdlight.tune.measure import Workload, function_name, time_module
+    from fastdlight.compiler import build_task
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.timing import Workload, function_name, time_module
 
     arch = auto_arch()
     with arch.target:

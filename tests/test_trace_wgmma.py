@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import trace_wgmma as tw  # noqa: E402
 from fastdlight import ops  # noqa: E402
 from fastdlight.arch import CUDA  # noqa: E402
-from fastdlight.policies.config import Config  # noqa: E402
+from fastdlight.config import Config  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
-from fastdlight.tune.compile import build, compile_cubin, cuda_source  # noqa: E402
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source  # noqa: E402
 
 H100 = CUDA("nvidia/nvidia-h100")
 

@@ -14,7 +14,16 @@ from functools import lru_cache
 import tvm
 from tvm.target import Target
 
-from .table import GPUS, GPUS_BY_TAG, KB, MB, GPUSpec, find_by_device_name, generic_spec, mma_shapes_for
+from fastdlight.arch.table import (
+    GPUS,
+    GPUS_BY_TAG,
+    KB,
+    MB,
+    GPUSpec,
+    find_by_device_name,
+    generic_spec,
+    mma_shapes_for,
+)
 
 _SM_RE = re.compile(r"^sm_(\d+)([a-z]?)$")
 # Target attributes that tell TVM's nvidia/* tags apart (besides the compute capability).

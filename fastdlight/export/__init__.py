@@ -15,7 +15,7 @@
 * ``NAME_example.cu``: reads the inputs from ``NAME_data.bin``, launches, checks every output
   element against the float64 reference computed at export time (the operator's numpy
   reference, else the function itself widened to float64 and run on the CPU by TVM's LLVM
-  backend) within fastdlight's per-element bound (:func:`fastdlight.tune.verify.allowed_error`),
+  backend) within fastdlight's per-element bound (:func:`fastdlight.measure.verify.allowed_error`),
   then times the launch like the tuner does (inputs rotated through copies so none is in L2,
   queued launches between CUDA events, median) and prints both.
 * ``NAME_data.bin`` (inputs, expected outputs, allowed error per element), ``Makefile``,
@@ -35,22 +35,35 @@ Nothing is half-written: files go to a temporary directory next to ``out/``, ren
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
-import sys
 import tempfile
-import types
 from dataclasses import dataclass
 from typing import Any
 
 # the launch plan and the C++ text live in .plan and .cpp; their names stay importable from here
-from .cpp import (DATA_MAGIC, DEFAULT_SMEM_LIMIT, NVCC_FLAGS, OutputCheck, _data_sections,  # noqa: F401
-                  _launch_args, example_text, header_text)
-from .plan import (ExportError, Launch, LaunchPlan, Param, TensorMap, check_against_source,  # noqa: F401
-                   launch_plan, lower)
+from fastdlight.export.cpp import (  # noqa: F401 - re-exported
+    DATA_MAGIC,
+    DEFAULT_SMEM_LIMIT,
+    NVCC_FLAGS,
+    OutputCheck,
+    data_sections,
+    launch_args,
+    example_text,
+    header_text,
+)
+from fastdlight.export.plan import (  # noqa: F401 - re-exported
+    ExportError,
+    Launch,
+    LaunchPlan,
+    Param,
+    TensorMap,
+    check_against_source,
+    launch_plan,
+    lower,
+)
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,13 @@ def make_inputs(func, seed: int = 0) -> dict:
     """Random inputs by parameter index, the values the tuner's ``Workload(func, seed)`` uses."""
     import numpy as np
 
-    from ..tune.measure import index_bounds, output_indices, param_buffers, random_array, static_shape
+    from fastdlight.measure.timing import (
+        index_bounds,
+        output_indices,
+        param_buffers,
+        random_array,
+        static_shape,
+    )
 
     rng = np.random.default_rng(seed)
     bounds, outs = index_bounds(func), set(output_indices(func))
@@ -94,9 +113,9 @@ def make_inputs(func, seed: int = 0) -> dict:
 
 
 def reference_outputs(func, inputs: dict, ref=None):
-    """:class:`fastdlight.tune.verify.Expected` for ``inputs``: the numpy ``ref`` when given,
+    """:class:`fastdlight.measure.verify.Expected` for ``inputs``: the numpy ``ref`` when given,
     else ``func`` widened to float64 and run on the CPU (TVM's LLVM backend)."""
-    from ..tune.verify import expected_from_numpy
+    from fastdlight.measure.verify import expected_from_numpy
 
     host_inputs = [inputs[i] for i in sorted(inputs)]
     if ref is not None:
@@ -108,9 +127,9 @@ def _cpu_reference(func, inputs: dict):
     import numpy as np
     import tvm
 
-    from ..tune.measure import output_indices, param_buffers, static_shape
-    from ..tune.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds
-    from ..tune.widen import widen_to_float64
+    from fastdlight.measure.timing import output_indices, param_buffers, static_shape
+    from fastdlight.measure.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds
+    from fastdlight.measure.widen import widen_to_float64
 
     if not tvm.runtime.enabled("llvm"):
         raise ExportError("no numpy reference was given and TVM has no LLVM backend to run the function on the CPU")
@@ -149,12 +168,12 @@ def _resolve(func_or_result, target, topk, options, opt_shapes, database, overri
     """(function, config, template, tuned latency or None, arch)."""
     import tvm
 
-    from ..arch import CUDA, auto_arch
-    from ..policies.prepare import specialize
-    from ..tune.candidate import CompileResult
-    from ..tune.candidates import Tuned, tune_function
-    from ..tune.database import TuningDatabase
-    from ..tune.options import TuneOptions
+    from fastdlight.arch import CUDA, auto_arch
+    from fastdlight.analysis.prepare import specialize
+    from fastdlight.search.results import CompileResult
+    from fastdlight.search.candidates import Tuned, tune_function
+    from fastdlight.search.database import TuningDatabase
+    from fastdlight.search.options import TuneOptions
 
     arch = target if isinstance(target, CUDA) else auto_arch(target)
     if isinstance(func_or_result, CompileResult):
@@ -186,7 +205,7 @@ def _resolve(func_or_result, target, topk, options, opt_shapes, database, overri
     return func, tuned.config, None, None, arch  # a database hit, not rebuilt
 
 
-def _check_out_dir(out_dir: str, force: bool) -> None:
+def check_out_dir(out_dir: str, force: bool) -> None:
     parent = os.path.dirname(os.path.abspath(out_dir))
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ExportError(f"cannot export to {out_dir}: it is a file")
@@ -249,13 +268,13 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     empty, or ``force=True``. Raises :class:`ExportError` (one line) for what cannot be exported."""
     import tvm
 
-    from .. import __version__
-    from ..tune import build_task
+    from fastdlight import __version__
+    from fastdlight.compiler import build_task
 
     out_dir = os.fspath(out_dir)
     if name is not None and not re.fullmatch(r"[A-Za-z_]\w*", name):
         raise ExportError(f"bad name {name!r}: use a C identifier")
-    _check_out_dir(out_dir, force)
+    check_out_dir(out_dir, force)
     func, config, template, latency_ms, arch = _resolve(func_or_result, target, topk, options, opt_shapes,
                                                         database, overrides, config)
     name = name or re.sub(r"\W", "_", _default_name(func))
@@ -271,7 +290,7 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
 
     inputs = make_inputs(func, seed)
     expected = reference_outputs(func, inputs, ref)
-    sections, checks = _data_sections(plan, inputs, expected)
+    sections, checks = data_sections(plan, inputs, expected)
     sections = [s + b"\0" * (-len(s) % 8) for s in sections]  # every section starts 8-byte aligned
     reference = expected.reference
     sm = str(arch.target.attrs.get("arch", ""))
@@ -281,7 +300,7 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     example = example_text(name, plan, checks, [len(s) for s in sections], reference)
     gencode = f"-gencode=arch=compute_{sm[3:]},code={sm}"  # -arch=sm_90a would also build compute_90 PTX
     build_command = f"nvcc {NVCC_FLAGS} {gencode} {name}_example.cu -o {name}_example"
-    launch_sig = f"cudaError_t {name}_launch({_launch_args(plan)})"
+    launch_sig = f"cudaError_t {name}_launch({launch_args(plan)})"
     readme = _readme(name, f"{arch.name} ({sm})", config, timed, launch_sig, reference, build_command, plan)
     manifest = {
         "name": name, "function": _default_name(func), "target": str(arch.target), "gpu": arch.name, "arch": sm,
@@ -349,96 +368,4 @@ def _readme(name: str, gpu: str, config, timed: str, launch_sig: str, reference:
     ])
 
 
-# -- the command line ---------------------------------------------------------------------------
-def add_parser(sub) -> argparse.ArgumentParser:
-    """``fastdlight export``: the operator spec of ``fastdlight tune`` plus ``--out``."""
-    from ..cli import OPS, add_build_arguments, add_workload_arguments
-
-    p = sub.add_parser(
-        "export", help="tune one operator (or a TVMScript PrimFunc) and export it for C++ hosts",
-        description="Tune like 'fastdlight tune', then write OUT/NAME.cuh (the kernels and NAME_launch), "
-        "OUT/NAME_example.cu (checks the result against a float64 reference and times it), its data, a Makefile "
-        "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )  # fmt: skip
-    add_workload_arguments(p, "export", "e.g. 'softmax 4096 4096'")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
-    p.add_argument("--name", help="C name of the export (default: the function's)")
-    p.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
-    p.add_argument("--no-measure", action="store_true", help="compile only; export the top-ranked candidate")
-    add_build_arguments(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the example's random inputs")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(json=None)
-    return p
-
-
-def run(args) -> int:
-    """The ``fastdlight export`` command: bad input exits 2 with one line (nothing written);
-    a tuning run where no candidate works exits 1."""
-    from ..cli import UsageError
-
-    try:
-        return _run(args)
-    except UsageError as e:  # printed here: under ``python -m fastdlight.cli`` the caller's class differs
-        print(f"fastdlight: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _run(args) -> int:
-    from ..cli import UsageError, _describe, _one_line, _validate, _workload, resolve_arch
-    from ..tune.runner import TuningError
-
-    _validate(args)
-    if args.name is not None and not re.fullmatch(r"[A-Za-z_]\w*", args.name):
-        raise UsageError(f"bad --name {args.name!r}: use a C identifier")
-    out = os.path.abspath(args.out)
-    try:
-        _check_out_dir(out, args.force)
-    except ExportError as e:
-        raise UsageError(str(e)) from None
-    if not args.serial:  # start the build workers now: they import TVM while we do
-        from ..tune.pool import shared_pool
-
-        shared_pool(args.workers).warm_up()
-    fname, func, ref, _flops, _nbytes, _mb, opt_shapes = _workload(args)
-    arch, can_measure, notice = resolve_arch(args.target)
-    measure = can_measure and not args.no_measure
-    if notice:
-        print(notice)
-    print(f"Exporting {_describe(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
-          + ("" if measure else ", compile-only"))
-    try:
-        result = export(func, out, name=args.name or re.sub(r"\W", "_", fname), target=arch, topk=args.topk,
-                        ref=ref, opt_shapes=opt_shapes, seed=args.seed, force=args.force, measure=measure,
-                        parallel_build=not args.serial, max_workers=args.workers, timeout=args.timeout,
-                        budget_ms=args.budget_ms, screen_ms=args.screen_ms,
-                        progress=not args.quiet and sys.stderr.isatty())
-    except ExportError as e:
-        raise UsageError(str(e)) from None
-    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
-        raise UsageError(f"cannot export {fname}: {_one_line(e)}") from None
-    except TuningError as e:
-        print(str(e), file=sys.stderr)
-        print("fastdlight: export failed: no candidate could be used", file=sys.stderr)
-        return 1
-    timed = f"{result.latency_ms:.4f} ms (tuner)" if result.latency_ms is not None else "not timed"
-    print(f"Exported {result.config!r}, {timed}, to {result.out_dir}:")
-    for ln in result.launches:
-        print(f"  {ln.kernel}<<<{ln.grid}, {ln.block}, {ln.dynamic_smem}>>>")
-    print(f"Build and run: cd {result.out_dir} && {result.build_command} && ./{result.name}_example")
-    return 0
-
-
 __all__ = ["export", "ExportError", "ExportResult", "Launch", "LaunchPlan", "launch_plan", "lower"]
-
-
-class _CallableModule(types.ModuleType):
-    """``fastdlight.export(...)`` calls :func:`export` once this submodule is imported too (the
-    import binds the module to the package attribute), as ``fastdlight.tune`` does."""
-
-    def __call__(self, *args, **kwargs):
-        return export(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -6,19 +6,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .plan import _CTYPES, LaunchPlan, Param, TensorMap
+from fastdlight.export.plan import CTYPES, LaunchPlan, Param, TensorMap
 
 #: the magic bytes that open every data file (version 1 of its layout)
 DATA_MAGIC = b"FDLXDAT1"
 #: the dynamic shared memory a kernel may use without opting in
 DEFAULT_SMEM_LIMIT = 48 * 1024
-#: nvcc flags the tuner compiles candidates with (fastdlight.tune.compile.compile_cubin)
+#: nvcc flags the tuner compiles candidates with (fastdlight.compiler.compile.compile_cubin)
 NVCC_FLAGS = "-O3 --use_fast_math -std=c++17 -diag-suppress=177,550"
 
 
 # -- the files ----------------------------------------------------------------------------------
 def _tma_dtype(tm: TensorMap) -> str:
-    return f"(CUtensorMapDataType){tm.force_dtype}" if tm.force_dtype >= 0 else _CTYPES[tm.dtype][2]
+    return f"(CUtensorMapDataType){tm.force_dtype}" if tm.force_dtype >= 0 else CTYPES[tm.dtype][2]
 
 
 def _launch_call(launch) -> list[str]:
@@ -40,7 +40,7 @@ def _launch_call(launch) -> list[str]:
     ]
 
 
-def _launch_args(plan: LaunchPlan) -> str:
+def launch_args(plan: LaunchPlan) -> str:
     return ", ".join([f"{'' if p.output else 'const '}{p.ctype}* {p.name}" for p in plan.params]
                      + ["cudaStream_t stream"])
 
@@ -92,7 +92,7 @@ def header_text(name: str, source: str, plan: LaunchPlan, note: str) -> str:
         ]
     lines += [
         f"// Runs {name} on device pointers (row-major, contiguous) on `stream`; returns the first error.",
-        f"static inline cudaError_t {name}_launch({_launch_args(plan)}) {{",
+        f"static inline cudaError_t {name}_launch({launch_args(plan)}) {{",
         "  cudaError_t fdl_err = cudaSuccess;",
     ]
     if plan.tensor_maps:
@@ -145,19 +145,19 @@ class OutputCheck:
     limit: float
 
 
-def _data_sections(plan: LaunchPlan, inputs: dict, expected) -> tuple[list[bytes], list[OutputCheck]]:
+def data_sections(plan: LaunchPlan, inputs: dict, expected) -> tuple[list[bytes], list[OutputCheck]]:
     """The data file's sections: each input's bytes (parameter order), then per output the
     expected values (float32, or int64 for exact outputs) and the allowed error (float32)."""
     import numpy as np
 
-    from ..tune.measure import _bf16_bits
-    from ..tune.verify import MAX_FINITE, allowed_error
+    from fastdlight.measure.timing import bf16_bits
+    from fastdlight.measure.verify import MAX_FINITE, allowed_error
 
     sections, checks = [], []
     for i, p in enumerate(plan.params):
         if not p.output:
             arr = inputs[i]
-            raw = _bf16_bits(arr) if p.dtype == "bfloat16" else np.ascontiguousarray(arr, dtype=np.dtype(p.dtype))
+            raw = bf16_bits(arr) if p.dtype == "bfloat16" else np.ascontiguousarray(arr, dtype=np.dtype(p.dtype))
             sections.append(raw.tobytes())
     outs = [i for i, p in enumerate(plan.params) if p.output]
     for i, ref, mag, kind, out_dtype in zip(outs, expected.outputs, expected.magnitudes, expected.kinds,
@@ -251,7 +251,7 @@ def example_text(name: str, plan: LaunchPlan, checks: list[OutputCheck], sizes: 
     in_bytes = sum(params[i].nbytes for i in inputs)
     L += [
         "  // rotate through enough copies of the inputs that at least twice the L2 is read between two",
-        "  // uses of one copy (fastdlight.tune.measure.rotation_copies)",
+        "  // uses of one copy (fastdlight.measure.timing.rotation_copies)",
         f"  const size_t in_bytes = {in_bytes}ULL;",
         "  const double l2 = std::max<double>(prop.l2CacheSize, 8 << 20);",
         "  int copies = in_bytes == 0 ? 1 : 1 + (int)std::ceil(2 * l2 / (double)in_bytes);",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: parameter dtype -> (C type, size in bytes, TMA data type)
-_CTYPES = {
+CTYPES = {
     "float16": ("half", 2, "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"),
     "bfloat16": ("__nv_bfloat16", 2, "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"),
     "float32": ("float", 4, "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"),
@@ -54,11 +54,11 @@ class Param:
 
     @property
     def ctype(self) -> str:
-        return _CTYPES[self.dtype][0]
+        return CTYPES[self.dtype][0]
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _CTYPES[self.dtype][1]
+        return math.prod(self.shape) * CTYPES[self.dtype][1]
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def launch_plan(lowered, func) -> LaunchPlan:
     exported (its parameters, shapes and outputs)."""
     import tvm
 
-    from ..tune.measure import output_indices, param_buffers, static_shape
+    from fastdlight.measure.timing import output_indices, param_buffers, static_shape
 
     hosts = [f for _, f in lowered.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tirx.is_entry_func", False)]
@@ -150,7 +150,7 @@ def launch_plan(lowered, func) -> LaunchPlan:
     params = []
     for i, b in enumerate(bufs):
         dtype = str(b.dtype)
-        if dtype not in _CTYPES:
+        if dtype not in CTYPES:
             raise ExportError(f"parameter {b.name} has dtype {dtype}, which the exporter does not support")
         params.append(Param(_c_name(str(b.name), taken), dtype, static_shape(b), i in outs))
     code = _HostCode(host, devices, taken)
@@ -258,7 +258,7 @@ class _HostCode:
         ints = [_int(a, "a TMA descriptor field") for a in args[4:]]
         if len(ints) not in (4 * rank + 3, 4 * rank + 4):  # + an optional CUtensorMapDataType override
             raise ExportError(f"a rank-{rank} TMA descriptor has {len(ints)} fields, expected {4 * rank + 3}")
-        if dtype not in _CTYPES:
+        if dtype not in CTYPES:
             raise ExportError(f"a TMA descriptor of dtype {dtype} is not supported")
         dims, rest = ints[:rank], ints[rank:]
         strides, rest = rest[: rank - 1], rest[rank - 1:]
@@ -298,8 +298,8 @@ def lower(mod, target) -> tuple[str, Any]:
     """(CUDA source, the module just before ``MakePackedAPI``) of a scheduled module."""
     import tvm
 
-    from ..tune.build_task import install_compile_callback
-    from ..tune.compile import PASS_CONFIG, as_target, cuda_source, tir_pipeline
+    from fastdlight.compiler.build_task import install_compile_callback
+    from fastdlight.compiler.compile import PASS_CONFIG, as_target, cuda_source, tir_pipeline
 
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     install_compile_callback()  # with a CUDA runtime, tvm.compile runs nvcc: fastdlight's own call

@@ -20,19 +20,19 @@ text, so the result is deterministic.
 
 from __future__ import annotations
 
-from .analysis import FuncInfo, analyze
-from .config import Config
-from .matmul_match import match_matmul
-from .planner import MAX_VISITS
-from .planner_matmul import MAX_UNROLLED_FMAS, MatmulPlanner  # noqa: F401 - MAX_UNROLLED_FMAS: part of the API
-from .planners_memory import (  # noqa: F401 - GATHER_MAX_LANES: part of the API
+from fastdlight.analysis.func_info import FuncInfo, analyze
+from fastdlight.config import Config
+from fastdlight.analysis.matmul_match import match_matmul
+from fastdlight.policies.planner import MAX_VISITS
+from fastdlight.policies.planner_matmul import MAX_UNROLLED_FMAS, MatmulPlanner  # noqa: F401 - MAX_UNROLLED_FMAS: part of the API
+from fastdlight.policies.planner_memory import (  # noqa: F401 - GATHER_MAX_LANES: part of the API
     GATHER_MAX_LANES,
     ElementwisePlanner,
     GemvPlanner,
     GeneralReductionPlanner,
     ReductionPlanner,
 )
-from .roller import best_first
+from fastdlight.policies.roller import best_first
 
 _PLANNERS = {
     "elementwise": ElementwisePlanner,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from .analysis import FuncInfo
-from .config import Config
-from .roller import (
+from fastdlight.analysis.func_info import FuncInfo
+from fastdlight.config import Config
+from fastdlight.policies.roller import (
     MAX_VECTOR_BITS,
     block_traffic,
     blocks_per_sm,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .planner import (
+from fastdlight.policies.planner import (
     L2_OVER_DRAM,
     LATENCY_HIDING_WARPS,
     MATMUL_BASE_REGS,
@@ -15,7 +15,7 @@ from .planner import (
     Planner,
     words,
 )
-from .roller import candidate_sizes, ceil_div, coalescing_score, largest_pow2_divisor
+from fastdlight.policies.roller import candidate_sizes, ceil_div, coalescing_score, largest_pow2_divisor
 
 # -- CUDA-core matmul / conv ---------------------------------------------------------------------
 

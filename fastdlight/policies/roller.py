@@ -30,7 +30,7 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from .analysis import Access, FuncInfo
+from fastdlight.analysis.func_info import Access, FuncInfo
 
 #: widest global-memory vector access (LDG.128 / STG.128), in bits
 MAX_VECTOR_BITS = 128

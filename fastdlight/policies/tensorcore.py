@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from ..arch import CUDA
-from .config import Config
-from .matmul_match import MatmulMatch, match_matmul, split_axis  # noqa: F401 - part of this module's API
+from fastdlight.arch import CUDA
+from fastdlight.analysis.dtypes import NBYTES
+from fastdlight.config import Config
+from fastdlight.analysis.matmul_match import MatmulMatch, match_matmul, split_axis  # noqa: F401 - part of this module's API
 
 #: (in dtype, accumulator dtype) pairs with ldmatrix + mma.sync intrinsics: TVM 0.27's, and bf16
 #: with an fp32 accumulator, which the template registers (``matmul_tensorcore.bf16_intrinsic``)
 SUPPORTED_MMA = {("float16", "float32"), ("float16", "float16"), ("bfloat16", "float32"), ("int8", "int32")}
 DTYPE_ABBR = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int8": "i8", "int32": "i32"}
-NBYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}
 
 
 def intrin_group(match: MatmulMatch, smem_a_k_inner: bool, smem_b_k_inner: bool) -> dict[str, str]:
@@ -101,7 +101,7 @@ def _wgmma_only_tags(func, arch: CUDA, reason: str) -> tuple[dict | None, str]:
     """Tags of a matmul only the wgmma template takes: operands read through views of larger
     tensors (TMA boxes; see :mod:`.wgmma_view`), which the other templates' match refuses
     with ``reason``."""
-    from .wgmma import wgmma_eligible
+    from fastdlight.policies.wgmma import wgmma_eligible
 
     wm, _why = wgmma_eligible(func, arch)
     if wm is None:
@@ -133,7 +133,7 @@ def _mma_sync_refusal(match: MatmulMatch, arch: CUDA) -> str:
 
 
 def _wgmma_takes(func, arch: CUDA) -> bool:
-    from .wgmma import wgmma_eligible  # wgmma builds on this module's matmul match
+    from fastdlight.policies.wgmma import wgmma_eligible  # wgmma builds on this module's matmul match
 
     return wgmma_eligible(func, arch)[0] is not None
 
@@ -176,7 +176,7 @@ MAX_WARPS = 8
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class TileCandidate:
     bm: int
     bn: int
     wm: int
@@ -221,7 +221,7 @@ class TensorCorePolicy:
         self.mma_k = int(self.tags["mma_shape"][2])
 
     # -- search space --------------------------------------------------------------------------
-    def candidates(self) -> list[_Candidate]:
+    def candidates(self) -> list[TileCandidate]:
         t, arch = self.tags, self.arch
         m_cap, n_cap = _pow2_at_least(t["M"]), _pow2_at_least(t["N"])
         k_padded = -(-t["K"] // self.mma_k) * self.mma_k
@@ -240,14 +240,14 @@ class TensorCorePolicy:
                             continue
                         for bk in bks:
                             for stages in stages_opts:
-                                cand = _Candidate(bm, bn, wm, wn, bk, stages)
+                                cand = TileCandidate(bm, bn, wm, wn, bk, stages)
                                 if self.fits(cand):
                                     out.append(cand)
         # 2-8 warps per block (latency hiding); single-warp blocks only when nothing else fits
         multi = [c for c in out if c.warps >= 2] or out
         return multi + [split for c in multi for split in self.split_variants(c)]
 
-    def split_variants(self, c: _Candidate) -> list[_Candidate]:
+    def split_variants(self, c: TileCandidate) -> list[TileCandidate]:
         """``c`` with its K cut into slices (split-K), where its output tiles fill less than one
         wave: each slice a whole number of 16-element chunks and at least a few K-steps, and
         no more blocks than two waves."""
@@ -264,7 +264,7 @@ class TensorCorePolicy:
             and grid * s <= 2 * wave
         ]  # fmt: skip
 
-    def smem_bytes(self, c: _Candidate) -> int:
+    def smem_bytes(self, c: TileCandidate) -> int:
         """Dynamic shared memory: the pipelined A/B tiles, or the accumulator staging tile of the
         epilogue, whichever is larger (TVM merges the two allocations; they are never live at
         the same time)."""
@@ -277,13 +277,13 @@ class TensorCorePolicy:
         staging = c.bm * (c.bn + 8) * self.acc_bytes
         return max(pipeline, staging)
 
-    def registers(self, c: _Candidate) -> int:
+    def registers(self, c: TileCandidate) -> int:
         """Registers per thread: accumulators + A/B fragments (a whole K-step or one MMA-k
         sub-step, as the template loads them) + overhead."""
         acc = c.wm * c.wn * self.acc_bytes // (32 * 4)
         return acc + fragment_registers(c.wm, c.wn, c.bk, self.in_bytes, self.mma_k) + REG_OVERHEAD
 
-    def fits(self, c: _Candidate) -> bool:
+    def fits(self, c: TileCandidate) -> bool:
         arch = self.arch
         threads = c.warps * 32
         regs = self.registers(c)
@@ -295,7 +295,7 @@ class TensorCorePolicy:
             and self.blocks_per_sm(c) >= 1
         )
 
-    def blocks_per_sm(self, c: _Candidate) -> int:
+    def blocks_per_sm(self, c: TileCandidate) -> int:
         arch = self.arch
         threads = c.warps * 32
         regs = -(-self.registers(c) // 8) * 8  # allocation granularity
@@ -307,7 +307,7 @@ class TensorCorePolicy:
         ))  # fmt: skip
 
     # -- cost ----------------------------------------------------------------------------------
-    def cost(self, c: _Candidate) -> float:
+    def cost(self, c: TileCandidate) -> float:
         """Estimated kernel time in seconds (for ranking; absolute values are rough)."""
         t, arch = self.tags, self.arch
         grid_m, grid_n = -(-t["M"] // c.bm), -(-t["N"] // c.bn)
@@ -342,7 +342,7 @@ class TensorCorePolicy:
         cycles = waves * (steps * sm_step + epilogue + LOAD_LATENCY_CYCLES)
         return cycles / CLOCK_HZ + self.split_sum_cost(c)
 
-    def split_sum_cost(self, c: _Candidate) -> float:
+    def split_sum_cost(self, c: TileCandidate) -> float:
         """Seconds of split-K's second kernel: read every slice's fp32 partials, write the output."""
         if c.splits == 1:
             return 0.0
@@ -351,7 +351,7 @@ class TensorCorePolicy:
         traffic = outputs * (4 * c.splits + NBYTES.get(t["out_dtype"], 4))
         return traffic / (self.arch.dram_bandwidth_gbs * 1e9) + SPLIT_K_LAUNCH_S
 
-    def rasterization(self, c: _Candidate) -> int:
+    def rasterization(self, c: TileCandidate) -> int:
         """Panel width of the block swizzle when the operands and output overflow L2."""
         t = self.tags
         footprint = t["batch"] * (
@@ -371,7 +371,7 @@ class TensorCorePolicy:
         mma.sync configs are measured beside them; their estimates are in the same seconds."""
         if "wgmma" not in self.instructions:
             return self.mma_sync_configs(topk)
-        from .wgmma import WgmmaPolicy
+        from fastdlight.policies.wgmma import WgmmaPolicy
 
         n_mma = min(MMA_SYNC_BESIDE_WGMMA, topk // 2) if "mma.sync" in self.instructions else 0
         wgmma = WgmmaPolicy(self.func, self.arch).emit_config(max(1, topk - n_mma))
@@ -395,7 +395,7 @@ class TensorCorePolicy:
         return sorted((self._config(c) for c in chosen), key=lambda cfg: cfg.cost)
 
     @staticmethod
-    def _distinct(ranked: list[_Candidate], count: int) -> list[_Candidate]:
+    def _distinct(ranked: list[TileCandidate], count: int) -> list[TileCandidate]:
         """The first ``count`` of ``ranked``, at most two pipeline depths per tile shape."""
         out, per_shape = [], {}
         for c in ranked:
@@ -407,7 +407,7 @@ class TensorCorePolicy:
                 out.append(c)
         return out
 
-    def _config(self, c: _Candidate) -> Config:
+    def _config(self, c: TileCandidate) -> Config:
         return Config(
             "matmul_tc",
             block=(c.bm, c.bn),

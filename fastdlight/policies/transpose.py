@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .analysis import Access, FuncInfo
-from .config import Config
-from .roller import largest_pow2_divisor
+from fastdlight.analysis.func_info import Access, FuncInfo
+from fastdlight.config import Config
+from fastdlight.policies.roller import largest_pow2_divisor
 
 #: tile sides tried along the input's and the output's innermost axes
 TILE_SIDES = (32, 64)

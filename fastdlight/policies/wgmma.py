@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arch import CUDA
-from .config import Config
-from .wgmma_match import BK, WgmmaMatch, match_wgmma
+from fastdlight.arch import CUDA
+from fastdlight.config import Config
+from fastdlight.analysis.wgmma_match import BK, WgmmaMatch, match_wgmma
 
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
@@ -73,16 +73,17 @@ def ring(consumers: int, stage_bytes: int, smem: int, most: int = 8) -> int:
 TILE_OVERHEAD_CYCLES = {"cooperative": 2500, "pingpong": 800}
 #: the rate at which TMA loads reach an SM's tiles, in multiples of DRAM bandwidth shared out over
 #: the SMs. Concurrent CTAs load the same A and B tiles at about the same time, and the L2 serves
-#: them with fewer sector reads than the tiles hold (36% fewer for 128x256 on 4096³, ncu, session
-#: 16). At 2.5 the estimate had 128x192 and 128x256 L2-bound and ranked 192x192 ahead of both on
-#: 8192³; at one clock they ran 6% ahead of it, and at the power limit 4.5% (H100, session 20 run 2)
+#: them with fewer sector reads than the tiles hold (36% fewer for 128x256 on 4096³; ncu, H100 80GB
+#: HBM3, 2026-11-27). At 2.5 the estimate had 128x192 and 128x256 L2-bound and ranked 192x192 ahead
+#: of both on 8192³; at one clock they ran 6% ahead of it, and at the power limit 4.5% (H100 80GB
+#: HBM3, 2026-11-27)
 L2_LOAD_FACTOR = 4.0
 #: the rate, in bytes a cycle, at which ``smem_cycles`` charges a K step's TMA writes and wgmma
 #: reads. A fit, not a bandwidth: a K step of 128x256 writes 48 KB and reads 80 KB in its 1024
 #: tensor-core cycles, and its traced main loops ran 1.03-1.05 of the tensor cores' time; 256x128
-#: (144 bytes a cycle at this rate) 1.12 (H100, session 18). Without the TMA loads they ran the
-#: same (session 22), so what slows the taller and narrower tiles is wgmma on their slices, which
-#: this charge tracks within 4%. Small tiles pay most: 128x128 ping-pong comes to 160
+#: (144 bytes a cycle at this rate) 1.12 (trace_wgmma, H100 80GB HBM3, 2026-11-27). Without the
+#: TMA loads they ran the same, so what slows the taller and narrower tiles is wgmma on their
+#: slices, which this charge tracks within 4%. Small tiles pay most: 128x128 ping-pong comes to 160
 SMEM_BYTES_PER_CYCLE = 128
 #: CTAs of a cluster along M: each loads half of the B tile they share and multicasts it. On an
 #: H100 (2026-11-26) 3000x5120x1000 went from 0.0697 to 0.0579 ms (128x256); LLaMA's gate/up
@@ -127,7 +128,7 @@ class WgmmaPolicy:
 
     #: accumulators a thread of a ping-pong warpgroup holds (the template takes 192). Ping-pong
     #: 128 x 192 won the tuner's hot timing on 3000x5120x1000 and ran 3% behind 128 x 256 at the
-    #: power limit, spending 4-8% more energy a GEMM (H100, session 19 run 4): a warpgroup's
+    #: power limit, spending 4-8% more energy a GEMM (H100 80GB HBM3, 2026-11-27): a warpgroup's
     #: tile alone loads its A and B for fewer outputs a stage than two sharing a wider one
     PINGPONG_ACC = 128
 
@@ -223,7 +224,7 @@ class WgmmaPolicy:
         """Rows of work items per rasterization group: 16 M tiles (8 where the output has fewer
         than 32) for L2 reuse of B. A cluster along M makes a row a pair of tiles, so it gets
         half the rows: 4096³ in 128x256 pairs took 2.4% less energy a GEMM with 8 rows than
-        with 16, which span all 32 M tiles (H100, session 14)."""
+        with 16, which span all 32 M tiles (H100 80GB HBM3, 2026-11-27)."""
         grid_m = self.match.m_tiles(t.bm)
         tiles = 16 if grid_m >= 32 else 8 if grid_m >= 8 else 1
         return max(1, tiles // (t.cluster if t.cluster_axis == "m" else 1))

@@ -1,7 +1,7 @@
 """The Relax side: ``ApplyFastTuning`` (every PrimFunc of a model tuned in seconds) and the one
 pipeline around it (:mod:`fastdlight.relax.pipeline`) in which the tuned kernels are what runs."""
 
-from .apply_fast_tuning import ApplyFastTuning, FunctionReport
-from .pipeline import build, compile_model, for_inference, lowering, prepare, tuning_pipeline
+from fastdlight.relax.apply_fast_tuning import ApplyFastTuning, FunctionReport
+from fastdlight.relax.pipeline import build, compile_model, for_inference, lowering, prepare, tuning_pipeline
 
 __all__ = ["ApplyFastTuning", "FunctionReport", "build", "compile_model", "for_inference", "lowering", "prepare", "tuning_pipeline"]

@@ -17,8 +17,8 @@ import tvm
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..arch import CUDA
-from .rewrites import bound_value, call_to, constant_value, mutator_pass, static_shape
+from fastdlight.arch import CUDA
+from fastdlight.relax.rewrites import bound_value, call_to, constant_value, mutator_pass, static_shape
 
 #: TMA: the global strides of a tensor map are multiples of 16 bytes
 TMA_STRIDE_BYTES = 16

@@ -6,10 +6,10 @@
 
 Build the result with :func:`fastdlight.build` (:mod:`fastdlight.relax.pipeline`): it does not
 fuse or legalize again, so the tuned functions are what runs, and it sets the PassContext options
-the tensor-core kernels need (see :mod:`fastdlight.tune.compile`).
+the tensor-core kernels need (see :mod:`fastdlight.compiler.compile`).
 
 For each PrimFunc not already scheduled (``tirx.is_scheduled``) the candidate path shared with
-``fastdlight.tune`` and the CLI (:mod:`fastdlight.tune.candidates`) runs: a database hit is
+``fastdlight.tune`` and the CLI (:mod:`fastdlight.search.candidates`) runs: a database hit is
 re-applied (a record was verified when stored; ``recheck_database=True`` checks it again on a
 GPU); otherwise the policy's top-k and stock Dlight's schedule are built, timed and verified
 (compile-only and ranked by predicted cost when no GPU is present), and a verified winner is
@@ -34,16 +34,16 @@ from tvm.relax.analysis import has_reshape_pattern
 from tvm.ir import IRModule
 from tvm.ir.transform import PassContext, module_pass
 
-from ..arch import CUDA, auto_arch
-from ..policies.config import Config
-from ..policies.matmul_match import anchor_key
-from ..policies.prepare import shape_var_names
-from ..tune import clock
-from ..tune.candidates import best_configs, scheduled_function, tune_function
-from ..tune.database import TuningDatabase
-from ..tune.dynamic import check_dispatch, is_symbolic, tune_dispatch
-from ..tune.options import TuneOptions
-from ..tune.report import failure_counts
+from fastdlight.arch import CUDA, auto_arch
+from fastdlight.config import Config
+from fastdlight.analysis.matmul_match import anchor_key
+from fastdlight.analysis.prepare import shape_var_names
+from fastdlight.measure import clock
+from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
+from fastdlight.search.database import TuningDatabase
+from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
+from fastdlight.search.options import TuneOptions
+from fastdlight.search.report import failure_counts
 
 
 #: functions tuned at once: enough to keep the build workers busy while the GPU times another
@@ -77,7 +77,7 @@ class FunctionReport:
     same_as: str | None = None
     failed: str = ""  # the candidates that failed, by stage ("2 wrong result, 1 nvcc")
     dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
-    seeded: bool = False  # tuned from a sibling's best configs (see _sibling_leaders)
+    seeded: bool = False  # tuned from a sibling's best configs (see sibling_leaders)
     fallback: str = ""  # why an earlier candidate set failed as a whole (its first lines), if one did
 
     @property
@@ -100,9 +100,9 @@ class ApplyFastTuning:
 
     target: a Target, tag or :class:`fastdlight.arch.CUDA` (default: the live GPU, else the
     H100 model). meta_database_dir: a directory holding fastdlight's tuning records (see
-    :mod:`fastdlight.tune.database`); a hit is re-applied without building (``recheck_database=True``:
+    :mod:`fastdlight.search.database`); a hit is re-applied without building (``recheck_database=True``:
     built, timed and verified again first). Other
-    keywords are :class:`fastdlight.tune.TuneOptions` fields (``measure``, ``budget_ms``,
+    keywords are :class:`fastdlight.TuneOptions` fields (``measure``, ``budget_ms``,
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
     :class:`FunctionReport` per function and ``.stage_seconds`` where the time went.
     Structurally equal functions are tuned once; ``jobs``
@@ -125,7 +125,7 @@ class ApplyFastTuning:
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
         self.progress = progress
         self.report: list[FunctionReport] = []
-        #: where the last run's time went (:mod:`fastdlight.tune.clock`)
+        #: where the last run's time went (:mod:`fastdlight.measure.clock`)
         self.stage_seconds: dict[str, float] = {}
 
     def arch(self) -> CUDA:
@@ -142,7 +142,7 @@ class ApplyFastTuning:
                 (views if has_reshape_pattern(f) else todo).append((gv, f))
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
         groups = _structural_groups(todo)
-        leaders = _sibling_leaders([members[0][1] for members in groups])
+        leaders = sibling_leaders([members[0][1] for members in groups])
         with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
             warnings.simplefilter("always")
             futures: dict[int, Future] = {}
@@ -264,11 +264,11 @@ def _structural_groups(items) -> list[list[tuple]]:
     return groups
 
 
-#: in :func:`_sibling_leaders`: a matmul or convolution tuned in full
+#: in :func:`sibling_leaders`: a matmul or convolution tuned in full
 SELF = -1
 
 
-def _sibling_leaders(funcs) -> list[int | None]:
+def sibling_leaders(funcs) -> list[int | None]:
     """Per function, the index of an earlier one computing the same matmul or convolution
     (same operands' shapes and dtypes, same reduction) with another epilogue: it is tuned after
     that one, from its best configs (``tune_function``'s ``seeds``); ``SELF``: the first of its

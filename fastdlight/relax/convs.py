@@ -24,7 +24,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rewrites import mutator_pass, static_shape
+from fastdlight.relax.rewrites import mutator_pass, static_shape
 
 #: input channels per 16-byte row: convolutions with a multiple of this are left to the templates
 ROW_CHANNELS = 8

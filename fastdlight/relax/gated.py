@@ -7,7 +7,7 @@ at compile time, into ``W`` of ``[2N, K]``: column block ``b`` of ``G`` columns 
 output is gate columns ``b*G .. b*G+G-1`` and the next block the same columns of ``up``. One
 GEMM ``x @ W^T`` then holds, in every output tile of a multiple of ``2G`` columns, each gate
 value beside its ``up`` value, in the same thread's accumulators of the wgmma template
-(``fastdlight.schedules.matmul_wgmma``, which takes the pair as its epilogue), and only the
+(``fastdlight.schedules.wgmma.template``, which takes the pair as its epilogue), and only the
 product is written.
 
 ``G`` is the template's epilogue chunk: 128 bytes of 16-bit outputs. The rewrite applies where
@@ -22,8 +22,8 @@ import tvm
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..arch import CUDA
-from .rewrites import bound_value, call_to, constant_value, mutator_pass
+from fastdlight.arch import CUDA
+from fastdlight.relax.rewrites import bound_value, call_to, constant_value, mutator_pass
 
 #: interleave granularity: the wgmma epilogue's chunk of 16-bit outputs (128 bytes)
 PAIR_COLUMNS = 64

@@ -23,16 +23,22 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
-from ..tune.build_task import install_compile_callback
-from ..tune.compile import PASS_CONFIG, as_target, tir_pipeline
-from ..tune.compile import build as build_prim_funcs
-from .aligned import tma_aligned_matmuls
-from .apply_fast_tuning import ApplyFastTuning
-from .convs import im2col_convs
-from .gated import gated_projections
-from .reshapes import output_reshape_views, sink_reshapes
-from .views import fold_views
-from .rewrites import causal_masks, exact_integer_powers, fp16_outputs, rms_norms, softmax_of_fp16
+from fastdlight.compiler.build_task import install_compile_callback
+from fastdlight.compiler.compile import PASS_CONFIG, as_target, tir_pipeline
+from fastdlight.compiler.compile import build as build_prim_funcs
+from fastdlight.relax.aligned import tma_aligned_matmuls
+from fastdlight.relax.apply_fast_tuning import ApplyFastTuning
+from fastdlight.relax.convs import im2col_convs
+from fastdlight.relax.gated import gated_projections
+from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
+from fastdlight.relax.views import fold_views
+from fastdlight.relax.rewrites import (
+    causal_masks,
+    exact_integer_powers,
+    fp16_outputs,
+    rms_norms,
+    softmax_of_fp16,
+)
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto",

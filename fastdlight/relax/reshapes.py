@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir import IRModule
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .rewrites import call_to, static_shape
+from fastdlight.relax.rewrites import call_to, static_shape
 
 #: elementwise ops a reshape moves below (``op(reshape(x)) == reshape(op(x))``)
 UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
@@ -198,14 +198,14 @@ def output_reshape_views() -> tvm.transform.Pass:
 
     That pass leaves reshapes of a block's outputs as copy kernels: ResNet's 3-channel stem as a
     one-layer model is an im2col GEMM whose ``[N*P*Q, K]`` result the model returns reshaped to
-    NHWC, and the copy took 47 us of its 108 on an H100 (session 5). A view of the GEMM's
+    NHWC, and the copy took 47 us of its 108 on an H100 (2026-11-26). A view of the GEMM's
     output is safe to return: the memory planner gives no pooled storage to a tensor that a
     view of it carries out of the function. Only reshapes of block-local values are rewritten
     (a view of a parameter would alias the caller's input)."""
     from tvm.relax.analysis import has_reshape_pattern
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    from .rewrites import mutator_pass
+    from fastdlight.relax.rewrites import mutator_pass
 
     @mutator
     class Rewriter(PyExprMutator):

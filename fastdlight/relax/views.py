@@ -29,11 +29,11 @@ from tvm.ir import IRModule
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.s_tir.dlight.analysis import get_root_block
 
-from ..arch import CUDA
-from ..policies.prepare import scalar_dtype
-from ..policies.wgmma_match import match_wgmma
-from ..policies.wgmma_view import as_dtype, substitute
-from .rewrites import mutator_pass
+from fastdlight.arch import CUDA
+from fastdlight.analysis.prepare import scalar_dtype
+from fastdlight.analysis.wgmma_match import match_wgmma
+from fastdlight.analysis.wgmma_view import as_dtype, substitute
+from fastdlight.relax.rewrites import mutator_pass
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: rounds of folding (views of views: attention's permuted QKV, then its slices)

@@ -1,20 +1,19 @@
-"""Schedule templates: a :class:`~fastdlight.policies.config.Config` → ``tvm.s_tir.Schedule``.
+"""Schedule templates: a :class:`~fastdlight.config.Config` → ``tvm.s_tir.Schedule``.
 
 ``apply_config(func, config)`` picks the template(s) for ``config.kind`` (see :mod:`.dispatch`);
 ``default_schedule(func, target)`` is TVM's stock Dlight baseline.
 """
 
-from .base import ScheduleTemplate
-from .dispatch import (
+from fastdlight.schedules.base import ScheduleError, ScheduleTemplate
+from fastdlight.schedules.dispatch import (
     IMPORT_ERRORS,
-    ScheduleError,
     ScheduleResult,
     apply_config,
-    default_schedule,
     dispatch_config,
     register,
     templates_for,
 )
+from fastdlight.schedules.stock import default_schedule
 
 __all__ = [
     "IMPORT_ERRORS",

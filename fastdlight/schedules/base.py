@@ -1,6 +1,6 @@
 """What every schedule template shares: the template interface and small scheduling helpers.
 
-A :class:`ScheduleTemplate` turns one :class:`~fastdlight.policies.config.Config` into a
+A :class:`ScheduleTemplate` turns one :class:`~fastdlight.config.Config` into a
 ``tvm.s_tir.Schedule`` for one op family (the analogue of Dlight's ``ScheduleRule``, but the tile
 sizes come from the config instead of being hard-coded). The helpers below are meant to be
 reused by every template (the matmul ones included):
@@ -30,9 +30,9 @@ from tvm import DataType, s_tir, tirx
 from tvm.ir.expr import Expr as ExprBase
 from tvm.s_tir.dlight.analysis.common_analysis import SBlockInfo
 
-from ..policies.analysis import Axis, block_axes, output_block
-from ..policies.config import Config
-from ..policies.roller import MAX_VECTOR_BITS, ceil_div, largest_pow2_divisor  # noqa: F401 - re-exported for templates
+from fastdlight.analysis.func_info import Axis, block_axes, output_block
+from fastdlight.config import Config
+from fastdlight.policies.roller import MAX_VECTOR_BITS, ceil_div, largest_pow2_divisor  # noqa: F401 - re-exported for templates
 
 LoopRV = s_tir.schedule.LoopRV
 SBlockRV = s_tir.schedule.SBlockRV
@@ -305,3 +305,27 @@ def _loops_private_to(sch: s_tir.Schedule, block: SBlockRV) -> int:
             break
         count += 1
     return max(count, 1)
+
+
+class ScheduleError(RuntimeError):
+    """No template could schedule the function with the config; ``failures`` holds
+    ``(template name, reason)`` per template tried."""
+
+    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None):
+        self.failures = list(failures or [])
+        lines = [message] + [f"  - {name}: {reason}" for name, reason in self.failures]
+        super().__init__("\n".join(lines))
+
+
+def error_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    # TVM errors put the useful line last (after the IR dump); keep it short either way.
+    msg = next((ln for ln in reversed(text) if ln.strip()), type(e).__name__) if text else ""
+    return msg[:300]
+
+
+def func_name(func) -> str:
+    try:
+        return str(func.attrs["global_symbol"])
+    except Exception:  # noqa: BLE001
+        return "<PrimFunc>"

@@ -19,18 +19,17 @@ import sys
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
-from tvm.target import Target
 
-from ..policies.config import KINDS, Config
-from .base import ScheduleTemplate
-from .elementwise import ElementwiseTemplate
-from .fallback import FallbackTemplate
-from .gemv import GemvTemplate
-from .ms_record import MetaScheduleRecordTemplate
-from .general_reduction import GeneralReductionTemplate
-from .reduction import ReductionTemplate
-from .stock import StockDlightTemplate
-from .transpose import TransposeTemplate
+from fastdlight.config import KINDS, Config
+from fastdlight.schedules.base import ScheduleError, ScheduleTemplate, error_line, func_name
+from fastdlight.schedules.elementwise import ElementwiseTemplate
+from fastdlight.schedules.fallback import FallbackTemplate
+from fastdlight.schedules.gemv import GemvTemplate
+from fastdlight.schedules.ms_record import MetaScheduleRecordTemplate
+from fastdlight.schedules.general_reduction import GeneralReductionTemplate
+from fastdlight.schedules.reduction import ReductionTemplate
+from fastdlight.schedules.stock import StockDlightTemplate
+from fastdlight.schedules.transpose import TransposeTemplate
 
 #: kind -> templates, tried in registration order
 _REGISTRY: dict[str, list[ScheduleTemplate]] = {}
@@ -38,16 +37,6 @@ _REGISTRY: dict[str, list[ScheduleTemplate]] = {}
 _FALLBACKS: list[ScheduleTemplate] = []
 #: module name -> error text, for template modules that failed to import
 IMPORT_ERRORS: dict[str, str] = {}
-
-
-class ScheduleError(RuntimeError):
-    """No template could schedule the function with the config; ``failures`` holds
-    ``(template name, reason)`` per template tried."""
-
-    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None):
-        self.failures = list(failures or [])
-        lines = [message] + [f"  - {name}: {reason}" for name, reason in self.failures]
-        super().__init__("\n".join(lines))
 
 
 @dataclass
@@ -108,61 +97,18 @@ def dispatch_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = 
         try:
             sch = template.apply_config(func, config)
         except Exception as e:  # noqa: BLE001 - one template's bug must not stop the others
-            failures.append((_name(template), f"{type(e).__name__}: {_first_line(e)}"))
+            failures.append((_name(template), f"{type(e).__name__}: {error_line(e)}"))
             continue
         if sch is None:
             failures.append((_name(template), "not applicable (op family or config does not fit)"))
             continue
         return ScheduleResult(sch, _name(template), failures)
-    raise ScheduleError(f"no template could schedule {_func_name(func)} with {config!r}", failures)
+    raise ScheduleError(f"no template could schedule {func_name(func)} with {config!r}", failures)
 
 
 def apply_config(func: tirx.PrimFunc, config: Config, allow_fallback: bool = True) -> s_tir.Schedule:
     """The schedule for ``func`` under ``config`` (see :func:`dispatch_config`); raises ScheduleError."""
     return dispatch_config(func, config, allow_fallback).schedule
-
-
-def default_schedule(func: tirx.PrimFunc, target) -> s_tir.Schedule:
-    """Schedule ``func`` with TVM's stock Dlight GPU rules (Matmul, GEMV, LowBatchGEMV,
-    Reduction, GeneralReduction, Fallback; first that applies), the tuning baseline.
-    Note: with the ``nvidia/nvidia-h100`` tag (``sm_90a``) Dlight's Matmul uses no tensor cores."""
-    from tvm.s_tir import dlight
-
-    target = target if isinstance(target, Target) else Target(target)
-    rules = [
-        dlight.gpu.Matmul(),
-        dlight.gpu.GEMV(),
-        dlight.gpu.LowBatchGEMV(),
-        dlight.gpu.Reduction(),
-        dlight.gpu.GeneralReduction(),
-        dlight.gpu.Fallback(),
-    ]
-    failures = []
-    with target:
-        for rule in rules:
-            try:
-                space = rule.apply(func, target, False)
-            except Exception as e:  # noqa: BLE001 - same policy as dispatch: try the next rule
-                failures.append((type(rule).__name__, f"{type(e).__name__}: {_first_line(e)}"))
-                continue
-            if space is None:
-                continue
-            return space[0] if isinstance(space, list) else space
-    raise ScheduleError(f"no Dlight rule applies to {_func_name(func)}", failures)
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    # TVM errors put the useful line last (after the IR dump); keep it short either way.
-    msg = next((ln for ln in reversed(text) if ln.strip()), type(e).__name__) if text else ""
-    return msg[:300]
-
-
-def _func_name(func) -> str:
-    try:
-        return str(func.attrs["global_symbol"])
-    except Exception:  # noqa: BLE001
-        return "<PrimFunc>"
 
 
 # -- registration ----------------------------------------------------------------------------
@@ -171,7 +117,7 @@ def _func_name(func) -> str:
 _OPTIONAL = {
     "fastdlight.schedules.matmul": ("MatmulTemplate", ("matmul",)),
     "fastdlight.schedules.matmul_tensorcore": ("TensorCoreMatmulTemplate", ("matmul_tc",)),
-    "fastdlight.schedules.matmul_wgmma": ("WgmmaMatmulTemplate", ("matmul_wgmma",)),
+    "fastdlight.schedules.wgmma.template": ("WgmmaMatmulTemplate", ("matmul_wgmma",)),
 }
 #: kinds the fallback must not stand in for: stock Dlight is Dlight's schedule or nothing, and a
 #: wgmma config that the wgmma template refuses would otherwise be built as something else, and a

@@ -15,8 +15,8 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import (
+from fastdlight.config import Config
+from fastdlight.schedules.base import (
     MAX_THREADS,
     ScheduleTemplate,
     bind_block_threads,

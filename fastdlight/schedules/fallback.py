@@ -12,8 +12,8 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import MAX_THREADS, ScheduleTemplate, inline_injective, prepare
+from fastdlight.config import Config
+from fastdlight.schedules.base import MAX_THREADS, ScheduleTemplate, inline_injective, prepare
 
 
 class FallbackTemplate(ScheduleTemplate):

@@ -17,8 +17,8 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import (
+from fastdlight.config import Config
+from fastdlight.schedules.base import (
     MAX_THREADS,
     ScheduleTemplate,
     config_fits_axes,
@@ -26,7 +26,7 @@ from .base import (
     inline_injective,
     prepare,
 )
-from .reduction import output_epilogue, schedule_inner_reduction, schedule_outer_reduction
+from fastdlight.schedules.reduction import output_epilogue, schedule_inner_reduction, schedule_outer_reduction
 
 #: largest batch handled as "low batch"; beyond it a matmul template is the right tool
 MAX_BATCH = 16

@@ -18,8 +18,8 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import (
+from fastdlight.config import Config
+from fastdlight.schedules.base import (
     MAX_THREADS,
     buffers_indexed_innermost_by,
     ScheduleTemplate,

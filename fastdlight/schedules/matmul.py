@@ -46,8 +46,8 @@ import math
 import tvm
 from tvm import s_tir, tirx
 
-from fastdlight.policies.analysis import block_axes, output_block
-from fastdlight.policies.config import Config
+from fastdlight.analysis.func_info import block_axes, output_block
+from fastdlight.config import Config
 
 from fastdlight.schedules.base import ScheduleTemplate, root_block
 

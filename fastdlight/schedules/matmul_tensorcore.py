@@ -14,7 +14,7 @@ Kernel structure for a ``matmul_tc`` config (block (bm, bn), warp (wm, wn), rste
   elementwise blocks that follow the matmul (bias, activation, cast) inlined into that copy.
   The staging tile reuses the pipeline's shared memory (TVM merges ``shared.dyn`` buffers).
 
-Builds need ``fastdlight.tune.compile``'s PASS_CONFIG (cp.async, no TIR CSE) and its
+Builds need ``fastdlight.compiler.compile``'s PASS_CONFIG (cp.async, no TIR CSE) and its
 LowerWarpMemory fix (TVM 0.27 lowers only the first warp buffer of a scope): otherwise the
 fragments end up in local memory (``bytes stack frame`` in the ptxas report).
 
@@ -41,9 +41,9 @@ from tvm.s_tir.dlight.gpu.matmul import (
     make_iter_fusion_index_map,
 )
 
-from ..policies.config import Config
-from ..policies.tensorcore import (
-    NBYTES,
+from fastdlight.config import Config
+from fastdlight.analysis.dtypes import NBYTES
+from fastdlight.policies.tensorcore import (
     SUPPORTED_MMA,
     MatmulMatch,
     intrin_group,
@@ -52,9 +52,9 @@ from ..policies.tensorcore import (
     whole_step_fragments,
 )
 
-from . import intrinsics
-from .base import MAX_VECTOR_BITS, ScheduleTemplate, expr_bits
-from .split_k import schedule_partial_sum, split_axis, split_reduction
+from fastdlight.schedules import intrinsics
+from fastdlight.schedules.base import MAX_VECTOR_BITS, ScheduleTemplate, expr_bits
+from fastdlight.schedules.split_k import schedule_partial_sum, split_axis, split_reduction
 
 WARP = 32
 VECTOR_BYTES = 16  # cp.async / LDG.128 / STS.128

@@ -10,8 +10,8 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import ScheduleTemplate
+from fastdlight.config import Config
+from fastdlight.schedules.base import ScheduleTemplate
 
 
 def trace_text(trace) -> str:
@@ -27,7 +27,7 @@ class MetaScheduleRecordTemplate(ScheduleTemplate):
         if config.kind != "ms_record":
             return None
         if "tensorize" in config.trace:  # the record may use our mma intrinsics besides TVM's
-            from .matmul_tensorcore import register_intrinsics
+            from fastdlight.schedules.matmul_tensorcore import register_intrinsics
 
             register_intrinsics()
         sch = s_tir.Schedule(func)

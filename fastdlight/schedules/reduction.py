@@ -24,8 +24,8 @@ import math
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..policies.config import Config
-from .base import (
+from fastdlight.config import Config
+from fastdlight.schedules.base import (
     MAX_THREADS,
     ScheduleTemplate,
     config_fits_axes,

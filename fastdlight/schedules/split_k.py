@@ -16,8 +16,8 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..policies.matmul_match import MatmulMatch, block_realize, split_axis
-from .base import root_block
+from fastdlight.analysis.matmul_match import MatmulMatch, block_realize, split_axis
+from fastdlight.schedules.base import root_block
 
 #: threads per block of the kernel that adds the partial sums
 SUM_THREADS = 128

@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..policies.prepare import scalar_dtype
+from fastdlight.analysis.prepare import scalar_dtype
 
 
 
@@ -41,7 +41,7 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config
     trace = getattr(scheduled, "trace", None)
     if trace is None:
         if config is not None and config.kind == "matmul_wgmma":
-            from .matmul_wgmma import symbolic_kernel
+            from fastdlight.schedules.wgmma.template import symbolic_kernel
 
             return symbolic_kernel(symbolic, static, config, num_sms)
         return None

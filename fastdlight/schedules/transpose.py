@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from tvm import DataType, s_tir, tirx
 
-from ..policies.config import Config
-from .base import MAX_THREADS, ScheduleTemplate, cooperative_fetch, inline_injective, iter_loops, prepare
+from fastdlight.config import Config
+from fastdlight.schedules.base import (
+    MAX_THREADS,
+    ScheduleTemplate,
+    cooperative_fetch,
+    inline_injective,
+    iter_loops,
+    prepare,
+)
 
 #: the stride the output walks in shared memory: a multiple of 128 bytes plus this many
 PAD_BYTES = 4

@@ -9,8 +9,9 @@ from tvm import te, tirx
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.policies import Config, DefaultPolicy
-from fastdlight.policies.analysis import analyze
+from fastdlight.config import Config
+from fastdlight.policies import DefaultPolicy
+from fastdlight.analysis.func_info import analyze
 from fastdlight.policies.roller import candidate_sizes
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -275,8 +276,8 @@ def _conv2d_nchw(n=16, c=512, hw=7, k=512):
 def test_nchw_convolution_gets_configs_with_channels_and_width_as_the_micro_axes():
     """ResNet's last stage in NCHW: output [16, 512, 7, 7]. The micro tile goes on the output
     channels (GEMM N, the weight's) and the width (GEMM M, the data's), not on 7 x 7."""
-    from fastdlight.tune.options import TuneOptions
-    from fastdlight.tune.runner import apply_and_build
+    from fastdlight.search.options import TuneOptions
+    from fastdlight.search.runner import apply_and_build
 
     func = _conv2d_nchw()
     policy = DefaultPolicy(func, H100)

@@ -6,7 +6,7 @@ from fastdlight import ops
 from fastdlight.arch import CUDA
 from fastdlight.policies.tensorcore import (
     TensorCorePolicy,
-    _Candidate,
+    TileCandidate,
     get_tensorized_func_and_tags,
     tensorcore_tags,
 )
@@ -146,7 +146,7 @@ def test_policy_4096_nt_h100():
         assert c.rstep[0] % 16 == 0 and c.rstep[0] >= 32
         assert 2 <= c.pipeline_stages <= 4 and c.use_async_copy
         assert c.num_threads % 32 == 0 and 2 <= c.num_warps <= 8
-        cand = _Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)
+        cand = TileCandidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)
         assert policy.smem_bytes(cand) <= arch.smem_per_block_optin
         assert policy.registers(cand) <= 255
     # 128 MB of operands+output overflow the 50 MB L2: the launch order is swizzled
@@ -159,20 +159,20 @@ def test_smem_counts_stages_and_optin_limit():
     # fp16 accumulators make the A/B pipeline (not the accumulator staging) the larger buffer
     h100 = _policy(H100, out="float16")
     a100 = _policy(A100, out="float16")
-    deep, shallow = _Candidate(128, 256, 64, 64, 64, 4), _Candidate(128, 256, 64, 64, 64, 2)
+    deep, shallow = TileCandidate(128, 256, 64, 64, 64, 4), TileCandidate(128, 256, 64, 64, 64, 2)
     assert h100.smem_bytes(deep) == 4 * (128 + 256) * 64 * 2
     assert h100.smem_bytes(deep) == 2 * h100.smem_bytes(shallow)
     # 192 KB: above the A100's 163 KB opt-in limit, below the H100's 227 KB
     assert h100.fits(deep) and not a100.fits(deep)
     assert a100.fits(shallow)
-    assert all(a100.smem_bytes(_Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)) <= 163 * 1024
+    assert all(a100.smem_bytes(TileCandidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages)) <= 163 * 1024
                for c in a100.emit_config(50))  # fmt: skip
 
 
 def test_registers_limit_warp_tiles():
     policy = _policy(H100)
-    assert not policy.fits(_Candidate(128, 256, 64, 128, 32, 3))  # 256 fp32 accumulators a thread
-    assert policy.fits(_Candidate(128, 256, 64, 64, 32, 3))
+    assert not policy.fits(TileCandidate(128, 256, 64, 128, 32, 3))  # 256 fp32 accumulators a thread
+    assert policy.fits(TileCandidate(128, 256, 64, 64, 32, 3))
 
 
 def test_a100_and_h100_differ():
@@ -211,12 +211,12 @@ def test_split_k_where_the_tiles_fill_less_than_a_wave():
     for c in split:
         grid = -(-16 // c.block[0]) * -(-4096 // c.block[1])
         assert 11008 % c.split_k == 0 and (11008 // c.split_k) % 16 == 0
-        assert grid < policy.arch.sm_count * policy.blocks_per_sm(_Candidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages))
+        assert grid < policy.arch.sm_count * policy.blocks_per_sm(TileCandidate(*c.block, *c.warp, c.rstep[0], c.pipeline_stages))
         assert f"split_k={c.split_k}" in repr(c)
     # a split candidate costs its slices' fewer K-steps plus the partial sums' kernel
-    whole = _Candidate(16, 128, 16, 64, 64, 4)
-    assert policy.cost(_Candidate(16, 128, 16, 64, 64, 4, splits=4)) < policy.cost(whole)
-    assert policy.split_sum_cost(_Candidate(16, 128, 16, 64, 64, 4, splits=4)) > 0 == policy.split_sum_cost(whole)
+    whole = TileCandidate(16, 128, 16, 64, 64, 4)
+    assert policy.cost(TileCandidate(16, 128, 16, 64, 64, 4, splits=4)) < policy.cost(whole)
+    assert policy.split_sum_cost(TileCandidate(16, 128, 16, 64, 64, 4, splits=4)) > 0 == policy.split_sum_cost(whole)
     assert not any(c.split_k > 1 for c in _policy(H100).emit_config(20))
 
 

@@ -9,9 +9,9 @@ import tvm
 from fastdlight import ops
 from fastdlight.arch import CUDA
 from fastdlight.policies.wgmma import WgmmaPolicy, wgmma_eligible
-from fastdlight.policies.wgmma_match import match_wgmma
-from fastdlight.schedules.matmul_wgmma import Plan, config_fits
-from fastdlight.tune.candidates import candidate_sets
+from fastdlight.analysis.wgmma_match import match_wgmma
+from fastdlight.schedules.wgmma.template import Plan, config_fits
+from fastdlight.policies.select import candidate_sets
 
 H100 = CUDA("nvidia/nvidia-h100")  # sm_90a
 
@@ -156,11 +156,11 @@ def test_rasterization_groups_span_the_same_m_tiles_with_or_without_a_cluster_al
 
 
 def test_the_estimate_orders_8192_cubed_tiles_as_they_ran():
-    """8192³ NT on an H100 (session 20 run 2), at one clock: 128x192 and 128x256 1.605 ms,
+    """8192³ NT on an H100 (2026-11-27), at one clock: 128x192 and 128x256 1.605 ms,
     192x192 1.701 (its 1849 tiles leave one for a fifteenth wave). Counted L2-bound (2.5x DRAM
     bandwidth), the two-warpgroup tiles estimated behind 192x192; shared memory (128 bytes a
     cycle) binds the tall 256x128 and the small tiles instead. (256x128 ran 1.611 ms there: the
-    estimate puts it behind 192x192, the one tile of run 2 it misplaces.)"""
+    estimate puts it behind 192x192, the one tile of that run it misplaces.)"""
     from fastdlight.policies import wgmma
 
     policy = WgmmaPolicy(gemm(8192, 8192, 8192, layout="NT"), H100)

@@ -9,7 +9,7 @@ from tvm import relax
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma_match import match_wgmma
+from fastdlight.analysis.wgmma_match import match_wgmma
 from fastdlight.relax import prepare
 from fastdlight.relax.aligned import aligned_extent, tma_aligned_matmuls
 from fastdlight.relax.pipeline import prim_funcs

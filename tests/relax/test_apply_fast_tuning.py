@@ -12,9 +12,9 @@ from tvm.script import relax as R
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.tune import candidates
-from fastdlight.tune.compile import compile_cubin, cuda_source
-from fastdlight.tune.database import TuningDatabase
+from fastdlight.search import candidates
+from fastdlight.compiler.compile import compile_cubin, cuda_source
+from fastdlight.search.database import TuningDatabase
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -128,7 +128,7 @@ def test_a_symbolic_function_gets_a_dispatcher_at_default_values():
 
 def test_a_function_nothing_can_schedule_is_left_with_a_warning(monkeypatch):
     from fastdlight.relax import apply_fast_tuning
-    from fastdlight.tune.runner import TuningError
+    from fastdlight.search.runner import TuningError
 
     def nothing(*_args, **_kwargs):
         raise TuningError("no candidate could be used (3 tried, none compiled)")
@@ -204,8 +204,9 @@ def test_a_sibling_with_the_same_matmul_is_tuned_after_it_from_its_best_configs(
 
 
 def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
-    from fastdlight.policies.config import Config
-    from fastdlight.tune.candidates import SEEDED_OWN_TOP, CandidateSet, seeded
+    from fastdlight.config import Config
+    from fastdlight.search.candidates import SEEDED_OWN_TOP, seeded
+    from fastdlight.policies.select import CandidateSet
 
     own = tuple(Config("matmul_tc", block=(64 * (i + 1), 64), warp=(32, 32), rstep=(32,)) for i in range(8))
     stock = Config("dlight", (), arch="sm_90a")

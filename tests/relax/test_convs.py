@@ -14,8 +14,9 @@ from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.convs import im2col_convs, rewritable
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.schedules import apply_config
-from fastdlight.tune.candidates import candidate_sets, stock_configs
-from fastdlight.tune.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.search.candidates import stock_configs
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
 H100 = CUDA("nvidia/nvidia-h100")
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

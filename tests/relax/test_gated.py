@@ -10,11 +10,11 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from fastdlight.arch import CUDA
-from fastdlight.policies.matmul_match import match_matmul
+from fastdlight.analysis.matmul_match import match_matmul
 from fastdlight.relax import prepare
 from fastdlight.relax.gated import PAIR_COLUMNS, gated_projections, interleave
 from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.tune.candidates import candidate_sets
+from fastdlight.policies.select import candidate_sets
 from test_pipeline import run_on_cpu
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -71,7 +71,7 @@ def test_gate_and_up_become_one_gemm_with_the_same_values(silu_op, dtype):
 
 def test_bf16_weights_are_interleaved_too_and_compile_on_wgmma():
     from fastdlight.schedules import apply_config
-    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
     rewritten = gated_projections()(gated_mlp(dtype="bfloat16"))
     assert str(rewritten["main"]).count("R.call_tir") == 1 and "R.matmul" not in str(rewritten["main"])
@@ -92,8 +92,9 @@ def test_left_alone_where_it_does_not_apply():
 
 def test_only_the_wgmma_template_takes_the_pairs_and_its_kernel_compiles():
     from fastdlight.schedules import apply_config
-    from fastdlight.tune.candidates import candidate_sets, stock_configs
-    from fastdlight.tune.compile import build, compile_cubin, cuda_source
+    from fastdlight.policies.select import candidate_sets
+    from fastdlight.search.candidates import stock_configs
+    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
     (name, func), = prim_funcs(prepare(H100.target)(gated_mlp())).items()
     assert "gated" in name

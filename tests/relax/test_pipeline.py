@@ -16,7 +16,7 @@ import fastdlight
 from fastdlight.arch import CUDA
 from fastdlight.relax import apply_fast_tuning, for_inference, lowering, prepare
 from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.tune.compile import cuda_source
+from fastdlight.compiler.compile import cuda_source
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -328,8 +328,8 @@ def test_a_causal_mask_is_computed_from_the_indices_with_the_same_values():
 
 def test_the_causal_scores_stay_on_the_wgmma_template_with_nothing_but_the_operands_to_read():
     from fastdlight.schedules import apply_config
-    from fastdlight.tune.candidates import candidate_sets
-    from fastdlight.tune.compile import build, compile_cubin
+    from fastdlight.policies.select import candidate_sets
+    from fastdlight.compiler.compile import build, compile_cubin
 
     mod = prepare(H100.target)(causal_attention(np.triu(np.full((128, 128), -1e4, "float16"), 1)))
     (name, func), = [(n, f) for n, f in prim_funcs(mod).items() if n.startswith("fused_matmul")]

@@ -14,13 +14,13 @@ from tvm.script import tirx as T
 
 from fastdlight.arch import CUDA
 from fastdlight.policies.wgmma import WgmmaPolicy
-from fastdlight.policies.wgmma_match import match_wgmma
+from fastdlight.analysis.wgmma_match import match_wgmma
 from fastdlight.relax import prepare
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax.views import fold_view, view_of
 from fastdlight.schedules import apply_config
-from fastdlight.tune.candidates import candidate_sets
-from fastdlight.tune.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from test_pipeline import run_on_cpu
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -175,7 +175,7 @@ def test_every_config_of_the_folded_matmuls_is_correct_on_the_gpu(prepared):
     """Each matmul reading Q, K, V or the heads' outputs in place, every config the policy
     emits (clusters included), against the function itself widened to float64."""
     from fastdlight.arch import auto_arch
-    from fastdlight.tune.runner import apply_and_build
+    from fastdlight.search.runner import apply_and_build
 
     arch = auto_arch()
     if not arch.has_wgmma:

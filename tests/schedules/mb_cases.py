@@ -11,7 +11,7 @@ import numpy as np
 from tvm import te
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 
 
 def gemv_acc32(n: int, k: int, m: int = 1) -> ops.Op:

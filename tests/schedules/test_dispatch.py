@@ -8,7 +8,7 @@ import types
 import pytest
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules import (
     IMPORT_ERRORS,
     ScheduleError,
@@ -19,7 +19,7 @@ from fastdlight.schedules import (
     templates_for,
 )
 from fastdlight.schedules import dispatch as dispatch_mod
-from fastdlight.tune.compile import compile_mod_to_cubin
+from fastdlight.compiler.compile import compile_mod_to_cubin
 
 EW = Config("elementwise", block=(2, 256), thread=(1, 8))
 RED = Config("reduction", block=(4,), thread=(1,), rstep=(256,), reduce_thread=(32,))

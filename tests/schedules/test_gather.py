@@ -9,12 +9,12 @@ from tvm import te
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.policies.analysis import analyze
+from fastdlight.analysis.func_info import analyze
 from fastdlight.policies.gather import gather_configs, is_gather
 from fastdlight.relax.convs import im2col
 from fastdlight.schedules import dispatch_config
-from fastdlight.tune.candidates import candidate_sets
-from fastdlight.tune.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
 H100 = CUDA("nvidia/nvidia-h100")
 

@@ -4,7 +4,7 @@ import pytest
 from gpu_util import check_configs
 from test_gather import STEMS, im2col_op
 
-from fastdlight.policies.analysis import analyze
+from fastdlight.analysis.func_info import analyze
 from fastdlight.policies.gather import gather_configs
 
 pytestmark = pytest.mark.gpu

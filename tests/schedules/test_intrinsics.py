@@ -13,9 +13,9 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import TensorIntrin
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules import intrinsics
-from fastdlight.tune import build_task
+from fastdlight.compiler import build_task
 build_task.init_worker(cuda_only=True)
 build_task.import_tensor_intrinsics()
 has = lambda name: TensorIntrin.get(name, allow_missing=True) is not None
@@ -45,7 +45,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import TensorIntrin
 from fastdlight.schedules import intrinsics
-from fastdlight.tune import build_task
+from fastdlight.compiler import build_task
 build_task.import_tensor_intrinsics()  # not a build worker: TVM's module as is
 names = ["mma_f16f16f32_trans_b", "mma_ldmatrix_f16_a_dyn", "wmma_sync_16x16x16_f16f16f32_trans"]
 print(json.dumps({"deferred": len(intrinsics.deferred()),

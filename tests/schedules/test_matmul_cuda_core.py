@@ -12,9 +12,9 @@ import pytest
 from tvm import te, tirx
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules.matmul import MatmulTemplate
-from fastdlight.tune.compile import COMPILER_ENV, compile_mod_to_cubin
+from fastdlight.compiler.compile import COMPILER_ENV, compile_mod_to_cubin
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
 
@@ -215,7 +215,7 @@ def test_an_nchw_resnet_layer_with_batch_norm_schedules_on_cuda_cores():
     from fastdlight.relax import for_inference, prepare
     from fastdlight.relax.pipeline import prim_funcs
     from fastdlight.schedules import dispatch_config
-    from fastdlight.tune.candidates import candidate_sets
+    from fastdlight.policies.select import candidate_sets
 
     arch = CUDA(H100)
     fixture = pathlib.Path(__file__).parents[1] / "relax" / "fixtures" / "resnet18_nchw_b16.py"

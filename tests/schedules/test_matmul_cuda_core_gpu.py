@@ -9,9 +9,9 @@ import pytest
 from tvm import te, tirx
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules.matmul import MatmulTemplate
-from fastdlight.tune.compile import build
+from fastdlight.compiler.compile import build
 
 pytestmark = pytest.mark.gpu
 

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.schedules.matmul_tensorcore import TensorCoreMatmulTemplate, register_intrinsics
-from fastdlight.tune.compile import build, compile_cubin, cuda_source
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
 TEMPLATE = TensorCoreMatmulTemplate()

@@ -4,7 +4,7 @@ do split-K configs (decode shapes, an epilogue, padded slices, batches, a deep c
 Each case builds the top configs of TensorCorePolicy for the live GPU with the tensor-core
 template only (no fallback), in parallel worker processes, then runs every one on random inputs
 with NaN/sentinel-poisoned outputs and compares with the float64 numpy reference: relative norm
-error within ``fastdlight.tune.measure.tolerance`` (1e-2-scale for fp16 inputs), exact for int8.
+error within ``fastdlight.measure.timing.tolerance`` (1e-2-scale for fp16 inputs), exact for int8.
 """
 
 import pytest
@@ -13,7 +13,7 @@ from fastdlight import ops
 from fastdlight.arch import auto_arch
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore
-from fastdlight.tune.runner import apply_and_build
+from fastdlight.search.runner import apply_and_build
 
 pytestmark = pytest.mark.gpu
 
@@ -73,7 +73,7 @@ def test_top5_configs_correct(name):
 
 
 def _split(block, warp, rstep, split_k, stages=3):
-    from fastdlight.policies.config import Config
+    from fastdlight.config import Config
 
     return Config("matmul_tc", block=block, warp=warp, rstep=(rstep,), pipeline_stages=stages, use_async_copy=True,
                   split_k=split_k)

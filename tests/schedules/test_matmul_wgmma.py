@@ -11,14 +11,14 @@ import tvm
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.schedules import apply_config
-from fastdlight.schedules.matmul_wgmma import Plan
-from fastdlight.schedules.wgmma_epilogue import Epilogue, extract_epilogue
-from fastdlight.schedules.wgmma_tma import operands
-from fastdlight.policies.wgmma_match import match_wgmma
-from fastdlight.tune.compile import build, compile_cubin, cuda_source, tir_pipeline
+from fastdlight.schedules.wgmma.template import Plan
+from fastdlight.schedules.wgmma.epilogue import Epilogue, extract_epilogue
+from fastdlight.schedules.wgmma.tma import operands
+from fastdlight.analysis.wgmma_match import match_wgmma
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source, tir_pipeline
 
 H100 = CUDA("nvidia/nvidia-h100")
 FIXTURES = pathlib.Path(__file__).parents[1] / "relax" / "fixtures"
@@ -227,8 +227,8 @@ def test_epilogue_reads_of_other_inputs_are_prefetched_into_registers_within_the
     """A gate tensor (one value per output) is loaded in pairs before the main loop, in full
     where it fits beside the accumulators and as a ring of chunks where it does not; a fp32
     bias (one value per column) takes 8-byte loads when room is left; all without spills."""
-    from fastdlight.schedules.matmul_wgmma import Plan
-    from fastdlight.schedules.wgmma_epilogue import MAX_LIVE_REGS
+    from fastdlight.schedules.wgmma.template import Plan
+    from fastdlight.schedules.wgmma.epilogue import MAX_LIVE_REGS
 
     op = ops.matmul_gated(1000, 520, 264, "bfloat16")
     match = match_wgmma(op.func)[0]
@@ -277,7 +277,7 @@ def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():
     """An NHWC/OHWI convolution is an implicit GEMM: the input read as 4-D TMA boxes (the
     convolution's stride as the element stride), the weights as a 2-D K-major B, the output
     stored as 4-D boxes; the 3-channel stem and HWIO weights are refused with the reason."""
-    from fastdlight.policies.wgmma_conv import ConvGeometry
+    from fastdlight.analysis.wgmma_conv import ConvGeometry
 
     op = ops.conv2d_nhwc_ohwi(2, 30, 30, 64, 128, 3, 2, 1)
     match, _ = match_wgmma(op.func)

@@ -7,9 +7,9 @@ import pytest
 
 from fastdlight import ops
 from fastdlight.arch import auto_arch, has_gpu
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
-from fastdlight.tune.runner import apply_and_build
+from fastdlight.search.runner import apply_and_build
 
 pytestmark = pytest.mark.gpu
 

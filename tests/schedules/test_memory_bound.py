@@ -11,10 +11,10 @@ from mb_cases import CASES, Case, case_ids
 from tvm import tirx
 
 from fastdlight import ops
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules import dispatch_config
 from fastdlight.schedules.base import legal_vector, prepare, tile_spatial
-from fastdlight.tune.compile import build, compile_cubin, compile_mod_to_cubin, cuda_source
+from fastdlight.compiler.compile import build, compile_cubin, compile_mod_to_cubin, cuda_source
 
 TARGETS = ["nvidia/nvidia-h100", "nvidia/nvidia-a100"]
 

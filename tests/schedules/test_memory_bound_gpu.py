@@ -8,10 +8,10 @@ import pytest
 from gpu_util import run_and_check
 from mb_cases import CASES, case_ids
 
-from fastdlight.policies.config import Config
+from fastdlight.config import Config
 from fastdlight.schedules import dispatch_config
 from fastdlight.schedules.fallback import FallbackTemplate
-from fastdlight.tune.compile import build
+from fastdlight.compiler.compile import build
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ import pytest
 from gpu_util import check_configs
 
 from fastdlight import ops
-from fastdlight.policies.analysis import analyze
+from fastdlight.analysis.func_info import analyze
 from fastdlight.policies.transpose import transpose_configs
 
 pytestmark = pytest.mark.gpu

@@ -1,0 +1,288 @@
+"""Turning a scheduled IRModule into CUDA source and a real cubin.
+
+Without a GPU driver, ``tvm.compile`` silently returns a module holding only CUDA *source*
+(nothing went through nvcc), so "it compiled" must be checked by compiling that source
+ourselves. :func:`compile_cubin` is the one place that does it; tests and the compile-only
+mode of ``apply_and_build`` both use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm.target import Target
+
+from fastdlight.compiler import nvrtc
+
+#: PassContext options every fastdlight build uses (cp.async lowering needs the first one;
+#: CSE would hoist ``threadIdx.x * 8`` out of tensor-core fragment offsets, and LowerWarpMemory
+#: then cannot find the lane coefficient of ldmatrix/mma warp buffers).
+PASS_CONFIG = {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True}
+
+
+def _lower_every_warp_buffer() -> None:
+    """Work around a TVM 0.27 bug: ``tirx.transform.LowerWarpMemory`` rewrites only the *first*
+    warp-scope allocation of each statement sequence (it stops after one), so the other
+    tensor-core fragments (ldmatrix/mma ``warp`` buffers) stay 32x too large in local memory.
+    Re-run the original pass until the module stops changing (a no-op without warp buffers)."""
+    transform = tvm.tirx.transform
+    original = getattr(transform.LowerWarpMemory, "fastdlight_original", transform.LowerWarpMemory)
+
+    @tvm.transform.module_pass(opt_level=0, name="tirx.LowerWarpMemoryAll")
+    def lower_all(mod, _ctx):
+        for _ in range(16):
+            lowered = original()(mod)
+            if tvm_ffi.structural_equal(lowered, mod):
+                break
+            mod = lowered
+        return mod
+
+    def LowerWarpMemory():  # noqa: N802 - same name as the TVM pass it replaces
+        return lower_all
+
+    LowerWarpMemory.fastdlight_original = original
+    transform.LowerWarpMemory = LowerWarpMemory
+
+
+_lower_every_warp_buffer()
+
+
+class CompileError(RuntimeError):
+    """nvcc/ptxas rejected a kernel; the message carries the compiler's log."""
+
+
+@dataclass
+class Cubin:
+    binary: bytes
+    registers: int  # per thread, max over kernels
+    spill_bytes: int  # spill stores + loads, summed over kernels
+    shared_bytes: int  # static shared memory, max over kernels
+    log: str
+
+
+def as_target(target) -> Target:
+    return target if isinstance(target, Target) else Target(target)
+
+
+def nvcc_arch(target) -> str:
+    """The ``sm_XY[a]`` string nvcc should build for."""
+    arch = str(as_target(target).attrs.get("arch", ""))
+    if not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise ValueError(f"target {target} has no usable CUDA arch (got {arch!r})")
+    return arch
+
+
+def build(mod: tvm.IRModule, target) -> tvm.runtime.Module:
+    """``tvm.compile`` with fastdlight's pass config. On a machine with a GPU driver the result
+    is runnable; without one it only carries CUDA source (see module docstring)."""
+    target = as_target(target)
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(mod))
+
+
+#: attribute of a PrimFunc written in TIRx (a hand-built kernel such as the wgmma template's)
+TIRX_KERNEL = "tirx.kernel"
+#: the TIR pipeline that lowers each PrimFunc of a module with the pipeline it was written for
+HYBRID_PIPELINE = "fastdlight.hybrid"
+
+
+def is_tirx_kernel(func) -> bool:
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and bool(attrs.get(TIRX_KERNEL, False))
+
+
+def is_dispatcher(func) -> bool:
+    """A dispatcher of ``schedules.symbolic``: its branches are lowered up to the host/device split."""
+    from fastdlight.schedules.symbolic import DISPATCHER
+
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and DISPATCHER in attrs
+
+
+def tir_pipeline(mod: tvm.IRModule) -> str:
+    """``"tirx"`` for a module of TIRx kernels only, TVM's default for scheduled (s_tir)
+    functions only, else the hybrid pipeline, which lowers each function with its own: TVM's
+    s_tir pipeline cannot lower a TIRx kernel, the TIRx pipeline cannot lower s_tir blocks, and a
+    dispatcher (its branches lowered each by its own, up to the split) needs only the rest."""
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if not any(is_tirx_kernel(f) or is_dispatcher(f) for f in funcs):
+        return "default"
+    from fastdlight.schedules.wgmma.template import register_codegen_fixes
+
+    register_codegen_fixes()  # a kernel may come from a database record, never built here
+    if all(is_tirx_kernel(f) for f in funcs) and len(funcs) == len(list(mod.functions_items())):
+        return "tirx"
+    _register_hybrid_pipeline()
+    return HYBRID_PIPELINE
+
+
+def _register_hybrid_pipeline() -> None:
+    from tvm.s_tir import pipeline as _s_tir  # noqa: F401 - registers "s_tir"
+    from tvm.tirx import compilation_pipeline as cp
+
+    if HYBRID_PIPELINE in cp.PIPELINE_MAP:
+        return
+
+    def hybrid():
+        tirx_pass, _, _ = cp.get_tir_pipeline("tirx")
+        s_tir_pass, finalize_host, finalize_device = cp.get_tir_pipeline("s_tir")
+
+        @tvm.transform.module_pass(opt_level=0, name="fastdlight.HybridTIRPipeline")
+        def lower(mod, _ctx):
+            groups = {"tirx": {}, "dispatcher": {}, "s_tir": {}}
+            for gvar, func in mod.functions_items():
+                kind = "tirx" if is_tirx_kernel(func) else "dispatcher" if is_dispatcher(func) else "s_tir"
+                groups[kind][gvar] = func
+            out = tvm.IRModule(attrs=mod.attrs)
+            for kind, run in (("tirx", tirx_pass), ("dispatcher", _after_split()), ("s_tir", s_tir_pass)):
+                if groups[kind]:
+                    out.update(run(tvm.IRModule(groups[kind], attrs=mod.attrs)))
+            return out
+
+        return lower, finalize_host, finalize_device
+
+    cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
+
+
+def _pipeline_passes(kind: str) -> list:
+    """The passes TVM's ``kind`` ("s_tir" or "tirx") pipeline would run under the current
+    PassContext, in order: its pipeline function builds the list and runs it through
+    ``Sequential``, so it is called with a ``Sequential`` that records the list instead."""
+    from tvm.s_tir import pipeline as s_tir_pipeline
+    from tvm.tirx import compilation_pipeline as cp
+
+    make = s_tir_pipeline.default_s_tir_pipeline if kind == "s_tir" else cp.tirx_pipeline
+    recorded = []
+
+    class _Record:
+        def __init__(self, passes):
+            recorded.extend(passes)
+
+        def __call__(self, mod):
+            return mod
+
+    original = tvm.ir.transform.Sequential
+    tvm.ir.transform.Sequential = _Record
+    try:
+        make()[0](tvm.IRModule())
+    finally:
+        tvm.ir.transform.Sequential = original
+    return recorded
+
+
+def _split_at(passes: list) -> int:
+    return next(i for i, p in enumerate(passes) if p.info.name.rsplit(".", 1)[-1] == "SplitHostDevice")
+
+
+def _after_split() -> tvm.transform.Pass:
+    passes = _pipeline_passes("tirx")  # SplitHostDevice, LowerIket, MakePackedAPI, storage legalization
+    return tvm.transform.Sequential(passes[_split_at(passes):])
+
+
+def pre_lower(func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc:
+    """``func`` through its own pipeline (TIRx or s_tir) up to the host/device split, for a
+    dispatcher branch: kernels under host conditions lower only this way (the s_tir pipeline's
+    barrier planning refuses a kernel inside a condition; the TIRx one cannot lower blocks)."""
+    target = as_target(target)
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        passes = _pipeline_passes("tirx" if is_tirx_kernel(func) else "s_tir")
+        mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"main": func}))
+        return tvm.transform.Sequential(passes[: _split_at(passes)])(mod)["main"]
+
+
+def cuda_source(built) -> str:
+    """The CUDA source of a module returned by :func:`build` (a Relax VM executable nests the
+    device module one level deeper: imports are searched breadth-first)."""
+    todo = [getattr(built, "mod", built)]
+    for m in todo:
+        todo.extend(m.imports)
+        try:
+            src = m.inspect_source()
+        except Exception:  # noqa: BLE001 - host/LLVM modules carry no CUDA source
+            continue
+        if "__global__" in src:
+            return src
+    raise ValueError("built module carries no CUDA source")
+
+
+#: ``FASTDLIGHT_CUDA_COMPILER``: ``nvrtc``, ``nvcc``, or unset (NVRTC where it is installed)
+COMPILER_ENV = "FASTDLIGHT_CUDA_COMPILER"
+
+
+def cuda_compiler() -> str:
+    """``"nvrtc"`` or ``"nvcc"``: NVRTC (headers parsed once per process, :mod:`.nvrtc`) where
+    it is installed, unless :data:`COMPILER_ENV` asks for nvcc."""
+    asked = os.environ.get(COMPILER_ENV, "").strip().lower()
+    if asked not in ("", "nvrtc", "nvcc"):
+        raise CompileError(f"{COMPILER_ENV}={asked!r}: expected 'nvrtc' or 'nvcc'")
+    if asked == "nvcc":
+        return "nvcc"
+    reason = nvrtc.unavailable_reason()
+    if reason and asked == "nvrtc":
+        raise CompileError(f"{COMPILER_ENV}=nvrtc, but NVRTC cannot be used: {reason}")
+    return "nvcc" if reason else "nvrtc"
+
+
+#: the first line of the log of a cubin that nvcc compiled after NVRTC had rejected its source
+NVRTC_REJECTED = "NVRTC rejected this source; nvcc compiled it. NVRTC said:"
+
+
+def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
+    """Compile CUDA ``source`` to a cubin for ``target``'s arch, parse ptxas' resource report,
+    and raise :class:`CompileError` (with the log) when it does not compile. NVRTC first where
+    :func:`cuda_compiler` picks it; a source it rejects gets nvcc's verdict too."""
+    arch = nvcc_arch(target)
+    if cuda_compiler() == "nvrtc":
+        try:
+            return _cubin(*nvrtc.compile_source(source, arch))
+        except nvrtc.NvrtcError as e:
+            cubin = _nvcc_cubin(source, arch, timeout)
+            return dataclasses.replace(cubin, log=f"{NVRTC_REJECTED}\n{str(e)[-2000:]}\n{cubin.log}")
+    return _nvcc_cubin(source, arch, timeout)
+
+
+def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    digits = arch[3:]
+    with tempfile.TemporaryDirectory(prefix="fastdlight_") as tmp:
+        src_path = os.path.join(tmp, "kernel.cu")
+        out_path = os.path.join(tmp, "kernel.cubin")
+        with open(src_path, "w") as f:
+            f.write(source)
+        cmd = [
+            nvcc, "--cubin", "-O3", f"-gencode=arch=compute_{digits},code=sm_{digits}",
+            "-Xptxas=-v", *nvrtc.LANGUAGE_FLAGS, "-diag-suppress=177,550", "-o", out_path, src_path,
+        ]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError as e:
+            raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME") from e
+        except subprocess.TimeoutExpired as e:
+            raise CompileError(f"nvcc timed out after {timeout:.0f} s") from e
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed for {arch}:\n{log[-4000:]}")
+        with open(out_path, "rb") as f:
+            return _cubin(f.read(), log)
+
+
+def _cubin(binary: bytes, log: str) -> Cubin:
+    """A cubin with the numbers of ptxas' ``-v`` report in ``log`` (nvcc's and NVRTC's alike)."""
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", log)]
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    return Cubin(binary, max(regs, default=0), sum(spills), max(smem, default=0), log)
+
+
+def compile_mod_to_cubin(mod: tvm.IRModule, target) -> tuple[str, Cubin]:
+    """Schedule → CUDA source → cubin, with no GPU needed. Returns (source, cubin)."""
+    src = cuda_source(build(mod, target))
+    return src, compile_cubin(src, target)

@@ -1,0 +1,147 @@
+"""Timing short kernels inside CUDA graphs, the same way for fastdlight's kernels and torch's.
+
+For a kernel of a few microseconds the host's launch cost decides the measurement: torch's
+eager launch path costs more CPU per call than a TVM packed call, so queued launches compare
+the launchers, not the kernels. Inside a CUDA graph both sides replay pre-recorded launches.
+
+:func:`time_graph` captures ``n`` back-to-back launches (cycling through the rotated input
+copies, so inputs stay out of L2, as in :func:`measure.time_launches`) into one graph through
+the CUDA driver API (ctypes; the tuner never imports torch), with TVM's launches sent to the
+capturing stream via ``tvm_ffi.use_raw_stream``. :func:`time_torch_graph` does the same with
+``torch.cuda.CUDAGraph``. Both replay the graph between CUDA events and report the median of
+replay time / n over at least ``budget_ms``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+
+from fastdlight.measure.cuda_events import Event, check_status, driver_library, ensure_context
+from fastdlight.measure.timing import Timing
+
+#: kernels faster than this (median of queued launches) are re-timed inside graphs
+GRAPH_BELOW_MS = 0.05
+#: a graph holds launches for at least this long (so one replay's host cost is negligible)...
+MIN_GRAPH_MS = 2.0
+#: ...and at most this many launches
+MAX_GRAPH_LAUNCHES = 2000
+#: CU_STREAM_NON_BLOCKING; CU_STREAM_CAPTURE_MODE_RELAXED (other threads may use CUDA meanwhile)
+_NON_BLOCKING, _CAPTURE_RELAXED = 1, 2
+
+
+def launches_per_graph(per_launch_ms: float, n_arg_sets: int) -> int:
+    """Enough launches to last MIN_GRAPH_MS, a whole number of rotations, at most the cap."""
+    n = max(1, math.ceil(MIN_GRAPH_MS / max(per_launch_ms, 1e-4)))
+    n = math.ceil(n / n_arg_sets) * n_arg_sets
+    return max(1, min(n, MAX_GRAPH_LAUNCHES))
+
+
+def _replays(run_once, budget_ms: float, per_replay_ms: float) -> list[float]:
+    n = max(10, int(budget_ms / max(per_replay_ms, 1e-3)))
+    return [run_once() for _ in range(min(n, 1000))]
+
+
+class _Graph:
+    """A captured driver-API graph on a stream of its own."""
+
+    def __init__(self, dev, record):
+        self.lib = driver_library()
+        ensure_context(dev.index)
+        self.dev, self.stream = dev, ctypes.c_void_p()
+        check_status(self.lib, self.lib.cuStreamCreate(ctypes.byref(self.stream), _NON_BLOCKING), "cuStreamCreate")
+        self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+        try:
+            self._capture(record)
+        except BaseException:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def _on_stream(self):
+        import tvm_ffi
+
+        with tvm_ffi.use_raw_stream(self.dev, self.stream.value):
+            yield
+
+    def _capture(self, record) -> None:
+        lib = self.lib
+        with self._on_stream():
+            record()  # warm-up outside the capture: module load, first-launch setup
+            check_status(lib, lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+            check_status(lib, lib.cuStreamBeginCapture_v2(self.stream, _CAPTURE_RELAXED), "cuStreamBeginCapture")
+            try:
+                record()
+            finally:
+                status = lib.cuStreamEndCapture(self.stream, ctypes.byref(self.graph))
+        check_status(lib, status, "cuStreamEndCapture (did every launch go to the capturing stream?)")
+        check_status(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
+               "cuGraphInstantiateWithFlags")
+
+    def replay_ms(self) -> float:
+        start, end = Event(), Event()
+        start.record(self.stream)
+        check_status(self.lib, self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+        end.record(self.stream)
+        end.synchronize()
+        return start.elapsed_ms(end)
+
+    def close(self) -> None:
+        if self.exec:
+            self.lib.cuGraphExecDestroy(self.exec)
+        if self.graph:
+            self.lib.cuGraphDestroy(self.graph)
+        if self.stream:
+            self.lib.cuStreamDestroy_v2(self.stream)
+        self.exec = self.graph = self.stream = ctypes.c_void_p()
+
+
+def time_graph(launch, arg_sets, dev, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:
+    """Median ms per ``launch(*args)`` replayed from a CUDA graph (``arg_sets`` rotated);
+    ``per_launch_ms``: a rough estimate (from queued timing) that sizes the graph."""
+    arg_sets = [list(a) for a in arg_sets]
+    n = launches_per_graph(per_launch_ms, len(arg_sets))
+
+    def record():
+        for i in range(n):
+            launch(*arg_sets[i % len(arg_sets)])
+
+    graph = _Graph(dev, record)
+    try:
+        graph.replay_ms()  # warm-up replay
+        samples = _replays(graph.replay_ms, budget_ms, n * per_launch_ms)
+    finally:
+        graph.close()
+    return Timing.of(s / n for s in samples)
+
+
+def time_torch_graph(fns, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:
+    """:func:`time_graph` for torch callables (one per input copy), via ``torch.cuda.CUDAGraph``."""
+    import torch
+
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    n = launches_per_graph(per_launch_ms, len(fns))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch's graph docs ask
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            fns[i % len(fns)]()
+
+    def replay_ms() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    replay_ms()
+    samples = _replays(replay_ms, budget_ms, n * per_launch_ms)
+    return Timing.of(s / n for s in samples)

@@ -1,0 +1,474 @@
+"""Timing and checking built kernels on the GPU, fairly.
+
+* Inputs are random (floats in [-1, 1], integers never zero), generated once per tuning run
+  and shared by every candidate and the reference.
+* Timing ("rotate", the default) keeps every launch's inputs out of L2 by cycling through
+  enough device copies of them (:func:`rotation_copies`: at least twice the L2 read in between),
+  and queues ``number`` launches between two CUDA events so the host's launch latency is
+  paid once per sample, not once per launch (:func:`time_launches`). Median over a time
+  budget (100 ms by default) after a warm-up.
+  Why not flush? Flushing by writing a buffer larger than L2 (TVM's ``cache_flush_bytes``,
+  Triton's ``cache.zero_()``) leaves L2 full of *dirty* lines: a short kernel then pays to
+  write them back while it reads, and a synchronize before each launch adds the launch
+  latency. On an H100 a 16384×1024 fp16 row sum measured 22 µs that way and 14 µs rotated
+  (torch's own: 31 vs 16 µs); 3 ms matmuls barely change. "flush" (TVM's
+  ``time_evaluator``: 1.5 × L2 device copy, synchronize, one launch between events) is kept
+  for comparison.
+* Checking poisons the outputs (NaN, or a sentinel for integers) and runs once
+  (:meth:`Workload.run_outputs`); :mod:`fastdlight.measure.verify` judges every element.
+* :func:`time_torch` times a torch callable the same way (torch is optional).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from fastdlight.measure import clock, host
+
+#: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
+INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median milliseconds per launch, and every sample it was taken from. ``hot``: taken in
+    the finalists' second timing, on a GPU at its sustained clock (see ``measure.heat``); such a
+    timing is compared only with others like it."""
+
+    median_ms: float
+    samples_ms: tuple[float, ...] = ()
+    hot: bool = False
+
+    @classmethod
+    def of(cls, samples, hot: bool = False) -> Timing:
+        samples = tuple(float(s) for s in samples)
+        return cls(float(np.median(samples)), samples, hot)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms) if self.samples_ms else self.median_ms
+
+
+# -- function signature analysis -------------------------------------------------------------
+def output_indices(func: tirx.PrimFunc) -> list[int]:
+    """Parameters the function writes (its outputs); the last parameter if none is found."""
+    written = []
+    try:
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        from fastdlight.schedules.base import root_block
+
+        stack = [rv for rv in [root_block(sch)] if rv is not None]
+        while stack:
+            rv = stack.pop()
+            written += [_region_tensor(region) for region in sch.get(rv).writes]
+            stack += list(sch.get_child_blocks(rv))
+    except Exception:  # noqa: BLE001 - not in block form: fall back to "last parameter"
+        written = []
+    outs = [i for i, p in enumerate(param_buffers(func)) if any(p.same_as(b) for b in written)]
+    return outs or [len(func.params) - 1]
+
+
+def _region_tensor(region):
+    return region.source if hasattr(region, "source") else region.buffer
+
+
+def param_buffers(func: tirx.PrimFunc) -> list:
+    """The tensor parameters (in TVM 0.27 the parameters themselves carry shape and dtype)."""
+    bufs = []
+    buffer_map = getattr(func, "buffer_map", None) or {}
+    for p in func.params:
+        buf = buffer_map[p] if p in buffer_map else p
+        if getattr(buf, "shape", None) is None:  # a 0-d buffer (shape ()) is a tensor too
+            raise ValueError(f"parameter {p} is not a tensor; only tensor arguments are supported")
+        bufs.append(buf)
+    return bufs
+
+
+def static_shape(buf: tirx.Buffer) -> tuple[int, ...]:
+    shape = []
+    for d in buf.shape:
+        if not isinstance(d, (int, tirx.IntImm)):
+            raise ValueError(f"buffer {buf.name} has a symbolic shape {list(buf.shape)}; specialize it first")
+        shape.append(int(d))
+    return tuple(shape)
+
+
+# -- host data --------------------------------------------------------------------------------
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit pattern (round to nearest even)."""
+    def bits(u, dst):
+        dst[...] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+    return host.map_into(np.ascontiguousarray(x, dtype=np.float32).view(np.uint32), np.uint16, bits)
+
+
+def _bf16_values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Random host data in ``dtype`` (bfloat16: float32 values exactly representable in bf16)."""
+    dtype = str(dtype)
+    if dtype.startswith(("int", "uint")):
+        hi = {"int8": 4, "uint8": 4}.get(dtype, 100)
+        mag = rng.integers(1, hi + 1, size=shape)  # never zero
+        if dtype.startswith("uint"):
+            return mag.astype(dtype)
+        return (mag * rng.choice(np.array([-1, 1]), size=shape)).astype(dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype == "bfloat16":
+        return host.uniform(shape, rng, np.float32, lambda v: _bf16_values(bf16_bits(v)))
+    return host.uniform(shape, rng, dtype)
+
+
+def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
+    """Integer parameters whose values index another buffer (a gather, a quantization group
+    index), each with the smallest extent it indexes: random values beyond it would read out
+    of bounds, which may fault in one process and not in another."""
+    import tvm_ffi
+
+    params = {str(p.name) for p in func.params
+              if getattr(p, "shape", None) and str(p.dtype).startswith(("int", "uint"))}
+    bounds: dict[str, int] = {}
+
+    def visit(load):
+        for dim, index in zip(load.source.shape, load.indices):
+            inner = []
+            tvm_ffi.structural_walk(index, (tvm.ir.TensorLoad, inner.append), order="post")
+            for ld in inner:
+                name = str(ld.source.name)
+                if name in params and isinstance(dim, (int, tirx.IntImm)):
+                    bounds[name] = min(bounds.get(name, int(dim)), int(dim))
+
+    tvm_ffi.structural_walk(func.body, (tvm.ir.TensorLoad, visit), order="post")
+    return bounds
+
+
+def to_device(arr: np.ndarray, dtype: str, dev) -> tvm.runtime.Tensor:
+    if str(dtype) == "bfloat16":
+        t = tvm.runtime.empty(arr.shape, "bfloat16", dev)
+        t.copyfrom(bf16_bits(arr))
+        return t
+    # np.require, not np.ascontiguousarray: the latter turns a 0-d array into shape (1,)
+    return tvm.runtime.tensor(np.require(arr, requirements="C"), dev)
+
+
+def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
+    """Device tensor -> numpy (bfloat16 comes back as float32 values)."""
+    if str(t.dtype) == "bfloat16":
+        bits = t._create_view(t.shape, "uint16").numpy()
+        return _bf16_values(bits).reshape(t.shape)
+    return t.numpy()
+
+
+def _nbytes(t) -> int:
+    return math.prod(t.shape) * tvm.DataType(str(t.dtype)).bits // 8
+
+
+def poison_value(dtype: str):
+    dtype = str(dtype)
+    if dtype.startswith(("float", "bfloat")):
+        return np.nan
+    return INT_SENTINEL.get(dtype, 77)
+
+
+# -- the workload every candidate runs on ------------------------------------------------------
+class Workload:
+    """Device arguments for ``func`` (random inputs, outputs poisoned before every check)."""
+
+    def __init__(self, func: tirx.PrimFunc, dev=None, seed: int = 0, device_lock=None):
+        """``device_lock``: held while the inputs are copied to the device, not while they are
+        made (a tuning run passes its GPU turn: a copy queued between another function's timing
+        events would count in that timing)."""
+        self.func = func
+        self.dev = dev if dev is not None else tvm.cuda(0)
+        self.buffers = param_buffers(func)
+        self.out_idx = output_indices(func)
+        rng = np.random.default_rng(seed)
+        bounds = index_bounds(func)
+        host: list[np.ndarray | None] = []  # None for an output
+        for i, buf in enumerate(self.buffers):
+            shape, dtype = static_shape(buf), str(buf.dtype)
+            if i in self.out_idx:
+                host.append(None)
+            elif str(buf.name) in bounds:  # an index into another buffer: stay inside it
+                host.append(rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype))
+            else:
+                host.append(random_array(shape, dtype, rng))
+        self.host_inputs: list[np.ndarray] = [a for a in host if a is not None]
+        with device_lock if device_lock is not None else contextlib.nullcontext():
+            self.args = [tvm.runtime.empty(static_shape(buf), str(buf.dtype), self.dev) if arr is None
+                         else to_device(arr, str(buf.dtype), self.dev) for buf, arr in zip(self.buffers, host)]
+        self._arg_sets: list[list] | None = None
+        self.bytes = sum(_nbytes(t) for t in self.args)
+
+    @classmethod
+    def background(cls, func, given: Workload | None = None, seed: int = 0, device_lock=None) -> WorkloadMaker:
+        """A workload made on the GPU in a thread of its own, while candidates build; its
+        copies hold ``device_lock`` (see ``__init__``)."""
+        return WorkloadMaker(func, given, seed, device_lock)
+
+    def timing_arg_sets(self, l2_bytes: int) -> list[list]:
+        """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
+        inputs (outputs shared), as many as :func:`rotation_copies` asks. Made once."""
+        if self._arg_sets is None:
+            inputs = [i for i in range(len(self.args)) if i not in self.out_idx]
+            in_bytes = sum(_nbytes(self.args[i]) for i in inputs)
+            sets = [list(self.args)]
+            for _ in range(rotation_copies(in_bytes, l2_bytes) - 1):
+                args = list(self.args)
+                for i in inputs:
+                    args[i] = tvm.runtime.empty(self.args[i].shape, self.args[i].dtype, self.dev)
+                    args[i].copyfrom(self.args[i])
+                sets.append(args)
+            self._arg_sets = sets
+        return self._arg_sets
+
+    def poison(self) -> None:
+        for i in self.out_idx:
+            t = self.args[i]
+            host = np.full(t.shape, poison_value(t.dtype), dtype=np.float32 if str(t.dtype) == "bfloat16" else t.dtype)
+            if str(t.dtype) == "bfloat16":
+                t.copyfrom(bf16_bits(host))
+            else:
+                t.copyfrom(host)
+
+    def run_outputs(self, fn) -> list[np.ndarray]:
+        """Poison the outputs, run ``fn(*args)`` once, return the outputs on the host."""
+        self.poison()
+        fn(*self.args)
+        self.dev.sync()
+        return [to_host(self.args[i]) for i in self.out_idx]
+
+class WorkloadMaker:
+    def __init__(self, func, given: Workload | None, seed: int, device_lock=None):
+        self.workload, self.error = given, None
+        self._thread = None
+        if given is None:
+            self._thread = threading.Thread(target=self._make, args=(func, seed, device_lock), daemon=True)
+            self._thread.start()
+
+    def _make(self, func, seed: int, device_lock) -> None:
+        try:
+            with clock.stage("workload"):
+                self.workload = Workload(func, tvm.cuda(0), seed, device_lock)
+        except Exception as e:  # noqa: BLE001 - reported by get()'s caller
+            self.error = f"{type(e).__name__}: {e}"
+
+    def get(self) -> Workload | None:
+        if self._thread is not None:
+            self._thread.join()
+        return self.workload
+
+
+# -- timing -----------------------------------------------------------------------------------
+#: each timed sample queues launches for at least this long, so the host's launch latency
+#: (paid once per sample, when the GPU is idle) is a small fraction of it
+MIN_SAMPLE_MS = 0.5
+#: the most input copies a rotation uses, and the most bytes they may take together
+MAX_COPIES, MAX_ROTATION_BYTES = 256, 4 << 30
+#: timing methods: "rotate" (default) and "flush" (see the module docstring)
+METHODS = ("rotate", "flush")
+#: the first timing on a device in a process keeps the GPU busy this long first: an idle GPU runs
+#: at low clocks and ramps up while it works, so the first candidates of a run read slower than
+#: later ones and the tuner's pick among near-equal tiles went to one timed late
+CLOCK_WARMUP_MS = 300.0
+_CLOCKS_UP: set[int] = set()
+
+
+def flush_bytes_for(l2_bytes: int) -> int:
+    """A copy of this many bytes evicts the whole L2 (copy reads + writes it, > L2 each)."""
+    return int(max(l2_bytes, 8 << 20) * 1.5) // 4 * 4
+
+
+def rotation_copies(input_bytes: int, l2_bytes: int) -> int:
+    """How many copies of the inputs to cycle through so that, when a launch starts, at least
+    twice the L2 of other data was read since its own inputs were last touched."""
+    if input_bytes <= 0:
+        return 1
+    want = 1 + math.ceil(2 * max(l2_bytes, 8 << 20) / input_bytes)
+    fit = max(1, MAX_ROTATION_BYTES // input_bytes)
+    return max(1, min(want, fit, MAX_COPIES))
+
+
+def _repeats(per_call_s: float, budget_ms: float, hi: int = 20000) -> int:
+    """Launches that fit the budget; at least 10 (5 for launches over 10 ms, whose relative
+    noise is small anyway)."""
+    lo = 5 if per_call_s > 0.01 else 10
+    return int(min(hi, max(lo, budget_ms / 1e3 / max(per_call_s, 1e-7))))
+
+
+def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timing:
+    """Median milliseconds per ``launch(*args)``, cycling through ``arg_sets``.
+
+    On a CUDA device each sample is ``number`` back-to-back launches between two CUDA events
+    (``number`` chosen so a sample lasts >= MIN_SAMPLE_MS), several samples are queued before
+    the host waits, and samples are taken for about ``budget_ms``. Elsewhere (CPU tests) a
+    host clock around synchronized launches stands in."""
+    arg_sets = [list(a) for a in arg_sets] or [[]]
+    state = {"i": 0}
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            launch(*arg_sets[state["i"] % len(arg_sets)])
+            state["i"] += 1
+
+    if dev.dlpack_device_type() != tvm.cuda(0).dlpack_device_type():
+        return _time_on_host(run, dev, budget_ms)
+    from fastdlight.measure.cuda_events import Event, ensure_context
+
+    dev.sync()  # also makes the device's context current on this thread for the runtime
+    ensure_context(dev.index)
+    run(len(arg_sets))  # warm-up: module load, clocks, every input copy touched once
+    start, end = Event(), Event()
+    per_launch = 0.0
+    for k in (1, 4):  # probe: queued launches, so launch latency shows only once
+        start.record()
+        run(k)
+        end.record()
+        end.synchronize()
+        per_launch = start.elapsed_ms(end) / k
+    if dev.index not in _CLOCKS_UP:
+        _CLOCKS_UP.add(dev.index)
+        deadline = time.perf_counter() + CLOCK_WARMUP_MS / 1e3
+        while time.perf_counter() < deadline:
+            run(max(1, math.ceil(5.0 / max(per_launch, 1e-3))))  # ~5 ms of queued launches
+            dev.sync()
+    number = max(1, math.ceil(MIN_SAMPLE_MS / max(per_launch, 1e-4)))
+    n_samples = _repeats(per_launch * number / 1e3, budget_ms, hi=2000)
+    events = [(Event(), Event()) for _ in range(min(n_samples, 50))]
+    samples: list[float] = []
+    while len(samples) < n_samples:
+        batch = events[: n_samples - len(samples)]
+        for a, b in batch:
+            a.record()
+            run(number)
+            b.record()
+        batch[-1][1].synchronize()
+        samples += [a.elapsed_ms(b) / number for a, b in batch]
+    return Timing.of(samples)
+
+
+#: a GPU is hot when the time per launch of a ``HEAT_BATCH_MS`` batch back to back has stopped
+#: rising (within ``HEAT_SETTLED``) after ``HEAT_MIN_MS``, or after ``HEAT_MAX_MS``. On an H100 a
+#: GEMM's time per launch rose for about 100 ms from idle (0.157 -> 0.175 ms), then swung
+#: within +-10% as the power limit held the clock; a kernel under ``HEAT_LIGHT_MS`` a launch
+#: heats for one batch at least
+HEAT_BATCH_MS, HEAT_SETTLED, HEAT_MIN_MS, HEAT_MAX_MS, HEAT_LIGHT_MS = 20.0, 0.005, 150.0, 500.0, 0.02
+
+
+def heat(launch, arg_sets: list, dev, max_ms: float = HEAT_MAX_MS) -> float:
+    """Run ``launch`` back to back until its time per launch stops rising: the GPU is then at
+    the clock its power limit allows under this load, where a model runs it. Returns the
+    milliseconds spent (at most about ``max_ms``)."""
+    t0, last = time.perf_counter(), None
+    while (elapsed := (time.perf_counter() - t0) * 1e3) < max_ms:
+        now = time_launches(launch, arg_sets, dev, HEAT_BATCH_MS).median_ms
+        least = HEAT_MIN_MS if now >= HEAT_LIGHT_MS else 0.0
+        if last is not None and elapsed >= least and now <= last * (1 + HEAT_SETTLED):
+            break
+        last = now
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _time_one_at_a_time(once, budget_ms: float) -> Timing:
+    """Median of ``once()`` (milliseconds of one synchronized launch) over ``budget_ms``, after
+    a warm-up; the first three calls also size the repetitions."""
+    once()
+    t0 = time.perf_counter()
+    probe = [once() for _ in range(3)]
+    per_call = (time.perf_counter() - t0) / 3
+    samples = probe + [once() for _ in range(_repeats(per_call, budget_ms) - 3)]
+    return Timing.of(samples)
+
+
+def _time_on_host(run, dev, budget_ms: float) -> Timing:
+    def once() -> float:
+        t = time.perf_counter()
+        run(1)
+        dev.sync()
+        return (time.perf_counter() - t) * 1e3
+
+    return _time_one_at_a_time(once, budget_ms)
+
+
+def time_module(mod, fname: str, arg_sets, dev, budget_ms: float = 100.0, method: str = "rotate",
+                flush_bytes: int = 0) -> Timing:
+    """Median latency of ``mod[fname]`` (see the module docstring for the two methods).
+
+    ``arg_sets``: a list of argument lists to rotate through ("rotate"; see
+    :meth:`Workload.timing_arg_sets`), or one argument list. "flush" uses the first set and
+    TVM's ``time_evaluator``: a ``flush_bytes`` device copy and a synchronize before each launch."""
+    if arg_sets and not isinstance(arg_sets[0], (list, tuple)):
+        arg_sets = [arg_sets]
+    if method == "rotate":
+        return time_launches(mod[fname], arg_sets, dev, budget_ms)
+    if method != "flush":
+        raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
+    args = arg_sets[0]
+    probe = mod.time_evaluator(fname, dev, number=1, repeat=3, cache_flush_bytes=flush_bytes)
+    t0 = time.perf_counter()
+    probe(*args)  # warm-up + 3 timed launches
+    per_call = (time.perf_counter() - t0) / 4
+    repeat = _repeats(per_call, budget_ms)
+    ftimer = mod.time_evaluator(fname, dev, number=1, repeat=repeat, cache_flush_bytes=flush_bytes)
+    samples = [s * 1e3 for s in ftimer(*args).results]
+    return Timing.of(samples)
+
+
+def time_torch(fns, budget_ms: float = 100.0, method: str = "rotate", flush_bytes: int = 0) -> Timing:
+    """Time torch work exactly like :func:`time_module` times a kernel. ``fns``: one no-argument
+    callable, or (for "rotate") one per input copy, e.g. closures over tensors made with
+    ``torch.from_dlpack`` from :meth:`Workload.timing_arg_sets`. torch is only imported here."""
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    if method == "rotate":
+        return time_launches(lambda fn: fn(), [[fn] for fn in fns], tvm.cuda(0), budget_ms)
+    if method != "flush":
+        raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
+    import torch
+
+    flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.int32, device="cuda") if flush_bytes else None
+    fn = fns[0]
+
+    def once() -> float:
+        if flush is not None:
+            flush.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    return _time_one_at_a_time(once, budget_ms)  # the warm-up also covers cuBLAS heuristics
+
+
+def function_name(mod, func: tirx.PrimFunc) -> str:
+    """The name to call in a built module: the PrimFunc's global_symbol, else "main"."""
+    names = []
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        names.append(str(func.attrs["global_symbol"]))
+    names.append("main")
+    for name in names:
+        try:
+            if mod.implements_function(name, query_imports=True):
+                return name
+        except Exception:  # noqa: BLE001 - older API: try to fetch it instead
+            try:
+                mod.get_function(name)
+                return name
+            except Exception:  # noqa: BLE001
+                continue
+    return names[0]

@@ -1,0 +1,138 @@
+"""The policy choice: which policies emit configs for a function, in which order.
+
+    tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a)
+    always                 -> DefaultPolicy (CUDA cores), with the transpose/gather tiles first
+                              on a layout change or a gather, and matmul tiles beside a GEMV
+    stock / recorded       -> measured beside the first set (or after all, when nothing is timed)
+
+The tensor-core match is computed once (:func:`match_tensor_core`) and handed on as a typed
+record: the tuner reads it too (stock Dlight's schedules, database replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+from tvm import tirx
+
+from fastdlight.arch import CUDA
+from fastdlight.config import Config
+from fastdlight.policies.default import DefaultPolicy
+from fastdlight.policies.gather import gather_configs
+from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
+from fastdlight.policies.transpose import transpose_configs
+
+
+@dataclass(frozen=True)
+class TensorCoreMatch:
+    """Whether a function goes to tensor cores, and what the tensor-core policy schedules:
+    ``func`` (the function as the template sees it) and ``tags`` (the matmul view: M/N/K, dtypes,
+    layouts, epilogue; see :func:`~fastdlight.policies.tensorcore.get_tensorized_func_and_tags`)."""
+
+    func: tirx.PrimFunc | None
+    tags: dict | None
+
+    @property
+    def eligible(self) -> bool:
+        return bool(self.tags)
+
+    @property
+    def in_dtype(self) -> str | None:
+        return self.tags["in_dtype"] if self.tags else None
+
+
+def match_tensor_core(func, arch: CUDA) -> TensorCoreMatch:
+    """The tensor-core match of ``func`` on ``arch`` (ineligible: ``func`` and ``tags`` None)."""
+    tc_func, tags = get_tensorized_func_and_tags(func, arch)
+    return TensorCoreMatch(tc_func if tags else None, tags or None)
+
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """Configs one policy emitted, and the function they schedule (the tensor-core policy
+    schedules a rewritten copy)."""
+
+    policy: str
+    func: object
+    configs: tuple[Config, ...]
+
+
+def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
+                   stock_last: bool = False, recorded: tuple[Config, ...] = (),
+                   match: TensorCoreMatch | None = None) -> Iterator[CandidateSet]:
+    """Tensor-core configs first when the function is eligible, then CUDA-core ones. ``stock``
+    (see :func:`stock_configs`) and ``recorded`` (a MetaSchedule database's records of the
+    function) join the first set, to be measured against the policy's configs; ``stock_last``
+    (nothing is timed, so stock could not win anyway): stock is a set of its own after the
+    policies', built only when all of theirs fail. ``match``: :func:`match_tensor_core` of
+    ``func``, when the caller has it already."""
+    sets = []
+    match = match if match is not None else match_tensor_core(func, arch)
+    if match.eligible:
+        configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk))
+        if configs:
+            sets.append(CandidateSet("TensorCorePolicy", match.func, configs))
+    try:
+        sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk)))
+    except ValueError as e:
+        if not (sets or stock or recorded):
+            raise
+        uncovered = str(e)
+        if not sets:
+            warnings.warn(f"fastdlight: no fastdlight template covers this function ({uncovered}); "
+                          "measuring stock Dlight only", stacklevel=3)
+    if recorded:
+        if sets:
+            sets[0] = ranked_last(sets[0], recorded)
+        else:
+            sets.append(CandidateSet("MetaSchedule records", func, recorded))
+    if stock:
+        if sets and not stock_last:
+            sets[0] = ranked_last(sets[0], stock)
+        else:
+            sets.append(CandidateSet("stock Dlight", func, stock))
+    yield from sets
+
+
+def ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
+    """``cand`` with ``extra`` appended, ranked after its own configs (their costs are another
+    model's, or none: unmeasured, they come last)."""
+    top = max((c.cost for c in cand.configs), default=0.0)
+    ranked = tuple(dataclasses.replace(c, cost=top + 1 + i) for i, c in enumerate(extra))
+    return dataclasses.replace(cand, configs=cand.configs + ranked)
+
+
+#: transpose configs (:mod:`..policies.transpose`) among a layout change's ``topk`` candidates
+TRANSPOSE_CONFIGS = 6
+#: gather configs (:mod:`..policies.gather`) among a gather's ``topk`` candidates
+GATHER_CONFIGS = 4
+
+
+def default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
+    policy = DefaultPolicy(func, arch)
+    configs = tuple(policy.emit_config(topk))
+    # unmeasured, these rank first: on a layout change the elementwise kernels gather and move a
+    # fraction of the bandwidth (the transpose template stages tiles), and on a gather the
+    # planner's thread tiles pay the index arithmetic per element
+    first = (tuple(transpose_configs(policy.info, arch, min(TRANSPOSE_CONFIGS, topk)))
+             or tuple(gather_configs(policy.info, arch, min(GATHER_CONFIGS, topk))))
+    if first:
+        return first + configs[:max(1, topk - len(first))]
+    if policy.info.kind == "gemv" and configs:
+        # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
+        top = max(c.cost for c in configs)
+        alternatives = matmul_alternatives(func, arch, max(1, topk // 4))
+        configs += tuple(dataclasses.replace(c, cost=top + c.cost) for c in alternatives)
+    return configs
+
+
+def matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:
+    """A GEMV is also a matmul: a few matmul-template configs compete by measurement (and stand
+    in when no GEMV candidate verifies). None when the matmul planner finds nothing to fit."""
+    try:
+        return tuple(DefaultPolicy(func, arch, family="matmul").emit_config(n))
+    except ValueError:
+        return ()

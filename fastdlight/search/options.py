@@ -1,0 +1,99 @@
+"""The one options object of a tuning run, shared by ``apply_and_build``, ``fastdlight.tune``,
+the CLI and ``ApplyFastTuning``: each passes it through unchanged.
+
+    opts = TuneOptions(budget_ms=50, check="all")
+    apply_and_build(func, configs, arch, options=opts)
+    apply_and_build(func, configs, arch, budget_ms=50)        # same: keywords become fields
+
+Every field is validated when the object is made, so a bad value (``timeout=0``,
+``budget_ms=-5``, an unknown keyword) fails at once with one line, before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: seconds one candidate may take to schedule + lower + compile before its worker is killed
+DEFAULT_TIMEOUT = 120.0
+#: timing budget of the finalists: their median is taken over at least this many milliseconds
+DEFAULT_BUDGET_MS = 100.0
+#: timing budget of the first pass over every candidate, which only has to find the finalists
+#: (the few fastest, timed again hot at ``budget_ms``). With NVRTC builds a model's tuning is
+#: GPU-bound: on an H100, LLaMA 1x512 tuned in 22.8 s at 10 ms against 24.5 s at 25 ms, and
+#: ran 0.1245 ms against 0.1246 (2026-11-26)
+DEFAULT_SCREEN_MS = 10.0
+CHECKS = ("winner", "all", "none")
+TIMINGS = ("rotate", "flush")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How to build, time and check candidates.
+
+    measure: time on the GPU (None: when a GPU is present). Without measuring, candidates are
+        compiled to cubins and ranked by the policy's predicted cost.
+    parallel_build: compile in worker processes (crash- and hang-proof); False: in this process.
+    max_workers: build processes (None: one per CPU). timeout: seconds per candidate build.
+    budget_ms: timing budget of each finalist (the fastest few of the first pass, timed again).
+    screen_ms: timing budget of the first pass over every candidate (at most ``budget_ms``).
+    timing: "rotate" or "flush" (see tune.measure).
+    check: "winner" (fastest first, then the next, until one verifies), "all", "none".
+    ref: float64 numpy reference ``ref(*inputs) -> output(s)``; None: the PrimFunc itself,
+        widened to float64 under a naive schedule (:mod:`fastdlight.measure.verify`).
+    probe: run each candidate (and the reference) once in a separate process before it runs
+        here, so a kernel that faults or hangs costs only itself.
+    seed: random inputs. workload: device inputs to share with other measurements.
+    template / hook: test and extension points (template(func, config) -> Schedule; hook(index,
+        config) runs in the worker before scheduling); both must be module-level functions.
+    progress: progress bars (None: when stderr is a terminal). verbose: print the table.
+    recheck_database: on a GPU, build, time and verify a stored config again before using it.
+        Off by default: a record was verified when stored, and its key pins the function, the
+        GPU, the TVM version and the template's source, so a replay only re-applies schedules.
+    """
+
+    measure: bool | None = None
+    parallel_build: bool = True
+    max_workers: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    budget_ms: float = DEFAULT_BUDGET_MS
+    screen_ms: float = DEFAULT_SCREEN_MS
+    timing: str = "rotate"
+    check: str = "winner"
+    ref: Callable | None = None
+    probe: bool = True
+    seed: int = 0
+    workload: Any = None
+    template: Callable | None = None
+    hook: Callable | None = None
+    pool: Any = None
+    progress: bool | None = None
+    verbose: bool = False
+    recheck_database: bool = False
+
+    def __post_init__(self):
+        if self.check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}, got {self.check!r}")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {TIMINGS}, got {self.timing!r}")
+        for name in ("timeout", "budget_ms", "screen_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of {'seconds' if name == 'timeout' else 'ms'}, "
+                                 f"got {value!r}")
+        if self.max_workers is not None and (not isinstance(self.max_workers, int) or self.max_workers <= 0):
+            raise ValueError(f"max_workers must be a positive integer, got {self.max_workers!r}")
+
+    @classmethod
+    def of(cls, options: TuneOptions | None = None, **overrides) -> TuneOptions:
+        """``options`` with ``overrides`` applied; an unknown keyword is a TypeError naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown tuning option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        base = options if options is not None else cls()
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+    def replace(self, **changes) -> TuneOptions:
+        return TuneOptions.of(self, **changes)

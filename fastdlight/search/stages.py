@@ -1,0 +1,290 @@
+"""The build, probe and measure phases of a tuning run (see :mod:`.runner` for the whole).
+
+Builds run in worker processes and arrive in completion order; each is probed (in the pool's
+post-processing thread, so probes overlap the timing of earlier candidates) and then timed in
+this process while the other candidates still build.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from fastdlight.arch import CUDA
+from fastdlight.compiler import build_task
+from fastdlight.measure import clock
+from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
+from fastdlight.search.results import CompileResult, Failure
+from fastdlight.measure.timing import Timing, Workload, flush_bytes_for, function_name, heat, time_module
+from fastdlight.search.options import TuneOptions
+from fastdlight.compiler.pool import probe_pool, shared_pool
+from fastdlight.compiler.workers import Outcome, Task, one_line
+
+#: how many of the fastest candidates are timed a second time (filters optimistic outliers)
+RETIME_TOP = 3
+#: besides them, the best-estimated few of the candidates whose first timing is within
+#: ``ESTIMATE_FINALIST_FRACTION`` of the fastest: the first pass times each candidate at the clock
+#: the GPU has just then, which varies by 15% between candidates; on an H100 a 192 x 192 tile of
+#: LLaMA's up projection, 1% behind first there (at 1732 MHz against 1980), ran 7% ahead hot. In
+#: 8192³ tunes the best-estimated 128x256 came up to 13% behind the fastest in the first pass
+#: (H100 80GB HBM3, 2026-11-27): left out, 128x192 (bf16 NN, 0.99x cuBLAS at its own clock; 128x256 1.02x) or
+#: 256x192 (fp16 NT) won
+RETIME_BY_ESTIMATE, ESTIMATE_FINALIST_FRACTION = 2, 0.15
+#: the second timing takes turns: each finalist is timed for ``budget_ms / RETIME_ROUNDS`` per
+#: round, so all of them see the GPU in the same state, the sustained one (see ``measure.heat``)
+RETIME_ROUNDS = 3
+#: a finalist whose first timing is at least ``OWN_HEAT_MIN_MS`` a launch runs ``OWN_HEAT_MS``
+#: untimed before each of its turns, so that it is timed at the clock its own power draw
+#: leaves, not the one the previous finalist left. On an H100, LLaMA's up projection
+#: (2048x11008x4096): after 2 s of each alone, 192x192 ran 0.286 ms and 64x256 0.307, but in
+#: plain turns 64x256 timed ahead (0.294 against 0.297); with this heat, 0.276 against 0.311.
+#: Shorter kernels draw less power and would only lengthen the tuning
+OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
+#: seconds a single probe run may take (load + one launch) before it counts as hung
+PROBE_TIMEOUT = 30.0
+#: held while a candidate is timed, while one is probed, and while a function's inputs, the
+#: reference's and the checks' copies and launches go to the GPU: nothing else is put on the GPU
+#: (or in its queue) in the middle of a timing. Never wait while holding it for a thread that may
+#: take it (a timing fetches its workload first: :meth:`Timer._turn`)
+GPU_TURN = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Built:
+    """One build's outcome: an artifact, or the failure (with its stage) that stopped it."""
+
+    key: int | str
+    artifact: BuildArtifact | None
+    failure: Failure | None
+    seconds: float
+
+
+def _failure_of(out: Outcome) -> Failure:
+    error = out.error or "unknown error"
+    head = error.split(":", 1)[0]
+    if head in ("schedule", "lower", "nvcc", "export"):
+        return Failure(head, error, out.log)
+    stage = "timeout" if error.startswith("timeout") else "crash"
+    return Failure(stage, error, out.log)
+
+
+def built_of(out: Outcome) -> Built:
+    clock.add("build", out.seconds)
+    phases = getattr(out.value, "phases", None) if out.ok else None
+    if phases is not None:
+        clock.add("build: schedule", phases.schedule_s)
+        clock.add("build: lower + compile", phases.compile_s)
+        clock.add("build: export", phases.export_s)
+    if out.ok:
+        return Built(out.key, out.value, None, out.seconds)
+    return Built(out.key, None, _failure_of(out), out.seconds)
+
+
+# -- build -----------------------------------------------------------------------------------
+def _progress(total: int, desc: str, enabled: bool | None):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="cand", leave=False, file=sys.stderr)
+
+
+def _run_serial(tasks: list[Task]) -> Iterator[Outcome]:
+    build_task.init_worker()
+    for task in tasks:
+        t0 = time.monotonic()
+        try:
+            yield Outcome(task.key, True, task.fn(*task.args), seconds=time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - recorded on the candidate
+            log = "\n".join(filter(None, [getattr(e, "log", ""), traceback.format_exc()]))
+            yield Outcome(task.key, False, None, one_line(e), log, time.monotonic() - t0)
+
+
+def build_stream(requests: Sequence[BuildRequest], opts: TuneOptions,
+                 probe: Callable[[Built], Built] | None) -> Iterator[Built]:
+    """Build every request (in worker processes unless ``opts.parallel_build`` is False) and
+    yield each :class:`Built` as it finishes, probed first when ``probe`` is given."""
+    tasks = [Task(r.key, build_task.build_candidate, (r,)) for r in requests]
+
+    def post(out: Outcome) -> Built:
+        built = built_of(out)
+        return probe(built) if probe is not None else built
+
+    if opts.parallel_build:
+        pool = opts.pool or shared_pool(opts.max_workers)
+        stream = pool.imap_unordered(tasks, timeout=opts.timeout, post=post)
+    else:
+        stream = map(post, _run_serial(tasks))
+    bar = _progress(len(tasks), "building", opts.progress)
+    for built in _waited(stream):
+        if bar is not None:
+            bar.update(1)
+        yield built if isinstance(built, Built) else built_of(built)  # a post that raised
+    if bar is not None:
+        bar.close()
+
+
+def _waited(stream: Iterator) -> Iterator:
+    """``stream``, with the time spent waiting for each item booked as "build wait"."""
+    while True:
+        with clock.stage("build wait"):
+            item = next(stream, None)
+        if item is None:
+            return
+        yield item
+
+
+# -- probe -----------------------------------------------------------------------------------
+class Prober:
+    """Runs each built module once in the probe process (:func:`pool.probe_pool`) on the run's
+    real inputs, before this process ever loads it: a kernel that faults (poisoning a CUDA
+    context for good) or hangs costs only itself. A failure restarts the probe process."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pool = probe_pool()
+        self.pool.warm_up()  # its CUDA context is made while the candidates build
+        # one probe at a time, and a failed one's restart before the next: a module must never
+        # run in a context an earlier one poisoned
+        self.lock = threading.Lock()
+
+    def prepare(self, func_json: str) -> threading.Thread:
+        """Have the probe process make the function's random inputs now, while its candidates
+        build, instead of in its first probe, which holds the GPU turn (an 8192² fp16 pair took
+        about a second). A failure is left for that probe to meet and report."""
+        task = Task("inputs", build_task.prepare_probe_inputs, (func_json, self.seed))
+
+        def send():
+            with self.lock:
+                list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
+
+        thread = threading.Thread(target=send, daemon=True, name="fastdlight-probe-inputs")
+        thread.start()
+        return thread
+
+    def run(self, so_path: str, func_json: str) -> Failure | None:
+        task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
+        with self.lock, clock.holding(GPU_TURN, "probe"):
+            (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
+            if not res.ok:
+                self.pool.reset()
+        if res.ok:
+            return None
+        return Failure("probe", f"probe: {res.error} (in the probe process; never run here)", res.log)
+
+    def __call__(self, built: Built) -> Built:
+        art = built.artifact
+        if art is None or art.so_path is None or art.probe_func_json is None:
+            return built
+        failure = self.run(art.so_path, art.probe_func_json)
+        return built if failure is None else Built(built.key, art, failure, built.seconds)
+
+
+# -- measure ---------------------------------------------------------------------------------
+def load_module(art: BuildArtifact, arch: CUDA):
+    import tvm
+
+    if art.so_path:
+        return tvm.runtime.load_module(art.so_path)
+    if art.mod_json:
+        return build_task.rebuild_with_cubin(art.mod_json, arch.target, art.cubin)
+    raise RuntimeError(art.export_error or "the worker returned no module")
+
+
+class Timer:
+    """Loads and times candidates one at a time, as their builds finish (so timing overlaps
+    the builds still running), for ``screen_ms`` each; then times the fastest few again for
+    ``budget_ms``."""
+
+    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions):
+        self.arch, self.get_workload, self.opts = arch, get_workload, opts
+        self.flush = flush_bytes_for(arch.l2_bytes)
+        self.arg_sets = None
+
+    def _turn(self):
+        """The GPU turn for timing, taken once the workload is made: its copies take the turn
+        too, so waiting for it while holding the turn would never end."""
+        self.get_workload()
+        return clock.holding(GPU_TURN, "time")
+
+    def time(self, module, budget_ms: float) -> Timing:
+        with self._turn():
+            return self._time(module, budget_ms)
+
+    def _time(self, module, budget_ms: float) -> Timing:
+        """(GPU_TURN held, the workload made)"""
+        wl = self.get_workload()
+        if self.arg_sets is None:
+            self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
+        return time_module(module, function_name(module, wl.func), self.arg_sets, wl.dev, budget_ms,
+                           self.opts.timing, self.flush)
+
+    def measure(self, r: CompileResult) -> CompileResult:
+        """``r`` loaded and timed, or with the stage that failed (probe, load, run)."""
+        if self.get_workload() is None:  # no GPU inputs: the run reports why
+            return r
+        try:
+            module = load_module(r.artifact, self.arch)
+        except Exception as e:  # noqa: BLE001
+            return r.failed("load", f"load: {one_line(e)}", traceback.format_exc())
+        try:
+            return r.replace(module=module, timing=self.time(module, min(self.opts.screen_ms, self.opts.budget_ms)))
+        except Exception as e:  # noqa: BLE001 - launch failure (too many resources, ...)
+            return r.replace(module=module).failed("run", f"run: {one_line(e)}", traceback.format_exc())
+
+    def retime_fastest(self, results: Sequence[CompileResult]) -> list[CompileResult]:
+        """A second, independent timing of the fastest few (now that no build competes for
+        the CPU) replaces their first one: a lucky first median cannot win on its own. The few
+        are the fastest by median and the fastest by best sample: on the H100 machine a first
+        timing taken while builds ran was now and then 10-30% high in most of its samples.
+
+        It is taken on a hot GPU, the finalists in turns: the first pass times each candidate
+        right after its build, on a GPU that idled meanwhile, while a model (or any benchmark)
+        runs its kernels back to back at the clock the power limit allows. On an H100 that
+        clock is 15-30% lower for a GEMM, and tiles slow down by different amounts: a 128x192
+        tile that won the first pass ran 12% slower hot, behind a 256x128 one."""
+        finalists = [r for r in results if r.index in {f.index for f in pick_finalists(results)}]
+        if not finalists:
+            return list(results)
+        samples: dict[int, list[float]] = {r.index: [] for r in finalists}
+        failed: dict[int, CompileResult] = {}
+        with self._turn():
+            self._heat(finalists[0])
+            for round_ in range(RETIME_ROUNDS):
+                for r in (r for r in finalists if r.index not in failed):
+                    try:
+                        if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
+                            self._time(r.module, OWN_HEAT_MS)
+                        samples[r.index] += self._time(r.module, self.opts.budget_ms / RETIME_ROUNDS).samples_ms
+                    except Exception as e:  # noqa: BLE001
+                        failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
+        return [failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index], hot=True)) if r.index in samples else r
+                for r in results]
+
+    def _heat(self, r: CompileResult) -> None:
+        wl = self.get_workload()
+        try:
+            with clock.stage("heat"):
+                heat(r.module[function_name(r.module, wl.func)], self.arg_sets or [wl.args], wl.dev)
+        except Exception:  # noqa: BLE001 - the rounds below report a launch that fails
+            pass
+
+
+def pick_finalists(results: Sequence[CompileResult]) -> list[CompileResult]:
+    """The candidates :meth:`Timer.retime_fastest` times again: the fastest few by median and by
+    best sample, and the best-estimated few of those near the fastest."""
+    timed = [r for r in results if r.latency_ms is not None]
+    if not timed:
+        return []
+    by_median = sorted(timed, key=lambda r: r.latency_ms)[:RETIME_TOP]
+    by_best = sorted(timed, key=lambda r: r.timing.min_ms)[:RETIME_TOP]
+    near = [r for r in timed if r.predicted_cost > 0
+            and r.latency_ms <= by_median[0].latency_ms * (1 + ESTIMATE_FINALIST_FRACTION)]
+    by_estimate = sorted(near, key=lambda r: r.predicted_cost)[:RETIME_BY_ESTIMATE]
+    return list({r.index: r for r in by_median + by_best + by_estimate}.values())

@@ -1,0 +1,40 @@
+"""CUDA-graph timing: graph sizing (CPU); a real kernel timed in a graph agrees with queued
+timing and the launch stream is restored (GPU)."""
+
+import pytest
+
+from fastdlight.measure import graph_timing
+
+
+def test_a_graph_lasts_long_enough_and_covers_whole_rotations():
+    n = graph_timing.launches_per_graph(0.005, 7)
+    assert n % 7 == 0 and n * 0.005 >= graph_timing.MIN_GRAPH_MS
+    assert graph_timing.launches_per_graph(5.0, 3) == 3  # one rotation of a long kernel is enough
+    assert graph_timing.launches_per_graph(1e-6, 1) == graph_timing.MAX_GRAPH_LAUNCHES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 8192])  # ~3 us and ~0.2 ms adds
+def test_graph_timing_of_a_tvm_kernel(n):
+    import tvm
+    import tvm_ffi
+
+    from fastdlight import ops
+    from fastdlight.arch import auto_arch
+    from fastdlight.config import Config
+    from fastdlight.schedules import apply_config
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.timing import Workload, function_name, time_launches
+
+    op = ops.elementwise((n, n), "float16", "add")
+    arch = auto_arch()
+    mod = build(apply_config(op.func, Config("elementwise", (1, 256), (1, 1))).mod, arch.target)
+    dev = tvm.cuda(0)
+    wl = Workload(op.func, dev)
+    fn = mod[function_name(mod, op.func)]
+    sets = wl.timing_arg_sets(arch.l2_bytes)
+    before = tvm_ffi.get_raw_stream(dev)
+    queued = time_launches(fn, sets, dev, 50).median_ms
+    graph = graph_timing.time_graph(fn, sets, dev, 50, queued).median_ms
+    assert tvm_ffi.get_raw_stream(dev) == before
+    assert 0 < graph <= queued * 1.5 and graph >= queued / 3

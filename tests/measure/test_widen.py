@@ -1,0 +1,105 @@
+"""The naive float64 reference's schedules: the tiled one for plain contractions, stock Dlight's
+Fallback for everything else, and both computing the same sums in the same order."""
+
+import numpy as np
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.measure import widen
+from fastdlight.compiler.compile import compile_cubin
+
+H100 = tvm.target.Target("nvidia/nvidia-h100")
+
+
+def _source(mod) -> str:
+    with H100:
+        return tvm.compile(mod, target=H100).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("op", [
+    ops.matmul(256, 128, 512, layout="NT"),
+    ops.matmul(64, 256, 128, dtype="bfloat16", layout="NN"),
+    ops.matmul(128, 64, 64, layout="NN", batch=3),
+    ops.matmul_bias_relu(128, 128, 256),
+], ids=["nt", "bf16_nn", "batched", "bias_relu"])
+def test_plain_contractions_get_the_tiled_schedule_and_compile(op):
+    mod = widen.naive_reference_module(op.func, H100)
+    src = _source(mod)
+    assert "__shared__" in src and "double" in src and "half" not in src.split("__global__")[1]
+    # one thread per output, the reduction serial in it: a TILE x TILE block of threads
+    assert f"__launch_bounds__({widen.TILE * widen.TILE})" in src
+    cubin = compile_cubin(src, H100)
+    # both operands' TILE x TILE slices, rows padded by one element against bank conflicts
+    assert cubin.binary and cubin.shared_bytes == 2 * widen.TILE * (widen.TILE + 1) * 8 and not cubin.spill_bytes
+
+
+@pytest.mark.parametrize("op", [
+    ops.matmul(24, 128, 512, layout="NT"),          # rows not a multiple of TILE
+    ops.gemv(4096, 512),                            # one row
+    ops.conv2d_nhwc(2, 16, 16, 32, 32),             # operands indexed by sums of variables
+    ops.softmax(64, 256),                           # several reductions
+], ids=["odd_rows", "gemv", "conv", "softmax"])
+def test_everything_else_gets_dlights_fallback(op):
+    assert widen.tiled_reference_schedule(widen.widen_to_float64(op.func)) is None
+    src = _source(widen.naive_reference_module(op.func, H100))
+    assert "__shared__" not in src and "double" in src
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [ops.matmul(256, 128, 512, layout="NT"), ops.matmul_bias_relu(128, 128, 256),
+                                ops.matmul(64, 64, 128, layout="NN", batch=3)],
+                         ids=["nt", "bias_relu", "batched"])
+def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
+    """Both sum each output in the same order in float64: equal to the last bit."""
+    from tvm.s_tir import dlight as dl
+
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.timing import param_buffers, static_shape
+
+    wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
+    with H100:
+        fallback = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+    tiled = widen.naive_reference_module(op.func, H100)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    params = param_buffers(wide)
+    inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(b)), dev) for b in params[:-1]]
+    outs = []
+    for mod in (tiled, fallback):
+        out = tvm.runtime.empty(static_shape(params[-1]), "float64", dev)
+        build(mod, "cuda")["main"](*inputs, out)
+        outs.append(out.numpy())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_the_naive_reference_runs_on_its_own_thread_once_and_reports_why_it_failed():
+    """``start_early`` runs the reference beside the build stream; ``expected`` waits for it and
+    never runs it a second time. A reference that did not build is reported in one line."""
+    import threading
+
+    from fastdlight.search.results import Failure
+    from fastdlight.search.reference import ReferenceRun
+    from fastdlight.search.stages import Built
+
+    op = ops.matmul(64, 64, 64, layout="NT")
+    release, calls = threading.Event(), []
+
+    def workload():  # the reference waits for the GPU inputs, made on another thread
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        return object()
+
+    run = ReferenceRun(op.func, None)
+    run.built(Built("ref", None, Failure("nvcc", "nvcc: ptxas error"), 0.1))
+    run.start_early(workload, arch=None)
+    run.start_early(workload, arch=None)  # a second start is a no-op
+    release.set()
+    expected, why = run.expected(wl=None, arch=None)
+    assert expected is None and why.startswith("reference failed: ") and why.endswith("the naive reference did not build or run (nvcc: ptxas error)")
+    assert calls == ["fastdlight-reference"]
+    # a numpy reference never starts early: it runs after the timings
+    numpy_run = ReferenceRun(op.func, op.reference)
+    numpy_run.start_early(workload, arch=None)
+    assert numpy_run._thread is None
