@@ -69,7 +69,7 @@ def main() -> int:
     args = ap.parse_args()
     out_dir, log = open_log("export")
 
-    import fastdlight
+    from fastdlight.export import export
     from fastdlight import ops
     from fastdlight.arch import auto_arch
 
@@ -79,7 +79,7 @@ def main() -> int:
         op = CASES[case](ops)
         with tempfile.TemporaryDirectory() as tmp:
             where = os.path.join(tmp, case)
-            result = fastdlight.export(op.func, where, name=case, topk=4, ref=op.reference)
+            result = export(op.func, where, name=case, topk=4, ref=op.reference)
             tvm_ms, example_ms = [], []
             timer, example = tvm_timer(op.func, result.config, arch), example_runner(where, case)
             for _ in range(args.rounds):

@@ -124,6 +124,7 @@ def test_the_probe_process_starts_with_the_build_workers_where_kernels_will_be_t
     """Both start before the command imports TVM; the probe process only where a GPU's device
     node says kernels will be timed. The run is stopped right after (a made-up usage error)."""
     from fastdlight import cli
+    from fastdlight.cli import commands
     from fastdlight.compiler import pool
 
     started = []
@@ -141,7 +142,7 @@ def test_the_probe_process_starts_with_the_build_workers_where_kernels_will_be_t
     monkeypatch.setattr(pool, "gpu_device_nodes", lambda: nodes)
     monkeypatch.setattr(pool, "shared_pool", lambda n=None: Pool("build"))
     monkeypatch.setattr(pool, "probe_pool", lambda: Pool("probe"))
-    monkeypatch.setattr(cli, "make_workload", stop)
+    monkeypatch.setattr(commands, "make_workload", stop)
     assert main(["tune", "add", "64", *argv]) == 2
     assert started == [name for name, on in (("build", "--serial" not in argv), ("probe", probe_started)) if on]
 

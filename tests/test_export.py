@@ -74,7 +74,7 @@ def test_elementwise_from_a_tuned_result(tmp_path):
     op = ops.elementwise((128, 1024), "float16", "add")
     _, best = fastdlight.tune(op.func, H100, topk=1, measure=False)
     out = tmp_path / "add"
-    result = fastdlight.export(best, out, ref=op.reference)
+    result = export(best, out, ref=op.reference)
     header = (out / "add.cuh").read_text()
     assert "__global__" in header and "add_kernel" in header
     assert "static inline cudaError_t add_launch(const half* A, const half* B, half* C, cudaStream_t stream)" in header
@@ -88,7 +88,6 @@ def test_elementwise_from_a_tuned_result(tmp_path):
     assert np.all(np.abs(want - ref) <= 1e-7 * np.abs(ref) + 1e-30) and np.all(allowed > 0)
     assert "nvcc" in (out / "README.md").read_text() and "add_example:" in (out / "Makefile").read_text()
     build_example(out, "add")
-    assert callable(fastdlight.export)  # the submodule, once imported, is itself callable
 
 
 def test_softmax_through_the_cli(tmp_path, capsys):

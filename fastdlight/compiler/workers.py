@@ -227,7 +227,7 @@ class WorkerPool:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`shutdown` ran: the pool takes no more tasks."""
+        """Whether :meth:`close` ran: the pool takes no more tasks."""
         return self._closed
 
     def reset(self) -> None:

@@ -1,0 +1,205 @@
+"""The command line's arguments: the parser, the operator spec and the checks made before any
+work starts (this module imports neither TVM nor the tuner)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
+
+
+DEFAULT_TARGET = "nvidia/nvidia-h100"
+
+
+#: op name -> (number of shape dims or None for "any rank >= 1", the dims' names for help/errors)
+OPS = {
+    "matmul": (3, "M N K"),
+    "gemv": (2, "N K"),
+    "add": (None, "D0 [D1 ...]"),
+    "copy": (None, "D0 [D1 ...]"),
+    "bias_relu": (None, "D0 [D1 ...]"),
+    "sum": (2, "R C"),
+    "max": (2, "R C"),
+    "softmax": (2, "R C"),
+    "conv2d": (5, "N H W C K"),
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be positive and finite, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _shape_var(text: str) -> tuple[str, int | tuple[int, ...]]:
+    """NAME=VALUE (specialize to one value) or NAME=V1,V2,... (a kernel per value, dispatched)."""
+    name, sep, value = text.partition("=")
+    parts = [v.strip() for v in value.split(",")]
+    if not sep or not name.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE or NAME=V1,V2,... with positive integers, got {text!r}")
+    values = tuple(int(p) for p in parts)
+    return name.strip(), values[0] if len(values) == 1 else values
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    first = lines[0].removeprefix("error: ")
+    where = next((ln.removeprefix("--> ") for ln in lines[1:] if ln.startswith("-->")), "")
+    return f"{first} (at {where})" if where else first
+
+
+def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) -> None:
+    """The operator (OP SHAPE... or --file) and its options, shared by ``tune`` and ``export``."""
+    p.add_argument("op", nargs="?", help=f"operator: {', '.join(OPS)}")
+    p.add_argument("shape", nargs="*", help=f"dimensions, {example}")
+    p.add_argument("--file", help=f"{verb} the TVMScript PrimFunc in this Python file instead of OP")
+    p.add_argument("--func", help=f"with --file: the PrimFunc (or IRModule function) to {verb}")
+    p.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
+                   help="give a symbolic dimension of the --file function a value (repeatable); "
+                        "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
+    p.add_argument("--dtype", default="float16", help="input dtype")
+    p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
+    p.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
+    p.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
+    p.add_argument("--m", type=int, default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
+    p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
+    p.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
+    p.add_argument("--stride", type=int, default=1, help="conv2d: stride")
+    p.add_argument("--pad", type=int, default=1, help="conv2d: padding")
+
+
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
+    """How candidates are built and timed, shared by ``tune`` and ``export``."""
+    p.add_argument("--topk", type=_positive(int), default=20, help="candidates to build and time")
+    p.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    p.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
+    p.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
+    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
+    p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
+                   help="timing budget of each finalist (the fastest few, timed again)")
+    p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
+                   help="timing budget of the first pass over every candidate")
+
+
+def add_export_parser(sub) -> argparse.ArgumentParser:
+    """``fastdlight export``: the operator spec of ``fastdlight tune`` plus ``--out``."""
+    p = sub.add_parser(
+        "export", help="tune one operator (or a TVMScript PrimFunc) and export it for C++ hosts",
+        description="Tune like 'fastdlight tune', then write OUT/NAME.cuh (the kernels and NAME_launch), "
+        "OUT/NAME_example.cu (checks the result against a float64 reference and times it), its data, a Makefile "
+        "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    add_workload_arguments(p, "export", "e.g. 'softmax 4096 4096'")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
+    p.add_argument("--name", help="C name of the export (default: the function's)")
+    p.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    p.add_argument("--no-measure", action="store_true", help="compile only; export the top-ranked candidate")
+    add_build_arguments(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the example's random inputs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(json=None)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fastdlight",
+        description="Hardware-aware, seconds-fast GPU kernel tuning for Apache TVM (Roller-style).",
+        epilog="Run 'fastdlight tune --help' for the operators and tuning options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{tune,export,arch}", parser_class=_Parser)
+
+    ops_help = "; ".join(f"{name} {dims}" for name, (_, dims) in OPS.items())
+    tune = sub.add_parser(
+        "tune", help="tune one operator (or a TVMScript PrimFunc) and print the ranked candidates",
+        description=f"Emit configs with the Roller-style policy, compile them in parallel, time them on the "
+        f"GPU (inputs out of L2, CUDA events, median), check the winner, print the ranking. Operators: {ops_help}. "
+        "Without a GPU every candidate is still compiled to a cubin and ranked by predicted cost.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    add_workload_arguments(tune, "tune", "e.g. 'matmul 4096 4096 4096'")
+    tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
+    add_build_arguments(tune)
+    tune.add_argument("--timing", default="rotate", choices=("rotate", "flush"),
+                      help="rotate: cycle inputs through copies so none is in L2 (default); "
+                           "flush: flush L2 and synchronize before each launch")
+    tune.add_argument("--check", default="winner", choices=("winner", "all", "none"),
+                      help="check the winner (then the next fastest until one is right), every candidate, or none")
+    tune.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    tune.add_argument("--show-source", action="store_true", help="print the winner's CUDA source")
+    tune.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    arch = sub.add_parser("arch", help="print the hardware model fastdlight tunes for",
+                          description="Print the hardware model (SMs, registers, shared memory, L2, bandwidth, "
+                          "tensor-core shapes) for a target, the live GPU, or the H100 model.")
+    arch.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
+    add_export_parser(sub)
+    return parser
+
+
+def parse_dims(op: str, shape: list[str]) -> list[int]:
+    rank, names = OPS[op]
+    dims = []
+    for s in shape:
+        try:
+            d = int(s)
+        except ValueError:
+            raise UsageError(f"bad shape for {op}: {s!r} is not an integer (expected {op} {names})") from None
+        if d <= 0:
+            raise UsageError(f"bad shape for {op}: dimensions must be positive, got {d}")
+        dims.append(d)
+    if (rank is None and not dims) or (rank is not None and len(dims) != rank):
+        raise UsageError(f"bad shape for {op}: expected {op} {names}, got {len(dims)} dimension(s)")
+    return dims
+
+
+def describe_workload(args, fname) -> str:
+    if args.file:
+        return f"{fname} from {args.file}"
+    extra = ""
+    if args.op == "matmul":
+        extra = f" {args.layout.upper()}" + (f" batch {args.batch}" if args.batch else "")
+    return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
+
+
+def _check_json_path(path: str) -> None:
+    """Refuse an unwritable --json path before tuning, writing nothing."""
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write --json {path}: it is a directory")
+    if not os.path.isdir(where):
+        raise UsageError(f"cannot write --json {path}: no such directory {where}")
+    if not os.access(path if os.path.exists(path) else where, os.W_OK):
+        raise UsageError(f"cannot write --json {path}: permission denied")
+
+
+def validate_args(args) -> None:
+    if args.file and args.op:
+        raise UsageError("give either OP SHAPE... or --file, not both")
+    if not args.file and not args.op:
+        raise UsageError(f"missing OP: one of {', '.join(OPS)} (or --file kernel.py)")
+    if args.shape_var and not args.file:
+        raise UsageError("--shape-var applies to a --file function")
+    if args.json:
+        _check_json_path(args.json)

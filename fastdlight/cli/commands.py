@@ -1,0 +1,208 @@
+"""The commands: ``fastdlight tune``, ``fastdlight export`` and ``fastdlight arch``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from fastdlight.cli.args import UsageError, describe_workload, one_line, validate_args
+from fastdlight.cli.workload import cuda_compiler_name, func_bytes, make_workload, resolve_arch
+
+
+#: when the command started (set by :func:`fastdlight.cli.entry`): the wall time we report includes imports
+STARTED: list[tuple[float, float]] = []
+
+
+def _set_line(cset, arch) -> str:
+    """A candidate set as the run announces it; on a wgmma GPU, why a tensor-core set has no
+    wgmma tiles (say an operand's rows TMA cannot address) rather than mma.sync silently."""
+    line = f"{cset.policy}: {len(cset.configs)} configs"
+    if cset.policy == "TensorCorePolicy" and getattr(arch, "has_wgmma", False) \
+            and not any(c.kind == "matmul_wgmma" for c in cset.configs):
+        from fastdlight.policies.wgmma import wgmma_eligible
+
+        _match, why = wgmma_eligible(cset.func, arch)
+        if why:
+            line += f" (mma.sync only, no wgmma: {why})"
+    return line
+
+
+def cmd_arch(args) -> int:
+    arch, _, notice = resolve_arch(args.target)
+    if notice:
+        print(notice.replace("; nothing will be timed", "").replace(": nothing will be timed", ""))
+    print(arch)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    validate_args(args)
+    t0 = STARTED[0][0] if STARTED else time.perf_counter()
+    # Start the build workers and the probe process now: they import TVM while we do. The probe
+    # process runs each built kernel once before this one times it; started with the first tune,
+    # it was ready only after that 4096³ GEMM's builds were done (6.3 s into the process, on an
+    # H100 machine), and they waited for it.
+    from fastdlight.compiler.pool import gpu_device_nodes, probe_pool, shared_pool
+
+    if not args.serial:
+        shared_pool(args.workers).warm_up()
+    if not args.no_measure and gpu_device_nodes():
+        probe_pool().warm_up()
+    # A built-in op is verified like a file's function, against itself widened to float64 and
+    # built with the candidates (tune.reference), not against its numpy reference: that one runs
+    # on the host after the timings (on every core it would slow the builds and the timed
+    # launches), 0.85 s of a 4096³ GEMM's first tune on the H100 machine, where the widened
+    # function runs on the GPU while candidates still build.
+    fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes = make_workload(args)
+    arch, can_measure, notice = resolve_arch(args.target)
+    measure = can_measure and not args.no_measure
+    if notice:
+        print(notice)
+
+    from fastdlight.search.candidates import tune_function
+    from fastdlight.search.options import TuneOptions
+    from fastdlight.search.report import format_table
+    from fastdlight.search.runner import TuningError
+
+    opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
+                       timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
+                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
+    print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
+          f"built with {cuda_compiler_name()}" + ("" if measure else ", compile-only"))
+    if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
+        return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
+    try:
+        tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
+                              on_set=lambda c: print(_set_line(c, arch)))
+    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        print(f"fastdlight: tuning failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return 1
+    results, best = list(tuned.results), tuned.best
+    nbytes = nbytes if nbytes is not None else func_bytes(best._func, fname)
+    print(format_table(results, flops=flops, nbytes=nbytes, memory_bound=memory_bound, best=best))
+    print()
+    _print_winner(results, best, measure, can_measure, arch, (flops, nbytes, memory_bound))
+    wall = time.perf_counter() - t0
+    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
+    if args.show_source:
+        print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
+    if args.json:
+        _write_json(args, fname, arch, measure, wall, results, best, (flops, nbytes, memory_bound))
+    return 0
+
+
+def _tune_dispatch(func, fname: str, arch, args, opts, opt_shapes: dict, t0: float) -> int:
+    from fastdlight.search.dynamic import check_dispatch, tune_dispatch
+    from fastdlight.search.runner import TuningError
+
+    try:
+        dispatched = tune_dispatch(func, arch, args.topk, opts, opt_shapes)
+        checks = check_dispatch(dispatched, func, arch, opts)
+    except ValueError as e:
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    if dispatched.defaulted:
+        print(f"Default values (from the hardware model) for {', '.join(dispatched.defaulted)}")
+    print("Dispatcher: the kernel tuned at each value serves the values above the previous one up to it")
+    print(dispatched.describe())
+    for c in checks:
+        at = ", ".join(f"{n}={v}" for n, v in c.point)
+        timing = f"  {c.latency_ms:.4f} ms (static winner {c.static_ms:.4f} ms)" if c.latency_ms and c.static_ms else ""
+        print(f"  check {at}: {'ok' if c.passed else 'WRONG'} ({c.message}){timing}")
+    print(f"Tuning wall time: {time.perf_counter() - t0:.1f} s")
+    return 0 if all(c.passed for c in checks) else 1
+
+
+def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
+    from fastdlight.search.report import perf_text
+
+    if measure:
+        check = "NOT checked (--check none)" if best.verdict is None else \
+            f"verified against the {best.verdict.reference} ({best.check_message})"
+        print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms ({perf_text(best, *perf)}), {check}")
+        return
+    n_ok = sum(r.compiled for r in results)
+    why = "no GPU was found" if not can_measure else "--no-measure was given"
+    print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
+          f"for {arch.arch}; ranked by the policy's predicted cost.")
+    print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")
+
+
+def _write_json(args, fname, arch, measure, wall, results, best, perf) -> None:
+    from fastdlight.search.report import perf_text
+
+    flops, nbytes, _ = perf
+    doc = {
+        "op": fname, "description": describe_workload(args, fname), "target": str(arch.target), "arch": arch.name,
+        "measured": measure, "wall_s": round(wall, 3), "best": best.index, "flops": flops, "bytes": nbytes,
+        "reference": best.verdict.reference if best.verdict is not None else None,
+        "results": [dict(rank=i, perf=perf_text(r, *perf), **r.to_dict()) for i, r in enumerate(results, 1)],
+    }  # fmt: skip
+    try:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    except OSError as e:
+        raise UsageError(f"cannot write --json {args.json}: {e.strerror}") from None
+
+
+def cmd_export(args) -> int:
+    """The ``fastdlight export`` command: bad input exits 2 with one line (nothing written);
+    a tuning run where no candidate works exits 1."""
+    try:
+        return _export(args)
+    except UsageError as e:  # printed here: under ``python -m fastdlight.cli`` the caller's class differs
+        print(f"fastdlight: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _export(args) -> int:
+    from fastdlight.export import ExportError, check_out_dir, export
+    from fastdlight.search.runner import TuningError
+
+    validate_args(args)
+    if args.name is not None and not re.fullmatch(r"[A-Za-z_]\w*", args.name):
+        raise UsageError(f"bad --name {args.name!r}: use a C identifier")
+    out = os.path.abspath(args.out)
+    try:
+        check_out_dir(out, args.force)
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    if not args.serial:  # start the build workers now: they import TVM while we do
+        from fastdlight.compiler.pool import shared_pool
+
+        shared_pool(args.workers).warm_up()
+    fname, func, ref, _flops, _nbytes, _mb, opt_shapes = make_workload(args)
+    arch, can_measure, notice = resolve_arch(args.target)
+    measure = can_measure and not args.no_measure
+    if notice:
+        print(notice)
+    print(f"Exporting {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
+          + ("" if measure else ", compile-only"))
+    try:
+        result = export(func, out, name=args.name or re.sub(r"\W", "_", fname), target=arch, topk=args.topk,
+                        ref=ref, opt_shapes=opt_shapes, seed=args.seed, force=args.force, measure=measure,
+                        parallel_build=not args.serial, max_workers=args.workers, timeout=args.timeout,
+                        budget_ms=args.budget_ms, screen_ms=args.screen_ms,
+                        progress=not args.quiet and sys.stderr.isatty())
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
+        raise UsageError(f"cannot export {fname}: {one_line(e)}") from None
+    except TuningError as e:
+        print(str(e), file=sys.stderr)
+        print("fastdlight: export failed: no candidate could be used", file=sys.stderr)
+        return 1
+    timed = f"{result.latency_ms:.4f} ms (tuner)" if result.latency_ms is not None else "not timed"
+    print(f"Exported {result.config!r}, {timed}, to {result.out_dir}:")
+    for ln in result.launches:
+        print(f"  {ln.kernel}<<<{ln.grid}, {ln.block}, {ln.dynamic_smem}>>>")
+    print(f"Build and run: cd {result.out_dir} && {result.build_command} && ./{result.name}_example")
+    return 0

@@ -1,0 +1,129 @@
+"""What the command line tunes: the operator or the TVMScript file's PrimFunc, and the GPU
+(or hardware model) it is tuned for."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+
+from fastdlight.cli.args import DEFAULT_TARGET, OPS, UsageError, one_line, parse_dims
+
+
+def cuda_compiler_name() -> str:
+    """The CUDA compiler the builds use (``FASTDLIGHT_CUDA_COMPILER``, else NVRTC where installed)."""
+    from fastdlight.compiler.compile import CompileError, cuda_compiler
+
+    try:
+        return {"nvrtc": "NVRTC", "nvcc": "nvcc"}[cuda_compiler()]
+    except CompileError as e:
+        raise UsageError(str(e)) from None
+
+
+def make_op(args):
+    """The :class:`fastdlight.ops.Op` the arguments describe (UsageError on bad input)."""
+    from fastdlight import ops
+
+    if args.op not in OPS:
+        raise UsageError(f"unknown op {args.op!r}; choose one of: {', '.join(OPS)} (or --file kernel.py)")
+    d = parse_dims(args.op, args.shape)
+    try:
+        if args.op == "matmul":
+            return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout, batch=args.batch)
+        if args.op == "gemv":
+            return ops.gemv(d[0], d[1], m=args.m, dtype=args.dtype, out_dtype=args.out_dtype)
+        if args.op in ("add", "copy", "bias_relu"):
+            return ops.elementwise(d, args.dtype, args.op)
+        if args.op in ("sum", "max"):
+            return ops.reduce(d, args.dtype, args.op, axis=args.axis)
+        if args.op == "softmax":
+            return ops.softmax(*d, dtype=args.dtype)
+        if args.dtype in ("float16", "bfloat16") and args.out_dtype is None:
+            # as models hold it (ConvertLayout to NHWC/OHWI, fp32 sums): the Hopper wgmma path takes it
+            return ops.conv2d_nhwc_ohwi(*d, r=args.kernel, stride=args.stride, pad=args.pad, dtype=args.dtype)
+        return ops.conv2d_nhwc(*d, r=args.kernel, s=args.kernel, stride=args.stride, pad=args.pad,
+                               dtype=args.dtype, out_dtype=args.out_dtype)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{args.op}: {one_line(e)}") from None
+
+
+def load_primfunc(path: str, name: str | None = None):
+    """The TVMScript PrimFunc defined in ``path`` (the one called ``name`` when there are several)."""
+    import runpy
+
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
+
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file: {path}")
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            # T and I predefined: TVM's .script() prints its imports as comments
+            namespace = runpy.run_path(path, init_globals={"T": T, "I": I}, run_name="__fastdlight_kernel__")
+    except SyntaxError as e:
+        raise UsageError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
+    except BaseException as e:  # noqa: BLE001 - TVMScript DiagnosticError, NameError, ... in the user's file
+        raise UsageError(f"cannot parse {path}: {one_line(e)}") from None
+    found = []
+    for key, value in namespace.items():
+        if isinstance(value, tvm.tirx.PrimFunc):
+            found.append((key, value))
+        elif isinstance(value, tvm.IRModule):
+            found += [(gv.name_hint, f) for gv, f in value.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if not found:
+        raise UsageError(f"no TVMScript PrimFunc found in {path} (decorate one with @T.prim_func(s_tir=True))")
+    if name is None:
+        if len(found) > 1:
+            raise UsageError(f"{path} defines {len(found)} PrimFuncs ({', '.join(k for k, _ in found)}); "
+                             "choose one with --func NAME")
+        return found[0]
+    for key, func in found:
+        if key == name:
+            return key, func
+    raise UsageError(f"no PrimFunc named {name!r} in {path}; found: {', '.join(k for k, _ in found)}")
+
+
+def resolve_arch(target: str | None):
+    """(arch, can_measure, notice) for --target / the live GPU / the H100 model."""
+    from fastdlight.arch import CUDA, auto_arch, has_gpu
+
+    gpu = has_gpu()
+    if target is None:
+        if gpu:
+            return auto_arch(), True, None
+        return CUDA(DEFAULT_TARGET), False, (
+            f"No GPU was found: tuning for the {DEFAULT_TARGET} hardware model; nothing will be timed.")
+    try:
+        arch = CUDA(target)
+    except Exception as e:  # noqa: BLE001 - unknown tag, not CUDA, unparsable
+        raise UsageError(f"bad --target {target!r}: {one_line(e)}") from None
+    if not gpu:
+        return arch, False, f"No GPU was found: nothing will be timed (target {target})."
+    live = auto_arch()
+    if tuple(live.compute_capability) != tuple(arch.compute_capability):
+        return arch, False, (f"--target {target} ({arch.arch}) is not the GPU in this machine ({live.name}, "
+                             f"{live.arch}): kernels are compiled for it but not timed.")
+    return arch, True, None
+
+
+def make_workload(args):
+    """(name, func, numpy reference or None, flops, bytes, memory_bound, opt_shapes)."""
+    if args.file:
+        fname, func = load_primfunc(args.file, args.func)
+        return fname, func, None, None, None, True, dict(args.shape_var) or None
+    op = make_op(args)
+    return op.name, op.func, op.reference, op.flops, op.bytes, op.memory_bound, None
+
+
+def func_bytes(func, fname: str) -> int:
+    import tvm
+
+    from fastdlight.measure.timing import param_buffers, static_shape
+
+    try:
+        return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+    except ValueError as e:
+        raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
