@@ -38,7 +38,7 @@ Writes ``bench_course.md``, ``bench_course.json`` and ``bench_course.log`` to ``
 schedules and compiles every variant to a cubin (nvcc; registers, shared memory, spills),
 runs fastdlight compile-only and builds one sampled MetaSchedule sketch; nothing is timed.
 
-Measured 2026-11-25 on an NVIDIA H100 80GB HBM3 (docs/results/course_h100_2026-11-25/), 1024³
+Measured 2026-11-25 on an NVIDIA H100 80GB HBM3 (benchmarks/results/course_h100.json), 1024³
 fp32 GEMM in TFLOPS: cuBLAS 36.0 (35.5 at the end of the run); hand naive 5.1, shared-memory
 tiling 8.7, register 8×8 without shared memory 5.7, register 8×8 + shared (the course's) 12.5,
 4×4 + shared 24.8, 8×8 + shared 128×128 9.5; stock Dlight 17.9; MetaSchedule (64 trials) 17.0;

@@ -1,4 +1,6 @@
-"""The tile config ("hint") a policy emits and a schedule template consumes.
+"""What a candidate is: the tile config ("hint") a policy emits and a schedule template consumes
+(:class:`Config`), or a schedule measured beside them that carries no tiles: stock Dlight's
+(:class:`StockSchedule`) and a MetaSchedule record's (:class:`MetaScheduleRecord`).
 
 Axis conventions (the contract between policies and templates):
 
@@ -23,6 +25,7 @@ import hashlib
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar, Union
 
 #: Template families a config can be for; each maps to one module in ``fastdlight.schedules``.
 KINDS = (
@@ -38,6 +41,9 @@ KINDS = (
     "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
     "ms_record",  # a MetaSchedule tuning record's schedule (its trace, as JSON, in ``trace``)
 )
+
+#: the kinds a :class:`Config` can have (stock Dlight and MetaSchedule records have types of their own)
+TILE_KINDS = tuple(k for k in KINDS if k not in ("dlight", "ms_record"))
 
 #: kinds whose ``block``/``warp`` are over the normalized matmul view ``(I, J)``
 TENSOR_CORE_KINDS = ("matmul_tc", "matmul_wgmma")
@@ -67,11 +73,6 @@ class Config:
     #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A
     cluster: int = 1
     cluster_axis: str = "m"
-    #: kind "dlight" only: the CUDA arch Dlight's rules schedule for ("sm_90": its Matmul rule
-    #: uses tensor cores; "sm_90a": it does not); the kernel is still built for the tuning target
-    arch: str = ""
-    #: kind "ms_record" only: the schedule's MetaSchedule trace (``Trace.as_json()``, as JSON text)
-    trace: str = ""
     #: the policy's predicted cost (lower is better); not part of the config's identity
     cost: float = field(default=0.0, compare=False)
 
@@ -92,10 +93,8 @@ class Config:
             return tuple(b // w for b, w in zip(self.block, self.warp))
         return tuple(b // t for b, t in zip(self.block, self.thread))
 
-    @property
-    def is_stock(self) -> bool:
-        """TVM's stock Dlight schedule (the baseline), not one of fastdlight's tiles."""
-        return self.kind == "dlight"
+    #: TVM's stock Dlight schedule (the baseline)? Never for a tile config
+    is_stock: ClassVar[bool] = False
 
     @property
     def num_threads(self) -> int:
@@ -116,22 +115,10 @@ class Config:
 
     # -- checks and (de)serialization ---------------------------------------------------
     def validate(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown config kind {self.kind!r}; expected one of {KINDS}")
-        if self.kind == "dlight":
-            if not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
-                raise ValueError(f"a dlight config needs arch='sm_XY', got {self.arch!r}")
-            if self.block or self.thread or self.rstep or self.reduce_thread or self.warp or self.vectorize:
-                raise ValueError("a dlight config carries no tiles: Dlight's rules choose them")
-            return
-        if self.arch:
-            raise ValueError(f"arch is for dlight configs only, not {self.kind!r}")
-        if (self.kind == "ms_record") != bool(self.trace):
-            raise ValueError("an ms_record config carries a MetaSchedule trace and nothing else; other kinds none")
-        if self.kind == "ms_record":
-            if self.block or self.thread or self.rstep or self.reduce_thread or self.warp or self.vectorize:
-                raise ValueError("an ms_record config carries no tiles: its trace chooses them")
-            return
+        if self.kind in ("dlight", "ms_record"):
+            raise ValueError(f"a {self.kind!r} schedule is a {_RECORD_TYPES[self.kind].__name__}, not a tile Config")
+        if self.kind not in TILE_KINDS:
+            raise ValueError(f"unknown config kind {self.kind!r}; expected one of {TILE_KINDS}")
         if self.kind == "prebuilt":
             if len(self.block) != 1 or self.block[0] < 0 or self.thread or self.rstep or self.reduce_thread \
                     or self.warp or self.vectorize:
@@ -177,18 +164,16 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict) -> "Config":
         known = {f.name for f in fields(cls)}
+        # rows written when stock Dlight and MetaSchedule records rode in a tile config
+        data = {k: v for k, v in data.items() if not (k in ("arch", "trace") and not v)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown Config fields: {sorted(unknown)}")
         return cls(**data)
 
     def __repr__(self) -> str:
-        if self.kind == "dlight":
-            return f"Config[dlight]({self.arch})"
         if self.kind == "prebuilt":
             return f"Config[prebuilt](#{self.block[0]})"
-        if self.kind == "ms_record":
-            return f"Config[ms_record](trace {hashlib.sha1(self.trace.encode()).hexdigest()[:8]})"
         parts = [f"block={list(self.block)}"]
         if self.kind in TENSOR_CORE_KINDS:
             parts.append(f"warp={list(self.warp)}")
@@ -211,3 +196,70 @@ class Config:
         if self.cluster > 1:
             parts.append(f"cluster{'_n' if self.cluster_axis == 'n' else ''}={self.cluster}")
         return f"Config[{self.kind}]({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class StockSchedule:
+    """TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures beside the
+    policy's configs. ``arch`` is the CUDA arch the rules schedule for ("sm_90": Dlight's Matmul
+    rule uses tensor cores; "sm_90a": it does not); the kernel is built for the tuning target."""
+
+    arch: str
+    #: ranks it among a candidate set's configs (none of its own: unmeasured, it comes last)
+    cost: float = field(default=0.0, compare=False)
+
+    kind: ClassVar[str] = "dlight"
+    is_stock: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if not re.fullmatch(r"sm_\d+[a-z]?", str(self.arch)):
+            raise ValueError(f"a stock Dlight schedule needs arch='sm_XY', got {self.arch!r}")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "arch": self.arch, "cost": self.cost}
+
+    def __repr__(self) -> str:
+        return f"Config[dlight]({self.arch})"
+
+
+@dataclass(frozen=True)
+class MetaScheduleRecord:
+    """A MetaSchedule tuning record's schedule: its trace (``Trace.as_json()``, as JSON text)."""
+
+    trace: str
+    cost: float = field(default=0.0, compare=False)
+
+    kind: ClassVar[str] = "ms_record"
+    is_stock: ClassVar[bool] = False
+
+    def __post_init__(self):
+        if not isinstance(self.trace, str) or not self.trace:
+            raise ValueError("a MetaSchedule record carries its trace (JSON text)")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "trace": self.trace, "cost": self.cost}
+
+    def __repr__(self) -> str:
+        return f"Config[ms_record](trace {hashlib.sha1(self.trace.encode()).hexdigest()[:8]})"
+
+
+#: anything a candidate set holds: a tile config, or a schedule that carries no tiles
+AnyConfig = Union[Config, StockSchedule, MetaScheduleRecord]
+
+_RECORD_TYPES = {"dlight": StockSchedule, "ms_record": MetaScheduleRecord}
+
+
+def config_from_dict(data: dict) -> AnyConfig:
+    """The config a ``to_dict`` gave (stock and MetaSchedule rows as their own types, also rows
+    written when they were tile configs with empty tiles). Raises ValueError on bad data."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a config is a JSON object, got {type(data).__name__}")
+    kind = data.get("kind")
+    if kind in _RECORD_TYPES:
+        cls = _RECORD_TYPES[kind]
+        own = {f.name for f in fields(cls)}
+        rest = {k: v for k, v in data.items() if k not in own and k != "kind"}
+        if any(v not in ((), [], {}, "", 0, 1, 0.0, False, "m", None) for v in rest.values()):
+            raise ValueError(f"a {kind!r} config carries no tiles, got {sorted(rest)}")
+        return cls(**{k: v for k, v in data.items() if k in own})
+    return Config.from_dict(data)

@@ -1,4 +1,4 @@
-"""A MetaSchedule tuning record's schedule as a candidate: ``Config("ms_record", (), trace=...)``.
+"""A MetaSchedule tuning record's schedule as a candidate: :class:`~fastdlight.config.MetaScheduleRecord`.
 
 The trace (``Trace.as_json()``, saved with ``tvm.ir.save_json``) travels inside the config, so a
 build worker replays it with nothing but the config; a trace that does not replay on the function

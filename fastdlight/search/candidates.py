@@ -21,7 +21,7 @@ from fastdlight.arch import CUDA, has_gpu
 from fastdlight.arch.cuda import parse_sm
 from fastdlight.compiler import build_task
 from fastdlight.compiler.pool import shared_pool
-from fastdlight.config import Config
+from fastdlight.config import Config, StockSchedule
 from fastdlight.policies.select import CandidateSet, TensorCoreMatch, candidate_sets, match_tensor_core
 from fastdlight.search.options import TuneOptions
 from fastdlight.search.results import CompileResult
@@ -55,16 +55,16 @@ class Tuned:
         return min(rows, key=lambda r: r.speed_key, default=None)
 
 
-def stock_configs(func, arch: CUDA, match: TensorCoreMatch | None = None) -> tuple[Config, ...]:
+def stock_configs(func, arch: CUDA, match: TensorCoreMatch | None = None) -> tuple[StockSchedule, ...]:
     """Stock Dlight's schedule at the tuning arch and, on an arch-specific target (``sm_90a``),
     also at its base (``sm_90``) when Dlight schedules the function differently there: its
     Matmul rule uses tensor cores at ``sm_90`` (matmuls, convolutions), not at ``sm_90a``.
     Where the two schedules are the same (softmax, GEMV, fp32 matmul, elementwise) one is built."""
-    own = Config("dlight", (), arch=arch.arch)
+    own = StockSchedule(arch.arch)
     suffix = parse_sm(arch.arch)[1]
     if not suffix:
         return (own,)
-    other = Config("dlight", (), arch=arch.arch[: -len(suffix)])
+    other = StockSchedule(arch.arch[: -len(suffix)])
     match = match if match is not None else match_tensor_core(func, arch)
     return (own, other) if _schedules_differ(func, arch, own, other, match) else (own,)
 
@@ -73,7 +73,7 @@ def stock_configs(func, arch: CUDA, match: TensorCoreMatch | None = None) -> tup
 STOCK_TENSOR_CORE_DTYPES = ("float16", "bfloat16", "int8")
 
 
-def _schedules_differ(func, arch: CUDA, a: Config, b: Config, match: TensorCoreMatch) -> bool:
+def _schedules_differ(func, arch: CUDA, a: StockSchedule, b: StockSchedule, match: TensorCoreMatch) -> bool:
     """Whether the two configs schedule ``func`` differently (True when either does not apply:
     then measurement decides). A tensor-core matmul is taken to differ without scheduling it:
     stock Dlight at ``sm_90`` tensorizes it, and applying that here would import the tensor

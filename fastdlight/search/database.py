@@ -41,7 +41,7 @@ import tvm
 import tvm_ffi
 
 from fastdlight.arch import CUDA
-from fastdlight.config import Config
+from fastdlight.config import AnyConfig, config_from_dict
 from fastdlight.schedules.dispatch import template_fingerprint
 from fastdlight.search.meta_schedule_view import MetaScheduleView
 
@@ -54,7 +54,7 @@ _REQUIRED_KEYED = ("autotune", "arch", "target", "tvm", "params", "func", "verif
 
 @dataclass(frozen=True)
 class Record:
-    config: Config
+    config: AnyConfig
     arch: str  # CUDA.name of the GPU it was tuned for
     latency_ms: float | None
     verified: bool
@@ -165,7 +165,7 @@ class TuningDatabase:
             if not _current(row):
                 continue
             if tvm_ffi.structural_equal(tvm.ir.load_json(row["func"]), func):
-                return Record(Config.from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
+                return Record(config_from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
                               row.get("reference"), row.get("created", 0.0), row.get("kernel"))
         return None
 
@@ -182,7 +182,7 @@ class TuningDatabase:
         return None
 
     # -- writing ----------------------------------------------------------------------------
-    def commit(self, func, arch: CUDA, config: Config, latency_ms: float | None = None, verified: bool | None = None,
+    def commit(self, func, arch: CUDA, config: AnyConfig, latency_ms: float | None = None, verified: bool | None = None,
                reference: str | None = None, kernel=None) -> None:
         """Append a verified winner. A winner that failed or skipped verification is refused.
         ``kernel``: the scheduled function, stored (TVM JSON, compressed: ~30 KB) where
@@ -239,7 +239,7 @@ def _parse(raw: bytes) -> dict | None:
     if not isinstance(row, dict) or any(k not in row for k in _REQUIRED) or row["verified"] is not True:
         return None
     try:
-        Config.from_dict(row["config"])
+        config_from_dict(row["config"])
     except (TypeError, ValueError, AttributeError):
         return None
     return row

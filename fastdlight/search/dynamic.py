@@ -26,7 +26,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.arch import CUDA
-from fastdlight.config import Config
+from fastdlight.config import Config, StockSchedule
 from fastdlight.analysis.prepare import shape_var_names, specialize
 from fastdlight.schedules.dispatch import dispatch_config
 from fastdlight.schedules.symbolic import Branch, bind_params, dispatch_func, generalize
@@ -211,8 +211,8 @@ def _branches(values, point, kernel, exact: bool, func, arch: CUDA) -> list[Bran
     return out
 
 
-def _stock(arch: CUDA) -> Config:
-    return Config("dlight", (), arch=arch.arch)  # Dlight's rules take symbolic extents
+def _stock(arch: CUDA) -> StockSchedule:
+    return StockSchedule(arch.arch)  # Dlight's rules take symbolic extents
 
 
 def _general(func, arch: CUDA) -> tirx.PrimFunc:

@@ -26,6 +26,8 @@ import threading
 import tvm
 from tvm import s_tir
 
+from fastdlight.config import MetaScheduleRecord
+
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
@@ -63,11 +65,10 @@ class MetaScheduleView:
 
     def records(self, func, limit: int = 4) -> tuple:
         """The best ``limit`` records MetaSchedule's database here holds for ``func`` (fastest
-        first), as ``Config("ms_record", (), trace=...)``; none when there is no database or no
+        first), as :class:`~fastdlight.config.MetaScheduleRecord`; none when there is no database or no
         record of the function."""
         from tvm.s_tir import meta_schedule as ms
 
-        from fastdlight.config import Config
         from fastdlight.schedules.ms_record import trace_text
 
         paths = [os.path.join(self.dir, name) for name in (WORKLOAD_FILE, RECORD_FILE)]
@@ -87,5 +88,5 @@ class MetaScheduleView:
         for rec in top:
             text = trace_text(rec.trace)
             if all(c.trace != text for c in configs):
-                configs.append(Config("ms_record", (), trace=text))
+                configs.append(MetaScheduleRecord(text))
         return tuple(configs)

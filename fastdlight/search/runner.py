@@ -74,6 +74,8 @@ def compile_cost_estimate(config: Config) -> int:
     """Relative nvcc time of a candidate: the unrolled body grows with the per-thread (or
     per-warp) tile, the reduction step and the pipeline depth. Measured on H200: 4096 → ~10 s,
     2048 → ~4 s, 1024 → ~1 s for fp32 matmul tiles."""
+    if not isinstance(config, Config):
+        return 1  # stock Dlight or a MetaSchedule record: no tile of ours to unroll
     tile = math.prod(config.warp if config.kind == "matmul_tc" else config.thread or (1,))
     return tile * math.prod(config.rstep or (1,)) * max(1, config.pipeline_stages)
 
@@ -168,14 +170,19 @@ def pick_order(timed: Sequence[CompileResult]) -> list[CompileResult]:
 def _hot_ties(timed: list[CompileResult]) -> list[CompileResult]:
     """Hot finalists with the plain tiles of the fastest one's tie first, in the policy's order."""
     first = timed[0]
-    if first.config.cluster > 1:
+    if _cluster(first.config) > 1:
         window = CLUSTER_TIE_FRACTION
     elif first.config.kind in HOT_TIE_KINDS:
         window = HOT_TIE_FRACTION
     else:
         return timed
     return _estimate_order_first(timed, [r for r in timed if r.timing.hot and r.config.kind == first.config.kind
-                                         and r.config.cluster <= 1 and r.latency_ms <= first.latency_ms * (1 + window)])
+                                         and _cluster(r.config) <= 1 and r.latency_ms <= first.latency_ms * (1 + window)])
+
+
+def _cluster(config) -> int:
+    """CTAs of a config's thread-block cluster (1 for schedules without tiles of ours)."""
+    return config.cluster if isinstance(config, Config) else 1
 
 
 def _estimate_order_first(timed: list[CompileResult], tied: list[CompileResult]) -> list[CompileResult]:

@@ -204,12 +204,12 @@ def test_a_sibling_with_the_same_matmul_is_tuned_after_it_from_its_best_configs(
 
 
 def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
-    from fastdlight.config import Config
+    from fastdlight.config import Config, StockSchedule
     from fastdlight.search.candidates import SEEDED_OWN_TOP, seeded
     from fastdlight.policies.select import CandidateSet
 
     own = tuple(Config("matmul_tc", block=(64 * (i + 1), 64), warp=(32, 32), rstep=(32,)) for i in range(8))
-    stock = Config("dlight", (), arch="sm_90a")
+    stock = StockSchedule("sm_90a")
     cand = CandidateSet("TensorCorePolicy", None, own + (stock,))
     cut = seeded(cand, (own[5], own[7]))
     assert cut.configs == own[:SEEDED_OWN_TOP] + (own[5], own[7], stock)

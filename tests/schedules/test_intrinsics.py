@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import TensorIntrin
 from fastdlight import ops
-from fastdlight.config import Config
+from fastdlight.config import Config, StockSchedule
 from fastdlight.schedules import intrinsics
 from fastdlight.compiler import build_task
 build_task.init_worker(cuda_only=True)
@@ -28,7 +28,7 @@ with target:
     out["tc_scheduled"] = build_task.apply_template(func, tc) is not None
 out["registered_after_tc"] = 91 - len(intrinsics.deferred())
 with target:
-    out["dlight_scheduled"] = build_task.apply_template(func, Config("dlight", (), arch="sm_90")) is not None
+    out["dlight_scheduled"] = build_task.apply_template(func, StockSchedule("sm_90")) is not None
 out["registered_after_dlight"] = 91 - len(intrinsics.deferred())
 names = ["mma_f16f16f32_trans_b", "mma_ldmatrix_f16_a_dyn", "wmma_sync_16x16x16_f16f16f32_trans"]
 out["hashes"] = {n: [tvm_ffi.structural_hash(f) for f in (TensorIntrin.get(n).desc, TensorIntrin.get(n).impl)]

@@ -367,12 +367,12 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
     latency order; hot-retimed finalists keep their hot order."""
     import dataclasses
 
-    from fastdlight.config import Config
+    from fastdlight.config import StockSchedule
     from fastdlight.search.runner import TIE_FRACTION, pick_order
 
     def row(index, latency, cost, kind="elementwise"):
         r = _row(index, latency)
-        config = Config("dlight", (), arch="sm_90a") if kind == "dlight" else dataclasses.replace(
+        config = StockSchedule("sm_90a") if kind == "dlight" else dataclasses.replace(
             r.config, kind=kind, cost=cost)
         return r.replace(config=config)
 

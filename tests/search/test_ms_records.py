@@ -7,7 +7,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.config import Config
+from fastdlight.config import MetaScheduleRecord
 from fastdlight.schedules import apply_config, default_schedule
 from fastdlight.schedules.ms_record import trace_text
 from fastdlight.search.candidates import tune_function
@@ -32,7 +32,7 @@ def write_foreign_database(directory, func):
 def test_a_record_replays_as_the_schedule_it_was():
     func = ops.softmax(512, 1024, "float16").func
     sch = default_schedule(func, H100.target)
-    config = Config("ms_record", (), trace=trace_text(sch.trace))
+    config = MetaScheduleRecord(trace_text(sch.trace))
     with H100.target:
         again = apply_config(func, config)
     assert tvm_ffi.structural_equal(again.mod, sch.mod)
@@ -58,7 +58,7 @@ def test_no_database_or_another_functions_records_give_nothing(tmp_path):
     other = default_schedule(ops.elementwise((64, 64), "float32").func, H100.target)
     with H100.target:
         try:
-            apply_config(func, Config("ms_record", (), trace=trace_text(other.trace)))
+            apply_config(func, MetaScheduleRecord(trace_text(other.trace)))
             raise AssertionError("another function's trace scheduled this one")
         except Exception as e:  # noqa: BLE001 - ScheduleError naming the template
             assert "ms_record" in str(e)

@@ -8,7 +8,7 @@ import tvm
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.config import Config
+from fastdlight.config import Config, StockSchedule, config_from_dict
 from fastdlight.schedules import apply_config
 from fastdlight.schedules import default_schedule
 from fastdlight.schedules.stock import rule_target
@@ -20,30 +20,42 @@ from fastdlight.search.options import TuneOptions
 H100 = CUDA("nvidia/nvidia-h100")
 
 
-def test_a_stock_config_is_validated_and_reads_well():
-    c = Config("dlight", (), arch="sm_90")
-    assert c.is_stock and repr(c) == "Config[dlight](sm_90)"
-    assert Config.from_dict(c.to_dict()) == c
+def test_a_stock_schedule_is_validated_and_reads_well():
+    c = StockSchedule("sm_90")
+    assert c.is_stock and c.kind == "dlight" and repr(c) == "Config[dlight](sm_90)"
+    assert config_from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="arch='sm_XY'"):
-        Config("dlight", ())
-    with pytest.raises(ValueError, match="no tiles"):
-        Config("dlight", (1, 128), (1, 1), arch="sm_90")
-    with pytest.raises(ValueError, match="dlight configs only"):
+        StockSchedule("")
+    with pytest.raises(ValueError, match="StockSchedule, not a tile Config"):
+        Config("dlight", (1, 128), (1, 1))
+    with pytest.raises(TypeError):
         Config("elementwise", (1, 128), (1, 1), arch="sm_90")
+
+
+def test_a_stock_row_stored_as_a_tile_config_still_loads():
+    # records written when stock Dlight's schedule was a Config with empty tiles
+    old = {"kind": "dlight", "block": [], "thread": [], "rstep": [], "reduce_thread": [], "warp": [],
+           "vectorize": {}, "pipeline_stages": 1, "use_async_copy": False, "rasterization": 0, "split_k": 1,
+           "cluster": 1, "cluster_axis": "m", "arch": "sm_90a", "trace": "", "cost": 0.0}
+    assert config_from_dict(old) == StockSchedule("sm_90a")
+    with pytest.raises(ValueError, match="carries no tiles"):
+        config_from_dict({**old, "block": [1, 128]})
+    tile = {**old, "kind": "elementwise", "block": [1, 128], "thread": [1, 1], "arch": ""}
+    assert config_from_dict(tile) == Config("elementwise", (1, 128), (1, 1))
 
 
 def test_the_stock_template_gives_dlight_s_schedule_at_the_config_arch():
     f = ops.matmul(256, 256, 256, "float16", "float32").func
     for arch in ("sm_90a", "sm_90"):
-        config = Config("dlight", (), arch=arch)
+        config = StockSchedule(arch)
         with H100.target:
             assert rule_target(config).attrs["arch"] == arch
             ours = apply_config(f, config).mod
         stock = default_schedule(f, tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": arch})).mod
         tvm.ir.assert_structural_equal(ours, stock)
     with H100.target:  # Dlight at sm_90 puts the matmul on tensor cores, at sm_90a it does not
-        assert "mma" in apply_config(f, Config("dlight", (), arch="sm_90")).mod.script()
-        assert "mma" not in apply_config(f, Config("dlight", (), arch="sm_90a")).mod.script()
+        assert "mma" in apply_config(f, StockSchedule("sm_90")).mod.script()
+        assert "mma" not in apply_config(f, StockSchedule("sm_90a")).mod.script()
 
 
 def test_stock_configs_add_the_base_arch_only_where_dlight_would_use_tensor_cores():
@@ -96,7 +108,7 @@ def _row(config, ms):
 
 
 def test_a_later_policy_must_be_faster_than_the_stock_winner_of_an_earlier_set():
-    stock_cfg, ours = Config("dlight", (), arch="sm_90"), Config("matmul", (64, 64), (4, 4), (16,))
+    stock_cfg, ours = StockSchedule("sm_90"), Config("matmul", (64, 64), (4, 4), (16,))
     stock_won = candidates.Tuned(stock_cfg, "tuned", "TensorCorePolicy", (_row(stock_cfg, 1.0),), _row(stock_cfg, 1.0))
     slower = candidates.Tuned(ours, "tuned", "DefaultPolicy", (_row(ours, 2.0),), _row(ours, 2.0))
     faster = dataclasses.replace(slower, results=(_row(ours, 0.5),), best=_row(ours, 0.5))

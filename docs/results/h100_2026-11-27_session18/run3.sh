@@ -1,4 +1,0 @@
-nvidia-smi --query-gpu=name,temperature.gpu,clocks.sm,power.draw --format=csv
-python .diag/r18/trace.py (here trace_diag.py) > $OUT/trace.log 2> $OUT/trace.err; echo "rc=$?"
-tail -3 $OUT/trace.err
-python .diag/r18/trace_report.py $OUT/trace.log | tee $OUT/trace_report.txt
