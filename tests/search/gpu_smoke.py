@@ -1,6 +1,6 @@
 """Run the GPU tests of test_apply_and_build.py without pytest (for machines that lack it).
 
-    python tests/tune/gpu_smoke.py
+    python tests/search/gpu_smoke.py
 """
 
 import os
