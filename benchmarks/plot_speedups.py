@@ -5,8 +5,8 @@
 Four panels, one bar per workload (> 1: fastdlight faster), each titled with its benchmark, GPU
 and date as the JSON records them:
 
-* GEMMs against cuBLAS (``gemm_hopper_h100.json``: the ratio at each side's own sustained clock,
-  CUDA graphs for kernels under 50 µs);
+* GEMMs against cuBLAS (the newest ``gemm_hopper_*.json`` by its ``date`` field: the ratio at each
+  side's own sustained clock, CUDA graphs for kernels under 50 µs);
 * whole models against torch.compile and torch in a CUDA graph (``models_h100.json``);
 * ResNet-18's convolution layers against cuDNN (``conv_h100.json``);
 * memory-bound operators and CUDA-core fp32 GEMMs against torch (``ops_h100.json``; its fp16 GEMM
@@ -46,10 +46,18 @@ def short_device(device: str) -> str:
     return device.split(" (")[0].replace("NVIDIA ", "")
 
 
+def newest(results: pathlib.Path, pattern: str) -> str:
+    """The name of the newest file matching ``pattern`` by its ``date`` field (then by name)."""
+    names = sorted(p.name for p in results.glob(pattern))
+    if not names:
+        raise FileNotFoundError(f"no {pattern} in {results}")
+    return max(names, key=lambda name: (load(results, name).get("date", ""), name))
+
+
 def gemm_panel(results: pathlib.Path):
-    d = load(results, "gemm_hopper_h100.json")
+    d = load(results, newest(results, "gemm_hopper_*.json"))
     table = d["tables"][0]
-    rows = [(r["case"], r["ratio"]) for r in table["rows"]]
+    rows = [(r["case"].replace("llama", "LLaMA"), r["ratio"]) for r in table["rows"]]
     title = f"GEMMs vs cuBLAS: {d['benchmark']}, {short_device(d['device'])}, {table.get('date', d['date'])}"
     return title, rows, None
 
