@@ -1,7 +1,7 @@
 """@fastdlight.autotune: the space and its constraints, pruning before any build (the arch's
 limits on threads and shared memory), ranking by the Roller cost model, failures as data, the
-database cache (this process and a new one), bad input; the README's example runs as written
-(compile-only). Builds are stood in for by a recorder except in the README test."""
+database cache (this process and a new one), bad input; the guide's example runs as written
+(compile-only). Builds are stood in for by a recorder except in the guide's example."""
 
 import json
 import pathlib
@@ -27,7 +27,7 @@ from fastdlight.measure.verify import Verdict
 
 A100 = CUDA("nvidia/nvidia-a100")  # 48 KB static shared memory per block, 163 KB opt-in
 N = 256
-README = pathlib.Path(__file__).parents[2] / "README.md"
+GUIDE = pathlib.Path(__file__).parents[2] / "docs" / "guide.md"
 
 
 @T.prim_func(s_tir=True)
@@ -335,9 +335,9 @@ def test_every_point_cut_is_a_tuning_error_listing_why(builds):
     assert builds.calls == 0 and info.value.screening.pruned[0].stage == "constraint"
 
 
-# -- as written in the README ----------------------------------------------------------------------
-def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+# -- as written in the guide -----------------------------------------------------------------------
+def test_the_guides_example_runs_as_written(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
     example = next(b for b in blocks if "@fastdlight.autotune" in b)
     path = tmp_path / "autotune_example.py"  # TVMScript reads the function's source from its file
     path.write_text(example.replace("topk=8", "topk=2, max_workers=2, measure=False"))
