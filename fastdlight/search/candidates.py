@@ -1,6 +1,7 @@
 """The one candidate path that ``fastdlight.tune``, the CLI and ``ApplyFastTuning`` share:
 
-    database hit?  -> re-apply the stored config (recheck_database: built, timed, verified again)
+    database hit?  -> the stored config and time as the winner (recheck_database: built, timed,
+                      verified again)
     policies       -> TensorCorePolicy first where the function is tensor-core eligible, then
                       DefaultPolicy if every tensor-core candidate fails
     apply_and_build each candidate set until one gives a verified winner
@@ -22,7 +23,9 @@ from fastdlight.arch.cuda import parse_sm
 from fastdlight.compiler import build_task
 from fastdlight.compiler.pool import shared_pool
 from fastdlight.config import Config, StockSchedule
+from fastdlight.measure.timing import Timing
 from fastdlight.policies.select import CandidateSet, TensorCoreMatch, candidate_sets, match_tensor_core
+from fastdlight.search.database import Record
 from fastdlight.search.options import TuneOptions
 from fastdlight.search.results import CompileResult
 from fastdlight.search.runner import TuningError, apply_and_build
@@ -30,8 +33,8 @@ from fastdlight.search.runner import TuningError, apply_and_build
 
 @dataclass(frozen=True)
 class Tuned:
-    """What tuning one function gave: the winning config and, unless it came from the database
-    without a GPU to re-check it, the ranked results and the winner."""
+    """What tuning one function gave: the winning config, the ranked results and the winner. A
+    database hit not rechecked on a GPU has one row, ``origin="database"``, with the stored time."""
 
     config: Config
     source: str  # "tuned" or "database"
@@ -51,7 +54,8 @@ class Tuned:
     def stock(self) -> CompileResult | None:
         """The fastest timed stock Dlight candidate measured beside the winner (not refuted by a
         check; with ``check="winner"`` only the winner is verified)."""
-        rows = [r for r in self.results if r.config.is_stock and r.verified is not False and r.latency_ms is not None]
+        rows = [r for r in self.results if r.config.is_stock and not r.replayed and r.verified is not False
+                and r.latency_ms is not None]
         return min(rows, key=lambda r: r.speed_key, default=None)
 
 
@@ -117,8 +121,9 @@ def seeded(cand: CandidateSet, seeds: tuple[Config, ...]) -> CandidateSet:
 
 
 def best_configs(tuned: Tuned, n: int) -> tuple[Config, ...]:
-    """The ``n`` fastest timed policy configs of a tuning run that no check refuted."""
-    rows = sorted((r for r in tuned.results if not r.config.is_stock and r.latency_ms is not None
+    """The ``n`` fastest timed policy configs of a tuning run that no check refuted (a database
+    hit not rebuilt was not timed in this run)."""
+    rows = sorted((r for r in tuned.results if not r.config.is_stock and not r.replayed and r.latency_ms is not None
                    and r.verified is not False), key=lambda r: r.speed_key)
     return tuple(dict.fromkeys(r.config for r in rows))[:n]
 
@@ -138,9 +143,9 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     match = match_tensor_core(func, arch)
     hit = db.lookup(func, arch) if db is not None else None
     if hit is not None:
-        replayed = _replay(func, arch, hit.config, opts, match)
+        replayed = _replay(func, arch, hit, opts, match)
         if replayed is not None:
-            return dataclasses.replace(replayed, kernel=hit.load_kernel()) if not replayed.results else replayed
+            return replayed
     prewarm(opts)
     errors, failed, held = [], None, None
     recorded = db.meta_schedule.records(func) if db is not None else ()
@@ -207,19 +212,23 @@ def faster_of(stock_won: Tuned, later: Tuned) -> Tuned:
     return dataclasses.replace(winner, results=later.results + stock_won.results)
 
 
-def _replay(func, arch: CUDA, config: Config, opts: TuneOptions, match: TensorCoreMatch) -> Tuned | None:
-    """A stored config, re-applied; with ``recheck_database`` on a GPU it is first built,
-    probed, timed and verified like any candidate (None when it no longer verifies: the caller
-    tunes afresh)."""
+def _replay(func, arch: CUDA, hit: Record, opts: TuneOptions, match: TensorCoreMatch) -> Tuned | None:
+    """A stored winner: as stored (its config, time and kernel) or, with ``recheck_database`` on
+    a GPU, first built, probed, timed and verified like any candidate (None when it no longer
+    verifies: the caller tunes afresh)."""
+    config = hit.config
+    # the function the config schedules: a tensor-core config, the rewritten one (as when tuned)
+    target_func = match.func if config.kind == "matmul_tc" and match.eligible else func
     if not (opts.recheck_database and measures(opts)):
-        return Tuned(config, "database", config.kind)
-    target_func = func
-    if config.kind == "matmul_tc":
-        target_func = match.func if match.eligible else func
+        timing = Timing(hit.latency_ms) if hit.latency_ms is not None else None
+        best = CompileResult(config, 0, timing=timing, origin="database", _func=target_func)
+        return Tuned(config, "database", config.kind, (best,), best, kernel=hit.load_kernel())
     try:
         results, best = apply_and_build(target_func, [config], arch, options=opts)
     except TuningError as e:
         warnings.warn(f"fastdlight: the stored config {config!r} failed again ({str(e).splitlines()[0]}); "
                       "tuning afresh", stacklevel=3)
         return None
-    return Tuned(best.config, "database", config.kind, tuple(results), best)
+    rows = tuple(r.replace(origin="database") for r in results)
+    best = next(r for r in rows if r.index == best.index)
+    return Tuned(best.config, "database", config.kind, rows, best)

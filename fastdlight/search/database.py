@@ -21,13 +21,21 @@ config. Only verified winners are stored. ``@fastdlight.autotune`` winners (a us
 schedule, chosen from a user's search space) are rows of the same file keyed by the name the
 user gave (``commit_key`` / ``lookup_key``): the winning parameters and the scheduled function
 itself, for the target and TVM version. Appends are one ``write`` of one line under an
-exclusive ``flock``, then fsynced, so concurrent tuning runs may share a directory; a torn or
-garbled line is skipped with one warning naming the file and line. The newest record wins.
+exclusive ``flock``, then fsynced, so concurrent tuning runs may share a directory; an append
+after a torn line (a writer killed mid-line) starts a line of its own. The newest record wins.
+
+Nothing in the files makes the database raise: a line that is not a record (torn, not JSON, a
+field missing or of the wrong type, a config that does not load, a function or kernel that does
+not decode) is skipped with one warning naming the file and line, and older records are used.
+Only what cannot be opened raises, when the database is opened, before any tuning: a file where
+the directory should be, a directory where the records file should be (:class:`DatabaseError`).
+The MetaSchedule view is written after the record and its failures are warnings.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import fcntl
 import json
 import os
@@ -41,6 +49,7 @@ import tvm
 import tvm_ffi
 
 from fastdlight.arch import CUDA
+from fastdlight.compiler.workers import one_line
 from fastdlight.config import AnyConfig, config_from_dict
 from fastdlight.schedules.dispatch import template_fingerprint
 from fastdlight.search.meta_schedule_view import MetaScheduleView
@@ -50,6 +59,20 @@ FILE_NAME = "fastdlight_records.jsonl"
 _REQUIRED = ("key", "arch", "target", "tvm", "template", "config", "func", "verified")
 #: keys every ``@autotune`` record has (a winner stored under a user's key, not a Config)
 _REQUIRED_KEYED = ("autotune", "arch", "target", "tvm", "params", "func", "verified")
+_NUMBER, _NONE = (int, float), type(None)
+#: the JSON types of a row's fields (where present); a field of another type makes the line no record
+_FIELD_TYPES = {
+    "key": str, "autotune": str, "arch": str, "target": str, "tvm": str, "template": str, "config": dict,
+    "params": dict, "space": (dict, _NONE), "func": str, "kernel": (str, _NONE), "verified": bool,
+    "latency_ms": (*_NUMBER, _NONE), "reference": (str, _NONE), "created": _NUMBER,
+}  # fmt: skip
+#: warnings naming skipped lines list at most this many line numbers
+_LINES_NAMED = 10
+
+
+class DatabaseError(OSError, ValueError):
+    """A tuning database that cannot be used: its directory is a file, its records file a
+    directory, or neither can be made or read. Raised when the database is opened."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +84,14 @@ class Record:
     reference: str | None  # what the winner was verified against
     created: float  # epoch seconds
     kernel: str | None = None  # the winner's kernel, where rebuilding it is slow (see commit)
+    #: the kernel, already decoded by the lookup that checked it
+    _kernel_func: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def load_kernel(self):
         """The stored kernel (a PrimFunc), or None when the record has none."""
-        if self.kernel is None:
-            return None
-        return tvm.ir.load_json(zlib.decompress(base64.b64decode(self.kernel)).decode())
+        if self._kernel_func is not None or self.kernel is None:
+            return self._kernel_func
+        return _decode_kernel(self.kernel)
 
 
 @dataclass(frozen=True)
@@ -107,29 +132,27 @@ def target_key(arch: CUDA) -> str:
 class TuningDatabase:
     def __init__(self, path):
         self.dir = os.fspath(path)
+        if os.path.exists(self.dir) and not os.path.isdir(self.dir):
+            raise DatabaseError(f"cannot use {self.dir} as a tuning database: it is a file, not a directory")
         try:
             os.makedirs(self.dir, exist_ok=True)
         except OSError as e:
-            raise OSError(f"cannot use {self.dir} as a tuning database: {e.strerror}") from None
+            raise DatabaseError(f"cannot use {self.dir} as a tuning database: {e.strerror}") from None
         self.file = os.path.join(self.dir, FILE_NAME)
+        _check_records_file(self.file)
         self.meta_schedule = MetaScheduleView(self.dir)
         self._lock = threading.Lock()
-        self._rows: list[dict] = []
+        self._rows: list[tuple[int, dict]] = []  # (line number, row)
         self._read_upto = 0  # bytes of the file already parsed
         self._line_no = 0
         self.stats = LoadStats()
 
     # -- reading ----------------------------------------------------------------------------
-    def _refresh(self) -> list[dict]:
+    def _refresh(self) -> list[tuple[int, dict]]:
         """Parse what was appended since the last read (by this or any other process)."""
-        if not os.path.exists(self.file):
-            return self._rows
-        with open(self.file, "rb") as f:
-            f.seek(self._read_upto)
-            tail = f.read()
-        end = tail.rfind(b"\n") + 1  # a line still being written is read next time
+        tail = self._read_tail()
         bad: list[int] = []
-        for raw in tail[:end].splitlines():
+        for raw in tail.split(b"\n")[:-1] if tail else ():
             self._line_no += 1
             row = _parse(raw)
             if row is None:
@@ -137,13 +160,34 @@ class TuningDatabase:
                     bad.append(self._line_no)
                 continue
             self._count(row)
-            self._rows.append(row)
-        self._read_upto += end
+            self._rows.append((self._line_no, row))
+        self._read_upto += len(tail)
         if bad:
             self.stats = _bump(self.stats, skipped_lines=len(bad))
-            warnings.warn(f"fastdlight: {self.file}:{bad[0]}: not a tuning record, skipped"
-                          + (f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else ""), stacklevel=4)
+            more = f" (and {len(bad) - 1} more line(s): {_line_list(bad[1:])})" if len(bad) > 1 else ""
+            warnings.warn(f"fastdlight: {self.file}:{bad[0]}: not a tuning record, skipped{more}", stacklevel=4)
         return self._rows
+
+    def _read_tail(self) -> bytes:
+        """The complete lines appended since the last read; a torn last line (a writer killed
+        mid-line) ends with a newline here, so it is read and skipped, not waited for."""
+        try:
+            fd = os.open(self.file, os.O_RDONLY)
+        except FileNotFoundError:
+            return b""
+        except OSError as e:
+            raise DatabaseError(f"cannot read the tuning database {self.file}: {e.strerror}") from None
+        try:
+            # writers hold the exclusive lock for their one write: under the shared one, a line
+            # without its newline is torn for good, not still being written
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, max(0, size - self._read_upto), self._read_upto)
+        finally:
+            os.close(fd)
+        # the next append starts with the newline the torn line lacks (see _append): counting
+        # that byte as read now keeps this reader's line numbers those of the file
+        return tail + b"\n" if tail and not tail.endswith(b"\n") else tail
 
     def _count(self, row: dict) -> None:
         if row["tvm"] != tvm.__version__:
@@ -153,32 +197,56 @@ class TuningDatabase:
         else:
             self.stats = _bump(self.stats, records=1)
 
+    def _drop(self, line: int, row: dict, why: str) -> None:
+        """Skip a record that parsed but does not decode, with one warning naming its line."""
+        with self._lock:
+            self._rows = [(n, r) for n, r in self._rows if r is not row]
+            self.stats = _bump(self.stats, records=-1, skipped_lines=1)
+        warnings.warn(f"fastdlight: {self.file}:{line}: {why}, skipped", stacklevel=4)
+
     def lookup(self, func, arch: CUDA) -> Record | None:
         """The newest verified record for a function structurally equal to ``func`` on ``arch``,
         made by this TVM version and the current template code."""
         key, target = func_key(func), target_key(arch)
         with self._lock:
-            same_func = [r for r in self._refresh() if r.get("key") == key]
-            rows = [r for r in same_func if r["target"] == target]
+            same_func = [(n, r) for n, r in self._refresh() if r.get("key") == key]
+            rows = [(n, r) for n, r in same_func if r["target"] == target]
             self.stats = _bump(self.stats, other_target=len(same_func) - len(rows))
-        for row in reversed(rows):
+        for line, row in reversed(rows):
             if not _current(row):
                 continue
-            if tvm_ffi.structural_equal(tvm.ir.load_json(row["func"]), func):
-                return Record(config_from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
-                              row.get("reference"), row.get("created", 0.0), row.get("kernel"))
+            try:
+                stored = _decode_func(row["func"])
+            except Exception as e:  # noqa: BLE001 - TVM's JSON reader raises several types on garbage
+                self._drop(line, row, f"its function does not decode ({one_line(e)})")
+                continue
+            if not tvm_ffi.structural_equal(stored, func):
+                continue
+            try:
+                kernel = _decode_kernel(row["kernel"]) if row.get("kernel") is not None else None
+            except Exception as e:  # noqa: BLE001 - base64, zlib and TVM's reader each have their own
+                self._drop(line, row, f"its kernel does not decode ({one_line(e)})")
+                continue
+            return Record(config_from_dict(row["config"]), row["arch"], row.get("latency_ms"), True,
+                          row.get("reference"), row.get("created", 0.0), row.get("kernel"), kernel)
         return None
 
     def lookup_key(self, key: str, arch: CUDA) -> KeyRecord | None:
         """The newest ``@autotune`` record stored under ``key`` for ``arch`` by this TVM version."""
         target = target_key(arch)
         with self._lock:
-            rows = [r for r in self._refresh() if r.get("autotune") == key]
-            self.stats = _bump(self.stats, other_target=sum(r["target"] != target for r in rows))
-        for row in reversed(rows):
-            if row["target"] == target and _current(row):
-                return KeyRecord(key, dict(row["params"]), row["func"], row.get("space"), row["arch"],
-                                 row.get("latency_ms"), True, row.get("reference"), row.get("created", 0.0))
+            rows = [(n, r) for n, r in self._refresh() if r.get("autotune") == key]
+            self.stats = _bump(self.stats, other_target=sum(r["target"] != target for _, r in rows))
+        for line, row in reversed(rows):
+            if row["target"] != target or not _current(row):
+                continue
+            try:
+                _decode_func(row["func"])
+            except Exception as e:  # noqa: BLE001 - TVM's JSON reader raises several types on garbage
+                self._drop(line, row, f"its function does not decode ({one_line(e)})")
+                continue
+            return KeyRecord(key, dict(row["params"]), row["func"], row.get("space"), row["arch"],
+                             row.get("latency_ms"), True, row.get("reference"), row.get("created", 0.0))
         return None
 
     # -- writing ----------------------------------------------------------------------------
@@ -186,7 +254,8 @@ class TuningDatabase:
                reference: str | None = None, kernel=None) -> None:
         """Append a verified winner. A winner that failed or skipped verification is refused.
         ``kernel``: the scheduled function, stored (TVM JSON, compressed: ~30 KB) where
-        re-applying the config is slow: a wgmma kernel is parsed from TVMScript, 0.1-0.3 s."""
+        re-applying the config is slow: a wgmma kernel is parsed from TVMScript, 0.1-0.3 s.
+        The record is stored first; the MetaSchedule view after it only warns when it fails."""
         if verified is not True:
             raise ValueError(f"refusing to store {config!r}: it was not verified")
         row = {
@@ -214,9 +283,15 @@ class TuningDatabase:
     def _append(self, row: dict) -> None:
         line = (json.dumps(row) + "\n").encode()
         with self._lock:
-            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.file, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise DatabaseError(f"cannot write the tuning database {self.file}: {e.strerror}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                end = os.fstat(fd).st_size
+                if end and os.pread(fd, 1, end - 1) != b"\n":
+                    line = b"\n" + line  # a writer killed mid-line: this row must not continue its line
                 os.write(fd, line)  # O_APPEND + one write: the line lands whole, after every other
                 os.fsync(fd)
             finally:
@@ -225,24 +300,78 @@ class TuningDatabase:
     def __len__(self) -> int:
         """Records usable by this TVM version and template code."""
         with self._lock:
-            return sum(1 for r in self._refresh() if _current(r))
+            return sum(1 for _, r in self._refresh() if _current(r))
+
+
+def _check_records_file(path: str) -> None:
+    """A records file that exists must be a readable file: found now, not after tuning."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isfile(path):
+        raise DatabaseError(f"cannot use {path} as the tuning database's records: it is not a file")
+    if not os.access(path, os.R_OK):
+        raise DatabaseError(f"cannot use {path} as the tuning database's records: it is not readable")
 
 
 def _parse(raw: bytes) -> dict | None:
+    """The row a line holds, or None when it is not a record."""
     try:
         row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested beyond the parser
         return None
-    if isinstance(row, dict) and "autotune" in row:
-        keyed = all(k in row for k in _REQUIRED_KEYED) and row["verified"] is True
-        return row if keyed and isinstance(row["params"], dict) and isinstance(row["autotune"], str) else None
-    if not isinstance(row, dict) or any(k not in row for k in _REQUIRED) or row["verified"] is not True:
+    if not isinstance(row, dict) or not _typed(row):
+        return None
+    if "autotune" in row:
+        return row if all(k in row for k in _REQUIRED_KEYED) and row["verified"] is True else None
+    if any(k not in row for k in _REQUIRED) or row["verified"] is not True:
         return None
     try:
-        config_from_dict(row["config"])
-    except (TypeError, ValueError, AttributeError):
+        config = config_from_dict(row["config"])
+    except (TypeError, ValueError, AttributeError, KeyError):
         return None
-    return row
+    return row if _config_typed(config) else None
+
+
+def _typed(row: dict) -> bool:
+    """Whether each field the row has is of its JSON type (a number is never a bool)."""
+    for name, types in _FIELD_TYPES.items():
+        if name in row:
+            value = row[name]
+            if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
+                return False
+    return True
+
+
+def _config_typed(config) -> bool:
+    """Whether the config's scalar fields have their defaults' types: ``Config`` converts its
+    tiles but takes ``pipeline_stages="4"`` or ``use_async_copy="yes"`` as given."""
+    for f in dataclasses.fields(config):
+        default, value = f.default, getattr(config, f.name)
+        if isinstance(default, float):
+            ok = isinstance(value, _NUMBER) and not isinstance(value, bool)
+        elif isinstance(default, (bool, int, str)):
+            ok = type(value) is type(default)  # an int field never takes a bool, nor a bool an int
+        else:
+            continue
+        if not ok:
+            return False
+    return True
+
+
+def _decode_func(text: str):
+    func = tvm.ir.load_json(text)
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        raise TypeError(f"a {type(func).__name__}, not a PrimFunc")
+    return func
+
+
+def _decode_kernel(text: str):
+    return _decode_func(zlib.decompress(base64.b64decode(text, validate=True)).decode())
+
+
+def _line_list(lines: list[int]) -> str:
+    named = ", ".join(str(n) for n in lines[:_LINES_NAMED])
+    return named + (", ..." if len(lines) > _LINES_NAMED else "")
 
 
 def _current(row: dict) -> bool:

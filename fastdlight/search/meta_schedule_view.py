@@ -16,17 +16,25 @@ the same layout (one ``ms.tune_tir`` wrote, for example) and turns a function's 
 (cp.async, no TIR CSE) and, for tensor-core schedules, the intrinsics of
 ``tvm.s_tir.tensor_intrin.cuda`` plus the three ``fastdlight.schedules.matmul_tensorcore``
 registers (``register_intrinsics``).
+
+The view is a mirror: a view file that cannot be read or written (garbage in it, a directory in
+its place) is a warning, once per view, and never undoes or hides a record of the JSON-lines file.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 import tvm
 from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
 
+from fastdlight.compiler.build_task import apply_template
+from fastdlight.compiler.workers import one_line
 from fastdlight.config import MetaScheduleRecord
+from fastdlight.schedules.ms_record import trace_text
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -37,14 +45,16 @@ class MetaScheduleView:
         self.dir = os.fspath(directory)
         self._db = None
         self._lock = threading.Lock()
+        self._warned = False
+
+    @property
+    def paths(self) -> tuple[str, str]:
+        return os.path.join(self.dir, WORKLOAD_FILE), os.path.join(self.dir, RECORD_FILE)
 
     def add(self, func, arch, config, latency_ms: float | None) -> bool:
         """Append ``config``'s schedule of ``func`` for ``arch``. False (nothing written) when the
-        schedule has no trace or the config no longer applies."""
-        from tvm.s_tir import meta_schedule as ms
-
-        from fastdlight.compiler.build_task import apply_template
-
+        schedule has no trace, the config no longer applies or the view's files are unusable
+        (then with a warning: the caller's record is already stored and stands)."""
         try:
             with arch.target:
                 sch = apply_template(func, config)
@@ -55,34 +65,34 @@ class MetaScheduleView:
         normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
         run_secs = [latency_ms / 1e3] if latency_ms is not None else None
         with self._lock:
-            if self._db is None:
-                self._db = ms.database.JSONDatabase(os.path.join(self.dir, WORKLOAD_FILE),
-                                                    os.path.join(self.dir, RECORD_FILE))
-            workload = self._db.commit_workload(normalize(func))
-            self._db.commit_tuning_record(ms.database.TuningRecord(
-                sch.trace, workload, run_secs, arch.target, ms.arg_info.ArgInfo.from_prim_func(func)))
+            try:
+                if self._db is None:
+                    self._db = ms.database.JSONDatabase(*self.paths)
+                workload = self._db.commit_workload(normalize(func))
+                self._db.commit_tuning_record(ms.database.TuningRecord(
+                    sch.trace, workload, run_secs, arch.target, ms.arg_info.ArgInfo.from_prim_func(func)))
+            except Exception as e:  # noqa: BLE001 - TVM's JSON database raises TVMError, OSError, ...
+                self._db = None  # read afresh next time, in case the files were mended
+                self._warn(f"not updated ({one_line(e)}); the record is stored in fastdlight's records")
+                return False
         return True
 
     def records(self, func, limit: int = 4) -> tuple:
         """The best ``limit`` records MetaSchedule's database here holds for ``func`` (fastest
-        first), as :class:`~fastdlight.config.MetaScheduleRecord`; none when there is no database or no
-        record of the function."""
-        from tvm.s_tir import meta_schedule as ms
-
-        from fastdlight.schedules.ms_record import trace_text
-
-        paths = [os.path.join(self.dir, name) for name in (WORKLOAD_FILE, RECORD_FILE)]
-        if not all(os.path.isfile(p) for p in paths):
+        first), as :class:`~fastdlight.config.MetaScheduleRecord`; none when there is no database,
+        no record of the function, or the database cannot be read (then with a warning)."""
+        if not all(os.path.isfile(p) for p in self.paths):
             return ()
         normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
         mod = normalize(func)
         with self._lock:
             try:
-                db = self._db or ms.database.JSONDatabase(*paths)
+                db = self._db or ms.database.JSONDatabase(*self.paths)
                 if not db.has_workload(mod):
                     return ()
                 top = db.get_top_k(db.commit_workload(mod), limit)
-            except Exception:  # noqa: BLE001 - an unreadable database has no records to offer
+            except Exception as e:  # noqa: BLE001 - an unreadable database has no records to offer
+                self._warn(f"not read ({one_line(e)})")
                 return ()
         configs = []
         for rec in top:
@@ -90,3 +100,10 @@ class MetaScheduleView:
             if all(c.trace != text for c in configs):
                 configs.append(MetaScheduleRecord(text))
         return tuple(configs)
+
+    def _warn(self, what: str) -> None:
+        """One warning per view: a broken file fails every commit of a run the same way."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"fastdlight: the MetaSchedule database {self.paths[0]} (and {RECORD_FILE}) was {what}",
+                          stacklevel=4)

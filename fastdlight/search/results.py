@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from fastdlight.config import Config
 from fastdlight.compiler.artifacts import BuildArtifact, BuildPhases
+from fastdlight.config import Config
 from fastdlight.measure.timing import Timing
 
 #: the stages a candidate can fail in, in pipeline order (the short reason in summaries)
@@ -36,7 +36,8 @@ class Failure:
 @dataclass(frozen=True)
 class CompileResult:
     """One candidate and what happened to it. The attributes callers read (``source``,
-    ``registers``, ``latency_ms``, ``verified``, ``error``, ...) are views of the phase values."""
+    ``registers``, ``latency_ms``, ``verified``, ``error``, ...) are views of the phase values;
+    ``origin`` says whether it was tuned in this run or replayed from a database."""
 
     config: Config
     index: int  # position of ``config`` in the list given to apply_and_build
@@ -46,6 +47,9 @@ class CompileResult:
     verdict: Any = None  # fastdlight.measure.verify.Verdict, or None when not checked
     module: Any = dataclasses.field(default=None, repr=False, compare=False)  # loaded runtime module
     build_seconds: float = 0.0
+    #: where the config came from: "tuned" (a candidate of this run) or "database" (a stored
+    #: winner; unless rechecked it is not rebuilt: no artifact, and ``latency_ms`` is the stored time)
+    origin: str = "tuned"
     _func: Any = dataclasses.field(default=None, repr=False, compare=False)
     _template: Any = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -60,6 +64,11 @@ class CompileResult:
     def compiled(self) -> bool:
         """nvcc produced a cubin for the target's arch."""
         return self.artifact is not None
+
+    @property
+    def replayed(self) -> bool:
+        """A database winner taken as stored: neither built nor timed in this run."""
+        return self.origin == "database" and self.artifact is None
 
     @property
     def ok(self) -> bool:

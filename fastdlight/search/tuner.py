@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from fastdlight.arch import CUDA, auto_arch
-from fastdlight.search.results import CompileResult
 from fastdlight.search.candidates import tune_function
 from fastdlight.search.database import TuningDatabase
+from fastdlight.search.dynamic import check_dispatch
+from fastdlight.search.dynamic import tune_dispatch as tune_points
 from fastdlight.search.options import TuneOptions
+from fastdlight.search.results import CompileResult
 
 
 def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, *, opt_shapes: dict | None = None,
@@ -15,9 +17,12 @@ def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, 
     the H100 model). Tensor-core eligible matmuls use :class:`TensorCorePolicy`; if none of
     its configs works, the CUDA-core :class:`DefaultPolicy` is tried. ``opt_shapes`` gives
     symbolic dimensions a value. ``database``: a :class:`fastdlight.search.database.TuningDatabase`
-    (or its directory) to replay from and store a verified winner in. ``options``/keywords:
-    :class:`TuneOptions`. Returns
-    ``(ranked results, best)``; raises :class:`TuningError` when nothing could be used."""
+    (or its directory) to replay from and store a verified winner in; a directory that cannot
+    be used raises :class:`~fastdlight.search.database.DatabaseError` before any tuning.
+    ``options``/keywords: :class:`TuneOptions`. Returns ``(ranked results, best)``; a database
+    hit gives ``([best], best)`` with ``best.origin == "database"``, the stored config and
+    time (rebuilt and retimed with ``recheck_database`` on a GPU). Raises :class:`TuningError`
+    when nothing could be used."""
     arch, opts, database = _setup(target, topk, options, database, overrides)
     tuned = tune_function(func, arch, topk, opts, opt_shapes=opt_shapes, db=database)
     return list(tuned.results), tuned.best
@@ -32,8 +37,6 @@ def tune_dispatch(func, target=None, topk: int = 20, options: TuneOptions | None
     ``(Dispatched, checks)``: with a GPU and ``check``, ``checks`` verifies the dispatcher at
     every tuned value, inside each range and above the largest, and times it at the tuned
     values (:class:`fastdlight.search.dynamic.DispatchCheck`)."""
-    from fastdlight.search.dynamic import check_dispatch, tune_dispatch as tune_points
-
     arch, opts, database = _setup(target, topk, options, database, overrides)
     dispatched = tune_points(func, arch, topk, opts, opt_shapes, db=database)
     checks = check_dispatch(dispatched, func, arch, opts) if check else []
