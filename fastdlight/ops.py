@@ -41,6 +41,8 @@ def _check_shape(*dims: int) -> None:
     for d in dims:
         if not isinstance(d, (int, np.integer)) or d <= 0:
             raise ValueError(f"shape dimensions must be positive integers, got {dims}")
+        if d >= 2**63:  # TVM's FFI would say only that the value is not an int64
+            raise ValueError(f"shape dimensions must be below 2^63 (int64), got {d}")
 
 
 def _nbytes(dtype: str) -> int:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from tvm.script import tirx as T
 import fastdlight
 from fastdlight import ops
 from fastdlight.cli import main
+from fastdlight.arch import CUDA
 from fastdlight.export import DATA_MAGIC, ExportError, export
+from fastdlight.search.database import TuningDatabase
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
 LAUNCH = re.compile(r"cudaLaunchKernel\(\(const void\*\)(\w+), dim3\((\d+), (\d+), (\d+)\), "
@@ -313,3 +316,18 @@ def test_exported_kernel_times_like_the_tuner(tmp_path, case):
           f"EXPORT {case}: TVM {before:.4f} ms before / {after:.4f} ms after, exported {exported_ms:.4f} ms, "
           f"ratio {ratio:.3f} (tuner's own measurement {result.latency_ms:.4f} ms), max |error| {err}")
     assert 0.8 < ratio < 1.25
+
+
+def test_a_database_hit_exports_its_stored_config(tmp_path):
+    op = ops.elementwise((128, 1024), "float16", "add")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU: compiled, not timed
+        _, tuned = fastdlight.tune(op.func, H100, topk=2, measure=False, max_workers=2)
+    TuningDatabase(tmp_path / "db").commit(op.func, CUDA(H100), tuned.config, 0.0123, True, reference="test")
+    _, hit = fastdlight.tune(op.func, H100, database=tmp_path / "db", measure=False)
+    assert hit.origin == "database"
+    for given in (hit, op.func):  # the replayed row, or the function with the database
+        out = tmp_path / f"from_{type(given).__name__}"
+        result = export(given, out, ref=op.reference, database=tmp_path / "db", measure=False)
+        assert result.config == tuned.config and result.latency_ms == 0.0123
+        assert "__global__" in (out / "add.cuh").read_text()

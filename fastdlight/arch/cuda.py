@@ -14,11 +14,13 @@ from functools import lru_cache
 import tvm
 from tvm.target import Target
 
+from fastdlight.arch.stacklevel import caller_stacklevel
 from fastdlight.arch.table import (
     GPUS,
     GPUS_BY_TAG,
     KB,
     MB,
+    GiB,
     GPUSpec,
     find_by_device_name,
     generic_spec,
@@ -134,19 +136,19 @@ def _spec_for_target(target: Target, tag: str) -> GPUSpec:
             return GPUS_BY_TAG[tag]
         warnings.warn(f"fastdlight.arch: no table entry for GPU tag {tag!r}; using generic "
                       f"sm_{cc[0]}{cc[1]} defaults (SM count, bandwidth and peaks are guesses)",
-                      stacklevel=3)
+                      stacklevel=caller_stacklevel())
         return generic_spec(cc)
     signature = _target_signature(target)
     hits = [g for g in GPUS if g.tvm_tag and _tag_signature(g.tag) == signature]
     if len(hits) > 1:
         warnings.warn(f"fastdlight.arch: target {target} matches several GPUs "
                       f"({', '.join(g.name for g in hits)}); using {hits[0].name}. Pass the tag "
-                      f"string, or Target({{'tag': ...}}), to choose", stacklevel=3)
+                      f"string, or Target({{'tag': ...}}), to choose", stacklevel=caller_stacklevel())
     if hits:
         return hits[0]
     warnings.warn(f"fastdlight.arch: target {target} names no known GPU; using generic "
                   f"sm_{cc[0]}{cc[1]} defaults (SM count, bandwidth and peaks are guesses)",
-                  stacklevel=3)
+                  stacklevel=caller_stacklevel())
     return generic_spec(cc)
 
 
@@ -164,7 +166,7 @@ class CUDA:
     name, target (tvm Target), compute_capability (tuple, e.g. (9, 0)), arch ("sm_90a", what nvcc
     gets), sm_count, warp_size, max_threads_per_block, max_threads_per_sm, max_blocks_per_sm,
     regs_per_sm, regs_per_block, max_regs_per_thread, smem_per_block (bytes, default 48 KB),
-    smem_per_block_optin (bytes), smem_per_sm (bytes), l2_bytes, dram_bandwidth_gbs,
+    smem_per_block_optin (bytes), smem_per_sm (bytes), l2_bytes, dram_bytes, dram_bandwidth_gbs,
     peak_fp32_tflops, peak_tc_tflops (dict dtype -> TFLOPS), transaction_bytes_read (128),
     transaction_bytes_write (32), mma_shapes (dict (in_dtype, acc_dtype) -> (m, n, k)),
     has_async_copy, has_wgmma, has_tma.
@@ -175,6 +177,8 @@ class CUDA:
 
     Semantics:
     - compute_capability and arch follow the target's "arch" (what code is compiled for).
+    - dram_bytes: the device's memory where a live device reports it, else the table's bound (a
+      generic GPU: the largest any GPU has); sizes beyond it are refused before tuning.
     - peak_tc_tflops: dense, fp32 accumulator (int32 for int8); keys float16, bfloat16, int8,
       float8 (both e4m3/e5m2; ``tc_peak(dtype)`` maps TVM dtype names).
     - mma_shapes: mma.sync/wmma shapes (see ``table.mma_shapes_for``), not wgmma shapes.
@@ -231,7 +235,7 @@ class CUDA:
         if spec is None:
             warnings.warn(f"fastdlight.arch: unknown GPU {device_name!r} (cc {cc}); using generic "
                           f"per-compute-capability defaults for what the device does not report",
-                          stacklevel=3)
+                          stacklevel=caller_stacklevel())
             spec = generic_spec(cc, sm_count)
         self._fill(spec, f"sm_{cc[0]}{cc[1]}{spec.arch_suffix}")
         self.device_name = device_name
@@ -245,6 +249,9 @@ class CUDA:
         l2 = getattr(dev, "l2_cache_size_bytes", None)
         if l2:
             self.l2_bytes = int(l2)
+        dram = getattr(dev, "total_global_memory", None)
+        if dram:
+            self.dram_bytes = int(dram)
         self.tag = spec.tag
         self.target = Target({
             "kind": "cuda", "tag": spec.tag, "arch": self.arch,
@@ -274,6 +281,7 @@ class CUDA:
         self.smem_per_block_optin = spec.smem_per_block_optin
         self.smem_per_sm = spec.smem_per_sm
         self.l2_bytes = spec.l2_bytes
+        self.dram_bytes = spec.dram_bytes
         self.dram_bandwidth_gbs = spec.dram_bandwidth_gbs
         self.peak_fp32_tflops = spec.peak_fp32_tflops
         self.peak_tc_tflops = dict(spec.peak_tc_tflops)
@@ -314,7 +322,9 @@ class CUDA:
             f" {self.max_regs_per_thread}/thread",
             f"  shared memory {self.smem_per_block // KB} KB/block (opt-in"
             f" {self.smem_per_block_optin // KB} KB), {self.smem_per_sm // KB} KB/SM",
-            f"  L2 {self.l2_bytes / MB:g} MB, DRAM {self.dram_bandwidth_gbs:g} GB/s",
+            f"  L2 {self.l2_bytes / MB:g} MB, DRAM {self.dram_bytes / GiB:.3g} GiB"
+            + (" (at most: unknown GPU)" if self.is_generic and self.device_name is None else "")
+            + f", {self.dram_bandwidth_gbs:g} GB/s",
             f"  peak FP32 {self.peak_fp32_tflops:g} TFLOPS; tensor cores (dense, TFLOPS): {tc}",
             f"  mma shapes: {mma or 'none'}",
             f"  features: {', '.join(feats) or 'none'}",

@@ -6,8 +6,10 @@
     fastdlight export softmax 4096 4096 --out softmax_export/
     fastdlight arch [--target nvidia/nvidia-a100]
 
-Bad input (unknown op, bad shape or dtype, missing or unparsable file) exits with status 2
-and one line on stderr; a tuning run where no candidate works exits with status 1.
+Bad input (unknown op, bad shape or dtype, sizes the GPU cannot hold, a CUDA toolkit that cannot
+build for the target, a missing or unparsable file) exits with status 2 and one line on stderr,
+checked before any work starts (:mod:`.preflight`); a tuning run where no candidate works exits
+with status 1.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
+from fastdlight import __version__
+from fastdlight.cli.sizes import DTYPES, LAYOUTS, MAX_DIM, OP_DTYPES, Tensor, conv_output, op_tensors
 from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
-
-
-DEFAULT_TARGET = "nvidia/nvidia-h100"
 
 
 #: op name -> (number of shape dims or None for "any rank >= 1", the dims' names for help/errors)
@@ -30,14 +30,19 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
 
 
-def _positive(kind):
+def _positive(kind, zero_ok=False):
+    """An option's parser: a positive (``zero_ok``: or zero) finite number; an int within int64."""
+    words = "zero or more" if zero_ok else "positive"
+
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be positive and finite, got {text}")
+        if not (value > 0 or (zero_ok and value == 0)) or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {words} and finite, got {text}")
+        if kind is int and value > MAX_DIM:
+            raise argparse.ArgumentTypeError(f"{text} is too large (at most 2^63 - 1)")
         return value
 
     parse.__name__ = f"positive {kind.__name__}"
@@ -59,13 +64,68 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once: not where the help already says it, nor for None and flags."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False or action.default == []:
+            return text
+        return super()._get_help_string(action)
+
+
+class _Version(argparse.Action):
+    """``--version``: TVM's version read from its package metadata (importing TVM takes seconds)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        try:
+            tvm = f"apache-tvm {metadata.version('apache-tvm')}"
+        except metadata.PackageNotFoundError:
+            tvm = "apache-tvm not installed"
+        print(f"fastdlight {__version__} ({tvm})")
+        parser.exit()
+
+
+#: what TVM prints after "but got:" (the whole statement), told in a few words
+_GIST = (
+    (re.compile(r"^while\b"), "a while loop"),
+    (re.compile(r'T\.call_extern\("\w+", "([^"]+)"'), "an opaque T.call_extern({!r})"),
+    (re.compile(r'T\.call_packed\("([^"]+)"'), "an opaque T.call_packed({!r})"),
+)
+_DECLARATION = re.compile(r"^\w+ = T\.(Buffer|alloc_\w+|decl_buffer)\(")
+
+
+def _gist(lines: list[str]) -> str:
+    """What the lines after a message's closing colon show: a construct we can name, else their
+    first statement (buffer declarations aside), cut to 80 characters."""
+    for ln in lines:
+        for pattern, words in _GIST:
+            found = pattern.search(ln)
+            if found:
+                return words.format(*found.groups())
+    body = [ln for ln in lines if not _DECLARATION.match(ln)]
+    return "" if not body else body[0] if len(body[0]) <= 80 else body[0][:77] + "..."
+
+
 def one_line(e: BaseException) -> str:
+    """An error as one line: its first, with what a closing colon introduces summarized (TVM's
+    "...expected to be the root block, but got:" is followed by the statement it got)."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if not lines:
         return type(e).__name__
     first = lines[0].removeprefix("error: ")
     where = next((ln.removeprefix("--> ") for ln in lines[1:] if ln.startswith("-->")), "")
-    return f"{first} (at {where})" if where else first
+    if where:
+        return f"{first} (at {where})"
+    gist = _gist(lines[1:]) if first.endswith(":") else ""
+    if "root block" in first and gist:
+        gist += " (fastdlight tunes functions made of T.sblock blocks)"
+    return f"{first} {gist}" if gist else first
 
 
 def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) -> None:
@@ -77,15 +137,15 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
     p.add_argument("--shape-var", action="append", type=_shape_var, default=[], metavar="NAME=VALUE",
                    help="give a symbolic dimension of the --file function a value (repeatable); "
                         "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
-    p.add_argument("--dtype", default="float16", help="input dtype")
+    p.add_argument("--dtype", default="float16", help=f"input dtype: {', '.join(DTYPES)} (as the op takes)")
     p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
-    p.add_argument("--layout", default="NN", help="matmul layout: NN, NT, TN (T: stored transposed)")
-    p.add_argument("--batch", type=int, help="matmul: batch size (batched matmul)")
-    p.add_argument("--m", type=int, default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
+    p.add_argument("--layout", default="NN", help=f"matmul layout: {', '.join(LAYOUTS)} (T: stored transposed)")
+    p.add_argument("--batch", type=_positive(int), help="matmul: batch size (batched matmul)")
+    p.add_argument("--m", type=_positive(int), default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
     p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
-    p.add_argument("--kernel", type=int, default=3, help="conv2d: kernel size R=S")
-    p.add_argument("--stride", type=int, default=1, help="conv2d: stride")
-    p.add_argument("--pad", type=int, default=1, help="conv2d: padding")
+    p.add_argument("--kernel", type=_positive(int), default=3, help="conv2d: kernel size R=S")
+    p.add_argument("--stride", type=_positive(int), default=1, help="conv2d: stride")
+    p.add_argument("--pad", type=_positive(int, zero_ok=True), default=1, help="conv2d: padding")
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,7 +154,8 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
     p.add_argument("--workers", type=_positive(int), help="build processes (default: one per CPU)")
     p.add_argument("--serial", action="store_true", help="build in this process (no worker pool)")
-    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, help="seconds one candidate may take to build")
+    p.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT,
+                   help="seconds one candidate may take to build")
     p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
                    help="timing budget of each finalist (the fastest few, timed again)")
     p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
@@ -108,7 +169,7 @@ def add_export_parser(sub) -> argparse.ArgumentParser:
         description="Tune like 'fastdlight tune', then write OUT/NAME.cuh (the kernels and NAME_launch), "
         "OUT/NAME_example.cu (checks the result against a float64 reference and times it), its data, a Makefile "
         "and a README with the nvcc command. Operators: " + "; ".join(f"{k} {d}" for k, (_, d) in OPS.items()) + ".",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )  # fmt: skip
     add_workload_arguments(p, "export", "e.g. 'softmax 4096 4096'")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
@@ -128,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hardware-aware, seconds-fast GPU kernel tuning for Apache TVM (Roller-style).",
         epilog="Run 'fastdlight tune --help' for the operators and tuning options.",
     )
+    parser.add_argument("--version", action=_Version, help="print fastdlight's and TVM's versions and exit")
     sub = parser.add_subparsers(dest="command", metavar="{tune,export,arch}", parser_class=_Parser)
 
     ops_help = "; ".join(f"{name} {dims}" for name, (_, dims) in OPS.items())
@@ -136,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Emit configs with the Roller-style policy, compile them in parallel, time them on the "
         f"GPU (inputs out of L2, CUDA events, median), check the winner, print the ranking. Operators: {ops_help}. "
         "Without a GPU every candidate is still compiled to a cubin and ranked by predicted cost.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )  # fmt: skip
     add_workload_arguments(tune, "tune", "e.g. 'matmul 4096 4096 4096'")
     tune.add_argument("--no-measure", action="store_true", help="compile to cubin only; rank by predicted cost")
@@ -150,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--show-source", action="store_true", help="print the winner's CUDA source")
     tune.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    arch = sub.add_parser("arch", help="print the hardware model fastdlight tunes for",
+    arch = sub.add_parser("arch", help="print the hardware model of a target or of this machine's GPU",
                           description="Print the hardware model (SMs, registers, shared memory, L2, bandwidth, "
-                          "tensor-core shapes) for a target, the live GPU, or the H100 model.")
+                          "tensor-core shapes) for a target, the live GPU, or the H100 model.",
+                          formatter_class=_Help)
     arch.add_argument("--target", help="TVM target or tag (default: the live GPU, else nvidia/nvidia-h100)")
     add_export_parser(sub)
     return parser
@@ -168,6 +231,8 @@ def parse_dims(op: str, shape: list[str]) -> list[int]:
             raise UsageError(f"bad shape for {op}: {s!r} is not an integer (expected {op} {names})") from None
         if d <= 0:
             raise UsageError(f"bad shape for {op}: dimensions must be positive, got {d}")
+        if d > MAX_DIM:
+            raise UsageError(f"bad shape for {op}: {d} does not fit in int64 (dimensions are below 2^63)")
         dims.append(d)
     if (rank is None and not dims) or (rank is not None and len(dims) != rank):
         raise UsageError(f"bad shape for {op}: expected {op} {names}, got {len(dims)} dimension(s)")
@@ -194,12 +259,33 @@ def _check_json_path(path: str) -> None:
         raise UsageError(f"cannot write --json {path}: permission denied")
 
 
-def validate_args(args) -> None:
+def validate_args(args) -> list[Tensor] | None:
+    """Refuse bad arguments (UsageError) before anything is started or imported; the tensors of
+    a built-in operator, None for a --file function."""
     if args.file and args.op:
         raise UsageError("give either OP SHAPE... or --file, not both")
     if not args.file and not args.op:
         raise UsageError(f"missing OP: one of {', '.join(OPS)} (or --file kernel.py)")
-    if args.shape_var and not args.file:
-        raise UsageError("--shape-var applies to a --file function")
+    for given, option in ((args.shape_var, "--shape-var"), (args.func, "--func")):
+        if given and not args.file:
+            raise UsageError(f"{option} applies to a --file function")
     if args.json:
         _check_json_path(args.json)
+    return None if args.file else _op_tensors(args)
+
+
+def _op_tensors(args) -> list[Tensor]:
+    op = args.op
+    if op not in OPS:
+        raise UsageError(f"unknown op {op!r}; choose one of: {', '.join(OPS)} (or --file kernel.py)")
+    dims = parse_dims(op, args.shape)
+    if args.dtype not in OP_DTYPES[op]:
+        raise UsageError(f"{op}: unsupported dtype {args.dtype!r}; supported: {', '.join(OP_DTYPES[op])}")
+    if args.out_dtype is not None and args.out_dtype not in DTYPES:
+        raise UsageError(f"{op}: unsupported --out-dtype {args.out_dtype!r}; supported: {', '.join(DTYPES)}")
+    if op == "matmul" and args.layout.upper() not in LAYOUTS:
+        raise UsageError(f"unsupported matmul --layout {args.layout!r}; use {', '.join(LAYOUTS[:-1])} or {LAYOUTS[-1]}")
+    if op == "conv2d" and min(conv_output(*dims[1:3], args.kernel, args.stride, args.pad)) <= 0:
+        raise UsageError(f"conv2d: the {args.kernel}x{args.kernel} kernel is larger than the padded input "
+                         f"({dims[1]}x{dims[2]}, --pad {args.pad})")
+    return op_tensors(op, dims, args)

@@ -8,17 +8,21 @@ import re
 import sys
 import time
 
-from fastdlight.cli.args import UsageError, describe_workload, one_line, validate_args
-from fastdlight.cli.workload import cuda_compiler_name, func_bytes, make_workload, resolve_arch
+from fastdlight.cli.args import UsageError, describe_workload, one_line
+from fastdlight.cli.preflight import before_work, once_resolved
+from fastdlight.cli.sizes import DEFAULT_TARGET
+from fastdlight.cli.toolkit import check_target_names_gpu, compiler_name
+from fastdlight.cli.workload import func_bytes, make_workload, resolve_arch
 
 
 #: when the command started (set by :func:`fastdlight.cli.entry`): the wall time we report includes imports
 STARTED: list[tuple[float, float]] = []
 
 
-def _set_line(cset, arch) -> str:
-    """A candidate set as the run announces it; on a wgmma GPU, why a tensor-core set has no
-    wgmma tiles (say an operand's rows TMA cannot address) rather than mma.sync silently."""
+def _set_line(cset, arch, announced: list[str]) -> str:
+    """A candidate set as the run announces it, with why it is not on faster units where that
+    is not plain: on a wgmma GPU, why a tensor-core set has no wgmma tiles (say an operand's rows
+    TMA cannot address); why a matmul's first set is on CUDA cores (fp16 on a T4: no m16n8k16)."""
     line = f"{cset.policy}: {len(cset.configs)} configs"
     if cset.policy == "TensorCorePolicy" and getattr(arch, "has_wgmma", False) \
             and not any(c.kind == "matmul_wgmma" for c in cset.configs):
@@ -27,19 +31,31 @@ def _set_line(cset, arch) -> str:
         _match, why = wgmma_eligible(cset.func, arch)
         if why:
             line += f" (mma.sync only, no wgmma: {why})"
+    if cset.policy == "DefaultPolicy" and "TensorCorePolicy" not in announced:
+        from fastdlight.analysis.matmul_match import match_matmul
+        from fastdlight.policies.tensorcore import tensorcore_tags
+
+        if match_matmul(cset.func)[0] is not None:
+            tags, why = tensorcore_tags(cset.func, arch)
+            if tags is None and why:
+                line += f" (CUDA cores, no tensor cores: {why})"
+    announced.append(cset.policy)
     return line
 
 
 def cmd_arch(args) -> int:
-    arch, _, notice = resolve_arch(args.target)
-    if notice:
-        print(notice.replace("; nothing will be timed", "").replace(": nothing will be timed", ""))
+    from fastdlight.compiler.pool import gpu_device_nodes
+
+    check_target_names_gpu(args.target, gpu_device_nodes())  # before TVM is loaded (it would say sm_50)
+    arch, live, _notice = resolve_arch(args.target)
+    if args.target is None and not live:
+        print(f"No GPU was found: the {DEFAULT_TARGET} hardware model.")
     print(arch)
     return 0
 
 
 def cmd_tune(args) -> int:
-    validate_args(args)
+    before_work(args)
     t0 = STARTED[0][0] if STARTED else time.perf_counter()
     # Start the build workers and the probe process now: they import TVM while we do. The probe
     # process runs each built kernel once before this one times it; started with the first tune,
@@ -58,6 +74,7 @@ def cmd_tune(args) -> int:
     # function runs on the GPU while candidates still build.
     fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes = make_workload(args)
     arch, can_measure, notice = resolve_arch(args.target)
+    once_resolved(args, arch, func)
     measure = can_measure and not args.no_measure
     if notice:
         print(notice)
@@ -71,12 +88,13 @@ def cmd_tune(args) -> int:
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
     print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
-          f"built with {cuda_compiler_name()}" + ("" if measure else ", compile-only"))
+          f"built with {compiler_name()}" + ("" if measure else ", compile-only"))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:
+        announced: list[str] = []
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
-                              on_set=lambda c: print(_set_line(c, arch)))
+                              on_set=lambda c: print(_set_line(c, arch, announced)))
     except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
         raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
     except TuningError as e:
@@ -164,10 +182,8 @@ def cmd_export(args) -> int:
 
 
 def _export(args) -> int:
-    from fastdlight.export import ExportError, check_out_dir, export
-    from fastdlight.search.runner import TuningError
+    from fastdlight.export import ExportError, check_out_dir, export  # no TVM yet
 
-    validate_args(args)
     if args.name is not None and not re.fullmatch(r"[A-Za-z_]\w*", args.name):
         raise UsageError(f"bad --name {args.name!r}: use a C identifier")
     out = os.path.abspath(args.out)
@@ -175,12 +191,16 @@ def _export(args) -> int:
         check_out_dir(out, args.force)
     except ExportError as e:
         raise UsageError(str(e)) from None
+    before_work(args)
     if not args.serial:  # start the build workers now: they import TVM while we do
         from fastdlight.compiler.pool import shared_pool
 
         shared_pool(args.workers).warm_up()
+    from fastdlight.search.runner import TuningError
+
     fname, func, ref, _flops, _nbytes, _mb, opt_shapes = make_workload(args)
     arch, can_measure, notice = resolve_arch(args.target)
+    once_resolved(args, arch, func)
     measure = can_measure and not args.no_measure
     if notice:
         print(notice)

@@ -8,25 +8,15 @@ import io
 import math
 import os
 
-from fastdlight.cli.args import DEFAULT_TARGET, OPS, UsageError, one_line, parse_dims
-
-
-def cuda_compiler_name() -> str:
-    """The CUDA compiler the builds use (``FASTDLIGHT_CUDA_COMPILER``, else NVRTC where installed)."""
-    from fastdlight.compiler.compile import CompileError, cuda_compiler
-
-    try:
-        return {"nvrtc": "NVRTC", "nvcc": "nvcc"}[cuda_compiler()]
-    except CompileError as e:
-        raise UsageError(str(e)) from None
+from fastdlight.cli.args import UsageError, one_line, parse_dims
+from fastdlight.cli.sizes import DEFAULT_TARGET
+from fastdlight.cli.toolkit import check_target_names_gpu
 
 
 def make_op(args):
-    """The :class:`fastdlight.ops.Op` the arguments describe (UsageError on bad input)."""
+    """The :class:`fastdlight.ops.Op` the arguments (checked by ``validate_args``) describe."""
     from fastdlight import ops
 
-    if args.op not in OPS:
-        raise UsageError(f"unknown op {args.op!r}; choose one of: {', '.join(OPS)} (or --file kernel.py)")
     d = parse_dims(args.op, args.shape)
     try:
         if args.op == "matmul":
@@ -91,6 +81,7 @@ def resolve_arch(target: str | None):
     from fastdlight.arch import CUDA, auto_arch, has_gpu
 
     gpu = has_gpu()
+    check_target_names_gpu(target, gpu)  # else TVM says sm_50, which CUDA 13 cannot build
     if target is None:
         if gpu:
             return auto_arch(), True, None

@@ -33,6 +33,7 @@ from fastdlight.compiler.compile import (
     as_target,
     compile_cubin,
     cuda_source,
+    first_error_line,
     tir_pipeline,
 )
 
@@ -178,15 +179,6 @@ def _runtime_has_cuda() -> bool:
         return bool(tvm.runtime.enabled("cuda"))
     except Exception:  # noqa: BLE001
         return False
-
-
-def first_error_line(text: str) -> str:
-    """The line of a compiler log that says what went wrong."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        if "error" in ln.lower() and not ln.startswith("nvcc failed"):
-            return ln
-    return lines[0] if lines else "unknown error"
 
 
 def _compile(mod, target):

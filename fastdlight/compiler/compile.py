@@ -213,22 +213,16 @@ def cuda_source(built) -> str:
     raise ValueError("built module carries no CUDA source")
 
 
-#: ``FASTDLIGHT_CUDA_COMPILER``: ``nvrtc``, ``nvcc``, or unset (NVRTC where it is installed)
-COMPILER_ENV = "FASTDLIGHT_CUDA_COMPILER"
+COMPILER_ENV = nvrtc.COMPILER_ENV
 
 
 def cuda_compiler() -> str:
-    """``"nvrtc"`` or ``"nvcc"``: NVRTC (headers parsed once per process, :mod:`.nvrtc`) where
-    it is installed, unless :data:`COMPILER_ENV` asks for nvcc."""
-    asked = os.environ.get(COMPILER_ENV, "").strip().lower()
-    if asked not in ("", "nvrtc", "nvcc"):
-        raise CompileError(f"{COMPILER_ENV}={asked!r}: expected 'nvrtc' or 'nvcc'")
-    if asked == "nvcc":
-        return "nvcc"
-    reason = nvrtc.unavailable_reason()
-    if reason and asked == "nvrtc":
-        raise CompileError(f"{COMPILER_ENV}=nvrtc, but NVRTC cannot be used: {reason}")
-    return "nvcc" if reason else "nvrtc"
+    """``"nvrtc"`` or ``"nvcc"`` (:func:`.nvrtc.compiler_choice`); CompileError for a choice
+    that cannot be honoured."""
+    try:
+        return nvrtc.compiler_choice()
+    except nvrtc.CompilerChoiceError as e:
+        raise CompileError(str(e)) from None
 
 
 #: the first line of the log of a cubin that nvcc compiled after NVRTC had rejected its source
@@ -268,10 +262,22 @@ def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
         except subprocess.TimeoutExpired as e:
             raise CompileError(f"nvcc timed out after {timeout:.0f} s") from e
         log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise CompileError(f"nvcc failed for {arch}:\n{log[-4000:]}")
+        if proc.returncode != 0:  # the reason on the first line: callers often keep only that one
+            raise CompileError(f"nvcc failed for {arch}: {first_error_line(log)}\n{log[-4000:]}")
         with open(out_path, "rb") as f:
             return _cubin(f.read(), log)
+
+
+def first_error_line(text: str) -> str:
+    """The line of a compiler log that says what went wrong, its spaces collapsed: the first
+    naming an error or a fatal one (``nvcc fatal : Unsupported gpu architecture 'compute_70'``
+    has no "error" in it), else the first line."""
+    lines = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        low = ln.lower()
+        if "error" in low or "fatal" in low:
+            return ln
+    return lines[0] if lines else "unknown error"
 
 
 def _cubin(binary: bytes, log: str) -> Cubin:

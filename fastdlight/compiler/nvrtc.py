@@ -213,3 +213,26 @@ def compile_source(source: str, arch: str) -> tuple[bytes, str]:
         return bytes(binary), text
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+#: picks the CUDA compiler: nvrtc, nvcc, or unset (NVRTC where it can be used, else nvcc)
+COMPILER_ENV = "FASTDLIGHT_CUDA_COMPILER"
+
+
+class CompilerChoiceError(ValueError):
+    """:data:`COMPILER_ENV` asks for what cannot be used here."""
+
+
+def compiler_choice() -> str:
+    """``"nvrtc"`` or ``"nvcc"``: NVRTC (headers parsed once per process) where it is installed,
+    unless :data:`COMPILER_ENV` asks for nvcc. Here, not in ``compile``, so that the command line
+    can check the choice without importing TVM."""
+    asked = os.environ.get(COMPILER_ENV, "").strip().lower()
+    if asked not in ("", "nvrtc", "nvcc"):
+        raise CompilerChoiceError(f"{COMPILER_ENV}={asked!r}: expected 'nvrtc' or 'nvcc'")
+    if asked == "nvcc":
+        return "nvcc"
+    reason = unavailable_reason()
+    if reason and asked == "nvrtc":
+        raise CompilerChoiceError(f"{COMPILER_ENV}=nvrtc, but NVRTC cannot be used: {reason}")
+    return "nvcc" if reason else "nvrtc"

@@ -40,8 +40,11 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from fastdlight.arch.stacklevel import caller_stacklevel
 
 # the launch plan and the C++ text live in .plan and .cpp; their names stay importable from here
 from fastdlight.export.cpp import (  # noqa: F401 - re-exported
@@ -178,6 +181,8 @@ def _resolve(func_or_result, target, topk, options, opt_shapes, database, overri
     arch = target if isinstance(target, CUDA) else auto_arch(target)
     if isinstance(func_or_result, CompileResult):
         r = func_or_result
+        if r.replayed and r._func is not None:  # a database hit: its stored config, applied again
+            return r._func, r.config, None, r.latency_ms, arch
         if r._func is None or not r.compiled or r.failure is not None:
             raise ExportError(f"candidate #{r.index} ({r.config!r}) did not build: "
                               f"{r.error or 'it carries no function to re-apply its config to'}")
@@ -200,9 +205,7 @@ def _resolve(func_or_result, target, topk, options, opt_shapes, database, overri
     if database is not None and not isinstance(database, TuningDatabase):
         database = TuningDatabase(database)
     tuned = tune_function(func, arch, topk, opts, db=database)
-    if tuned.best is not None:
-        return tuned.best._func, tuned.best.config, tuned.best._template, tuned.best.latency_ms, arch
-    return func, tuned.config, None, None, arch  # a database hit, not rebuilt
+    return tuned.best._func, tuned.best.config, tuned.best._template, tuned.best.latency_ms, arch
 
 
 def check_out_dir(out_dir: str, force: bool) -> None:
@@ -292,6 +295,7 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     expected = reference_outputs(func, inputs, ref)
     sections, checks = data_sections(plan, inputs, expected)
     sections = [s + b"\0" * (-len(s) % 8) for s in sections]  # every section starts 8-byte aligned
+    _warn_if_large(name, len(DATA_MAGIC) + sum(map(len, sections)))
     reference = expected.reference
     sm = str(arch.target.attrs.get("arch", ""))
     timed = f"{latency_ms:.4f} ms (tuner, median)" if latency_ms is not None else "not timed"
@@ -322,6 +326,17 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     path = os.path.abspath(out_dir)
     return ExportResult(path, name, *(os.path.join(path, f) for f in files if not f.endswith(".json")),
                         os.path.join(path, f"{name}.json"), build_command, plan.launches, config, latency_ms, reference)
+
+
+#: example data above this size is written with a warning (softmax 4096x4096 wrote 160 MiB unannounced)
+LARGE_DATA_BYTES = 64 * 2**20
+
+
+def _warn_if_large(name: str, nbytes: int) -> None:
+    if nbytes > LARGE_DATA_BYTES:
+        warnings.warn(f"fastdlight.export: {name}_data.bin is {nbytes / 2**20:.3g} MiB (the example's inputs, "
+                      f"expected outputs and error bounds); {name}.cuh does not need it: export a smaller shape "
+                      "for a small runnable example, or delete the file", stacklevel=caller_stacklevel())
 
 
 def _makefile(name: str, sm: str) -> str:

@@ -4,7 +4,8 @@ Stable API (keep signatures; everything takes plain ints/tuples plus ``FuncInfo`
 :mod:`.analysis` and an ``arch.CUDA``):
 
 * ``candidate_sizes(extent, limit)`` – tile sizes worth trying for one axis: factors of the
-  extent plus powers of two below it (those pad), ascending.
+  extent plus powers of two below it (those pad), ascending; ``prime_factors(n)`` – the factors
+  it builds them from, by trial division bounded for huge extents.
 * ``largest_pow2_divisor(n, cap)`` – vector-width helper.
 * ``contiguous_run(access, region)`` – elements of the longest run contiguous in memory.
 * ``coalesced_bytes(access, region, transaction)`` – bytes moved when every run is rounded up to
@@ -48,16 +49,39 @@ def largest_pow2_divisor(n: int, cap: int) -> int:
     return w
 
 
+#: trial division stops at this factor: the factors found are exact below TRIAL_FACTOR_CAP ** 2
+#: (2^32), and above it a cofactor left over is taken as one factor. Dividing all the way to the
+#: square root took 137 s for an extent of 2^62.
+TRIAL_FACTOR_CAP = 1 << 16
+
+
+def prime_factors(n: int, cap: int = TRIAL_FACTOR_CAP) -> list[int]:
+    """``n``'s prime factors below ``cap`` (with repeats), then what is left of ``n`` if above 1
+    (a prime when ``n < cap ** 2``)."""
+    factors = []
+    d = 2
+    while d < cap and d * d <= n:
+        while n % d == 0:
+            factors.append(d)
+            n //= d
+        d += 1 if d == 2 else 2
+    if n > 1:
+        factors.append(n)
+    return factors
+
+
 def candidate_sizes(extent: int, limit: int | None = None) -> list[int]:
-    """Factors of ``extent`` and powers of two below it (a padded tile), up to ``limit``."""
+    """Factors of ``extent`` and powers of two below it (a padded tile), up to ``limit``. The
+    factors come from :func:`prime_factors`, so a huge extent costs no more than a small one."""
     limit = extent if limit is None else min(limit, extent)
-    sizes = {d for d in range(1, math.isqrt(extent) + 1) if extent % d == 0}
-    sizes |= {extent // d for d in sizes}
+    divisors = {1}
+    for f in prime_factors(extent):
+        divisors |= {d * f for d in divisors if d * f <= limit}
     p = 1
-    while p < extent:
-        sizes.add(p)
+    while p < extent and p <= limit:
+        divisors.add(p)
         p *= 2
-    return sorted(s for s in sizes if s <= limit) or [1]
+    return sorted(s for s in divisors if s <= limit) or [1]
 
 
 def contiguous_run(access: Access, region: Sequence[int]) -> int:

@@ -56,7 +56,7 @@ def format_table(results: Sequence[CompileResult], flops: float | None = None, n
                  memory_bound: bool | None = None, best: CompileResult | None = None) -> str:
     """The ranked table the CLI and ``verbose=True`` print."""
     perf_head = "GB/s" if (memory_bound or (memory_bound is None and not flops)) else "TFLOPS"
-    rows = [("rank", "#", "config", "pred. cost", "ms", perf_head, "ok", "regs", "note")]
+    rows = [("rank", "#", "config", "pred. cost (policy units)", "ms", perf_head, "ok", "regs", "note")]
     for i, r in enumerate(results, 1):
         ok = {True: "yes", False: "WRONG", None: "-"}[r.verified]
         note = r.error or ("" if r.verified is not False else r.check_message)

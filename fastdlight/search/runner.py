@@ -30,6 +30,7 @@ from typing import Sequence
 import tvm
 
 from fastdlight.arch import CUDA, auto_arch, has_gpu
+from fastdlight.arch.stacklevel import caller_stacklevel
 from fastdlight.analysis.prepare import check_index_range
 from fastdlight.config import Config
 from fastdlight.compiler import build_task
@@ -85,7 +86,7 @@ def _wants_measure(opts: TuneOptions) -> bool:
     if opts.measure is False:
         return False
     if not gpu:
-        warnings.warn(NO_GPU_WARNING, stacklevel=4)
+        warnings.warn(NO_GPU_WARNING, stacklevel=caller_stacklevel())
     return gpu
 
 

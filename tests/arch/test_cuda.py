@@ -13,7 +13,7 @@ from fastdlight.arch.table import GPUS, GPUS_BY_KEY, KB, MB
 CONTRACT = ("name", "target", "compute_capability", "arch", "sm_count", "warp_size",
             "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm",
             "regs_per_block", "max_regs_per_thread", "smem_per_block", "smem_per_block_optin",
-            "smem_per_sm", "l2_bytes", "dram_bandwidth_gbs", "peak_fp32_tflops", "peak_tc_tflops",
+            "smem_per_sm", "l2_bytes", "dram_bytes", "dram_bandwidth_gbs", "peak_fp32_tflops", "peak_tc_tflops",
             "transaction_bytes_read", "transaction_bytes_write", "mma_shapes", "has_async_copy",
             "has_wgmma", "has_tma")
 
@@ -178,6 +178,14 @@ def test_fake_device_reported_values_win(no_warnings):
     a = CUDA.from_device(FakeDevice("NVIDIA A100-SXM4-80GB", cc="8.0", sms=98, l2=40 * MB))
     assert a.spec.key == "a100-80gb" and a.sm_count == 98 and a.arch == "sm_80"
     assert a.l2_bytes == 40 * MB and not a.has_wgmma
+    assert a.dram_bytes == a.spec.dram_bytes  # the fake reports no memory: the table's bound
+    dev = FakeDevice("NVIDIA A100-SXM4-80GB", cc="8.0")
+    dev.total_global_memory = 85_198_045_184
+    assert CUDA.from_device(dev).dram_bytes == 85_198_045_184
+
+
+def test_str_shows_the_memory(no_warnings):
+    assert "DRAM 80 GiB, 3350 GB/s" in str(CUDA("nvidia/nvidia-h100"))
 
 
 def test_unknown_device_warns_and_works():

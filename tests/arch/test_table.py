@@ -7,7 +7,9 @@ from fastdlight.arch.table import (
     GPUS,
     GPUS_BY_KEY,
     KB,
+    LARGEST_DRAM_BYTES,
     MB,
+    GiB,
     cc_limits,
     find_by_device_name,
     generic_spec,
@@ -38,6 +40,7 @@ def test_row_self_consistent(gpu):
     assert gpu.max_threads_per_sm >= 1024 and gpu.max_threads_per_sm % 32 == 0
     assert 1 * MB <= gpu.l2_bytes <= 256 * MB
     assert 100 <= gpu.dram_bandwidth_gbs <= 10000
+    assert 16 * GiB <= gpu.dram_bytes <= LARGEST_DRAM_BYTES and gpu.dram_bytes % GiB == 0
     assert gpu.source and gpu.device_names and gpu.tag.startswith("nvidia/")
     # Tensor cores beat the CUDA cores, int8/fp8 are at least as fast as fp16.
     tc = dict(gpu.peak_tc_tflops)
@@ -69,6 +72,9 @@ def test_datasheet_spot_checks():
     assert GPUS_BY_KEY["h100-pcie"].sm_count == 114
     assert GPUS_BY_KEY["rtx4090"].max_blocks_per_sm == 24
     assert GPUS_BY_KEY["t4"].max_threads_per_sm == 1024
+    # memory: the datasheet's GB read as GiB, above what the device reports (an H100 80GB: 85.0e9 bytes)
+    assert h100.dram_bytes == 80 * GiB > 85.0e9 and GPUS_BY_KEY["h200"].dram_bytes == 141 * GiB
+    assert GPUS_BY_KEY["t4"].dram_bytes == 16 * GiB and GPUS_BY_KEY["a100-40gb"].dram_bytes == 40 * GiB
 
 
 @pytest.mark.parametrize("device_name,key", [
@@ -119,3 +125,7 @@ def test_generic_spec_scales_with_sm_count():
     assert half.peak_fp32_tflops == pytest.approx(base.peak_fp32_tflops / 2, rel=0.01)
     assert generic_spec((12, 0)).smem_per_block_optin == 99 * KB
     assert dict(generic_spec((6, 1)).peak_tc_tflops) == {}
+
+
+def test_a_generic_gpu_refuses_no_size_a_gpu_may_hold():
+    assert generic_spec((10, 0)).dram_bytes == LARGEST_DRAM_BYTES >= max(g.dram_bytes for g in GPUS)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from tvm import te, tirx
+from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
@@ -250,11 +251,18 @@ def test_symbolic_shapes_need_opt_shapes():
     assert len(cfgs) == 5 and all(c.kind == "reduction" for c in cfgs)
 
 
-def test_unhandled_function_raises():
-    from test_analysis import _opaque  # noqa: PLC0415 - reuse the TVMScript fixture
+@T.prim_func(s_tir=True)
+def opaque_block(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("opaque"):  # no iteration variables: nothing to tile
+            T.reads(A[i])
+            T.writes(B[i])
+            B[i] = A[i] * T.float32(2)
 
+
+def test_unhandled_function_raises():
     with pytest.raises(ValueError, match="cannot be normalized"):
-        DefaultPolicy(_opaque, H100)
+        DefaultPolicy(opaque_block, H100)
 
 
 def test_accepts_a_func_info():
