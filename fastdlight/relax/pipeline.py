@@ -28,10 +28,15 @@ from fastdlight.compiler.compile import PASS_CONFIG, as_target, tir_pipeline
 from fastdlight.compiler.compile import build as build_prim_funcs
 from fastdlight.relax.aligned import tma_aligned_matmuls
 from fastdlight.relax.apply_fast_tuning import ApplyFastTuning
+from fastdlight.relax.compat import (
+    float_inputs,
+    for_mixed_precision,
+    identity_casts,
+    squeeze_axes,
+)
 from fastdlight.relax.convs import im2col_convs
 from fastdlight.relax.gated import gated_projections
 from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
-from fastdlight.relax.views import fold_views
 from fastdlight.relax.rewrites import (
     causal_masks,
     exact_integer_powers,
@@ -39,6 +44,7 @@ from fastdlight.relax.rewrites import (
     rms_norms,
     softmax_of_fp16,
 )
+from fastdlight.relax.views import fold_views
 
 
 def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str | None = "auto",
@@ -55,9 +61,10 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     takes; ``None`` keeps them as exported; ``"auto"`` (default) is ``"NHWC"`` for fp16 models
     with NCHW convolutions, else ``None``.
 
-    ``fp16_io`` (with ``fp16``): ``main`` takes its inputs (the parameters not bound) and returns
-    its results in fp16, as a ``.half()`` torch model does, instead of the exported fp32 (which
-    costs a cast kernel per input and fp32 writes of the results)."""
+    ``fp16_io`` (with ``fp16``): ``main`` takes its fp32 inputs (the parameters not bound) and
+    returns its fp32 results in fp16, as a ``.half()`` torch model does, instead of the exported
+    fp32 (which costs a cast kernel per input and fp32 writes of the results). Integer and
+    boolean inputs (token ids, masks) keep their dtype."""
     if layout not in ("auto", "NHWC", None):
         raise ValueError(f"layout must be 'auto', 'NHWC' or None, got {layout!r}")
     if fp16_io and not fp16:
@@ -72,13 +79,16 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
                                                                   params))))
     passes.append(relax.transform.DecomposeOpsForInference())
     if fp16:
-        inputs = [p.name for p in mod["main"].params[: len(mod["main"].params) - len(params or [])]]
+        inputs = float_inputs(mod["main"], len(mod["main"].params) - len(params or []))
+        passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects
         passes.append(relax.transform.ToMixedPrecision(out_dtype="float32", fp16_input_names=inputs if fp16_io else None))
+        passes.append(identity_casts())
         if fp16_io:
             passes.append(fp16_outputs())
     passes.append(rms_norms())  # after ToMixedPrecision, which leaves the decomposed norm in fp32
     passes.append(sink_reshapes())  # after the casts ToMixedPrecision adds: they fuse too
     if layout == "NHWC":
+        passes.append(squeeze_axes())  # ConvertLayout fails on negative ones
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
     passes.append(im2col_convs())  # NHWC convolutions of 3-channel images, as GEMMs
     passes.append(sink_reshapes())  # the im2col GEMM's reshape below its epilogue

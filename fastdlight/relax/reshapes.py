@@ -51,6 +51,12 @@ class _Bindings:
         """The call ``expr`` is (or is bound to) when its op is one of ``ops``, else None."""
         return call_to(self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr, *ops)
 
+    def is_weight(self, expr) -> bool:
+        """``expr`` is a constant or a cast of one (a bound weight after ``ToMixedPrecision``)."""
+        while (cast := self.call(expr, "relax.astype")) is not None:
+            expr = cast.args[0]
+        return isinstance(self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr, tvm.ir.expr.Constant)
+
 
 def _any_of(patterns):
     out = patterns[0]
@@ -96,9 +102,11 @@ def _unary_rule(bindings: _Bindings):
 
 
 def _binary_rule(bindings: _Bindings):
-    """``op(reshape(x), y)``: ``y`` a scalar or over trailing axes the reshape keeps (a bias, a
-    scale, also as ``[1, 1, 1, C]``) broadcasts the same way against ``x``; ``y`` of the full
-    shape is reshaped to ``x``'s."""
+    """``op(reshape(x), y)`` where ``reshape(x)`` has the result's shape: ``y`` a scalar or over
+    trailing axes the reshape keeps (a bias, a scale, also as ``[1, 1, 1, C]``) broadcasts the
+    same way against ``x``; ``y`` of the full shape is reshaped to ``x``'s. A reshaped weight or
+    operand that broadcasts (``reshape(bias, [1, C, 1, 1])`` added to a convolution's output)
+    stays."""
     x, shape, other = wildcard(), wildcard(), wildcard()
     reshaped = is_op("relax.reshape")(x, shape)
     pattern = _any_of([p for op in BINARY for p in (is_op(op)(reshaped, other), is_op(op)(other, reshaped))])
@@ -108,6 +116,10 @@ def _binary_rule(bindings: _Bindings):
         s_in, s_out, s_y = static_shape(inner), static_shape(call), static_shape(y)
         if None in (s_in, s_out, s_y) or len(s_in) >= len(s_out):
             return call  # only un-flattening reshapes move: the flattened operand's reshape must stay
+        if static_shape(matches[reshaped]) != s_out or bindings.is_weight(inner):
+            # a bias reshaped to broadcast ([C] as [1, C, 1, 1]) is no result's reshape, also
+            # where it has the result's shape (batch 1, 1x1 pixels): moved, it reshapes the result
+            return call
         core = s_y[next((i for i, v in enumerate(s_y) if v != 1), len(s_y)):]  # [1, 1, 1, C] broadcasts as [C]
         if s_y == s_out and len(s_out) > 0:
             y = relax.op.reshape(y, s_in)

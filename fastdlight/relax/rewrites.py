@@ -245,11 +245,17 @@ def fp16_outputs(func_name: str = "main") -> tvm.transform.Pass:
         bindings = {b.var: b.value for block in blocks for b in block.bindings}
         value = bindings.get(ret) if isinstance(ret, relax.Var) else None
         fields = value.fields if isinstance(value, relax.Tuple) else [value]
+        extra = []
+        if isinstance(value, relax.Call) and isinstance(ret.ty, relax.TensorType):
+            # one result bound to its call (``y = astype(...)``): the call bound to a local first
+            # (left unused where it is the cast that goes, and then removed)
+            local = relax.DataflowVar(f"{ret.name}_local", ret.ty)
+            extra.append(relax.VarBinding(local, value))
+            bindings[local], fields = value, [local]
         if value is None or not blocks or not isinstance(blocks[-1], relax.DataflowBlock) \
                 or not all(isinstance(f, relax.DataflowVar) for f in fields) \
                 or not any(b.var.same_as(ret) for b in blocks[-1].bindings):
             return mod  # not the dataflow form ToMixedPrecision leaves
-        extra = []
         new_fields = [narrowed(f, bindings, extra) for f in fields]
         if all(a.same_as(b) for a, b in zip(new_fields, fields)):
             return mod
