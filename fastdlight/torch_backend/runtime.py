@@ -1,0 +1,148 @@
+"""A Relax module compiled for the device of a graph's tensors, called with torch tensors.
+
+Every module goes through ``for_inference`` (weights bound, fp16 where the model is). On a CUDA
+device it then goes through ``compile_model`` (prepare, ApplyFastTuning with the persistent
+database, build); on the CPU, through TVM's default pipeline for the host: a working program,
+not a tuned one (fastdlight tunes GPU kernels only).
+
+Calls pass torch tensors straight to the VM: TVM's FFI takes them through DLPack without a
+copy, runs the kernels on torch's current CUDA stream of their device (it sets the stream it
+reads from torch for the duration of the call), and hands the outputs back as torch tensors
+that own TVM's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from fastdlight.arch import CUDA
+from fastdlight.relax import ApplyFastTuning, compile_model, for_inference
+from fastdlight.torch_backend.cache import database_dir
+from fastdlight.torch_backend.graph import Unsupported
+
+log = logging.getLogger("fastdlight.torch_backend")
+
+
+class NoDevice(Unsupported):
+    """TVM cannot run on the device the graph's tensors are on."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``torch.compile(..., options={...})`` may say. ``fp16``: compute in fp16 with fp32
+    accumulation (default: when the graph has fp16 tensors, as a ``.half()`` model does; an fp32
+    model stays fp32). ``database``: the tuning database's directory (default: the cache's,
+    :func:`.cache.database_dir`; ``False``: none). ``fallback``: run a graph that cannot be
+    compiled eagerly, with a warning (``False``: raise). Other keys are ``ApplyFastTuning``
+    keywords (``topk``, ``budget_ms``, ...)."""
+
+    fp16: bool | None = None
+    database: Path | None = None
+    fallback: bool = True
+    tuning: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, options: dict | None) -> Settings:
+        options = dict(options or {})
+        fp16 = options.pop("fp16", None)
+        if fp16 not in (None, True, False):
+            raise ValueError(f"fp16 must be True, False or None, got {fp16!r}")
+        database = options.pop("database", None)
+        if database is None:
+            database = database_dir()
+        elif database is False:
+            database = None
+        else:
+            database = Path(database)
+        fallback = options.pop("fallback", True)
+        for key in ("target", "meta_database_dir"):
+            if key in options:
+                raise TypeError(f"{key!r} is set by the backend: the tensors' device is the target"
+                                if key == "target" else f"{key!r}: give 'database' instead")
+        ApplyFastTuning(**options)  # an unknown or bad keyword is refused now, not at the first GPU graph
+        return cls(fp16, database, bool(fallback), options)
+
+
+class Program:
+    """The compiled module: ``program(*activations)`` returns the outputs as a tuple of torch
+    tensors. Activations whose dtype is not the program's are cast (a copy; a bf16 graph runs
+    in fp32), as are outputs whose dtype is not the graph's. ``report``: the tuning report's
+    rows (GPU only)."""
+
+    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=()):
+        self.main, self.device, self.report = main, device, list(report)
+        self.in_dtypes, self.out_dtypes = tuple(in_dtypes), out_dtypes
+
+    def __call__(self, *activations):
+        # DLPack carries strides, but the kernels index compact buffers
+        args = [a.to(dtype).contiguous() for a, dtype in zip(activations, self.in_dtypes)]
+        out = self.main(*args)
+        out = as_torch(out) if isinstance(out, (tvm_ffi.Array, list, tuple)) else (as_torch(out),)
+        if self.out_dtypes is None:
+            return out
+        return tuple(o.to(dtype) for o, dtype in zip(out, self.out_dtypes))
+
+
+def as_torch(value):
+    """``value`` (a tensor or a nest of them) as torch tensors, without copies. The FFI already
+    returns torch tensors when it was called with torch tensors; a call without one (a graph of
+    weights only) returns TVM's."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tvm_ffi.Array, list, tuple)):
+        return tuple(as_torch(v) for v in value)
+    if isinstance(value, (tvm_ffi.Tensor, tvm.runtime.Tensor)):
+        return torch.utils.dlpack.from_dlpack(value)
+    raise TypeError(f"the compiled graph returned a {type(value).__name__}, not tensors")
+
+
+def compile_program(mod: tvm.IRModule, weights, device: torch.device, settings: Settings, *, fp16: bool,
+                    fp16_io: bool = False, out_dtypes=None) -> Program:
+    """``mod`` (``main(*activations, *weights)``) with ``weights`` (host torch tensors) bound,
+    compiled for ``device``; ``fp16``, ``fp16_io``: as ``for_inference``'s; ``out_dtypes``: the
+    dtypes the outputs are handed back in."""
+    start = time.perf_counter()
+    params = [tvm.runtime.from_dlpack(w) for w in weights]
+    mod = for_inference(mod, params, fp16=fp16, fp16_io=fp16_io)
+    in_dtypes = [getattr(torch, str(p.ty.dtype)) for p in mod["main"].params]
+    if device.type == "cpu":
+        main, report = _cpu_main(mod), ()
+    elif device.type == "cuda":
+        main, report = _cuda_main(mod, device, settings)
+    else:
+        raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
+    log.info("compiled a graph for %s in %.1f s%s", device, time.perf_counter() - start, _summary(report))
+    return Program(main, device, in_dtypes, out_dtypes, report)
+
+
+def _cpu_main(mod: tvm.IRModule):
+    target = tvm.target.Target.from_device(tvm.cpu())  # the host's own instruction set
+    return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"]
+
+
+def _cuda_main(mod: tvm.IRModule, device: torch.device, settings: Settings):
+    index = torch.cuda.current_device() if device.index is None else device.index
+    dev = tvm.cuda(index)
+    if not dev.exist:
+        raise NoDevice(f"TVM sees no CUDA GPU {index} (no GPU, or a TVM built without CUDA)")
+    arch = CUDA.from_device(dev)
+    tuning = ApplyFastTuning(target=arch, meta_database_dir=settings.database, **settings.tuning)
+    executable, _tuned, report = compile_model(mod, arch, tuning=tuning)
+    return relax.VirtualMachine(executable, dev)["main"], report
+
+
+def _summary(report) -> str:
+    if not report:
+        return ""
+    counts: dict[str, int] = {}
+    for row in report:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    return " (" + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + ")"

@@ -1,0 +1,284 @@
+"""torch.compile(model, backend="fastdlight"): graphs through Relax to a callable, on the CPU
+(TVM's default pipeline) and, marked gpu, through fastdlight's tuning on CUDA."""
+
+import importlib.metadata
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from fastdlight.torch_backend import EagerFallbackWarning, backend  # noqa: E402 - after the torch check
+from fastdlight.torch_backend.dynamo import CompiledGraph  # noqa: E402
+from fastdlight.torch_backend.graph import host_fp32  # noqa: E402
+from fastdlight.torch_backend.runtime import Program  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class SmallCNN(nn.Module):
+    """conv, BatchNorm, relu6, max and adaptive average pooling, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.pool, self.head = nn.AdaptiveAvgPool2d(1), nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.nn.functional.relu6(self.bn(self.conv1(x))), 2)
+        x = torch.nn.functional.relu6(self.conv2(x))
+        return self.head(torch.flatten(self.pool(x), 1))
+
+
+class Lgamma(nn.Module):
+    """``lgamma`` has no conversion in TVM 0.27's exported-program importer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.lgamma(self.fc(x).abs() + 1)
+
+
+def _model(cls, seed=0):
+    torch.manual_seed(seed)
+    model = cls().eval()
+    if isinstance(model, SmallCNN):  # running statistics that are not the identity
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def _through_backend(model, *inputs, options=None):
+    """What :func:`backend` returns for the graph of ``model(*inputs)``, and the example inputs
+    dynamo gave it. Called inside dynamo's compile, as torch calls it: dynamo drops the
+    placeholders' sources (which tell weights from activations) once the graph is compiled."""
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append((backend(gm, example_inputs, options=options), list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(*inputs)
+    assert len(seen) == 1, "the test models compile to one graph"
+    return seen[0]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def no_fallback():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EagerFallbackWarning)
+        yield
+
+
+@pytest.mark.parametrize("cls, shape", [(MLP, (4, 32)), (SmallCNN, (2, 3, 16, 16))])
+def test_graph_compiles_to_a_program_matching_eager(cls, shape, no_fallback):
+    model = _model(cls)
+    x = torch.randn(shape)
+    compiled, example_inputs = _through_backend(model, x)
+    assert isinstance(compiled, CompiledGraph) and isinstance(compiled.static, Program)
+    assert compiled.static.device.type == "cpu"
+    assert len(compiled.sig.activations) == 1  # parameters and BatchNorm's statistics are constants
+    with torch.no_grad():
+        (out,) = compiled(*example_inputs)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_by_name_matches_eager(no_fallback):
+    model = _model(SmallCNN)
+    fast = torch.compile(model, backend="fastdlight")
+    with torch.no_grad():
+        for seed in range(2):  # the second call runs the program compiled by the first
+            x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_new_shape_compiles_again(no_fallback):
+    model = _model(MLP)
+    fast = torch.compile(model, backend="fastdlight")
+    with torch.no_grad():
+        for batch in (4, 7, 3, 7):  # 7: dynamo traces symbolic sizes; each value gets a program
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_half_model_runs_in_fp16(no_fallback):
+    model = _model(MLP).half()
+    x = torch.randn(4, 32).half()
+    with torch.no_grad():
+        out = torch.compile(model, backend="fastdlight")(x)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out, model(x), rtol=1e-2, atol=1e-2)
+
+
+def test_bf16_model_runs_in_fp32_and_answers_in_bf16(no_fallback):
+    model = _model(MLP).bfloat16()
+    x = torch.randn(4, 32).bfloat16()
+    with torch.no_grad():
+        out = torch.compile(model, backend="fastdlight")(x)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
+class Casts(nn.Module):
+    """An fp32 island in an fp16 model, and a tensor made on the input's device: dtypes and
+    devices dynamo writes into the graph as constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x).float().softmax(-1).to(x.dtype)
+        return y + torch.arange(8, device=x.device, dtype=x.dtype)
+
+
+def test_dtype_and_device_constants_of_a_half_model(no_fallback):
+    model = _model(Casts).half()
+    x = torch.randn(4, 8).half()
+    with torch.no_grad():
+        out = torch.compile(model, backend="fastdlight")(x)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out, model(x), rtol=1e-2, atol=1e-2)
+
+
+def test_host_fp32_copy_moves_constants_and_leaves_the_graph_alone():
+    def f(x):
+        return x.to(torch.float16) + torch.full_like(x, 1.0, device=torch.device("cuda"), dtype=torch.bfloat16)
+
+    gm = torch.fx.symbolic_trace(f)  # traced, not run: no GPU needed
+    copy = host_fp32(gm)
+    constants = [v for n in copy.graph.nodes for v in [*n.args, *n.kwargs.values()]
+                 if isinstance(v, (torch.device, torch.dtype))]
+    assert set(constants) == {torch.device("cpu"), torch.float32}
+    assert torch.device("cuda") in gm.graph.find_nodes(op="call_function", target=torch.full_like)[0].kwargs.values()
+    out = copy(torch.randn(4))
+    assert out.dtype == torch.float32 and out.device.type == "cpu"
+
+
+def test_fp16_option_keeps_an_fp32_model_s_dtypes(no_fallback):
+    model = _model(MLP)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        out = torch.compile(model, backend="fastdlight", options={"fp16": True})(x)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, model(x), rtol=1e-2, atol=1e-2)
+
+
+def test_unimportable_op_runs_eagerly_with_one_warning():
+    model = _model(Lgamma)
+    fast = torch.compile(model, backend="fastdlight")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(fast(x), model(x))
+    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == 1, [str(w.message) for w in fallbacks]
+    assert "aten.lgamma.default" in str(fallbacks[0].message)
+    assert fallbacks[0].filename == __file__  # it points at the caller's line, not at torch's
+
+
+def test_fallback_false_raises():
+    with pytest.raises(Exception, match="lgamma"):
+        _through_backend(_model(Lgamma), torch.randn(4, 8), options={"fallback": False})
+
+
+def test_autograd_runs_eagerly_with_a_warning():
+    model = _model(MLP)
+    x = torch.randn(4, 32)
+    with pytest.warns(EagerFallbackWarning, match="no_grad"):
+        out = torch.compile(model, backend="fastdlight")(x)
+    assert out.requires_grad  # eager: gradients still flow
+    torch.testing.assert_close(out, model(x))
+
+
+def test_in_place_update_of_an_input_runs_eagerly():
+    def bump(x, y):
+        x.add_(1)
+        return x * y
+
+    a, b = torch.randn(4), torch.randn(4)
+    expected = (a + 1) * b
+    with pytest.warns(EagerFallbackWarning, match="in place"), torch.no_grad():
+        out = torch.compile(bump, backend="fastdlight")(a, b)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(a, expected / b)  # the update happened
+
+
+@pytest.mark.parametrize("options, match", [({"no_such_option": 1}, "no_such_option"),
+                                            ({"meta_database_dir": "x"}, "database"),
+                                            ({"target": "cuda"}, "device"),
+                                            ({"fp16": "yes"}, "fp16")])
+def test_bad_options_are_refused(options, match):
+    with pytest.raises(Exception, match=match):
+        _through_backend(_model(MLP), torch.randn(4, 32), options=options)
+
+
+def test_pyproject_declares_the_entry_point():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    target = project["entry-points"]["torch_dynamo_backends"]["fastdlight"]
+    module, attr = target.split(":")
+    assert getattr(importlib.import_module(module), attr) is backend
+
+
+def test_torch_resolves_the_name_through_the_entry_point():
+    found = [ep for ep in importlib.metadata.entry_points(group="torch_dynamo_backends") if ep.name == "fastdlight"]
+    if not found:
+        pytest.skip("fastdlight is not installed (pip install -e .): no entry point to read")
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert found[0].load() is backend
+    assert lookup_backend("fastdlight") is backend
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_cnn_matches_eager_and_replays_from_the_database(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    model = _model(SmallCNN).half().cuda()
+    x = torch.randn(8, 3, 32, 32, device="cuda").half()
+    options = {"database": tmp_path, "topk": 4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EagerFallbackWarning)
+        compiled, example_inputs = _through_backend(model, x, options=options)
+    program = compiled.static
+    assert program.device.type == "cuda" and program.in_dtypes == (torch.float16,)
+    assert {row.status for row in program.report} <= {"tuned", "database", "view"}
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(2):  # the second call runs the same program, on the GPU
+            (out,) = compiled(*example_inputs)
+            assert out.device.type == "cuda" and out.dtype == torch.float16
+            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        stream = torch.cuda.Stream()  # kernels go on torch's current stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            (out,) = compiled(*example_inputs)
+        stream.synchronize()
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    again, _ = _through_backend(model, x, options=options)  # as another process would: no tuning
+    assert [row.status for row in again.static.report if row.status == "tuned"] == []
