@@ -72,12 +72,8 @@ def cmd_tune(args) -> int:
     # on the host after the timings (on every core it would slow the builds and the timed
     # launches), 0.85 s of a 4096³ GEMM's first tune on the H100 machine, where the widened
     # function runs on the GPU while candidates still build.
-    fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes = make_workload(args)
-    arch, can_measure, notice = resolve_arch(args.target)
-    once_resolved(args, arch, func)
+    (fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes), arch, can_measure = _resolved(args)
     measure = can_measure and not args.no_measure
-    if notice:
-        print(notice)
 
     from fastdlight.search.candidates import tune_function
     from fastdlight.search.options import TuneOptions
@@ -139,6 +135,17 @@ def _tune_dispatch(func, fname: str, arch, args, opts, opt_shapes: dict, t0: flo
     return 0 if all(c.passed for c in checks) else 1
 
 
+def _resolved(args):
+    """(the workload, the arch it is tuned for, whether this machine can time it): both checked
+    against each other (sizes, toolkit), and the arch's notice printed."""
+    workload = make_workload(args)
+    arch, can_measure, notice = resolve_arch(args.target)
+    once_resolved(args, arch, workload[1])
+    if notice:
+        print(notice)
+    return workload, arch, can_measure
+
+
 def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
     from fastdlight.search.report import perf_text
 
@@ -198,12 +205,8 @@ def _export(args) -> int:
         shared_pool(args.workers).warm_up()
     from fastdlight.search.runner import TuningError
 
-    fname, func, ref, _flops, _nbytes, _mb, opt_shapes = make_workload(args)
-    arch, can_measure, notice = resolve_arch(args.target)
-    once_resolved(args, arch, func)
+    (fname, func, ref, _flops, _nbytes, _mb, opt_shapes), arch, can_measure = _resolved(args)
     measure = can_measure and not args.no_measure
-    if notice:
-        print(notice)
     print(f"Exporting {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
     try:
