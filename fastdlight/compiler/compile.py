@@ -125,31 +125,118 @@ def tir_pipeline(mod: tvm.IRModule) -> str:
 
 
 def _register_hybrid_pipeline() -> None:
-    from tvm.s_tir import pipeline as _s_tir  # noqa: F401 - registers "s_tir"
     from tvm.tirx import compilation_pipeline as cp
 
     if HYBRID_PIPELINE in cp.PIPELINE_MAP:
         return
 
     def hybrid():
-        tirx_pass, _, _ = cp.get_tir_pipeline("tirx")
-        s_tir_pass, finalize_host, finalize_device = cp.get_tir_pipeline("s_tir")
+        _, finalize_host, finalize_device = _stock_s_tir()()
+        return _lower_each_by_its_own(), finalize_host, finalize_device
 
-        @tvm.transform.module_pass(opt_level=0, name="fastdlight.HybridTIRPipeline")
+    cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
+
+
+#: attribute of a tuned PrimFunc: the PassContext options its lowering needs (PASS_CONFIG). A
+#: plain ``tvm.compile`` runs under the caller's PassContext, which has none of them, so they
+#: travel with the function and :func:`route_default_pipeline` lowers it under them
+PASS_CONFIG_ATTR = "fastdlight.pass_config"
+
+
+def with_pass_config(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` carrying the PassContext options fastdlight lowers its kernels under."""
+    return func.with_attr(PASS_CONFIG_ATTR, PASS_CONFIG)
+
+
+def _own_config(func) -> tuple:
+    """The options ``func`` asks its lowering for, as a hashable key (empty: the caller's)."""
+    attrs = getattr(func, "attrs", None)
+    if attrs is None or PASS_CONFIG_ATTR not in attrs:
+        return ()
+    return tuple(sorted((str(k), v) for k, v in attrs[PASS_CONFIG_ATTR].items()))  # values: Python scalars
+
+
+def _needs_own_lowering(mod: tvm.IRModule) -> bool:
+    return any(is_tirx_kernel(f) or is_dispatcher(f) or _own_config(f) for _, f in mod.functions_items())
+
+
+def _stock_s_tir():
+    """TVM's own s_tir pipeline factory (the one :func:`route_default_pipeline` wraps)."""
+    from tvm.s_tir import pipeline as _s_tir  # noqa: F401 - registers "s_tir"
+    from tvm.tirx import compilation_pipeline as cp
+
+    factory = cp.PIPELINE_MAP["s_tir"]
+    return getattr(factory, "fastdlight_stock", factory)
+
+
+def _lower_each_by_its_own() -> tvm.transform.Pass:
+    """Each PrimFunc lowered with the pipeline it was written for (TIRx kernels with TIRx's,
+    dispatchers from the host/device split on, the rest with s_tir's), under the PassContext
+    options it carries (:data:`PASS_CONFIG_ATTR`) on top of the caller's."""
+    from tvm.tirx import compilation_pipeline as cp
+
+    from fastdlight.schedules.wgmma.template import register_codegen_fixes
+
+    tirx_pass, _, _ = cp.get_tir_pipeline("tirx")
+    s_tir_pass = _stock_s_tir()()[0]
+    runs = {"tirx": tirx_pass, "dispatcher": _after_split(), "s_tir": s_tir_pass}
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.HybridTIRPipeline")
+    def lower(mod, _ctx):
+        groups: dict[tuple, dict] = {}
+        for gvar, func in mod.functions_items():
+            kind = "tirx" if is_tirx_kernel(func) else "dispatcher" if is_dispatcher(func) else "s_tir"
+            groups.setdefault((kind, _own_config(func)), {})[gvar] = func
+        if any(kind != "s_tir" for kind, _ in groups):
+            register_codegen_fixes()  # a kernel may come from a database record, never built here
+        out = tvm.IRModule(attrs=mod.attrs)
+        for (kind, config), funcs in sorted(groups.items(), key=lambda g: list(runs).index(g[0][0])):
+            with _context_with(dict(config)):
+                out.update(runs[kind](tvm.IRModule(funcs, attrs=mod.attrs)))
+        return out
+
+    return lower
+
+
+def _context_with(config: dict) -> tvm.transform.PassContext:
+    """The current PassContext with ``config``'s options added (itself when there are none)."""
+    current = tvm.transform.PassContext.current()
+    if not config:
+        return current
+    merged = {str(k): v for k, v in current.config.items()}
+    merged.update(config)
+    return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=list(current.required_pass),
+                                     disabled_pass=list(current.disabled_pass), config=merged)
+
+
+def route_default_pipeline() -> None:
+    """Make TVM's default TIR pipeline (``"s_tir"``, what a plain ``tvm.compile`` runs) lower a
+    module holding fastdlight's kernels as :data:`HYBRID_PIPELINE` does: a Dlight user builds a
+    tuned module with ``tvm.compile``, whose s_tir pipeline cannot lower a TIRx kernel or a
+    dispatcher's pre-lowered branches and lacks the options the tuned kernels need. A module
+    without them is lowered by TVM's pipeline exactly as before. Idempotent."""
+    from tvm.tirx import compilation_pipeline as cp
+
+    stock = _stock_s_tir()
+    if cp.PIPELINE_MAP["s_tir"] is not stock:
+        return
+
+    def routed(**kwargs):
+        s_tir_pass, finalize_host, finalize_device = stock(**kwargs)
+        own = []
+
+        @tvm.transform.module_pass(opt_level=0, name="fastdlight.RoutedSTIRPipeline")
         def lower(mod, _ctx):
-            groups = {"tirx": {}, "dispatcher": {}, "s_tir": {}}
-            for gvar, func in mod.functions_items():
-                kind = "tirx" if is_tirx_kernel(func) else "dispatcher" if is_dispatcher(func) else "s_tir"
-                groups[kind][gvar] = func
-            out = tvm.IRModule(attrs=mod.attrs)
-            for kind, run in (("tirx", tirx_pass), ("dispatcher", _after_split()), ("s_tir", s_tir_pass)):
-                if groups[kind]:
-                    out.update(run(tvm.IRModule(groups[kind], attrs=mod.attrs)))
-            return out
+            if not _needs_own_lowering(mod):
+                return s_tir_pass(mod)
+            if not own:
+                own.append(_lower_each_by_its_own())
+            return own[0](mod)
 
         return lower, finalize_host, finalize_device
 
-    cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
+    routed.fastdlight_stock = stock
+    cp.register_tir_pipeline("s_tir", routed)
 
 
 def _pipeline_passes(kind: str) -> list:

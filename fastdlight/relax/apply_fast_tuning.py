@@ -5,8 +5,12 @@
     ex = fastdlight.build(mod, target)             # lowers without fusing again
 
 Build the result with :func:`fastdlight.build` (:mod:`fastdlight.relax.pipeline`): it does not
-fuse or legalize again, so the tuned functions are what runs, and it sets the PassContext options
-the tensor-core kernels need (see :mod:`fastdlight.compiler.compile`).
+fuse or legalize again, so the tuned functions are what runs. A plain ``tvm.compile`` builds it
+too: each tuned function carries the PassContext options its kernels need
+(``fastdlight.pass_config``), and TVM's default TIR pipeline is routed so that TIRx (wgmma)
+kernels, symbolic dispatchers and those options are honoured
+(:func:`fastdlight.compiler.compile.route_default_pipeline`); but its default Relax pipeline
+fuses again, which can merge a tuned function into a new, untuned one.
 
 For each PrimFunc not already scheduled (``tirx.is_scheduled``) the candidate path shared with
 ``fastdlight.tune`` and the CLI (:mod:`fastdlight.search.candidates`) runs: a database hit is
@@ -35,6 +39,7 @@ from tvm.ir import IRModule
 from tvm.ir.transform import PassContext, module_pass
 
 from fastdlight.arch import CUDA, auto_arch
+from fastdlight.compiler.compile import route_default_pipeline, with_pass_config
 from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names
@@ -178,9 +183,10 @@ class ApplyFastTuning:
                                for gv, _ in others)
             if scheduled is not None:
                 for gvar, _ in members:  # structurally equal: one scheduled function serves all
-                    updated[gvar] = scheduled.with_attr("tirx.is_scheduled", True)
+                    updated[gvar] = with_pass_config(scheduled.with_attr("tirx.is_scheduled", True))
         if not updated:
             return mod
+        route_default_pipeline()  # a plain tvm.compile of the result lowers each kernel as it was tuned
         mod = mod.clone()  # never change the caller's module in place
         for gvar, func in updated.items():
             mod[gvar] = func
