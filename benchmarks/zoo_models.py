@@ -21,24 +21,37 @@ from dataclasses import dataclass
 #: images and token sequences of the survey
 IMAGE = (1, 3, 224, 224)
 TOKENS = (1, 128)
+#: the sizes a zoo benchmark runs (``"B"``: batch B; ``"BxS"``: batch B of S tokens), quickest first
+VISION_SIZES = ("1", "16")
+TEXT_SIZES = ("1x512", "4x2048")
 
 
 @dataclass(frozen=True)
 class ZooModel:
     """A model's builder (-> an ``nn.Module`` in eval mode, random weights) and its example
-    inputs as ``(shape, dtype)`` (``"int64"`` inputs are token ids below :attr:`vocab`)."""
+    inputs as ``(shape, dtype)`` (``"int64"`` inputs are token ids below :attr:`vocab`).
+    :attr:`sizes`: the sizes people run it at, quickest first (see :meth:`inputs_at`)."""
 
     family: str
     build: Callable
     inputs: tuple
     vocab: int = 1000
+    sizes: tuple = VISION_SIZES
 
-    def example_inputs(self, seed: int = 0) -> tuple:
+    def inputs_at(self, size: str | None = None) -> tuple:
+        """:attr:`inputs` at ``size``: ``"16"`` sets the batch, ``"4x2048"`` the batch and the
+        sequence length (the leading dimensions of every input); None: as listed."""
+        if size is None:
+            return self.inputs
+        lead = tuple(int(v) for v in size.split("x"))
+        return tuple((lead + tuple(shape[len(lead):]), dtype) for shape, dtype in self.inputs)
+
+    def example_inputs(self, seed: int = 0, size: str | None = None) -> tuple:
         import torch
 
         gen = torch.Generator().manual_seed(seed)
         out = []
-        for shape, dtype in self.inputs:
+        for shape, dtype in self.inputs_at(size):
             if dtype == "int64":
                 out.append(torch.randint(0, self.vocab, shape, generator=gen, dtype=torch.int64))
             else:
@@ -101,7 +114,7 @@ def _whisper_encoder():
 # use_cache=False: with a cache, the first forward concatenates each layer's keys to an empty 1-D
 # tensor (``torch.cat`` allows that), which TVM's importer rejects (concat of ndim 1 and 4)
 _SMALL_LM = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
-             "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 256, "use_cache": False}
+             "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 2048, "use_cache": False}
 
 MODELS: dict[str, ZooModel] = {
     **{name: ZooModel("torchvision", _torchvision(name), ((IMAGE, "float32"),))
@@ -109,29 +122,41 @@ MODELS: dict[str, ZooModel] = {
                     "regnet_y_800mf", "vit_b_16", "swin_t")},
     **{f"timm_{name}": ZooModel("timm", _timm(name), ((IMAGE, "float32"),))
        for name in ("resnet18", "deit_tiny_patch16_224", "convnextv2_atto", "efficientvit_b0")},
+    # positions up to 2048: TEXT_SIZES' longest sequence
     "gpt2_2l": ZooModel("transformers", _hf("GPT2Config", "GPT2Model", n_layer=2, vocab_size=1000, bos_token_id=0,
-                                            eos_token_id=0, use_cache=False), ((TOKENS, "int64"),)),
-    "llama_gqa_2l": ZooModel("transformers", _hf("LlamaConfig", "LlamaModel", **_SMALL_LM), ((TOKENS, "int64"),)),
-    "qwen2_gqa_2l": ZooModel("transformers", _hf("Qwen2Config", "Qwen2Model", **_SMALL_LM), ((TOKENS, "int64"),)),
-    "bert_base_2l": ZooModel("transformers", _hf("BertConfig", "BertModel", num_hidden_layers=2, vocab_size=1000),
-                             ((TOKENS, "int64"),)),
+                                            eos_token_id=0, use_cache=False, n_positions=2048),
+                        ((TOKENS, "int64"),), sizes=TEXT_SIZES),
+    "llama_gqa_2l": ZooModel("transformers", _hf("LlamaConfig", "LlamaModel", **_SMALL_LM), ((TOKENS, "int64"),),
+                             sizes=TEXT_SIZES),
+    "qwen2_gqa_2l": ZooModel("transformers", _hf("Qwen2Config", "Qwen2Model", **_SMALL_LM), ((TOKENS, "int64"),),
+                             sizes=TEXT_SIZES),
+    "bert_base_2l": ZooModel("transformers", _hf("BertConfig", "BertModel", num_hidden_layers=2, vocab_size=1000,
+                                                 max_position_embeddings=2048),
+                             ((TOKENS, "int64"),), sizes=TEXT_SIZES),
     "t5_encoder_small": ZooModel("transformers", _hf("T5Config", "T5EncoderModel", vocab_size=1000, d_model=256,
                                                      d_kv=32, d_ff=1024, num_layers=2, num_heads=8),
-                                 ((TOKENS, "int64"),)),
+                                 ((TOKENS, "int64"),), sizes=TEXT_SIZES),
     # 2 * max_source_positions frames of 80 mel bins
     "whisper_encoder_small": ZooModel("transformers", _whisper_encoder, (((1, 80, 128), "float32"),)),
 }
 
 
-def export(name: str):
-    """:data:`MODELS` ``[name]`` as a ``torch.export`` program (fp32, seeded random weights)."""
+def build(name: str):
+    """:data:`MODELS` ``[name]`` as an ``nn.Module`` (fp32, eval, random weights seeded alike)."""
     import torch
 
-    spec = MODELS[name]
     torch.manual_seed(0)
-    model = spec.build()
+    return MODELS[name].build()
+
+
+def export(name: str, size: str | None = None, model=None):
+    """:data:`MODELS` ``[name]`` (or ``model``, as :func:`build` gives it) as a ``torch.export``
+    program at ``size`` (see :meth:`ZooModel.inputs_at`)."""
+    import torch
+
+    model = build(name) if model is None else model
     with torch.no_grad():
-        return torch.export.export(model, spec.example_inputs())
+        return torch.export.export(model, MODELS[name].example_inputs(size=size))
 
 
 def to_relax(program):

@@ -1,0 +1,456 @@
+"""A model zoo that must import, tune, run and win: the torchvision, timm and Hugging Face models
+of ``zoo_models.py`` (random weights) at the sizes people run them, through the documented path,
+against torch on one GPU.
+
+    python benchmarks/bench_zoo.py --list
+    python benchmarks/bench_zoo.py [--models resnet50,gpt2_2l] [--sizes quick|all|1,16,1x512,4x2048]
+                                   [--time-limit 900] [--topk 20] [--db DIR] [--skip-compile]
+    python benchmarks/bench_zoo.py --dry-run [--models timm_resnet18]   # CPU: export .. prepare
+
+One row per model and size: imported (``torch.export`` -> Relax) or the one-line reason it was
+not; the largest error against torch fp16, relative to the largest output; ms of torch eager
+(queued launches, as users run it), torch in a CUDA graph, ``torch.compile`` (default inductor,
+in a CUDA graph) and fastdlight (``for_inference(mod, params, fp16_io=True)`` -> ``prepare`` ->
+``ApplyFastTuning`` with a database dir -> ``build`` -> VM, in a CUDA graph where it can be
+captured), all timed as ``bench_models.py`` times them (warm-up, CUDA events, median over
+>= 200 ms); tuning seconds cold and again from the database the cold pass filled; the functions
+left untuned and who won each (``ApplyFastTuning``'s ``FunctionReport``).
+
+Sizes: ``"B"`` is batch B (vision: 1 and 16), ``"BxS"`` batch B of S tokens (text prefill:
+1x512 and 4x2048); ``--sizes quick`` (default) runs each model's first. Each case runs in a
+process of its own, killed at ``--time-limit`` seconds; it saves its row stage by stage, so a case
+cut short keeps what it measured and names the stage it was in. Rows go to
+``$OUT/bench_zoo.jsonl`` as they finish, and all of them to ``$OUT/bench_zoo.json`` and ``.md``.
+``--list`` and the argument checks import neither torch nor TVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import zoo_models
+
+NAME = "bench_zoo"
+#: the script a case's process runs (``--child NAME:SIZE``)
+CHILD_SCRIPT = os.path.abspath(__file__)
+IMPORT_STAGES = ("torch.export", "import", "for_inference", "prepare")
+
+
+@dataclass
+class Row:
+    model: str
+    family: str
+    size: str
+    inputs: list = field(default_factory=list)  # [shape, dtype] of each input
+    device: str = ""
+    stage: str = ""  # the stage running (or that failed); "done" when the case finished
+    imported: bool = False  # through torch.export, the importer, for_inference and prepare
+    reason: str = ""  # the first failure, one line, with its stage
+    functions: int = 0  # PrimFuncs of the prepared module
+    max_rel_err: float | None = None  # max |fastdlight - torch fp16| / max |torch fp16|
+    torch_eager_ms: float | None = None
+    torch_graph_ms: float | None = None
+    torch_compile_ms: float | None = None
+    fastdlight_ms: float | None = None
+    tune_s: float | None = None  # cold (an empty database unless --db names a filled one)
+    tune_db_s: float | None = None  # the same module again, from the database the cold pass filled
+    db_hits: int = 0  # functions the second pass took from the database
+    build_s: float | None = None
+    untuned: list = field(default_factory=list)
+    winners: dict = field(default_factory=dict)  # fastdlight / stock / view / untuned -> functions
+    report: list = field(default_factory=list)  # [function, status, winner, ms, stock ms] per function
+    errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
+    seconds: float | None = None
+
+
+#: lines of an error's message that say nothing of the error itself
+_NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tlparse", "Set TORCH_LOGS",
+          "For more information", "from user code", "Exception raised from")
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: message``, one line: a TVM error's last line (after its traceback), else the
+    message's first line that is not a traceback or a pointer to logs."""
+    text = str(e)
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
+    line = (lines[-1] if text.lstrip().startswith("Traceback") else lines[0]) if lines else ""
+    return f"{type(e).__name__}: {line}"[:240]
+
+
+def sizes_of(spec: zoo_models.ZooModel, sizes: str) -> list[str]:
+    """The sizes of ``spec`` that ``--sizes`` selects (a model lacking every size named: none)."""
+    if sizes == "quick":
+        return list(spec.sizes[:1])
+    if sizes == "all":
+        return list(spec.sizes)
+    wanted = [s for s in sizes.split(",") if s]
+    return [s for s in spec.sizes if s in wanted]
+
+
+def list_models() -> str:
+    lines = ["| model | family | sizes |", "|---|---|---|"]
+    lines += [f"| {name} | {spec.family} | {', '.join(spec.sizes)} |" for name, spec in zoo_models.MODELS.items()]
+    return "\n".join(lines)
+
+
+# --- one case ---------------------------------------------------------------------------------
+
+
+class Case:
+    """One model at one size; :meth:`stage` saves the row as each stage begins."""
+
+    def __init__(self, name: str, size: str, save=None):
+        spec = zoo_models.MODELS[name]
+        self.spec, self.save = spec, save or (lambda row: None)
+        self.row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)])
+
+    def stage(self, name: str) -> None:
+        self.row.stage = name
+        self.save(self.row)
+
+    def fail(self, e: BaseException) -> None:
+        row = self.row
+        row.reason = row.reason or f"{row.stage}: {one_line(e)}"
+        row.errors[row.stage] = one_line(e)
+        row.errors["where"] = traceback.extract_tb(e.__traceback__)[-1].filename if e.__traceback__ else ""
+
+    def import_model(self, target):
+        """``(torch model fp32, example inputs, prepared module, module before prepare)``."""
+        from fastdlight.relax import for_inference, prepare
+        from fastdlight.relax.pipeline import prim_funcs
+
+        row = self.row
+        self.stage("torch.export")
+        model = zoo_models.build(row.model)
+        inputs = self.spec.example_inputs(size=row.size)
+        program = zoo_models.export(row.model, row.size, model=model)
+        self.stage("import")
+        mod, params = zoo_models.to_relax(program)
+        del program
+        self.stage("for_inference")
+        mod = for_inference(mod, params, fp16_io=True)
+        self.stage("prepare")
+        prepared = prepare(target)(mod)
+        row.functions = len(prim_funcs(prepared))
+        row.imported = True
+        return model, inputs, prepared
+
+
+def dry_case(name: str, size: str, target: str) -> Row:
+    """The CPU part: export, import, for_inference, prepare (no build, no timing)."""
+    case, t0 = Case(name, size), time.perf_counter()
+    try:
+        case.import_model(target)
+        case.row.stage = "done"
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        case.fail(e)
+    case.row.seconds = round(time.perf_counter() - t0, 1)
+    return case.row
+
+
+def run_torch(case: Case, model, inputs, args):
+    """torch fp16 on the GPU: eager, in a CUDA graph, torch.compile; returns its output (fp32 numpy)."""
+    import torch
+    from bench_models import BUDGET_MS
+
+    from fastdlight.measure.graph_timing import time_torch_graph
+    from fastdlight.measure.timing import time_torch
+
+    row = case.row
+    model = model.half().cuda()
+    x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in inputs]
+    with torch.no_grad():
+        case.stage("torch eager")
+        ref = model(*x).float().cpu().numpy()
+        row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
+        case.stage("torch graph")
+        try:
+            row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
+        except Exception as e:  # noqa: BLE001
+            row.errors["torch graph"] = one_line(e)
+        if not args.skip_compile:
+            case.stage("torch.compile")
+            try:
+                compiled = torch.compile(model)
+                compiled(*x)
+                row.torch_compile_ms = time_torch_graph([lambda: compiled(*x)], BUDGET_MS,
+                                                        row.torch_eager_ms).median_ms
+            except Exception as e:  # noqa: BLE001
+                row.errors["torch.compile"] = one_line(e)
+    return ref
+
+
+def free_torch_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def tune(prepared, arch, db: str, args):
+    from fastdlight.relax import ApplyFastTuning
+
+    tuning = ApplyFastTuning(topk=args.topk, target=arch, meta_database_dir=db, progress=False)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = tuning(prepared)
+    return tuned, tuning, round(time.perf_counter() - t0, 2)
+
+
+def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
+    """Tune cold, tune again from the database, build, run in the VM: its output (fp32 numpy)."""
+    import numpy as np
+    import tvm
+    from bench_models import time_vm
+    from tvm import relax
+
+    from fastdlight.relax import build
+
+    row = case.row
+    db = args.db or tempfile.mkdtemp(prefix="fastdlight_zoo_")
+    case.stage("tune")
+    tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
+    row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
+    for e in tuning.report:
+        key = e.winner or e.status  # views and untuned functions have no winner
+        row.winners[key] = row.winners.get(key, 0) + 1
+    row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
+                   e.stock_ms and round(e.stock_ms, 4)] for e in tuning.report]
+    case.stage("tune from database")
+    _, again, row.tune_db_s = tune(prepared, arch, db, args)
+    row.db_hits = sum(e.status == "database" for e in again.report)
+    case.stage("build")
+    t0 = time.perf_counter()
+    ex = build(tuned, arch.target)
+    row.build_s = round(time.perf_counter() - t0, 2)
+    case.stage("run")
+    vm = relax.VirtualMachine(ex, dev)
+    x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
+    out = vm["main"](*x)
+    out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple
+    out = out.numpy().astype(np.float32)
+    case.stage("fastdlight timing")
+    row.fastdlight_ms = time_vm(vm, x, dev, row)
+    return out
+
+
+def gpu_case(name: str, size: str, args, save=None) -> Row:
+    import numpy as np
+    import tvm
+    from bench_setup import torch_fp32_accumulation
+
+    from fastdlight.arch import CUDA
+
+    case, t0 = Case(name, size, save), time.perf_counter()
+    row = case.row
+    try:
+        dev = tvm.cuda(0)
+        arch = CUDA.from_device(dev)
+        row.device = arch.device_name or arch.name
+        torch_fp32_accumulation()
+        model, inputs, prepared = case.import_model(arch.target)
+        ref = run_torch(case, model, inputs, args)
+        del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
+        free_torch_memory()
+        out = run_fastdlight(case, prepared, inputs, arch, dev, args)
+        row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
+        row.stage = "done"
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        case.fail(e)
+    row.seconds = round(time.perf_counter() - t0, 1)
+    case.save(row)
+    return row
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def row_from(data: dict) -> Row:
+    names = {f.name for f in fields(Row)}
+    return Row(**{k: v for k, v in data.items() if k in names})
+
+
+def child_case(name: str, size: str, args) -> Row:
+    """:func:`gpu_case` in a process of its own, killed (with its tuning workers) at
+    ``--time-limit`` seconds; the row it saved last, with why it stopped."""
+    fd, path = tempfile.mkstemp(prefix="bench_zoo_row_", suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
+           *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else [])]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        # its own process group: the tuner's workers go with it at the time limit
+        proc = subprocess.Popen(cmd, start_new_session=True, stderr=err)
+        try:
+            rc = proc.wait(timeout=args.time_limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+        err.seek(0)
+        err_text = err.read()
+    sys.stderr.write(err_text)
+    try:
+        with open(path) as f:
+            row = row_from(json.load(f))
+    except (OSError, ValueError):
+        spec = zoo_models.MODELS[name]
+        row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)], stage="start")
+    finally:
+        os.unlink(path)
+    if row.stage != "done":
+        why = (f"time limit ({args.time_limit:g} s) reached" if rc is None
+               else f"the process exited with {rc}" if rc > 0 else "stopped" if rc == 0
+               else f"the process died of {signal.Signals(-rc).name}")
+        crash = crash_line(err_text) if rc else ""
+        why += f" ({crash})" if crash else ""
+        row.errors["stopped"] = f"{why} at stage {row.stage}"
+        row.reason = row.reason or f"{row.stage}: {why}"
+        row.seconds = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def crash_line(stderr: str) -> str:
+    """What a process that died said last of an error (e.g. ``what(): CUDA Runtime Error: ...``)."""
+    lines = [line.strip() for line in stderr.splitlines() if "Error" in line or "what():" in line]
+    return " ".join(lines[-1].replace("what():", "").split())[:200] if lines else ""
+
+
+def _ms(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else "-"
+
+
+def _ratio(other, ours) -> str:
+    return f"{other / ours:.2f}x" if other and ours else "-"
+
+
+def markdown(rows: list[Row], dry: bool = False) -> str:
+    if dry:
+        lines = ["| model | size | imported | functions | s | reason |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r.model} | {r.size} | {'yes' if r.imported else 'no'} | {r.functions or '-'} | {r.seconds} "
+                  f"| {r.reason} |" for r in rows]
+        return "\n".join(lines) + "\n"
+    head = ("| model | size | imported | max rel err | torch eager ms | torch graph ms | torch.compile ms "
+            "| fastdlight ms | vs eager | vs graph | vs compile | tune s cold | tune s db (hits) | untuned "
+            "| won fastdlight/stock | reason |")
+    lines = [head, "|" + "---|" * 16]
+    for r in rows:
+        err = f"{r.max_rel_err:.1e}" if r.max_rel_err is not None else "-"
+        untuned = f"{len(r.untuned)}/{r.functions}" if r.tune_s is not None else "-"
+        won = f"{r.winners.get('fastdlight', 0)}/{r.winners.get('stock', 0)}" if r.winners else "-"
+        db = f"{r.tune_db_s} ({r.db_hits})" if r.tune_db_s is not None else "-"
+        lines.append(
+            f"| {r.model} | {r.size} | {'yes' if r.imported else 'no'} | {err} | {_ms(r.torch_eager_ms)} "
+            f"| {_ms(r.torch_graph_ms)} | {_ms(r.torch_compile_ms)} | {_ms(r.fastdlight_ms)} "
+            f"| {_ratio(r.torch_eager_ms, r.fastdlight_ms)} | {_ratio(r.torch_graph_ms, r.fastdlight_ms)} "
+            f"| {_ratio(r.torch_compile_ms, r.fastdlight_ms)} | {r.tune_s if r.tune_s is not None else '-'} | {db} "
+            f"| {untuned} | {won} | {r.reason} |")
+    return ("\n".join(lines) + "\n\nRatios are torch's time over fastdlight's (> 1: fastdlight faster). "
+            "max rel err: against torch fp16, relative to its largest output.\n")
+
+
+def gpu_missing() -> str | None:
+    """Why the full run cannot run here, or None."""
+    from fastdlight.arch import has_gpu
+
+    if not has_gpu():
+        return "needs a CUDA GPU"
+    from bench_setup import torch_gpu_missing
+
+    return torch_gpu_missing()
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="print the models (name, family, sizes) and exit")
+    ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--sizes", default="quick",
+                    help="quick (each model's first size), all, or a comma list of sizes (1,16,1x512,4x2048)")
+    ap.add_argument("--time-limit", type=float, default=900.0,
+                    help="seconds a case (one model at one size) may take; 0: no limit, in this process")
+    ap.add_argument("--topk", type=int, default=20)
+    ap.add_argument("--db", default="", help="the tuning database dir (default: a fresh one per case)")
+    ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU only: export, import, for_inference, prepare (no build, no timing)")
+    ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
+    ap.add_argument("--row-file", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print(list_models())
+        return 0
+    if args.child:
+        name, size = args.child.split(":")
+
+        def save(row: Row) -> None:
+            tmp = args.row_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(asdict(row), f)
+            os.replace(tmp, args.row_file)
+
+        gpu_case(name, size, args, save)
+        return 0
+    names = [n for n in args.models.split(",") if n] or list(zoo_models.MODELS)
+    unknown = [n for n in names if n not in zoo_models.MODELS]
+    if unknown:
+        print(f"error: unknown model(s) {unknown}; known: {', '.join(zoo_models.MODELS)}", file=sys.stderr)
+        return 2
+    cases = [(n, s) for n in names for s in sizes_of(zoo_models.MODELS[n], args.sizes)]
+    if not cases:
+        print(f"error: no model of {names} has a size in {args.sizes!r}", file=sys.stderr)
+        return 2
+    if not args.dry_run:
+        why = gpu_missing()
+        if why:
+            print(f"error: bench_zoo {why} (--dry-run runs the CPU part)", file=sys.stderr)
+            return 2
+    out_dir = os.environ.get("OUT", ".")
+    os.makedirs(out_dir, exist_ok=True)
+    suffix = "_dry" if args.dry_run else ""
+    rows: list[Row] = []
+    for name, size in cases:
+        if args.dry_run:
+            row = dry_case(name, size, args.target)
+        elif args.time_limit > 0:
+            row = child_case(name, size, args)
+        else:
+            row = gpu_case(name, size, args)
+        rows.append(row)
+        with open(os.path.join(out_dir, f"{NAME}{suffix}.jsonl"), "a") as f:
+            f.write(json.dumps(asdict(row), separators=(",", ":")) + "\n")
+        print(f"[{name} {size}: {row.seconds} s] {'ok' if row.stage == 'done' else row.reason}", flush=True)
+    from bench_setup import write_results
+
+    device = next((r.device for r in rows if r.device), "")
+    data = {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"), "dry_run": args.dry_run,
+            "rows": [asdict(r) for r in rows]}
+    header = f"{NAME}{' --dry-run' if args.dry_run else ''}, {device or 'CPU'}, {data['date']}\n\n"
+    write_results(NAME + suffix, data, header + markdown(rows, args.dry_run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""benchmarks/bench_zoo.py: --list without torch or TVM, the CPU dry run of one small model, and
+the one-line exit of the full run where there is no GPU."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_zoo.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_zoo
+import zoo_models
+
+
+def test_list_prints_every_model_with_its_family_and_sizes_quickly():
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, SCRIPT, "--list"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert time.perf_counter() - t0 < 10  # no torch, no TVM
+    out = done.stdout
+    assert "| resnet50 | torchvision | 1, 16 |" in out
+    assert "| timm_resnet18 | timm | 1, 16 |" in out
+    assert "| llama_gqa_2l | transformers | 1x512, 4x2048 |" in out
+    assert all(f"| {name} |" in out for name in zoo_models.MODELS)
+
+
+def test_list_imports_neither_torch_nor_tvm():
+    code = (f"import sys; sys.argv = [{SCRIPT!r}, '--list']; import runpy\n"
+            f"try:\n    runpy.run_path({SCRIPT!r}, run_name='__main__')\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "assert 'torch' not in sys.modules and 'tvm' not in sys.modules, "
+            "[m for m in ('torch', 'tvm') if m in sys.modules]\nprint('clean')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "clean" in done.stdout, done.stderr
+
+
+def test_sizes_pick_each_models_quick_all_or_named_sizes():
+    resnet, llama = zoo_models.MODELS["resnet50"], zoo_models.MODELS["llama_gqa_2l"]
+    assert bench_zoo.sizes_of(resnet, "quick") == ["1"] and bench_zoo.sizes_of(llama, "quick") == ["1x512"]
+    assert bench_zoo.sizes_of(resnet, "all") == ["1", "16"]
+    assert bench_zoo.sizes_of(resnet, "16,4x2048") == ["16"] and bench_zoo.sizes_of(llama, "16,4x2048") == ["4x2048"]
+    assert resnet.inputs_at("16") == (((16, 3, 224, 224), "float32"),)
+    assert llama.inputs_at("4x2048") == (((4, 2048), "int64"),)
+    assert llama.inputs_at(None) == llama.inputs
+
+
+def test_an_error_is_told_in_one_line_that_says_what_went_wrong():
+    torch_style = ValueError("Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!\n\nWhile executing %view\n"
+                             "Original traceback:\n  File \"x.py\", line 9\nUse tlparse to see full graph.")
+    assert bench_zoo.one_line(torch_style) == "ValueError: Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!"
+    tvm_style = RuntimeError("Traceback (most recent call last):\n  File \"a.cc\", line 3\nInternalError: Check failed")
+    assert bench_zoo.one_line(tvm_style) == "RuntimeError: InternalError: Check failed"
+
+
+def test_the_table_shows_ratios_tuning_and_winners_and_a_failed_import_its_reason():
+    done = bench_zoo.Row("resnet50", "torchvision", "1", stage="done", imported=True, functions=40, max_rel_err=2e-3,
+                         torch_eager_ms=3.0, torch_graph_ms=1.2, torch_compile_ms=1.0, fastdlight_ms=0.8, tune_s=61.5,
+                         tune_db_s=4.2, db_hits=38, untuned=["f"], winners={"fastdlight": 30, "stock": 8, "view": 1})
+    failed = bench_zoo.Row("gpt2_2l", "transformers", "4x2048", stage="import", reason="import: ValueError: no view")
+    text = bench_zoo.markdown([done, failed])
+    assert "| resnet50 | 1 | yes | 2.0e-03 | 3.000 | 1.200 | 1.000 | 0.800 | 3.75x | 1.50x | 1.25x | 61.5 " in text
+    assert "| 4.2 (38) | 1/40 | 30/8 |" in text
+    assert "| gpt2_2l | 4x2048 | no |" in text and "import: ValueError: no view |" in text
+    assert bench_zoo.row_from(json.loads(json.dumps(bench_zoo.asdict(done)))) == done
+
+
+def test_an_unknown_model_is_refused_in_one_line(capsys):
+    assert bench_zoo.main(["--models", "resnet51"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown model(s) ['resnet51']")
+
+
+def test_without_a_gpu_the_full_run_says_so_in_one_line_and_exits_2():
+    from fastdlight.arch import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is here: the full run would run")
+    done = subprocess.run([sys.executable, SCRIPT, "--models", "timm_resnet18"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: bench_zoo needs") and "GPU" in err[0], done.stderr
+
+
+def test_the_dry_run_imports_and_prepares_a_small_model_on_the_cpu(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("timm")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert bench_zoo.main(["--dry-run", "--models", "timm_resnet18", "--sizes", "1"]) == 0
+    data = json.loads((tmp_path / "bench_zoo_dry.json").read_text())
+    (row,) = data["rows"]
+    assert data["dry_run"] and row["model"] == "timm_resnet18" and row["size"] == "1"
+    assert row["imported"] and row["stage"] == "done" and row["reason"] == "", row
+    assert row["functions"] > 5 and row["inputs"] == [[[1, 3, 224, 224], "float32"]]
+    assert row["fastdlight_ms"] is None and row["tune_s"] is None  # no build, no timing
+    assert "| timm_resnet18 | 1 | yes |" in (tmp_path / "bench_zoo_dry.md").read_text()
+    assert len((tmp_path / "bench_zoo_dry.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_case_whose_process_dies_keeps_its_row_and_says_why(tmp_path, monkeypatch):
+    """child_case on a stand-in child that saves a row at stage "tune" and aborts, as a CUDA
+    illegal address in a tuning measurement does."""
+    fake = tmp_path / "fake_child.py"
+    fake.write_text(
+        "import json, os, sys\n"
+        "row_file = sys.argv[sys.argv.index('--row-file') + 1]\n"
+        "json.dump({'model': 'gpt2_2l', 'family': 'transformers', 'size': '1x512', 'stage': 'tune',\n"
+        "           'imported': True, 'functions': 23, 'torch_eager_ms': 1.9}, open(row_file, 'w'))\n"
+        "print(\"terminate called after throwing an instance of 'tvm::ffi::Error'\", file=sys.stderr)\n"
+        "print('  what():  CUDA Runtime Error: cudaErrorIllegalAddress (700)', file=sys.stderr)\n"
+        "sys.stderr.flush(); os.abort()\n")
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+    args = bench_zoo.parse_args(["--time-limit", "60"])
+    row = bench_zoo.child_case("gpt2_2l", "1x512", args)
+    assert row.imported and row.torch_eager_ms == 1.9 and row.stage == "tune"
+    assert row.reason == "tune: the process died of SIGABRT (CUDA Runtime Error: cudaErrorIllegalAddress (700))"
+    assert "| 23 |" not in bench_zoo.markdown([row]) and "| - | - |" in bench_zoo.markdown([row])
+
+
+def test_a_case_past_its_time_limit_is_killed_and_names_its_stage(tmp_path, monkeypatch):
+    fake = tmp_path / "slow_child.py"
+    fake.write_text(
+        "import json, sys, time\n"
+        "row_file = sys.argv[sys.argv.index('--row-file') + 1]\n"
+        "json.dump({'model': 'resnet50', 'family': 'torchvision', 'size': '1', 'stage': 'build'}, open(row_file, 'w'))\n"
+        "time.sleep(60)\n")
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+    t0 = time.perf_counter()
+    row = bench_zoo.child_case("resnet50", "1", bench_zoo.parse_args(["--time-limit", "2"]))
+    assert time.perf_counter() - t0 < 30
+    assert row.reason == "build: time limit (2 s) reached" and row.errors["stopped"].endswith("at stage build")
