@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 from tvm import te, tirx
 
-DTYPES = ("float16", "bfloat16", "float32", "int8", "int32")
+from fastdlight.analysis.dtypes import NBYTES, default_out_dtype
+from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 
 
 @dataclass
@@ -45,10 +46,6 @@ def _check_shape(*dims: int) -> None:
             raise ValueError(f"shape dimensions must be below 2^63 (int64), got {d}")
 
 
-def _nbytes(dtype: str) -> int:
-    return {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4}[dtype]
-
-
 #: tensors with more elements than this are indexed with int64 (int32 offsets would overflow)
 INT32_ELEMENTS = 2**31 - 1
 
@@ -56,10 +53,6 @@ INT32_ELEMENTS = 2**31 - 1
 def _prim_func(tensors, name: str) -> tirx.PrimFunc:
     big = any(math.prod(int(d) for d in t.shape) > INT32_ELEMENTS for t in tensors)
     return te.create_prim_func(tensors, index_dtype_override="int64" if big else None).with_attr("global_symbol", name)
-
-
-def default_out_dtype(dtype: str) -> str:
-    return {"int8": "int32", "float16": "float16", "bfloat16": "float32"}.get(dtype, dtype)
 
 
 def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, acc_dtype=None) -> Op:
@@ -107,7 +100,7 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, ac
         return a @ b
 
     nb = batch or 1
-    nbytes = nb * ((m * k + k * n) * _nbytes(dtype) + m * n * _nbytes(out_dtype))
+    nbytes = nb * ((m * k + k * n) * NBYTES[dtype] + m * n * NBYTES[out_dtype])
     return Op(f"matmul_{layout}", _prim_func([A, B, C], "matmul"), ref, 2.0 * nb * m * n * k, nbytes)
 
 
@@ -142,7 +135,7 @@ def matmul_bias_relu(m, n, k, dtype="float16") -> Op:
     def ref(a, b, c):
         return np.maximum(a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64), 0)
 
-    nbytes = (m * k + n * k + n + m * n) * _nbytes(dtype)
+    nbytes = (m * k + n * k + n + m * n) * NBYTES[dtype]
     return Op("matmul_bias_relu", _prim_func([A, B, bias, D], "matmul_bias_relu"), ref, 2.0 * m * n * k, nbytes)
 
 
@@ -166,7 +159,7 @@ def matmul_gated(m, n, k, dtype="float16") -> Op:
         s = a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64)
         return s / (1 + np.exp(-s)) * g.astype(np.float64)
 
-    nbytes = (m * k + n * k + 2 * m * n) * _nbytes(dtype) + 4 * n
+    nbytes = (m * k + n * k + 2 * m * n) * NBYTES[dtype] + 4 * n
     return Op("matmul_gated", _prim_func([A, B, bias, G, D], "matmul_gated"), ref, 2.0 * m * n * k, nbytes)
 
 
@@ -186,7 +179,7 @@ def matmul_residual(m, n, k, dtype="float16") -> Op:
     def ref(a, b, c, res):
         return res.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64).T + c.astype(np.float64)
 
-    nbytes = (m * k + n * k) * _nbytes(dtype) + 4 * (2 * m * n + n)
+    nbytes = (m * k + n * k) * NBYTES[dtype] + 4 * (2 * m * n + n)
     return Op("matmul_residual", _prim_func([A, B, bias, R, D], "matmul_residual"), ref, 2.0 * m * n * k, nbytes)
 
 
@@ -208,7 +201,7 @@ def conv2d_nhwc_ohwi(n, h, w, c, k, r=3, stride=1, pad=1, dtype="float16") -> Op
         return hwio.reference(i, np.transpose(wt, (1, 2, 3, 0)))
 
     return Op("conv2d_nhwc_ohwi", _prim_func([data, weight, out], "conv2d_nhwc_ohwi"), ref, hwio.flops,
-              hwio.bytes * _nbytes(dtype) // 4)
+              hwio.bytes * NBYTES[dtype] // 4)
 
 
 def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:
@@ -224,7 +217,7 @@ def gemv(n, k, m=1, dtype="float16", out_dtype=None) -> Op:
         (m, n), lambda i, j: te.sum(X[i, r].astype(out_dtype) * W[j, r].astype(out_dtype), axis=r), name="Y"
     )
     ref = lambda x, w: x.astype(np.float64) @ w.astype(np.float64).T  # noqa: E731
-    nbytes = (m * k + n * k) * _nbytes(dtype) + m * n * _nbytes(out_dtype)
+    nbytes = (m * k + n * k) * NBYTES[dtype] + m * n * NBYTES[out_dtype]
     return Op("gemv", _prim_func([X, W, Y], "gemv"), ref, 2.0 * m * n * k, nbytes)
 
 
@@ -234,7 +227,7 @@ def elementwise(shape, dtype="float16", op="add") -> Op:
     _check_shape(*shape)
     _check_dtype(dtype)
     A = te.placeholder(shape, dtype, name="A")
-    n = math.prod(shape) * _nbytes(dtype)
+    n = math.prod(shape) * NBYTES[dtype]
     if op == "copy":
         B = te.compute(shape, lambda *i: A[i], name="B")
         return Op("copy", _prim_func([A, B], "copy"), lambda a: a.astype(np.float64), 0.0, 2 * n)
@@ -265,7 +258,7 @@ def transpose(shape, axes, dtype="float16", out_dtype=None) -> Op:
                    lambda *i: A[tuple(i[axes.index(d)] for d in range(len(shape)))].astype(out_dtype), name="B")
     n = math.prod(shape)
     return Op("transpose", _prim_func([A, B], "transpose"), lambda a: np.transpose(a.astype(np.float64), axes), 0.0,
-              float(n * (_nbytes(dtype) + _nbytes(out_dtype))))
+              float(n * (NBYTES[dtype] + NBYTES[out_dtype])))
 
 
 def reduce(shape, dtype="float16", op="sum", axis=-1) -> Op:
@@ -288,7 +281,7 @@ def reduce(shape, dtype="float16", op="sum", axis=-1) -> Op:
     npfn = np.sum if op == "sum" else np.max
     ref = lambda a: npfn(a.astype(np.float64), axis=1 if inner else 0)  # noqa: E731
     out = rows if inner else cols
-    nbytes = (rows * cols + out) * _nbytes(dtype)
+    nbytes = (rows * cols + out) * NBYTES[dtype]
     return Op(f"reduce_{op}", _prim_func([A, B], f"reduce_{op}"), ref, float(rows * cols), nbytes)
 
 
@@ -312,7 +305,7 @@ def softmax(rows, cols, dtype="float16", batch=None) -> Op:
         return e / e.sum(axis=-1, keepdims=True)
 
     n = math.prod(lead) * rows * cols
-    return Op("softmax", _prim_func([A, out], "softmax"), ref, 5.0 * n, 2 * n * _nbytes(dtype))
+    return Op("softmax", _prim_func([A, out], "softmax"), ref, 5.0 * n, 2 * n * NBYTES[dtype])
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:
@@ -359,5 +352,5 @@ def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_d
         return out
 
     flops = 2.0 * n * p * q * k * r * s * c
-    nbytes = (n * h * w * c + r * s * c * k) * _nbytes(dtype) + n * p * q * k * _nbytes(out_dtype)
+    nbytes = (n * h * w * c + r * s * c * k) * NBYTES[dtype] + n * p * q * k * NBYTES[out_dtype]
     return Op("conv2d_nhwc", _prim_func([I, W, O], "conv2d_nhwc"), ref, flops, nbytes)

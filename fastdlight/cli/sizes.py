@@ -13,10 +13,10 @@ import math
 import re
 from dataclasses import dataclass
 
+from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
+from fastdlight.analysis.dtypes import default_out_dtype
 from fastdlight.arch.table import GPUS_BY_TAG, LARGEST_DRAM_BYTES
 
-#: the dtypes the built-in operators take
-DTYPES = ("float16", "bfloat16", "float32", "int8", "int32")
 #: input dtypes each operator takes (``fastdlight.ops`` refuses the others)
 OP_DTYPES = {
     "matmul": ("float16", "bfloat16", "float32", "int8"),
@@ -55,11 +55,6 @@ def dtype_bits(dtype: str) -> int:
     bits = re.match(r"\D*(\d+)", dtype)
     lanes = re.search(r"x(\d+)$", dtype)
     return (int(bits.group(1)) if bits else 8) * (int(lanes.group(1)) if lanes else 1)
-
-
-def default_out_dtype(dtype: str) -> str:
-    """What ``fastdlight.ops`` writes when no output dtype is given."""
-    return {"int8": "int32", "float16": "float16", "bfloat16": "float32"}.get(dtype, dtype)
 
 
 def conv_output(h: int, w: int, r: int, stride: int, pad: int) -> tuple[int, int]:

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 
 from fastdlight.arch.table import GPUS_BY_TAG
@@ -38,7 +37,7 @@ def compiler_name() -> str:
 
 def nvcc_path() -> str | None:
     """nvcc where ``compiler.compile`` runs it from: PATH, else ``$CUDA_HOME/bin``."""
-    found = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    found = nvrtc.nvcc_command()
     return found if os.path.isfile(found) and os.access(found, os.X_OK) else None
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -331,7 +330,7 @@ def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
 
 
 def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
-    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    nvcc = nvrtc.nvcc_command()
     digits = arch[3:]
     with tempfile.TemporaryDirectory(prefix="fastdlight_") as tmp:
         src_path = os.path.join(tmp, "kernel.cu")

@@ -236,3 +236,9 @@ def compiler_choice() -> str:
     if reason and asked == "nvrtc":
         raise CompilerChoiceError(f"{COMPILER_ENV}=nvrtc, but NVRTC cannot be used: {reason}")
     return "nvcc" if reason else "nvrtc"
+
+
+def nvcc_command() -> str:
+    """The nvcc the builds run: on PATH, else under ``$CUDA_HOME/bin`` (which may not exist:
+    the caller says so)."""
+    return shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
