@@ -368,7 +368,7 @@ class Autotuner:
             try:
                 with arch.target:
                     func = self.schedule(**dict(params))
-                same = func is not None and tvm_ffi.structural_equal(func, tvm.ir.load_json(record.func_json))
+                same = func is not None and tvm_ffi.structural_equal(func, record.func)
             except AutotuneError:
                 raise
             except Exception as e:  # noqa: BLE001 - the function changed so that it fails now

@@ -108,6 +108,8 @@ class KeyRecord:
     verified: bool
     reference: str | None
     created: float
+    #: ``func_json`` decoded, by the lookup that checked it
+    func: object = dataclasses.field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -241,12 +243,12 @@ class TuningDatabase:
             if row["target"] != target or not _current(row):
                 continue
             try:
-                _decode_func(row["func"])
+                func = _decode_func(row["func"])
             except Exception as e:  # noqa: BLE001 - TVM's JSON reader raises several types on garbage
                 self._drop(line, row, f"its function does not decode ({one_line(e)})")
                 continue
             return KeyRecord(key, dict(row["params"]), row["func"], row.get("space"), row["arch"],
-                             row.get("latency_ms"), True, row.get("reference"), row.get("created", 0.0))
+                             row.get("latency_ms"), True, row.get("reference"), row.get("created", 0.0), func)
         return None
 
     # -- writing ----------------------------------------------------------------------------
