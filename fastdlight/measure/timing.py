@@ -135,23 +135,42 @@ def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
 def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
     """Integer parameters whose values index another buffer (a gather, a quantization group
     index), each with the smallest extent it indexes: random values beyond it would read out
-    of bounds, which may fault in one process and not in another."""
+    of bounds, which may fault in one process and not in another. An index may reach the load
+    through intermediate buffers (``torch.export``'s advanced indexing broadcasts its index
+    tensors first): every parameter a stored index value reads is bounded alike."""
     import tvm_ffi
 
-    params = {str(p.name) for p in func.params
-              if getattr(p, "shape", None) and str(p.dtype).startswith(("int", "uint"))}
+    # buffers by identity: the printer tells apart intermediates that share a name, the IR does not
+    params = {p: str(p.name) for p in func.params
+              if hasattr(p, "shape") and str(p.dtype).startswith(("int", "uint"))}
+    sources: dict = {}  # buffer -> the buffers its stored values read
+
+    def loads_in(expr) -> list:
+        found: list = []
+        tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
+        return found
+
+    def visit_store(store):
+        sources.setdefault(store.buffer, set()).update(ld.source for ld in loads_in(store.value))
+
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, visit_store), order="post")
     bounds: dict[str, int] = {}
 
-    def visit(load):
-        for dim, index in zip(load.source.shape, load.indices):
-            inner = []
-            tvm_ffi.structural_walk(index, (tvm.ir.TensorLoad, inner.append), order="post")
-            for ld in inner:
-                name = str(ld.source.name)
-                if name in params and isinstance(dim, (int, tirx.IntImm)):
-                    bounds[name] = min(bounds.get(name, int(dim)), int(dim))
+    def bound(buf, extent: int, seen: frozenset = frozenset()):
+        if buf in params:
+            name = params[buf]
+            bounds[name] = min(bounds.get(name, extent), extent)
+        for src in sources.get(buf, ()):  # an intermediate: the parameters its values come from
+            if src not in seen:
+                bound(src, extent, seen | {buf})
 
-    tvm_ffi.structural_walk(func.body, (tvm.ir.TensorLoad, visit), order="post")
+    def visit_load(load):
+        for dim, index in zip(load.source.shape, load.indices):
+            if isinstance(dim, (int, tirx.IntImm)):
+                for inner in loads_in(index):
+                    bound(inner.source, int(dim))
+
+    tvm_ffi.structural_walk(func.body, (tvm.ir.TensorLoad, visit_load), order="post")
     return bounds
 
 

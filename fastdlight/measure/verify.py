@@ -87,6 +87,14 @@ those outputs use the elementwise bound. The decision reads the TIR blocks direc
 than :func:`fastdlight.analysis.func_info.analyze`, which classifies only the anchor block,
 needs dlight normalization and refuses reductions to a scalar.
 
+The function's own arithmetic. An elementwise chain through a 16-bit float can cancel: GPT-2's
+tanh GELU computes ``0.5 x (1 + tanh(...))`` in fp16, and where tanh is near -1 the rounding of
+1 + tanh (u relative to 1) is 4 % of the result, beyond the bound above, in every correct
+schedule. For such outputs the reference module also holds the function in its own dtypes
+under the same naive schedule; its distance from the float64 result is what the function's
+arithmetic gives at that element, and the bound there is at least ``C_OWN`` times it. A wrong
+element (a misplaced index, a dropped term) is off by the size of the values, far beyond both.
+
 Limits. A NaN reference element (log of a negative input) accepts the NaN poison, i.e. an
 element never written. The drift term follows |ref|: an epilogue adding two large one-signed
 sums that cancel would be rejected (falsely). fp16/bf16 constants keep the value they were
@@ -95,21 +103,28 @@ written with in the float64 twin (within one fp16 rounding, which C_OUT and C_RE
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
-import tvm_ffi
-from tvm import ir, tirx
-from tvm.s_tir.stmt import SBlock
+from tvm import tirx
 
 from fastdlight.measure import host
+from fastdlight.measure.check_kinds import (  # noqa: F401 - part of this module's API
+    UNIT_ROUNDOFF,
+    CheckKind,
+    check_kind,
+    expr_dtype,
+    is_float,
+    output_kinds,
+    unit_roundoff,
+    walk_exprs,
+    wants_own_dtype_run,
+)
 from fastdlight.measure.timing import output_indices, param_buffers, static_shape
 
-#: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53,
-                 "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
 #: multiplier of u·S, the random-walk part of an accumulation's error (module docstring)
 C_MAGNITUDE = 16.0
 #: multiplier of u·sqrt(K)·|ref|, the drift part of an accumulation's error
@@ -120,6 +135,9 @@ C_OUT = 2.0
 C_REL = 8.0
 #: absolute floor on every float bound
 FLOOR = 1e-6
+#: multiple of the function's own-dtype error a candidate may show at an element (a schedule
+#: may contract a multiply-add or vectorize where the naive one did not)
+C_OWN = 8.0
 
 
 # -- the data passed between stages -----------------------------------------------------------
@@ -137,26 +155,6 @@ NUMPY_REFERENCE = Reference("float64 numpy reference", "numpy")
 NAIVE_REFERENCE = Reference("naive float64 schedule of the function", "naive")
 
 
-@dataclass(frozen=True)
-class CheckKind:
-    """How one output is checked (see the module docstring): the bound, K (additions feeding
-    it), the accumulator dtype (``""`` when nothing accumulates), the least precise float any
-    value feeding it is rounded to, and the output buffer's name."""
-
-    sum_of_products: bool
-    k: int
-    acc_dtype: str
-    narrow_dtype: str
-    output: str = ""
-    #: the least precise float an intermediate buffer holds ("" when none): a value rounded
-    #: there errs relative to itself, and a later addend (a bias) may cancel it in the output
-    inner_dtype: str = ""
-
-    @property
-    def bound(self) -> str:
-        return "sum-of-products bound" if self.sum_of_products else "elementwise tolerance"
-
-
 @dataclass(frozen=True, eq=False)
 class Expected:
     """What a candidate must produce, per output: the reference values, S (the reference on
@@ -169,6 +167,9 @@ class Expected:
     kinds: tuple[CheckKind, ...]
     out_dtypes: tuple[str, ...]
     source: Reference
+    #: per output, |the function run in its own dtypes - reference| (None: not run; see
+    #: :func:`wants_own_dtype_run`)
+    own_errors: tuple[np.ndarray | None, ...] = ()
 
     @property
     def reference(self) -> str:
@@ -196,150 +197,20 @@ class Verdict:
         return cls(False, bad, total, worst, message, reference)
 
 
-# -- how each output is checked ----------------------------------------------------------------
-def is_float(dtype) -> bool:
-    return str(dtype).startswith(("float", "bfloat"))
-
-
-def _u(dtype: str) -> float:
-    return UNIT_ROUNDOFF.get(str(dtype), UNIT_ROUNDOFF["float32"]) if is_float(dtype) else 0.0
-
-
-def _least_precise(dtypes) -> str:
-    floats = [d for d in dtypes if is_float(d)]
-    return max(floats, key=_u) if floats else ""
-
-
-def expr_dtype(node) -> str:
-    """An expression's dtype (TVM 0.27 keeps it in the expression's type, ``ty``)."""
-    return str(getattr(getattr(node, "ty", None), "dtype", ""))
-
-
-def walk_exprs(node, cls) -> list:
-    found = []
-    tvm_ffi.structural_walk(node, (cls, found.append), order="pre")
-    return found
-
-
-def _leaf_blocks(func: tirx.PrimFunc) -> list:
-    """Blocks holding no other block (the root block is left out)."""
-    return [b for b in walk_exprs(func.body, SBlock) if len(walk_exprs(b.body, SBlock)) == 0]
-
-
-def _feeding(out, blocks) -> list:
-    """The blocks that write ``out`` and, transitively, every buffer they read."""
-    writers: dict = {}
-    for b in blocks:
-        for w in b.writes:
-            writers.setdefault(w.source, []).append(b)
-    if out not in writers:
-        return list(blocks)  # not found through the regions: judge by every block
-    todo, seen, found = [out], set(), []
-    while todo:
-        buf = todo.pop()
-        if buf in seen:
-            continue
-        seen.add(buf)
-        for b in writers.get(buf, ()):
-            if not any(b.same_as(f) for f in found):
-                found.append(b)
-                todo += [r.source for r in b.reads]
-    return found
-
-
-def _reduction(block) -> tuple[str, int]:
-    """("sum" | "extreme" | "other", K) of a reduction block, ("", 1) for a spatial one."""
-    red = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if not red:
-        return "", 1
-    k = math.prod(int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else 1 for iv in red)
-    store = block.body
-    if isinstance(store, tirx.BufferStore) and isinstance(store.value, (tirx.Add, tirx.Max, tirx.Min)):
-        v = store.value
-        if any(isinstance(s, ir.TensorLoad) and s.source.same_as(store.buffer) for s in (v.a, v.b)):
-            return ("sum" if isinstance(v, tirx.Add) else "extreme"), k
-    return "other", k
-
-
-def _plain_condition(cond) -> bool:
-    """A condition that reads no float or signed data (padding bounds on indices): it picks
-    the same branch when the inputs are |inputs|."""
-    for e in walk_exprs(cond, ir.Expr):
-        if is_float(expr_dtype(e)):
-            return False
-        if isinstance(e, ir.TensorLoad) and not str(e.source.dtype).startswith(("uint", "bool")):
-            return False
-    return True
-
-
-def _bounded(e) -> bool:
-    """Whether ``e`` run on |inputs| bounds |e| and each term's magnitude (module docstring)."""
-    if isinstance(e, (ir.TensorLoad, ir.Var)):
-        return True  # an integer's sign matters where it becomes a float (Cast, below)
-    if isinstance(e, (tirx.FloatImm, tirx.IntImm)):
-        return e.value >= 0
-    if isinstance(e, tirx.Cast):
-        v = e.value
-        if is_float(expr_dtype(v)):
-            return _bounded(v)
-        return (isinstance(v, ir.TensorLoad) and str(v.source.dtype).startswith(("uint", "bool"))) or (
-            isinstance(v, tirx.IntImm) and v.value >= 0)
-    if isinstance(e, (tirx.Add, tirx.Mul, tirx.Max)):
-        return _bounded(e.a) and _bounded(e.b)
-    if isinstance(e, tirx.Div):
-        return _bounded(e.a) and isinstance(e.b, (tirx.FloatImm, tirx.IntImm)) and e.b.value > 0
-    if isinstance(e, tirx.Select):
-        return _plain_condition(e.condition) and _bounded(e.true_value) and _bounded(e.false_value)
-    if isinstance(e, ir.Call) and str(e.op.name).endswith(".if_then_else"):
-        cond, then, other = e.args
-        return _plain_condition(cond) and _bounded(then) and _bounded(other)
-    return False
-
-
-def _kind_of(out, blocks) -> CheckKind:
-    reductions = [(b, *_reduction(b)) for b in blocks]
-    accumulating = [(b, k) for b, how, k in reductions if how in ("sum", "other")]
-    only_sums = all(how in ("", "sum") for _, how, _ in reductions)
-    values = [s.value for b in blocks for s in walk_exprs(b.body, (tirx.BufferStore, tirx.Bind))]
-    sop = bool(accumulating) and only_sums and all(map(_bounded, values))
-    acc = _least_precise(str(w.source.dtype) for b, _ in accumulating for w in b.writes)
-    # roundings: every stored value and computed expression; loads of inputs are exact values
-    rounded = [str(w.source.dtype) for b in blocks for w in b.writes] + [str(out.dtype)]
-    for b in blocks:
-        rounded += [expr_dtype(e) for e in walk_exprs(b.body, ir.Expr)
-                    if not isinstance(e, (ir.TensorLoad, ir.Var, tirx.FloatImm))]
-    inner = _least_precise(str(w.source.dtype) for b in blocks for w in b.writes if not w.source.same_as(out))
-    return CheckKind(sop, max(1, sum(k for _, k in accumulating)), acc,
-                     _least_precise(rounded) or str(out.dtype), str(out.name), inner)
-
-
-def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
-    """How each output of ``func`` (in :func:`~fastdlight.measure.timing.output_indices` order)
-    is checked; see the module docstring for the rule."""
-    params = param_buffers(func)
-    blocks = _leaf_blocks(func)
-    return tuple(_kind_of(params[i], _feeding(params[i], blocks)) for i in output_indices(func))
-
-
-def check_kind(func: tirx.PrimFunc) -> CheckKind:
-    """The check of ``func``'s first output (:func:`output_kinds` for every output)."""
-    return output_kinds(func)[0]
-
-
 # -- comparing ---------------------------------------------------------------------------------
 def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_dtype: str,
                   rms: float | None = None) -> np.ndarray:
     """The largest |out - ref| accepted per element (float outputs; see the module docstring).
     ``rms``: that of the whole reference output, where ``ref`` is a part of it."""
     ref = np.asarray(ref, dtype=np.float64)
-    narrow = max(_u(out_dtype), _u(kind.narrow_dtype))
+    narrow = max(unit_roundoff(out_dtype), unit_roundoff(kind.narrow_dtype))
     if kind.sum_of_products and mag is not None:
         # u_acc (C_MAGNITUDE S + C_DRIFT sqrt(k) |ref|) + C_OUT (narrow |ref| + inner S) + FLOOR,
         # gathered per array and computed in place (outputs of 67M elements: seconds otherwise).
         # An intermediate rounded more coarsely than the accumulator (fp32 sum -> fp16, then +
         # bias) errs relative to its own value, which the bias may cancel in ref: S bounds it
-        inner = _u(kind.inner_dtype) if _u(kind.inner_dtype) > _u(kind.acc_dtype) else 0.0
-        u_acc = _u(kind.acc_dtype)
+        inner = unit_roundoff(kind.inner_dtype) if unit_roundoff(kind.inner_dtype) > unit_roundoff(kind.acc_dtype) else 0.0
+        u_acc = unit_roundoff(kind.acc_dtype)
         allowed = np.abs(np.asarray(mag, dtype=np.float64))
         allowed *= u_acc * C_MAGNITUDE + C_OUT * inner
         of_ref = np.abs(ref)
@@ -347,7 +218,7 @@ def allowed_error(ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind, out_
         allowed += of_ref
         allowed += FLOOR
         return allowed
-    rtol = C_REL * (narrow + _u(kind.acc_dtype) * math.sqrt(kind.k))
+    rtol = C_REL * (narrow + unit_roundoff(kind.acc_dtype) * math.sqrt(kind.k))
     rms = _rms(ref.reshape(-1)) if rms is None else rms
     return rtol * (np.abs(ref) + rms) + FLOOR
 
@@ -373,23 +244,30 @@ def _overflowed(out64: np.ndarray, ref64: np.ndarray, allowed: np.ndarray, kind:
 
 
 def _check_one(out: np.ndarray, ref: np.ndarray, mag: np.ndarray | None, kind: CheckKind,
-               out_dtype: str) -> _OutputCheck:
+               out_dtype: str, own_err: np.ndarray | None = None) -> _OutputCheck:
     """Elements of one output out of bound, and the worst one."""
     out, ref = np.asarray(out), np.asarray(ref)
     if out.shape != ref.shape:
         return _OutputCheck(max(out.size, 1), math.inf, f"shape {out.shape} != expected {ref.shape}")
     o_all, r_all = host.flat(out), host.flat(ref)
     m_all = host.flat(mag) if mag is not None else None
+    e_all = host.flat(own_err) if own_err is not None else None
     floats = is_float(out_dtype)
     rms = _rms(r_all) if floats and not (kind.sum_of_products and mag is not None) else 0.0
 
-    def allowed(r, m):
-        return allowed_error(r, m, kind, out_dtype, rms) if floats else np.zeros_like(r)
+    def allowed(r, m, e=None):
+        if not floats:
+            return np.zeros_like(r)
+        bound = allowed_error(r, m, kind, out_dtype, rms)
+        return bound if e is None else np.maximum(bound, C_OWN * np.nan_to_num(e, nan=0.0, posinf=0.0))
+
+    def part(arr, s):
+        return arr[s] if arr is not None else None
 
     def plain_failures(_, s):  # one chunk: the plain bound, finite references only
         o, r = np.asarray(o_all[s], dtype=np.float64), np.asarray(r_all[s], dtype=np.float64)
         with np.errstate(invalid="ignore"):
-            ok = np.abs(o - r) <= allowed(r, m_all[s] if m_all is not None else None)
+            ok = np.abs(o - r) <= allowed(r, part(m_all, s), part(e_all, s))
         ok &= np.isfinite(r)
         return np.flatnonzero(~ok) + s.start
 
@@ -399,7 +277,7 @@ def _check_one(out: np.ndarray, ref: np.ndarray, mag: np.ndarray | None, kind: C
     # the rules for infinities and NaNs, on the elements that failed the plain bound (few)
     o = np.asarray(o_all[bad], dtype=np.float64)
     r = np.asarray(r_all[bad], dtype=np.float64)
-    a = allowed(r, m_all[bad] if m_all is not None else None)
+    a = allowed(r, part(m_all, bad), part(e_all, bad))
     finite = np.isfinite(r)
     same_special = (o == r) | (np.isnan(r) & np.isnan(o))
     keep = ~np.where(finite, _overflowed(o, r, a, kind), same_special)
@@ -436,8 +314,9 @@ def check_outputs(outputs: Sequence[np.ndarray], expected: Expected,
         return Verdict.failed(f"{len(outputs)} outputs, the reference gave {len(expected.outputs)}",
                               expected.reference)
     total = sum(int(np.size(o)) for o in outputs)
-    checks = [_check_one(o, r, m, k, d) for o, r, m, k, d in
-              zip(outputs, expected.outputs, expected.magnitudes, expected.kinds, dtypes)]
+    own = expected.own_errors or (None,) * len(outputs)
+    checks = [_check_one(o, r, m, k, d, e) for o, r, m, k, d, e in
+              zip(outputs, expected.outputs, expected.magnitudes, expected.kinds, dtypes, own)]
     bad = sum(c.bad for c in checks)
     if not bad:
         bounds = " / ".join(sorted({k.bound for k in expected.kinds}))
@@ -493,8 +372,16 @@ def expected_from_numpy(ref_fn: Callable, host_inputs: Sequence[np.ndarray], fun
 
 
 def expected_from_outputs(outputs: Sequence[np.ndarray], abs_outputs: Sequence[np.ndarray] | None,
-                          func: tirx.PrimFunc, name: str | Reference = NAIVE_REFERENCE) -> Expected:
+                          func: tirx.PrimFunc, name: str | Reference = NAIVE_REFERENCE,
+                          own_outputs: Sequence[np.ndarray] | None = None) -> Expected:
     """Expected outputs from a reference already run (the naive float64 module, on the
-    inputs and on :func:`magnitude_inputs`); ``func`` is the original function."""
+    inputs and on :func:`magnitude_inputs`); ``func`` is the original function. ``own_outputs``:
+    the same naive schedule run in the function's own dtypes (:func:`wants_own_dtype_run`)."""
     source = name if isinstance(name, Reference) else Reference(name, "naive")
-    return _expected(func, outputs, abs_outputs, source)
+    expected = _expected(func, outputs, abs_outputs, source)
+    if own_outputs is None:
+        return expected
+    errors = tuple(None if k.sum_of_products or not is_float(d) else
+                   np.abs(np.asarray(o, dtype=np.float64) - np.asarray(r, dtype=np.float64))
+                   for o, r, k, d in zip(_as_list(own_outputs), expected.outputs, expected.kinds, expected.out_dtypes))
+    return dataclasses.replace(expected, own_errors=errors)

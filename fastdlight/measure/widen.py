@@ -11,7 +11,12 @@ import re
 import tvm
 from tvm import ir, s_tir, tirx
 
-from fastdlight.measure.verify import expr_dtype, is_float, walk_exprs
+from fastdlight.measure.check_kinds import (
+    expr_dtype,
+    is_float,
+    walk_exprs,
+    wants_own_dtype_run,
+)
 
 _FLOAT_NAME = re.compile(r'"b?float(16|32)"')
 _FLOAT_TYPE = re.compile(r"\bT\.b?float(16|32)\b")  # constants T.float16(1), types T.let[T.float32]
@@ -56,11 +61,18 @@ def _refuse_unwidenable(func: tirx.PrimFunc) -> None:
                              "it has no float64 twin")
 
 
+#: the function in its own dtypes, beside the float64 twin in a reference module where
+#: :func:`~fastdlight.measure.verify.wants_own_dtype_run` asks for it
+OWN_DTYPES = "own_dtypes"
+
+
 def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
     """The float64 twin of ``func`` (:func:`widen_to_float64`), ready for ``tvm.compile``.
     Its schedule is one thread per output element with every reduction serial in its thread,
     nothing shared with any template: :func:`tiled_reference_schedule` where the twin is one
-    plain contraction, else stock Dlight's Fallback rule (injective blocks inlined)."""
+    plain contraction, else stock Dlight's Fallback rule (injective blocks inlined), which then
+    also schedules ``func`` as it is, as :data:`OWN_DTYPES`, where its own arithmetic may cancel
+    beyond the elementwise bound."""
     from tvm.s_tir import dlight as dl
 
     wide = widen_to_float64(func)
@@ -70,8 +82,11 @@ def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
     tiled = tiled_reference_schedule(wide)
     if tiled is not None:
         return tiled.mod
+    funcs = {"main": wide}
+    if wants_own_dtype_run(func):
+        funcs[OWN_DTYPES] = func.with_attr("global_symbol", OWN_DTYPES)
     with target:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule(funcs))
     if not any(f.kind == tirx.ForKind.THREAD_BINDING for f in walk_exprs(mod["main"].body, tirx.For)):
         raise ValueError("the naive schedule (Dlight Fallback) does not apply to this function "
                          "(not in block form, or its loops cannot be normalized)")

@@ -189,7 +189,12 @@ def vector_width(
     axis of ``extent`` that indexes ``buffers`` innermost: capped at 128 bit for the widest dtype
     (of those buffers and, if ``block`` is given, of every value the block computes), at the
     config's ``vectorize`` entries for these buffers (when the policy gave any), and a power of
-    two dividing both ``per_thread`` and ``extent`` (so no predicate touches the lane)."""
+    two dividing both ``per_thread`` and ``extent`` (so no predicate touches the lane). Never a
+    vector where the block reads or writes bool: TVM 0.27's CUDA codegen stores two bools as a
+    ``ushort2`` (4 bytes at a 2-byte aligned address: misaligned, and past the two elements)."""
+    touched = list(buffers) + ([r.source for r in (*block.reads, *block.writes)] if block is not None else [])
+    if any(str(b.dtype) == "bool" for b in touched):
+        return 1
     bits = max((dtype_bits(b.dtype) for b in buffers), default=16)
     if block is not None:
         bits = max(bits, expr_bits(block))

@@ -25,6 +25,7 @@ import tvm
 from fastdlight.arch import CUDA
 from fastdlight.measure.timing import Workload, function_name, param_buffers, static_shape, to_device, to_host
 from fastdlight.measure import clock, host
+from fastdlight.measure.widen import OWN_DTYPES
 from fastdlight.search.stages import GPU_TURN, Built, load_module
 from fastdlight.measure.verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from fastdlight.compiler.workers import one_line
@@ -86,7 +87,22 @@ class ReferenceRun:
         fn = mod[function_name(mod, wl.func)]
         outputs = run_widened(fn, wl, absolute=False)
         abs_outputs = run_widened(fn, wl, absolute=True)
-        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_REFERENCE)
+        own = run_own_dtypes(mod[OWN_DTYPES], wl) if mod.implements_function(OWN_DTYPES) else None
+        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_REFERENCE, own)
+
+
+def run_own_dtypes(fn, wl: Workload) -> list[np.ndarray]:
+    """Run the function in its own dtypes under the reference's naive schedule, on fresh
+    copies of ``wl``'s inputs (the GPU turn held, as in :func:`run_widened`)."""
+    host_inputs = iter(wl.host_inputs)
+    params = [(static_shape(buf), str(buf.dtype), None if i in wl.out_idx else next(host_inputs))
+              for i, buf in enumerate(param_buffers(wl.func))]
+    with GPU_TURN:
+        args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
+                for shape, dtype, arr in params]
+        fn(*args)
+        wl.dev.sync()
+        return [to_host(args[i]) for i in wl.out_idx]
 
 
 def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:

@@ -191,6 +191,35 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
     assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8
 
 
+def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
+    from tvm.script import tirx as T
+
+    # torch.export's advanced indexing: the index tensors are broadcast into intermediates
+    # (which print under one name) before the gather reads through them
+    @T.prim_func(s_tir=True)
+    def advanced_index(table: T.Buffer((2, 512), "int64"), rows: T.Buffer((1, 1), "int64"),
+                       cols: T.Buffer((1, 512), "int64"), out: T.Buffer((1, 512), "int64")):
+        b0 = T.sblock_alloc_buffer((1, 512), "int64")
+        b1 = T.sblock_alloc_buffer((1, 512), "int64")
+        for i, j in T.grid(1, 512):
+            with T.sblock("T_broadcast_to"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b0[vi, vj] = rows[vi, 0]
+        for i, j in T.grid(1, 512):
+            with T.sblock("T_broadcast_to_1"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b1[vi, vj] = cols[vi, vj] + T.int64(0)
+        for i, j in T.grid(1, 512):
+            with T.sblock("gather"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = table[b0[vi, vj], b1[vi, vj]]
+
+    assert measure.index_bounds(advanced_index) == {"rows": 2, "cols": 512}
+    wl = measure.Workload(advanced_index, tvm.cpu(0))
+    rows, cols = wl.host_inputs[1], wl.host_inputs[2]
+    assert rows.min() >= 0 and rows.max() < 2 and cols.min() >= 0 and cols.max() < 512
+
+
 def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
     from tvm.script import tirx as T
 

@@ -429,7 +429,8 @@ def test_naive_reference_module_compiles_to_a_float64_cuda_kernel(case):
     mod = widen.naive_reference_module(CASES[case][0](), target)
     with target:
         src = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
-    kernels = src.split("__global__")[1:]
+    # the twin's kernels (the function in its own dtypes, where it is there, is not the twin)
+    kernels = [k for k in src.split("__global__")[1:] if widen.OWN_DTYPES not in k.split("{")[0]]
     assert kernels and all("double" in k for k in kernels)
     assert not any("half" in k or "float " in k for k in kernels)
     assert "threadIdx.x" in src
@@ -508,3 +509,45 @@ def test_the_check_judges_every_element_by_the_rule_it_states(monkeypatch):
     monkeypatch.setattr(host, "CHUNK_ELEMENTS", 5)
     chunked = verify.check_outputs([out], expected)
     assert (chunked.bad, chunked.worst) == (verdict.bad, verdict.worst)
+
+
+@T.prim_func(s_tir=True)
+def tanh_gelu_fp16(x: T.Buffer((64, 256), "float16"), y: T.Buffer((64, 256), "float16")):
+    """GPT-2's GELU as torch.export gives it after ToMixedPrecision: every step in fp16."""
+    for i, j in T.grid(64, 256):
+        with T.sblock("y"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            y[vi, vj] = T.float16(0.5) * x[vi, vj] * (T.float16(1) + T.tanh(T.float16(0.7978846) * (
+                x[vi, vj] + T.float16(0.044715) * x[vi, vj] * x[vi, vj] * x[vi, vj])))
+
+
+def _fp16_gelu(x):
+    """The chain above in numpy fp16, rounding after every operation as the kernel does."""
+    h = np.float16
+    inner = h(0.7978846) * (x + h(0.044715) * x * x * x)
+    return (h(0.5) * x * (h(1) + np.tanh(inner).astype(h))).astype(h)
+
+
+def test_an_fp16_chain_that_cancels_is_judged_by_its_own_arithmetic():
+    # the negative tail, [-4, -2]: tanh near -1, outputs (and their rms) small
+    x = (uniform((64, 256), np.float32, 3) - 3).astype(np.float16)
+    xd = x.astype(np.float64)
+    ref = 0.5 * xd * (1 + np.tanh(0.7978846 * (xd + 0.044715 * xd**3)))
+    own = _fp16_gelu(x)
+    plain = verify.expected_from_outputs([ref], None, tanh_gelu_fp16)
+    assert not verify.check_outputs([own], plain).ok  # 1 + tanh cancels beyond the elementwise bound
+    assert verify.wants_own_dtype_run(tanh_gelu_fp16)
+    expected = verify.expected_from_outputs([ref], None, tanh_gelu_fp16, own_outputs=[own])
+    assert verify.check_outputs([own], expected).ok
+    # a wrong element is still wrong: the neighbour's value, or a dropped factor
+    for wrong in (np.roll(own, 1, axis=1), (own * np.float16(0.98)).astype(np.float16)):
+        verdict = verify.check_outputs([wrong], expected)
+        assert not verdict.ok and verdict.bad > 0
+
+
+def test_the_own_dtype_twin_is_built_for_narrow_elementwise_chains_only():
+    mod = widen.naive_reference_module(tanh_gelu_fp16, "nvidia/nvidia-h100")
+    assert widen.OWN_DTYPES in [g.name_hint for g in mod.get_global_vars()]
+    assert str(mod[widen.OWN_DTYPES].params[0].dtype) == "float16"
+    matmul = widen.naive_reference_module(matmul_cast_fp16(64, 64, 64), "nvidia/nvidia-h100")
+    assert [g.name_hint for g in matmul.get_global_vars()] == ["main"]

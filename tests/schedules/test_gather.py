@@ -6,6 +6,7 @@ import types
 import numpy as np
 import pytest
 from tvm import te
+from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
@@ -68,3 +69,24 @@ def test_the_stem_gather_configs_compile_to_cubin_without_spills():
             result = dispatch_config(func, config, allow_fallback=False)
         cubin = compile_cubin(cuda_source(build(result.schedule.mod, H100.target)), H100.target)
         assert cubin.spill_bytes == 0, config
+
+
+@T.prim_func(s_tir=True)
+def bool_gather(table: T.Buffer((1, 512), "bool"), rows: T.Buffer((1,), "int64"), cols: T.Buffer((512,), "int64"),
+                out: T.Buffer((512,), "bool")):
+    """torch.export's advanced indexing of a bool mask (Hugging Face attention masks)."""
+    for i in range(512):
+        with T.sblock("out"):
+            vi = T.axis.spatial(512, i)
+            out[vi] = table[rows[0], cols[vi]]
+
+
+def test_bool_buffers_are_never_vectorized():
+    # TVM 0.27 stores two bools as a ushort2 (4 bytes, 2-byte aligned): a misaligned address
+    # on the GPU, and writes past the pair
+    configs = [c for s in candidate_sets(bool_gather, H100, 20) for c in s.configs if c.kind == "elementwise"]
+    assert configs
+    for config in configs[:4]:
+        src = cuda_source(build(dispatch_config(bool_gather, config).schedule.mod, H100.target))
+        kernel = src[src.index("__global__"):]
+        assert not any(v in kernel for v in ("ushort", "char2", "char4")), (config, kernel)
