@@ -119,7 +119,7 @@ _SMALL_LM = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688, "
 MODELS: dict[str, ZooModel] = {
     **{name: ZooModel("torchvision", _torchvision(name), ((IMAGE, "float32"),))
        for name in ("resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
-                    "regnet_y_800mf", "vit_b_16", "swin_t")},
+                    "regnet_y_800mf", "vit_b_16", "swin_t", "shufflenet_v2_x1_0")},
     **{f"timm_{name}": ZooModel("timm", _timm(name), ((IMAGE, "float32"),))
        for name in ("resnet18", "deit_tiny_patch16_224", "convnextv2_atto", "efficientvit_b0")},
     # positions up to 2048: TEXT_SIZES' longest sequence
@@ -130,6 +130,8 @@ MODELS: dict[str, ZooModel] = {
                              sizes=TEXT_SIZES),
     "qwen2_gqa_2l": ZooModel("transformers", _hf("Qwen2Config", "Qwen2Model", **_SMALL_LM), ((TOKENS, "int64"),),
                              sizes=TEXT_SIZES),
+    "mistral_gqa_2l": ZooModel("transformers", _hf("MistralConfig", "MistralModel", **_SMALL_LM, sliding_window=None),
+                               ((TOKENS, "int64"),), sizes=TEXT_SIZES),
     "bert_base_2l": ZooModel("transformers", _hf("BertConfig", "BertModel", num_hidden_layers=2, vocab_size=1000,
                                                  max_position_embeddings=2048),
                              ((TOKENS, "int64"),), sizes=TEXT_SIZES),

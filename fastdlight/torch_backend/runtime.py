@@ -9,6 +9,13 @@ Calls pass torch tensors straight to the VM: TVM's FFI takes them through DLPack
 copy, runs the kernels on torch's current CUDA stream of their device (it sets the stream it
 reads from torch for the duration of the call), and hands the outputs back as torch tensors
 that own TVM's memory.
+
+On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
+runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
+captures one call on static copies of the activations. Later calls copy the activations in,
+replay, and return copies of the outputs (the graph writes the same memory every replay, and a
+caller may still hold the last call's outputs). A graph that cannot be captured runs its calls
+as launches, with one log line saying why.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from tvm import relax
 from fastdlight.arch import CUDA
 from fastdlight.relax import ApplyFastTuning, compile_model, for_inference
 from fastdlight.torch_backend.cache import database_dir
-from fastdlight.torch_backend.graph import Unsupported
+from fastdlight.torch_backend.graph import Unsupported, first_line
 
 log = logging.getLogger("fastdlight.torch_backend")
 
@@ -48,6 +55,7 @@ class Settings:
     database: Path | None = None
     fallback: bool = True
     tuning: dict = field(default_factory=dict)
+    cuda_graph: bool = True
 
     @classmethod
     def of(cls, options: dict | None) -> Settings:
@@ -63,12 +71,13 @@ class Settings:
         else:
             database = Path(database)
         fallback = options.pop("fallback", True)
+        cuda_graph = options.pop("cuda_graph", True)
         for key in ("target", "meta_database_dir"):
             if key in options:
                 raise TypeError(f"{key!r} is set by the backend: the tensors' device is the target"
                                 if key == "target" else f"{key!r}: give 'database' instead")
         ApplyFastTuning(**options)  # an unknown or bad keyword is refused now, not at the first GPU graph
-        return cls(fp16, database, bool(fallback), options)
+        return cls(fp16, database, bool(fallback), options, bool(cuda_graph))
 
 
 class Program:
@@ -77,18 +86,62 @@ class Program:
     in fp32), as are outputs whose dtype is not the graph's. ``report``: the tuning report's
     rows (GPU only)."""
 
-    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=()):
+    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=(), cuda_graph=False):
         self.main, self.device, self.report = main, device, list(report)
         self.in_dtypes, self.out_dtypes = tuple(in_dtypes), out_dtypes
+        self.replay = GraphReplay(self._run, device) if cuda_graph and device.type == "cuda" else None
 
     def __call__(self, *activations):
         # DLPack carries strides, but the kernels index compact buffers
         args = [a.to(dtype).contiguous() for a, dtype in zip(activations, self.in_dtypes)]
-        out = self.main(*args)
-        out = as_torch(out) if isinstance(out, (tvm_ffi.Array, list, tuple)) else (as_torch(out),)
+        out = self.replay(args) if self.replay is not None else self._run(*args)
         if self.out_dtypes is None:
             return out
         return tuple(o.to(dtype) for o, dtype in zip(out, self.out_dtypes))
+
+    def _run(self, *args) -> tuple:
+        out = self.main(*args)
+        return as_torch(out) if isinstance(out, (tvm_ffi.Array, list, tuple)) else (as_torch(out),)
+
+
+class GraphReplay:
+    """``run`` (a program's call on compact activations) replayed from a CUDA graph captured at
+    the first call (see the module docstring); :attr:`why_not` says why calls run as launches."""
+
+    def __init__(self, run, device: torch.device):
+        self.run, self.device = run, device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: tuple = ()
+        self.why_not: str | None = None
+
+    def __call__(self, args) -> tuple:
+        if self.graph is None and self.why_not is None:
+            try:
+                self._capture(args)
+            except Exception as e:  # noqa: BLE001 - launches still give the right result
+                self.graph, self.why_not = None, first_line(e)
+                log.info("fastdlight: a program runs without a CUDA graph: %s", self.why_not)
+        if self.graph is None:
+            return self.run(*args)
+        for static, a in zip(self.inputs, args):
+            static.copy_(a)
+        self.graph.replay()
+        return tuple(o.clone() for o in self.outputs)
+
+    def _capture(self, args) -> None:
+        self.inputs = [a.clone() for a in args]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # TVM's pool then holds every buffer a call allocates
+                self.run(*self.inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # relaxed: the VM's allocator is TVM's, outside torch's capture bookkeeping
+        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+            self.outputs = self.run(*self.inputs)
+        self.graph = graph
 
 
 def as_torch(value):
@@ -120,7 +173,7 @@ def compile_program(mod: tvm.IRModule, weights, device: torch.device, settings: 
     else:
         raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
     log.info("compiled a graph for %s in %.1f s%s", device, time.perf_counter() - start, _summary(report))
-    return Program(main, device, in_dtypes, out_dtypes, report)
+    return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph)
 
 
 def _cpu_main(mod: tvm.IRModule):

@@ -237,6 +237,14 @@ def test_bad_options_are_refused(options, match):
         _through_backend(_model(MLP), torch.randn(4, 32), options=options)
 
 
+def test_cuda_graph_replay_is_an_option_and_never_on_the_cpu():
+    from fastdlight.torch_backend.runtime import Settings
+
+    assert Settings.of({}).cuda_graph and not Settings.of({"cuda_graph": False}).cuda_graph
+    compiled, _ = _through_backend(_model(MLP), torch.randn(4, 32))
+    assert compiled.static.device.type == "cpu" and compiled.static.replay is None
+
+
 def test_pyproject_declares_the_entry_point():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -280,5 +288,13 @@ def test_cuda_fp16_cnn_matches_eager_and_replays_from_the_database(tmp_path):
             (out,) = compiled(*example_inputs)
         stream.synchronize()
         torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        # replayed from a CUDA graph: new activations are copied in, outputs are the caller's own
+        assert program.replay is not None and program.replay.graph is not None, program.replay.why_not
+        y, with_y = torch.randn_like(x), list(example_inputs)
+        with_y[compiled.sig.activations[0]] = y
+        (out_y,) = compiled(*with_y)
+        (out_x,) = compiled(*example_inputs)
+        torch.testing.assert_close(out_y, model(y), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out_x, expected, rtol=2e-2, atol=2e-2)
     again, _ = _through_backend(model, x, options=options)  # as another process would: no tuning
     assert [row.status for row in again.static.report if row.status == "tuned"] == []
