@@ -12,6 +12,10 @@ other such ops, :func:`fp32_operands` casts their float operands to fp32 in fron
 the pass meant to, so that their arguments stay what they were; the casts left as no-ops go again
 in :func:`identity_casts`.
 
+TVM's GPU ``cumsum`` kernel moves four elements at a time as one vector, which for bool (the
+importer keeps a bool ``cumsum``'s dtype, where torch counts in int64: Hugging Face's mask code
+has one) is a misaligned access: :func:`bool_cumsums` counts in int32 and casts back to bool.
+
 ``ConvertLayout`` runs out of memory (``std::bad_alloc``) on a ``squeeze`` with a negative axis
 (ViT's ``qkv.unsqueeze(0).transpose(0, -2).squeeze(-2)``): :func:`squeeze_axes` counts them from
 the front.
@@ -145,6 +149,27 @@ def squeeze_axes() -> tvm.transform.Pass:
             return relax.op.squeeze(squeeze.args[0], [a % ndim for a in axes])
 
     return mutator_pass("fastdlight.SqueezeAxes", Rewriter)
+
+
+def bool_cumsums() -> tvm.transform.Pass:
+    """``cumsum`` of bools as ``astype(cumsum(astype(x, int32)), bool)``: the same truth values
+    (a bool sum is nonzero once any term is), through a kernel that runs."""
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            cumsum = call_to(call, "relax.cumsum")
+            if cumsum is None or not _is_tensor(cumsum.args[0].ty) or str(cumsum.args[0].ty.dtype) != "bool":
+                return call
+            out_dtype = str(cumsum.attrs.dtype) if cumsum.attrs.dtype is not None else "bool"
+            if out_dtype not in ("bool", ""):
+                return call  # counted in its own integer dtype already
+            counts = relax.op.cumsum(relax.op.astype(cumsum.args[0], "int32"), cumsum.attrs.axis, "int32",
+                                     cumsum.attrs.exclusive)
+            return relax.op.astype(counts, "bool")
+
+    return mutator_pass("fastdlight.BoolCumsums", Rewriter)
 
 
 def for_mixed_precision() -> tvm.transform.Pass:

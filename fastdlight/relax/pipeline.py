@@ -29,6 +29,7 @@ from fastdlight.compiler.compile import build as build_prim_funcs
 from fastdlight.relax.aligned import tma_aligned_matmuls
 from fastdlight.relax.apply_fast_tuning import ApplyFastTuning
 from fastdlight.relax.compat import (
+    bool_cumsums,
     float_inputs,
     for_mixed_precision,
     identity_casts,
@@ -78,6 +79,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
         passes.append(relax.transform.BindParams("main", dict(zip(main_params[len(main_params) - len(params):],
                                                                   params))))
     passes.append(relax.transform.DecomposeOpsForInference())
+    passes.append(bool_cumsums())  # TVM's GPU cumsum misaligns bool vectors
     if fp16:
         inputs = float_inputs(mod["main"], len(mod["main"].params) - len(params or []))
         passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects

@@ -159,6 +159,33 @@ def test_integer_inputs_keep_their_dtype_with_fp16_io():
     np.testing.assert_allclose(run_cpu(half, [ids, keep, x]).astype("float32"), want, rtol=2e-3, atol=2e-3)
 
 
+def test_a_bool_cumsum_counts_in_int32_with_the_same_truth_values():
+    @I.ir_module
+    class Mask:  # Hugging Face's mask code, as TVM imports it (the bool dtype kept)
+        @R.function
+        def main(keep: R.Tensor((2, 64), "bool")):
+            with R.dataflow():
+                seen = R.cumsum(keep, axis=-1)
+                R.output(seen)
+            return seen
+
+    rewritten = for_inference(Mask, [])
+    calls = [str(c.op.name) for c in _op_calls(rewritten["main"])]
+    assert "relax.cumsum" in calls and rewritten["main"].ret_ty.dtype == "bool"
+    assert all(str(c.args[0].ty.dtype) == "int32" for c in _op_calls(rewritten["main"]) if c.op.name == "relax.cumsum")
+    scans = [f for name, f in prim_funcs(prepare(H100)(rewritten)).items() if "cumsum" in name]
+    assert scans and all(str(p.dtype) != "bool" for f in scans for p in f.params if hasattr(p, "shape"))
+    keep = np.random.default_rng(0).random((2, 64)) < 0.1
+    np.testing.assert_array_equal(run_cpu(rewritten, [keep]), np.cumsum(keep, axis=-1) > 0)
+
+
+def _op_calls(func) -> list:
+    found = []
+    relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
 def squeeze_excitation(batch: int):
     """A squeeze-excitation block as ``torch.export`` writes it: each 1x1 convolution's bias
     ``reshape(b, [1, C, 1, 1])`` added to its ``[batch, C, 1, 1]`` output."""
