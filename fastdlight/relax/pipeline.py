@@ -80,6 +80,8 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
                                                                   params))))
     passes.append(relax.transform.DecomposeOpsForInference())
     passes.append(bool_cumsums())  # TVM's GPU cumsum misaligns bool vectors
+    # before ToMixedPrecision, whose cast of the exponent hides the constant from prepare's
+    passes.append(exact_integer_powers())
     if fp16:
         inputs = float_inputs(mod["main"], len(mod["main"].params) - len(params or []))
         passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects

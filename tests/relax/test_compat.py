@@ -179,6 +179,28 @@ def test_a_bool_cumsum_counts_in_int32_with_the_same_truth_values():
     np.testing.assert_array_equal(run_cpu(rewritten, [keep]), np.cumsum(keep, axis=-1) > 0)
 
 
+def test_an_integer_power_is_a_product_after_for_inference_so_a_negative_base_stays_finite():
+    @I.ir_module
+    class Gelu:  # the cube of GPT-2's tanh GELU, as TVM imports it
+        @R.function
+        def main(x: R.Tensor((4, 64), "float32")):
+            with R.dataflow():
+                cube = R.power(x, R.const(3.0, "float32"))
+                half = R.power(x, R.const(0.5, "float32"))
+                y = R.add(cube, half)
+                R.output(y)
+            return y
+
+    rewritten = for_inference(Gelu, [], fp16=True)  # ToMixedPrecision casts the exponent
+    powers = [c for c in _op_calls(rewritten["main"]) if c.op.name == "relax.power"]
+    assert len(powers) == 1  # the 0.5 power; the cube is products
+    x = np.random.default_rng(0).uniform(-2, 2, (4, 64)).astype("float32")
+    got = run_cpu(rewritten, [x]).astype("float32")
+    with np.errstate(invalid="ignore"):
+        want = x**3 + np.sqrt(x)
+    np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3, equal_nan=True)
+
+
 def _op_calls(func) -> list:
     found = []
     relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call)
