@@ -91,28 +91,9 @@ class ExportResult:
 # -- inputs and the reference -------------------------------------------------------------------
 def make_inputs(func, seed: int = 0) -> dict:
     """Random inputs by parameter index, the values the tuner's ``Workload(func, seed)`` uses."""
-    import numpy as np
+    from fastdlight.measure.timing import host_inputs
 
-    from fastdlight.measure.timing import (
-        index_bounds,
-        output_indices,
-        param_buffers,
-        random_array,
-        static_shape,
-    )
-
-    rng = np.random.default_rng(seed)
-    bounds, outs = index_bounds(func), set(output_indices(func))
-    inputs = {}
-    for i, buf in enumerate(param_buffers(func)):
-        if i in outs:
-            continue
-        shape, dtype = static_shape(buf), str(buf.dtype)
-        if str(buf.name) in bounds:
-            inputs[i] = rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype)
-        else:
-            inputs[i] = random_array(shape, dtype, rng)
-    return inputs
+    return {i: a for i, a in enumerate(host_inputs(func, seed)) if a is not None}
 
 
 def reference_outputs(func, inputs: dict, ref=None):

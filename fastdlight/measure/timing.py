@@ -132,6 +132,19 @@ def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
     return host.uniform(shape, rng, dtype)
 
 
+#: a PrimFunc attribute, ``{parameter name: value}``: inputs a model always passes as one scalar
+#: constant (a GELU's 0.5 and 3.0, an attention scale), made with that value instead of random ones
+#: so that candidates are checked on the arithmetic the model does
+INPUT_VALUES = "fastdlight.input_values"
+
+
+def known_input_values(func: tirx.PrimFunc) -> dict[str, float]:
+    """The :data:`INPUT_VALUES` of ``func`` (empty when it has none)."""
+    if func.attrs is None or INPUT_VALUES not in func.attrs:
+        return {}
+    return {str(k): float(v) for k, v in func.attrs[INPUT_VALUES].items()}
+
+
 def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
     """Integer parameters whose values index another buffer (a gather, a quantization group
     index), each with the smallest extent it indexes: random values beyond it would read out
@@ -203,6 +216,26 @@ def poison_value(dtype: str):
 
 
 # -- the workload every candidate runs on ------------------------------------------------------
+def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
+    """Per parameter of ``func``, its host input (None for an output): the model's value where
+    :func:`known_input_values` has one, indices inside what they index (:func:`index_bounds`),
+    else random (:func:`random_array`)."""
+    rng = np.random.default_rng(seed)
+    bounds, known, outs = index_bounds(func), known_input_values(func), set(output_indices(func))
+    host: list[np.ndarray | None] = []
+    for i, buf in enumerate(param_buffers(func)):
+        shape, dtype, name = static_shape(buf), str(buf.dtype), str(buf.name)
+        if i in outs:
+            host.append(None)
+        elif name in known:
+            host.append(np.full(shape, known[name], dtype=np.float32 if dtype == "bfloat16" else dtype))
+        elif name in bounds:
+            host.append(rng.integers(0, bounds[name], size=shape).astype(dtype))
+        else:
+            host.append(random_array(shape, dtype, rng))
+    return host
+
+
 class Workload:
     """Device arguments for ``func`` (random inputs, outputs poisoned before every check)."""
 
@@ -214,17 +247,7 @@ class Workload:
         self.dev = dev if dev is not None else tvm.cuda(0)
         self.buffers = param_buffers(func)
         self.out_idx = output_indices(func)
-        rng = np.random.default_rng(seed)
-        bounds = index_bounds(func)
-        host: list[np.ndarray | None] = []  # None for an output
-        for i, buf in enumerate(self.buffers):
-            shape, dtype = static_shape(buf), str(buf.dtype)
-            if i in self.out_idx:
-                host.append(None)
-            elif str(buf.name) in bounds:  # an index into another buffer: stay inside it
-                host.append(rng.integers(0, bounds[str(buf.name)], size=shape).astype(dtype))
-            else:
-                host.append(random_array(shape, dtype, rng))
+        host = host_inputs(func, seed)
         self.host_inputs: list[np.ndarray] = [a for a in host if a is not None]
         with device_lock if device_lock is not None else contextlib.nullcontext():
             self.args = [tvm.runtime.empty(static_shape(buf), str(buf.dtype), self.dev) if arr is None

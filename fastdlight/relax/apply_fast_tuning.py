@@ -30,10 +30,11 @@ import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tqdm import tqdm
 
-from tvm import tirx
+from tvm import relax, tirx
 from tvm.relax.analysis import has_reshape_pattern
 from tvm.ir import IRModule
 from tvm.ir.transform import PassContext, module_pass
@@ -44,6 +45,8 @@ from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names
 from fastdlight.measure import clock
+from fastdlight.measure.timing import INPUT_VALUES
+from fastdlight.relax.rewrites import scalar_constant
 from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
@@ -141,10 +144,14 @@ class ApplyFastTuning:
         before = clock.snapshot()
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
         todo, views = [], []
+        constants = scalar_constant_inputs(mod)
         for gv, f in mod.functions_items():
             if isinstance(f, tirx.PrimFunc) and not is_scheduled(f):
                 # a reshape runs as a view of its input (lowering's RewriteDataflowReshape): no kernel
-                (views if has_reshape_pattern(f) else todo).append((gv, f))
+                if has_reshape_pattern(f):
+                    views.append((gv, f))
+                else:
+                    todo.append((gv, f.with_attr(INPUT_VALUES, constants[gv]) if constants.get(gv) else f))
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
         groups = _structural_groups(todo)
         leaders = sibling_leaders([members[0][1] for members in groups])
@@ -240,6 +247,34 @@ class ApplyFastTuning:
         return dispatched.func, FunctionReport(
             name, "tuned", round(time.perf_counter() - t0, 3), top.config, top.kernel_ms,
             all(c.passed for c in checks) if checks else None, dispatch=summary)
+
+
+def scalar_constant_inputs(mod: IRModule) -> dict:
+    """Per PrimFunc (by GlobalVar), the parameters every ``call_tir`` of it in ``mod`` passes the
+    same scalar constant, ``{name: value}``: a model's 0.5, 3.0 or attention scale, which the
+    tuning run's inputs then hold instead of random values (:data:`INPUT_VALUES`)."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    found: dict = {}
+
+    def visit(expr):
+        if not (isinstance(expr, relax.Call) and expr.op.same_as(call_tir)
+                and isinstance(expr.args[0], tvm.ir.GlobalVar)):
+            return
+        gv, args = expr.args[0], expr.args[1]
+        params = mod[gv].params
+        args = args.fields if isinstance(args, relax.Tuple) else [args]
+        values = {}
+        for param, arg in zip(params, args):
+            value = scalar_constant(arg)
+            if value is not None:
+                values[str(param.name)] = value
+        # a call site that passes another value (or none) leaves the parameter random
+        found[gv] = values if gv not in found else {k: v for k, v in found[gv].items() if values.get(k) == v}
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return found
 
 
 def _rewarn(caught) -> None:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from fastdlight.relax.rewrites import call_to, mutator_pass
+from fastdlight.relax.rewrites import bound_value, call_to, mutator_pass, scalar_constant
 
 #: the float dtypes ``ToMixedPrecision`` narrows (and keeps in fp32 for ops without a policy)
 FP32 = "float32"
@@ -129,6 +130,27 @@ def identity_casts() -> tvm.transform.Pass:
             return call
 
     return mutator_pass("fastdlight.IdentityCasts", Rewriter, relax.transform.DeadCodeElimination())
+
+
+def scalar_constant_casts() -> tvm.transform.Pass:
+    """``astype(c, dtype)`` of a one-element constant as that constant in ``dtype``. Left to
+    ``prepare``'s FoldConstant, which runs after LegalizeOps, the cast becomes a 0-d tensor the
+    fused kernel loads (GPT-2's GELU had five); folded here, LegalizeOps writes it into the kernel
+    as an immediate, the value the kernel is tuned and checked with."""
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            cast = call_to(call, "relax.astype")
+            value = scalar_constant(bound_value(self, cast.args[0])) if cast is not None else None
+            if value is None:
+                return call
+            shape = [int(d) for d in cast.args[0].ty.shape]
+            return relax.const(np.full(shape, value, dtype=str(cast.attrs.dtype)))
+
+    return mutator_pass("fastdlight.ScalarConstantCasts", Rewriter, tvm.transform.Sequential(
+        [relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination()]))
 
 
 def squeeze_axes() -> tvm.transform.Pass:

@@ -33,6 +33,7 @@ from fastdlight.relax.compat import (
     float_inputs,
     for_mixed_precision,
     identity_casts,
+    scalar_constant_casts,
     squeeze_axes,
 )
 from fastdlight.relax.convs import im2col_convs
@@ -87,6 +88,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
         passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects
         passes.append(relax.transform.ToMixedPrecision(out_dtype="float32", fp16_input_names=inputs if fp16_io else None))
         passes.append(identity_casts())
+        passes.append(scalar_constant_casts())  # immediates in the kernels, not 0-d inputs
         if fp16_io:
             passes.append(fp16_outputs())
     passes.append(rms_norms())  # after ToMixedPrecision, which leaves the decomposed norm in fp32

@@ -47,6 +47,17 @@ def constant_value(mutator: PyExprMutator, expr) -> np.ndarray | None:
     return inner.astype(dtype) if dtype in ("float16", "bfloat16", "float32") else None
 
 
+def scalar_constant(expr) -> float | None:
+    """The value of a one-element constant, else None."""
+    if not isinstance(expr, tvm.ir.expr.Constant):
+        return None
+    try:
+        value = expr.value.numpy()
+    except Exception:  # noqa: BLE001 - a dtype numpy cannot hold here (bf16 without ml_dtypes)
+        return None
+    return float(value.reshape(())) if value.size == 1 else None
+
+
 def static_shape(expr) -> list[int] | None:
     """``expr``'s shape when it is a tensor of static shape, else None."""
     ty = getattr(expr, "ty", None)

@@ -236,3 +236,23 @@ def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
     # on the device it stays 0-d (np.ascontiguousarray would make it shape (1,), and the
     # kernel's ndim check rejects that)
     assert tuple(measure.to_device(wl.host_inputs[1], "float16", tvm.cpu(0)).shape) == ()
+
+
+def test_inputs_a_model_passes_as_constants_hold_its_values():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def cube(x: T.Buffer((64,), "float16"), p: T.Buffer((), "float16"), y: T.Buffer((64,), "float16")):
+        for i in range(64):
+            with T.sblock("y"):
+                vi = T.axis.spatial(64, i)
+                y[vi] = T.pow(x[vi], p[()])
+
+    assert measure.known_input_values(cube) == {}
+    known = cube.with_attr(measure.INPUT_VALUES, {"p": 3.0})
+    assert measure.known_input_values(known) == {"p": 3.0}
+    x, p, out = measure.host_inputs(known, seed=1)
+    assert out is None and p.shape == () and float(p) == 3.0 and p.dtype == np.float16
+    assert np.array_equal(x, measure.host_inputs(cube, seed=1)[0])  # the other inputs as before
+    wl = measure.Workload(known, tvm.cpu(0), seed=1)
+    assert float(wl.host_inputs[1]) == 3.0

@@ -215,3 +215,47 @@ def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
     assert cut.configs == own[:SEEDED_OWN_TOP] + (own[5], own[7], stock)
     other = Config("matmul_tc", block=(16, 16), warp=(16, 16), rstep=(16,))
     assert seeded(cand, (other,)) is cand  # no seed applies: the full set
+
+
+def _scaled_calls():
+    """A PrimFunc with two 0-d inputs, called twice: the exponent 0.5 at both sites, the scale
+    0.125 at one and 0.25 at the other (a cast constant stays such an input after fusion)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def scaled(x: T.Buffer((64, 128), "float16"), e: T.Buffer((), "float16"), s: T.Buffer((), "float16"),
+               y: T.Buffer((64, 128), "float16")):
+        for i, j in T.grid(64, 128):
+            with T.sblock("y"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = T.pow(x[vi, vj], e[()]) * s[()]
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 128), "float16"))
+    with bb.function("main", [x]):
+        gv = bb.add_func(scaled, "scaled")
+        out_ty = relax.TensorType((64, 128), "float16")
+        a = bb.emit(relax.call_tir(gv, (x, relax.const(0.5, "float16"), relax.const(0.125, "float16")), out_ty))
+        b = bb.emit(relax.call_tir(gv, (a, relax.const(0.5, "float16"), relax.const(0.25, "float16")), out_ty))
+        bb.emit_func_output(b)
+    return bb.get()
+
+
+def test_scalar_constants_a_model_passes_reach_the_tuning_inputs(monkeypatch):
+    from fastdlight.measure.timing import known_input_values
+    from fastdlight.relax import apply_fast_tuning
+
+    mod = _scaled_calls()
+    constants = apply_fast_tuning.scalar_constant_inputs(mod)
+    assert list(constants.values()) == [{"e": 0.5}]  # the scale differs between the calls: random
+    seen = []
+
+    def tune_function(func, *args, **kwargs):
+        seen.append(known_input_values(func))
+        raise ValueError("not tuned here")
+
+    monkeypatch.setattr(apply_fast_tuning, "tune_function", tune_function)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fastdlight.ApplyFastTuning(topk=2, target=H100)(mod)
+    assert seen == [{"e": 0.5}]

@@ -201,6 +201,31 @@ def test_an_integer_power_is_a_product_after_for_inference_so_a_negative_base_st
     np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3, equal_nan=True)
 
 
+def test_cast_scalar_constants_are_folded_into_the_kernels_as_immediates():
+    @I.ir_module
+    class Gelu:  # GPT-2's tanh GELU on a projection, as TVM imports it (fp32 constants)
+        @R.function
+        def main(x: R.Tensor((64, 128), "float32"), w: R.Tensor((128, 256), "float32")):
+            with R.dataflow():
+                h = R.matmul(x, w)
+                inner = R.multiply(R.add(h, R.multiply(R.power(h, R.const(3.0, "float32")),
+                                                       R.const(0.044715, "float32"))), R.const(0.7978846, "float32"))
+                y = R.multiply(R.multiply(h, R.const(0.5, "float32")), R.add(R.tanh(inner), R.const(1.0, "float32")))
+                R.output(y)
+            return y
+
+    half = for_inference(Gelu, [], fp16=True)
+    casts = [c for c in _op_calls(half["main"]) if c.op.name == "relax.astype"
+             and isinstance(c.args[0], tvm.ir.expr.Constant)]
+    assert casts == []
+    funcs = prim_funcs(prepare(H100)(half))
+    assert not [f for f in funcs.values() for p in f.params if hasattr(p, "shape") and len(p.shape) == 0]
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, (64, 128)).astype("float32"), rng.uniform(-0.2, 0.2, (128, 256)).astype("float32")
+    want = run_cpu(Gelu, [x, w])
+    np.testing.assert_allclose(run_cpu(half, [x, w]).astype("float32"), want, rtol=2e-2, atol=2e-2)
+
+
 def _op_calls(func) -> list:
     found = []
     relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call)
