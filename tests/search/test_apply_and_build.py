@@ -471,3 +471,24 @@ def test_plain_wgmma_finalists_within_the_hot_tie_go_by_the_policys_estimate():
     mma = row(4, Config("matmul_tc", block=(128, 256), warp=(64, 64), rstep=(64,), pipeline_stages=4,
                         use_async_copy=True, rasterization=16, cost=wide.cost / 2), 0.2040)
     assert [r.index for r in pick_order([finalists[0], mma])] == [0, 4]
+
+
+@pytest.mark.gpu
+def test_gpu_a_short_kernel_is_timed_from_a_cuda_graph(monkeypatch):
+    from fastdlight.arch import auto_arch
+    from fastdlight.search import stages
+
+    graphed = []
+
+    def time_graph(*args, **kwargs):
+        graphed.append(stages.time_graph_real(*args, **kwargs))
+        return graphed[-1]
+
+    monkeypatch.setattr(stages, "time_graph_real", stages.time_graph, raising=False)
+    monkeypatch.setattr(stages, "time_graph", time_graph)
+    op = ops.elementwise((256, 256), "float16", "add")  # a few microseconds
+    configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1))]
+    results, best = apply_and_build(op.func, configs, auto_arch(), ref=op.reference, budget_ms=20)
+    # both candidates in the first pass, then each finalist's hot rounds
+    assert len(graphed) >= len(configs) and all(t.median_ms < 0.05 for t in graphed)
+    assert best.verified and best.latency_ms < 0.05
