@@ -10,7 +10,8 @@ against torch on one GPU.
 One row per model and size: imported (``torch.export`` -> Relax) or the one-line reason it was
 not; the largest error against torch fp16, relative to the largest output; ms of torch eager
 (queued launches, as users run it), torch in a CUDA graph, ``torch.compile`` (default inductor,
-in a CUDA graph) and fastdlight (``for_inference(mod, params, fp16_io=True)`` -> ``prepare`` ->
+in a CUDA graph), stock Dlight (the prepared module built with no tuning) and fastdlight
+(``for_inference(mod, params, fp16_io=True)`` -> ``prepare`` ->
 ``ApplyFastTuning`` with a database dir -> ``build`` -> VM, in a CUDA graph where it can be
 captured), all timed as ``bench_models.py`` times them (warm-up, CUDA events, median over
 >= 200 ms); tuning seconds cold and again from the database the cold pass filled; the functions
@@ -65,6 +66,7 @@ class Row:
     torch_eager_ms: float | None = None
     torch_graph_ms: float | None = None
     torch_compile_ms: float | None = None
+    stock_ms: float | None = None  # the prepared module on stock Dlight alone (no tuning)
     fastdlight_ms: float | None = None
     tune_s: float | None = None  # cold (an empty database unless --db names a filled one)
     tune_db_s: float | None = None  # the same module again, from the database the cold pass filled
@@ -215,6 +217,24 @@ def tune(prepared, arch, db: str, args):
     return tuned, tuning, round(time.perf_counter() - t0, 2)
 
 
+def run_stock(case: Case, prepared, inputs, arch, dev) -> None:
+    """The prepared module with every function on stock Dlight (what ``build`` does to a module
+    nothing tuned), in the VM, timed as fastdlight's is; a build failure is noted, not fatal."""
+    import tvm
+    from bench_models import time_vm
+    from tvm import relax
+
+    from fastdlight.relax import build
+
+    case.stage("stock dlight")
+    try:
+        vm = relax.VirtualMachine(build(prepared, arch.target), dev)
+        x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
+        case.row.stock_ms = time_vm(vm, x, dev, case.row)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        case.row.errors["stock dlight"] = one_line(e)
+
+
 def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
     """Tune cold, tune again from the database, build, run in the VM: its output (fp32 numpy)."""
     import numpy as np
@@ -270,6 +290,7 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         ref = run_torch(case, model, inputs, args)
         del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
         free_torch_memory()
+        run_stock(case, prepared, inputs, arch, dev)
         out = run_fastdlight(case, prepared, inputs, arch, dev, args)
         row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
         row.stage = "done"
@@ -349,9 +370,9 @@ def markdown(rows: list[Row], dry: bool = False) -> str:
                   f"| {r.reason} |" for r in rows]
         return "\n".join(lines) + "\n"
     head = ("| model | size | imported | max rel err | torch eager ms | torch graph ms | torch.compile ms "
-            "| fastdlight ms | vs eager | vs graph | vs compile | tune s cold | tune s db (hits) | untuned "
-            "| won fastdlight/stock | reason |")
-    lines = [head, "|" + "---|" * 16]
+            "| stock Dlight ms | fastdlight ms | vs eager | vs graph | vs compile | vs stock | tune s cold "
+            "| tune s db (hits) | untuned | won fastdlight/stock | reason |")
+    lines = [head, "|" + "---|" * 18]
     for r in rows:
         err = f"{r.max_rel_err:.1e}" if r.max_rel_err is not None else "-"
         untuned = f"{len(r.untuned)}/{r.functions}" if r.tune_s is not None else "-"
@@ -359,9 +380,10 @@ def markdown(rows: list[Row], dry: bool = False) -> str:
         db = f"{r.tune_db_s} ({r.db_hits})" if r.tune_db_s is not None else "-"
         lines.append(
             f"| {r.model} | {r.size} | {'yes' if r.imported else 'no'} | {err} | {_ms(r.torch_eager_ms)} "
-            f"| {_ms(r.torch_graph_ms)} | {_ms(r.torch_compile_ms)} | {_ms(r.fastdlight_ms)} "
+            f"| {_ms(r.torch_graph_ms)} | {_ms(r.torch_compile_ms)} | {_ms(r.stock_ms)} | {_ms(r.fastdlight_ms)} "
             f"| {_ratio(r.torch_eager_ms, r.fastdlight_ms)} | {_ratio(r.torch_graph_ms, r.fastdlight_ms)} "
-            f"| {_ratio(r.torch_compile_ms, r.fastdlight_ms)} | {r.tune_s if r.tune_s is not None else '-'} | {db} "
+            f"| {_ratio(r.torch_compile_ms, r.fastdlight_ms)} | {_ratio(r.stock_ms, r.fastdlight_ms)} "
+            f"| {r.tune_s if r.tune_s is not None else '-'} | {db} "
             f"| {untuned} | {won} | {r.reason} |")
     return ("\n".join(lines) + "\n\nRatios are torch's time over fastdlight's (> 1: fastdlight faster). "
             "max rel err: against torch fp16, relative to its largest output.\n")

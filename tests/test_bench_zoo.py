@@ -58,11 +58,12 @@ def test_an_error_is_told_in_one_line_that_says_what_went_wrong():
 
 def test_the_table_shows_ratios_tuning_and_winners_and_a_failed_import_its_reason():
     done = bench_zoo.Row("resnet50", "torchvision", "1", stage="done", imported=True, functions=40, max_rel_err=2e-3,
-                         torch_eager_ms=3.0, torch_graph_ms=1.2, torch_compile_ms=1.0, fastdlight_ms=0.8, tune_s=61.5,
+                         torch_eager_ms=3.0, torch_graph_ms=1.2, torch_compile_ms=1.0, stock_ms=0.9, fastdlight_ms=0.8,
+                         tune_s=61.5,
                          tune_db_s=4.2, db_hits=38, untuned=["f"], winners={"fastdlight": 30, "stock": 8, "view": 1})
     failed = bench_zoo.Row("gpt2_2l", "transformers", "4x2048", stage="import", reason="import: ValueError: no view")
     text = bench_zoo.markdown([done, failed])
-    assert "| resnet50 | 1 | yes | 2.0e-03 | 3.000 | 1.200 | 1.000 | 0.800 | 3.75x | 1.50x | 1.25x | 61.5 " in text
+    assert "| resnet50 | 1 | yes | 2.0e-03 | 3.000 | 1.200 | 1.000 | 0.900 | 0.800 | 3.75x | 1.50x | 1.25x | 1.12x | 61.5 " in text
     assert "| 4.2 (38) | 1/40 | 30/8 |" in text
     assert "| gpt2_2l | 4x2048 | no |" in text and "import: ValueError: no view |" in text
     assert bench_zoo.row_from(json.loads(json.dumps(bench_zoo.asdict(done)))) == done
