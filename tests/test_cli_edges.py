@@ -2,6 +2,7 @@
 build for the target, reasons cut at a colon, checks made late, and the small ones. A user error
 exits 2 with ONE line on stderr, before TVM is imported where no TVM is needed, and writes nothing."""
 
+import re
 import os
 import subprocess
 import sys
@@ -283,6 +284,8 @@ def test_a_library_warning_points_at_the_callers_line():
     ["sum", "12", "34"], ["max", "12", "34", "--axis", "0"], ["softmax", "16", "32", "--dtype", "bfloat16"],
     ["conv2d", "2", "9", "9", "8", "16"], ["conv2d", "2", "9", "9", "8", "16", "--dtype", "float32", "--stride", "2"],
     ["conv2d", "1", "8", "8", "4", "4", "--kernel", "1", "--pad", "0", "--dtype", "float16", "--out-dtype", "float32"],
+    ["attention", "2", "8", "16", "16", "64"], ["attention", "1", "8", "4", "32", "64", "--causal", "--kv-heads", "2"],
+    ["attention", "1", "4", "1", "100", "128", "--kv-heads", "1", "--dtype", "bfloat16"],
 ])  # fmt: skip
 def test_the_size_checks_see_the_tensors_ops_builds(argv):
     from fastdlight.cli.args import build_parser, validate_args
@@ -294,12 +297,13 @@ def test_the_size_checks_see_the_tensors_ops_builds(argv):
     assert [(t.shape, t.dtype) for t in validate_args(args)] == built
 
 
-@pytest.mark.parametrize("op", ["matmul", "gemv", "add", "sum", "softmax", "conv2d"])
+@pytest.mark.parametrize("op", ["matmul", "gemv", "add", "sum", "softmax", "conv2d", "attention"])
 def test_the_dtypes_refused_early_are_those_ops_refuses(op):
     from fastdlight.cli.args import UsageError, build_parser, validate_args
     from fastdlight.cli.workload import make_op
 
-    shape = {"matmul": ["16"] * 3, "add": ["8"], "conv2d": ["1", "4", "4", "4", "4"]}.get(op, ["16", "16"])
+    shape = {"matmul": ["16"] * 3, "add": ["8"], "conv2d": ["1", "4", "4", "4", "4"],
+             "attention": ["1", "2", "4", "4", "8"]}.get(op, ["16", "16"])
     for dtype in ("float16", "bfloat16", "float32", "int8", "int32", "float64"):
         args = build_parser().parse_args(["tune", op, *shape, "--dtype", dtype])
         try:
@@ -313,3 +317,18 @@ def test_the_dtypes_refused_early_are_those_ops_refuses(op):
         except UsageError:
             built = False
         assert early == built, (op, dtype)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["attention", "1", "8", "16", "16", "64", "--kv-heads", "3"], "--kv-heads 3 must divide H (8)"),
+    (["attention", "1", "8", "32", "16", "64", "--causal"], "--causal needs TQ <= TKV (got 32 > 16)"),
+    (["softmax", "16", "16", "--causal"], "--causal applies to attention, not softmax"),
+    (["matmul", "16", "16", "16", "--kv-heads", "2"], "--kv-heads applies to attention, not matmul"),
+    (["attention", "1", "8", "16", "16"], "attention"),
+])  # fmt: skip
+def test_bad_attention_arguments_are_refused_in_one_line(argv, says):
+    from fastdlight.cli.args import UsageError, build_parser, validate_args
+
+    with pytest.raises(UsageError, match=re.escape(says)) as caught:
+        validate_args(build_parser().parse_args(["tune", *argv]))
+    assert "\n" not in str(caught.value)

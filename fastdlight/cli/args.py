@@ -23,6 +23,7 @@ OPS = {
     "max": (2, "R C"),
     "softmax": (2, "R C"),
     "conv2d": (5, "N H W C K"),
+    "attention": (5, "B H TQ TKV D"),
 }
 
 
@@ -146,6 +147,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
     p.add_argument("--kernel", type=_positive(int), default=3, help="conv2d: kernel size R=S")
     p.add_argument("--stride", type=_positive(int), default=1, help="conv2d: stride")
     p.add_argument("--pad", type=_positive(int, zero_ok=True), default=1, help="conv2d: padding")
+    p.add_argument("--causal", action="store_true", help="attention: causal mask (aligned to the bottom right)")
+    p.add_argument("--kv-heads", type=_positive(int), help="attention: K/V heads G dividing H (GQA; default H)")
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -288,4 +291,13 @@ def _op_tensors(args) -> list[Tensor]:
     if op == "conv2d" and min(conv_output(*dims[1:3], args.kernel, args.stride, args.pad)) <= 0:
         raise UsageError(f"conv2d: the {args.kernel}x{args.kernel} kernel is larger than the padded input "
                          f"({dims[1]}x{dims[2]}, --pad {args.pad})")
+    if op == "attention":
+        heads, seq_q, seq_kv = dims[1:4]
+        if heads % (args.kv_heads or heads):
+            raise UsageError(f"attention: --kv-heads {args.kv_heads} must divide H ({heads})")
+        if args.causal and seq_q > seq_kv:
+            raise UsageError(f"attention: --causal needs TQ <= TKV (got {seq_q} > {seq_kv})")
+    for option, value, applies in (("--causal", args.causal, "attention"), ("--kv-heads", args.kv_heads, "attention")):
+        if value and op != applies:
+            raise UsageError(f"{option} applies to {applies}, not {op}")
     return op_tensors(op, dims, args)

@@ -28,6 +28,7 @@ OP_DTYPES = {
     "max": ("float16", "bfloat16", "float32"),
     "softmax": ("float16", "bfloat16", "float32"),
     "conv2d": ("float16", "bfloat16", "float32", "int8"),
+    "attention": ("float16", "bfloat16", "float32"),
 }
 LAYOUTS = ("NN", "NT", "TN", "TT")
 #: a dimension must be an int64 (TVM's widest index type)
@@ -64,7 +65,7 @@ def conv_output(h: int, w: int, r: int, stride: int, pad: int) -> tuple[int, int
 def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
     """The parameters of the PrimFunc ``fastdlight.ops`` builds for ``op`` and the arguments
     (``dtype``, ``out_dtype``, ``layout``, ``batch``, ``m``, ``axis``, ``kernel``, ``stride``,
-    ``pad``), in order, the output last."""
+    ``pad``, ``kv_heads``), in order, the output last."""
     dt, out = args.dtype, args.out_dtype or default_out_dtype(args.dtype)
     if op == "matmul":
         m, n, k = dims
@@ -85,6 +86,11 @@ def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
         return [Tensor("A", (rows, cols), dt), Tensor("B", (rows,) if args.axis == -1 else (cols,), dt)]
     if op == "softmax":
         return [Tensor("A", tuple(dims), dt), Tensor("softmax", tuple(dims), dt)]
+    if op == "attention":
+        b, h, tq, tkv, d = dims
+        g = args.kv_heads or h
+        return [Tensor("Q", (b, h, tq, d), dt), Tensor("K", (b, g, tkv, d), dt), Tensor("V", (b, g, tkv, d), dt),
+                Tensor("out", (b, h, tq, d), dt)]
     n, h, w, c, k = dims
     p, q = conv_output(h, w, args.kernel, args.stride, args.pad)
     r = args.kernel

@@ -29,6 +29,8 @@ def make_op(args):
             return ops.reduce(d, args.dtype, args.op, axis=args.axis)
         if args.op == "softmax":
             return ops.softmax(*d, dtype=args.dtype)
+        if args.op == "attention":
+            return ops.attention(*d, kv_heads=args.kv_heads, causal=args.causal, dtype=args.dtype)
         if args.dtype in ("float16", "bfloat16") and args.out_dtype is None:
             # as models hold it (ConvertLayout to NHWC/OHWI, fp32 sums): the Hopper wgmma path takes it
             return ops.conv2d_nhwc_ohwi(*d, r=args.kernel, stride=args.stride, pad=args.pad, dtype=args.dtype)
