@@ -142,10 +142,23 @@ def _waited(stream: Iterator) -> Iterator:
 
 
 # -- probe -----------------------------------------------------------------------------------
+#: launch errors that leave a CUDA context usable: the launch was refused before the kernel ran
+#: (runtime and driver spellings). Any other failure, a fault or a hang, poisons the probe
+#: process's context, which is then replaced (a new process: its TVM import, context and inputs)
+REFUSED_LAUNCH = ("cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+                  "cudaErrorInvalidConfiguration", "too many resources requested for launch")
+
+
+def context_survives(error: str) -> bool:
+    """Whether a probe that failed with ``error`` left its process's CUDA context usable."""
+    return any(name in (error or "") for name in REFUSED_LAUNCH)
+
+
 class Prober:
     """Runs each built module once in the probe process (:func:`pool.probe_pool`) on the run's
     real inputs, before this process ever loads it: a kernel that faults (poisoning a CUDA
-    context for good) or hangs costs only itself. A failure restarts the probe process."""
+    context for good) or hangs costs only itself. Such a failure restarts the probe process; a
+    launch refused before it ran (too many registers for the block) does not."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -173,7 +186,7 @@ class Prober:
         task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
         with self.lock, clock.holding(GPU_TURN, "probe"):
             (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
-            if not res.ok:
+            if not res.ok and not context_survives(res.error):
                 self.pool.reset()
         if res.ok:
             return None

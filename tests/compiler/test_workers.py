@@ -171,6 +171,31 @@ def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
     assert seen == [(build_task.prepare_probe_inputs, ('{"func": 1}', 7), False)]
 
 
+def test_a_refused_launch_keeps_the_probe_process_and_a_fault_replaces_it():
+    import threading
+    from types import SimpleNamespace
+
+    from fastdlight.search import stages
+
+    errors = iter(["RuntimeError: CUDALaunch Error: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+                   "RuntimeError: CUDA Runtime Error: cudaErrorMisalignedAddress (716): misaligned address"])
+    resets = []
+
+    class Pool:
+        def imap_unordered(self, tasks, timeout=None):
+            return iter([SimpleNamespace(ok=False, error=next(errors), log="")])
+
+        def reset(self):
+            resets.append(True)
+
+    prober = stages.Prober.__new__(stages.Prober)
+    prober.seed, prober.pool, prober.lock = 7, Pool(), threading.Lock()
+    refused = prober.run("a.so", "{}")
+    assert refused is not None and "OUT_OF_RESOURCES" in refused.message and resets == []
+    faulted = prober.run("b.so", "{}")
+    assert faulted is not None and "misaligned" in faulted.message and resets == [True]
+
+
 def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatch):
     """The workload's copies to the GPU take the GPU turn (a copy queued between another
     function's timing events would count in it), so a timing must not hold the turn while it
