@@ -62,13 +62,14 @@ class CandidateSet:
 
 def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
                    stock_last: bool = False, recorded: tuple[Config, ...] = (),
-                   match: TensorCoreMatch | None = None) -> Iterator[CandidateSet]:
+                   match: TensorCoreMatch | None = None,
+                   memory_bound_topk: int | None = None) -> Iterator[CandidateSet]:
     """Tensor-core configs first when the function is eligible, then CUDA-core ones. ``stock``
     (see :func:`stock_configs`) and ``recorded`` (a MetaSchedule database's records of the
     function) join the first set, to be measured against the policy's configs; ``stock_last``
     (nothing is timed, so stock could not win anyway): stock is a set of its own after the
     policies', built only when all of theirs fail. ``match``: :func:`match_tensor_core` of
-    ``func``, when the caller has it already."""
+    ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
     sets = []
     match = match if match is not None else match_tensor_core(func, arch)
     if match.eligible:
@@ -76,7 +77,7 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
         if configs:
             sets.append(CandidateSet("TensorCorePolicy", match.func, configs))
     try:
-        sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk)))
+        sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
     except ValueError as e:
         if not (sets or stock or recorded):
             raise
@@ -111,8 +112,20 @@ TRANSPOSE_CONFIGS = 6
 GATHER_CONFIGS = 4
 
 
-def default_configs(func, arch: CUDA, topk: int) -> tuple[Config, ...]:
+#: functions whose speed is their memory traffic, where the policy's first config is as good as
+#: the best of many (:func:`default_configs`)
+MEMORY_BOUND_KINDS = ("elementwise", "reduction", "general_reduction")
+
+
+def default_configs(func, arch: CUDA, topk: int, memory_bound_topk: int | None = None) -> tuple[Config, ...]:
+    """The CUDA-core policy's configs. An elementwise function or a reduction gets at most
+    ``memory_bound_topk``: for those the policy's first config timed within 3% of the best of 20
+    on every memory-bound operator of bench_ops (copy, add, sum, max, softmax; H100, 2026-11-23),
+    and the winner of each such function of GPT-2 and LLaMA tuned alone was its first (H200,
+    2026-11-29). A model is mostly such functions: their builds are most of its tuning time."""
     policy = DefaultPolicy(func, arch)
+    if memory_bound_topk is not None and policy.info.kind in MEMORY_BOUND_KINDS:
+        topk = min(topk, memory_bound_topk)
     configs = tuple(policy.emit_config(topk))
     # unmeasured, these rank first: on a layout change the elementwise kernels gather and move a
     # fraction of the bandwidth (the transpose template stages tiles), and on a gather the

@@ -151,7 +151,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     recorded = db.meta_schedule.records(func) if db is not None else ()
     stock = stock_configs(func, arch, match)
     for i, full in enumerate(candidate_sets(func, arch, topk, stock, stock_last=not measures(opts),
-                                            recorded=recorded, match=match)):
+                                            recorded=recorded, match=match,
+                                            memory_bound_topk=opts.memory_bound_topk)):
         cut = seeded(full, seeds) if seeds and i == 0 else full
         tuned = None
         for cand in (cut, full) if cut is not full else (full,):  # a failed cut: the full set gets its chance

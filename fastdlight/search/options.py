@@ -51,6 +51,9 @@ class TuneOptions:
     recheck_database: on a GPU, build, time and verify a stored config again before using it.
         Off by default: a record was verified when stored, and its key pins the function, the
         GPU, the TVM version and the template's source, so a replay only re-applies schedules.
+    memory_bound_topk: at most this many of the CUDA-core policy's configs for an elementwise
+        function or a reduction, whose first config is as good as the best of many
+        (:func:`fastdlight.policies.select.default_configs`); None: ``topk``.
     """
 
     measure: bool | None = None
@@ -71,6 +74,7 @@ class TuneOptions:
     progress: bool | None = None
     verbose: bool = False
     recheck_database: bool = False
+    memory_bound_topk: int | None = 8
 
     def __post_init__(self):
         if self.check not in CHECKS:
@@ -82,8 +86,10 @@ class TuneOptions:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of {'seconds' if name == 'timeout' else 'ms'}, "
                                  f"got {value!r}")
-        if self.max_workers is not None and (not isinstance(self.max_workers, int) or self.max_workers <= 0):
-            raise ValueError(f"max_workers must be a positive integer, got {self.max_workers!r}")
+        for name in ("max_workers", "memory_bound_topk"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     @classmethod
     def of(cls, options: TuneOptions | None = None, **overrides) -> TuneOptions:

@@ -312,3 +312,25 @@ def test_cuda_core_candidates_bound_their_unrolled_k_step():
     assert max(math.prod(c.thread) * math.prod(c.rstep) for c in configs) <= MAX_UNROLLED_FMAS
     gemm = DefaultPolicy(ops.matmul(4096, 4096, 4096, "float32").func, H100).emit_config(20)
     assert any(sorted(c.thread) == [8, 8] and math.prod(c.rstep) == 16 for c in gemm)
+
+
+def test_memory_bound_functions_get_fewer_candidates_than_matmuls():
+    from fastdlight.policies.select import MEMORY_BOUND_KINDS, candidate_sets
+
+    h100 = CUDA("nvidia/nvidia-h100")
+    for op in (ops.elementwise((4096, 4096), "float16", "add"), ops.reduce((4096, 1024), "float16", "sum"),
+               ops.softmax(4096, 4096)):
+        (capped,) = candidate_sets(op.func, h100, 20, memory_bound_topk=6)
+        (full,) = candidate_sets(op.func, h100, 20)
+        assert len(capped.configs) == 6 < len(full.configs) and capped.configs[0] == full.configs[0], op.name
+        assert {c.kind for c in capped.configs} <= set(MEMORY_BOUND_KINDS)
+    matmul = ops.matmul(512, 512, 512, "float32")
+    assert len(next(candidate_sets(matmul.func, h100, 20, memory_bound_topk=6)).configs) == 20
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_memory_bound_topk_must_be_a_positive_integer(bad):
+    from fastdlight.search.options import TuneOptions
+
+    with pytest.raises(ValueError, match="memory_bound_topk"):
+        TuneOptions(memory_bound_topk=bad)
