@@ -10,7 +10,7 @@ against torch on one GPU.
 One row per model and size: imported (``torch.export`` -> Relax) or the one-line reason it was
 not; the largest error against torch fp16, relative to the largest output; ms of torch eager
 (queued launches, as users run it), torch in a CUDA graph, ``torch.compile`` (default inductor,
-in a CUDA graph), stock Dlight (the prepared module built with no tuning) and fastdlight
+in a CUDA graph), stock Dlight (TVM's own pipeline, ``tvm.compile``) and fastdlight
 (``for_inference(mod, params, fp16_io=True)`` -> ``prepare`` ->
 ``ApplyFastTuning`` with a database dir -> ``build`` -> VM, in a CUDA graph where it can be
 captured), all timed as ``bench_models.py`` times them (warm-up, CUDA events, median over
@@ -66,7 +66,7 @@ class Row:
     torch_eager_ms: float | None = None
     torch_graph_ms: float | None = None
     torch_compile_ms: float | None = None
-    stock_ms: float | None = None  # the prepared module on stock Dlight alone (no tuning)
+    stock_ms: float | None = None  # the for_inference module through tvm.compile (stock Dlight)
     fastdlight_ms: float | None = None
     tune_s: float | None = None  # cold (an empty database unless --db names a filled one)
     tune_db_s: float | None = None  # the same module again, from the database the cold pass filled
@@ -120,6 +120,7 @@ class Case:
         spec = zoo_models.MODELS[name]
         self.spec, self.save = spec, save or (lambda row: None)
         self.row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)])
+        self.inference_mod = None  # the for_inference module, once imported
 
     def stage(self, name: str) -> None:
         self.row.stage = name
@@ -146,6 +147,7 @@ class Case:
         del program
         self.stage("for_inference")
         mod = for_inference(mod, params, fp16_io=True)
+        self.inference_mod = mod  # what stock Dlight's pipeline compiles
         self.stage("prepare")
         prepared = prepare(target)(mod)
         row.functions = len(prim_funcs(prepared))
@@ -217,18 +219,18 @@ def tune(prepared, arch, db: str, args):
     return tuned, tuning, round(time.perf_counter() - t0, 2)
 
 
-def run_stock(case: Case, prepared, inputs, arch, dev) -> None:
-    """The prepared module with every function on stock Dlight (what ``build`` does to a module
-    nothing tuned), in the VM, timed as fastdlight's is; a build failure is noted, not fatal."""
+def run_stock(case: Case, inputs, arch, dev) -> None:
+    """The ``for_inference`` module through TVM's own pipeline, stock Dlight scheduling every
+    kernel (``tvm.compile``, as ``bench_models`` builds stock), in the VM, timed as fastdlight's
+    is; a build failure is noted, not fatal."""
     import tvm
     from bench_models import time_vm
     from tvm import relax
 
-    from fastdlight.relax import build
-
     case.stage("stock dlight")
     try:
-        vm = relax.VirtualMachine(build(prepared, arch.target), dev)
+        with arch.target, tvm.transform.PassContext(opt_level=3):
+            vm = relax.VirtualMachine(tvm.compile(case.inference_mod, target=arch.target), dev)
         x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
         case.row.stock_ms = time_vm(vm, x, dev, case.row)
     except Exception as e:  # noqa: BLE001 - a row, not a crash
@@ -290,7 +292,7 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         ref = run_torch(case, model, inputs, args)
         del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
         free_torch_memory()
-        run_stock(case, prepared, inputs, arch, dev)
+        run_stock(case, inputs, arch, dev)
         out = run_fastdlight(case, prepared, inputs, arch, dev, args)
         row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
         row.stage = "done"
