@@ -343,3 +343,37 @@ def test_the_causal_scores_stay_on_the_wgmma_template_with_nothing_but_the_opera
 
 def _calls_args(mod) -> list:
     return [a for e in _calls(mod) for a in e.args]
+
+
+def test_a_stock_rule_that_raises_leaves_its_function_to_the_fallback_rule(monkeypatch):
+    from tvm.s_tir import dlight as dl
+
+    from fastdlight.relax.pipeline import leftovers
+
+    @I.ir_module
+    class Mm:
+        @R.function
+        def main(a: R.Tensor((64, 32), "float32"), b: R.Tensor((32, 16), "float32")):
+            with R.dataflow():
+                c = R.matmul(a, b)
+                R.output(c)
+            return c
+
+    target = CUDA("nvidia/nvidia-h100").target
+    mod = prepare(target)(Mm)
+
+    def broken(self, func, target, _):
+        raise AssertionError  # Dlight's Matmul on a matmul reading attention's heads in place
+
+    monkeypatch.setattr(dl.gpu.Matmul, "apply", broken)
+    with target:
+        scheduled = leftovers()(mod)
+    (func,) = prim_funcs(scheduled).values()
+    assert any(isinstance(n, tirx.For) and n.kind == tirx.ForKind.THREAD_BINDING
+               for n in _walk(func.body)), "scheduled by the Fallback rule"
+
+
+def _walk(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, (tirx.For, found.append), order="post")
+    return found
