@@ -12,6 +12,7 @@ record: the tuner reads it too (stock Dlight's schedules, database replay).
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -134,18 +135,35 @@ def default_configs(func, arch: CUDA, topk: int, memory_bound_topk: int | None =
              or tuple(gather_configs(policy.info, arch, min(GATHER_CONFIGS, topk))))
     if first:
         return first + configs[:max(1, topk - len(first))]
-    if policy.info.kind == "gemv" and configs:
+    alternatives = ()
+    if policy.info.kind == "gemv":
+        alternatives = other_family(func, arch, "matmul", max(1, topk // 4))
+    elif policy.info.kind == "matmul" and is_decode_matmul(policy.info):
+        alternatives = other_family(func, arch, "reduction", max(1, topk // 4))
+    if configs and alternatives:
         # predicted costs of two planners do not compare: unmeasured, the alternatives rank last
         top = max(c.cost for c in configs)
-        alternatives = matmul_alternatives(func, arch, max(1, topk // 4))
         configs += tuple(dataclasses.replace(c, cost=top + c.cost) for c in alternatives)
     return configs
 
 
-def matmul_alternatives(func, arch: CUDA, n: int) -> tuple[Config, ...]:
-    """A GEMV is also a matmul: a few matmul-template configs compete by measurement (and stand
-    in when no GEMV candidate verifies). None when the matmul planner finds nothing to fit."""
+#: a matmul with at most this many output rows (the product of its outer spatial extents) is a
+#: decode step: a GEMV whose weight is stored [K, N]
+DECODE_ROWS = 16
+
+
+def is_decode_matmul(info) -> bool:
+    return math.prod(a.extent for a in info.spatial_axes[:-1]) <= DECODE_ROWS
+
+
+def other_family(func, arch: CUDA, family: str, n: int) -> tuple[Config, ...]:
+    """A few configs of another template's planner, to compete by measurement: a GEMV is also a
+    matmul, and a decode matmul reading a [K, N] weight is a column sum, which the reduction
+    template's outer layout streams along N with K split over threads. (The matmul planner's
+    first config gives a 1x11008x4096 step 43 thread blocks; decode GEMVs with a [K, N] weight
+    ran 8-50x slower than stock Dlight in the coverage survey, H100.) None when the planner
+    finds nothing to fit."""
     try:
-        return tuple(DefaultPolicy(func, arch, family="matmul").emit_config(n))
+        return tuple(DefaultPolicy(func, arch, family=family).emit_config(n))
     except ValueError:
         return ()

@@ -334,3 +334,35 @@ def test_memory_bound_topk_must_be_a_positive_integer(bad):
 
     with pytest.raises(ValueError, match="memory_bound_topk"):
         TuneOptions(memory_bound_topk=bad)
+
+
+def _matmul_kn(m, n=11008, k=4096):
+    """A decode step's matmul as a model hands it over: the weight stored [K, N]."""
+    x = te.placeholder((m, k), "float16", name="X")
+    w = te.placeholder((k, n), "float16", name="W")
+    r = te.reduce_axis((0, k), name="k")
+    y = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * w[r, j].astype("float32"), axis=r), name="Y")
+    return te.create_prim_func([x, w, te.compute((m, n), lambda i, j: y[i, j].astype("float16"), name="O")])
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_a_decode_matmul_with_a_kn_weight_also_gets_column_sum_configs_that_compile(m):
+    from fastdlight.compiler.compile import build, cuda_source
+    from fastdlight.policies.select import default_configs
+    from fastdlight.schedules import dispatch_config
+
+    h100 = CUDA("nvidia/nvidia-h100")
+    func = _matmul_kn(m).with_attr("global_symbol", "main")
+    configs = default_configs(func, h100, 20)
+    sums = [c for c in configs if c.kind == "reduction"]
+    assert sums and configs[0].kind == "matmul"  # the alternatives rank after the planner's own
+    assert min(c.cost for c in sums) > max(c.cost for c in configs if c.kind == "matmul")
+    src = cuda_source(build(dispatch_config(func, sums[0]).schedule.mod, h100.target))
+    assert "__global__" in src
+
+
+def test_a_prefill_matmul_gets_no_column_sum_configs():
+    from fastdlight.policies.select import default_configs
+
+    configs = default_configs(_matmul_kn(512, 1024, 1024), CUDA("nvidia/nvidia-h100"), 20)
+    assert {c.kind for c in configs} == {"matmul"}
