@@ -37,6 +37,7 @@ from fastdlight.relax.compat import (
     squeeze_axes,
 )
 from fastdlight.relax.convs import im2col_convs
+from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.gated import gated_projections
 from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
 from fastdlight.relax.rewrites import (
@@ -130,6 +131,7 @@ def prepare(target) -> tvm.transform.Pass:
         exact_integer_powers(),
         tma_aligned_matmuls(target),  # where the target has wgmma: K padded to whole 16-byte rows
         gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
+        decode_weight_layout(),  # decode steps' projections read their weights [N, K]: GEMVs
         causal_masks(),  # before softmax_of_fp16, which then finds the widened scores
         softmax_of_fp16(),
         relax.transform.LegalizeOps(),
