@@ -1,4 +1,5 @@
-"""Convolutions with too few channels for a tensor-core operand row, as an im2col GEMM.
+"""Convolutions as GEMMs: those with too few channels for a tensor-core operand row (im2col),
+and pointwise ones (:func:`pointwise_convs`).
 
 The tensor-core convolution templates read, for each filter tap, a run of input channels as one
 operand row: the wgmma template a TMA box of 64 channels, the mma.sync one 16-byte ``ldmatrix``
@@ -105,6 +106,41 @@ class _Im2colConvs(PyExprMutator):
         out_dtype = str(call.attrs.out_dtype) or str(data.ty.dtype)
         product = self.builder_.call_te(gemm, columns, weights, out_dtype, primfunc_name_hint="matmul")
         return relax.op.reshape(product, [n, p, q, o])
+
+
+def pointwise(call: relax.Call) -> bool:
+    """An NHWC/OHWI ``conv2d`` (groups 1, static shapes, fp16/bf16) with a 1x1 kernel, stride 1
+    and no padding: a GEMM of the pixels ``[N*H*W, C]`` and the weights ``[O, C]`` as stored."""
+    attrs = call.attrs
+    if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI" or str(attrs.out_layout) != "NHWC":
+        return False
+    x, w = (static_shape(a) for a in call.args)
+    if x is None or w is None or str(call.args[0].ty.dtype) not in TENSOR_CORE_DTYPES or int(attrs.groups) != 1:
+        return False
+    return w[1:3] == [1, 1] and _ints(attrs.strides) == [1, 1] and not any(_ints(attrs.padding))
+
+
+@mutator
+class _PointwiseConvs(PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") != "relax.nn.conv2d" or not pointwise(call):
+            return call
+        (n, h, w, c), (o, _, _, _) = (static_shape(a) for a in call.args)
+        data, weight = call.args
+        out_dtype = str(call.attrs.out_dtype) or str(data.ty.dtype)
+        pixels = relax.op.reshape(data, [n * h * w, c])
+        product = relax.op.matmul(pixels, relax.op.permute_dims(relax.op.reshape(weight, [o, c])), out_dtype)
+        return relax.op.reshape(product, [n, h, w, o])
+
+
+def pointwise_convs() -> tvm.transform.Pass:
+    """Every :func:`pointwise` convolution as ``reshape(matmul(reshape(x), reshape(w)^T))``. The
+    matmul templates take any number of pixels (mma.sync below a wgmma tile's 64 rows), where
+    the convolution's match did not: MobileNetV2's 1x1 convolutions at batch 1 (7x7 to 56x56
+    pixels) got no tensor-core candidate, and stock Dlight's schedules won 15 of its 34
+    functions, among them 960-to-320 channels at 7x7 in 55 us (H200, 2026-11-29)."""
+    return mutator_pass("fastdlight.PointwiseConvs", _PointwiseConvs)
 
 
 def im2col_convs() -> tvm.transform.Pass:

@@ -36,7 +36,7 @@ from fastdlight.relax.compat import (
     scalar_constant_casts,
     squeeze_axes,
 )
-from fastdlight.relax.convs import im2col_convs
+from fastdlight.relax.convs import im2col_convs, pointwise_convs
 from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.gated import gated_projections
 from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
@@ -98,6 +98,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
         passes.append(squeeze_axes())  # ConvertLayout fails on negative ones
         passes.append(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}))
     passes.append(im2col_convs())  # NHWC convolutions of 3-channel images, as GEMMs
+    passes.append(pointwise_convs())  # 1x1 convolutions, as GEMMs
     passes.append(sink_reshapes())  # the im2col GEMM's reshape below its epilogue
     return tvm.transform.Sequential(passes)(mod)
 

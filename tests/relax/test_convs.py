@@ -11,7 +11,7 @@ from tvm import relax
 
 from fastdlight.arch import CUDA
 from fastdlight.relax import for_inference, prepare
-from fastdlight.relax.convs import im2col_convs, rewritable
+from fastdlight.relax.convs import im2col_convs, pointwise, pointwise_convs, rewritable
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.schedules import apply_config
 from fastdlight.policies.select import candidate_sets
@@ -140,3 +140,37 @@ def test_a_one_layer_stem_returns_its_gemm_as_a_view_not_a_copy():
     viewed = relax.transform.RewriteDataflowReshape()(output_reshape_views()(model))
     assert not reshape_kernels(viewed)
     assert "R.reshape" in viewed["main"].script()
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        (dict(data_shape=(1, 7, 7, 960), weight_shape=(320, 1, 1, 960)), True),  # MobileNetV2's last block
+        (dict(data_shape=(2, 13, 11, 24), weight_shape=(40, 1, 1, 24)), True),
+        (dict(data_shape=(1, 14, 14, 64), weight_shape=(64, 1, 1, 64), stride=2), False),  # a downsample
+        (dict(data_shape=(1, 14, 14, 64), weight_shape=(64, 1, 1, 64), pad=1), False),
+        (dict(data_shape=(1, 14, 14, 64), weight_shape=(64, 3, 3, 64), pad=1), False),
+        (dict(data_shape=(1, 14, 14, 64), weight_shape=(64, 1, 1, 1), groups=64), False),  # depthwise
+        (dict(data_shape=(1, 14, 14, 64), weight_shape=(64, 1, 1, 64), dtype="float32"), False),
+        (dict(data_shape=(1, 64, 14, 14), weight_shape=(64, 64, 1, 1), layout=("NCHW", "OIHW")), False),
+    ],
+)
+def test_which_convolutions_are_pointwise_gemms(case, expected):
+    (conv,) = convs_of(conv_module(**case))
+    assert pointwise(conv) is expected
+    assert (len(convs_of(pointwise_convs()(conv_module(**case)))) == 0) is expected
+
+
+def test_the_pointwise_gemm_computes_the_convolution_and_takes_a_tensor_core_policy():
+    mod = conv_module((2, 13, 11, 24), (40, 1, 1, 24))
+    rewritten = pointwise_convs()(mod)
+    rng = np.random.default_rng(0)
+    data, weight = rng.standard_normal((2, 13, 11, 24)).astype("float16"), rng.standard_normal((40, 1, 1, 24)).astype("float16")
+    expected = run_on_cpu(mod, data, weight)
+    got = run_on_cpu(rewritten, data, weight)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=1e-2, atol=1e-2)
+    from fastdlight.policies.select import candidate_sets
+
+    (func,) = [f for f in prim_funcs(prepare(H100.target)(rewritten)).values() if "matmul" in f.script()]
+    assert next(candidate_sets(func, H100, 4)).policy == "TensorCorePolicy"
