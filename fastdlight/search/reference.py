@@ -95,14 +95,8 @@ def run_own_dtypes(fn, wl: Workload) -> list[np.ndarray]:
     """Run the function in its own dtypes under the reference's naive schedule, on fresh
     copies of ``wl``'s inputs (the GPU turn held, as in :func:`run_widened`)."""
     host_inputs = iter(wl.host_inputs)
-    params = [(static_shape(buf), str(buf.dtype), None if i in wl.out_idx else next(host_inputs))
-              for i, buf in enumerate(param_buffers(wl.func))]
-    with GPU_TURN:
-        args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
-                for shape, dtype, arr in params]
-        fn(*args)
-        wl.dev.sync()
-        return [to_host(args[i]) for i in wl.out_idx]
+    return _run(fn, wl, [(static_shape(buf), str(buf.dtype), None if i in wl.out_idx else next(host_inputs))
+                         for i, buf in enumerate(param_buffers(wl.func))])
 
 
 def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
@@ -120,6 +114,12 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
             if dtype == "float64":
                 arr = host.as_float64(arr, absolute)
         params.append((shape, dtype, arr))
+    return _run(fn, wl, params)
+
+
+def _run(fn, wl: Workload, params) -> list[np.ndarray]:
+    """``fn`` on fresh device copies of ``params`` (``(shape, dtype, host array or None for an
+    output)``), the GPU turn held; the outputs on the host."""
     with GPU_TURN:
         args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
                 for shape, dtype, arr in params]
