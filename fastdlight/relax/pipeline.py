@@ -36,6 +36,7 @@ from fastdlight.relax.compat import (
     scalar_constant_casts,
     squeeze_axes,
 )
+from fastdlight.relax.constants import input_independent_values
 from fastdlight.relax.convs import im2col_convs, pointwise_convs
 from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.gated import gated_projections
@@ -84,6 +85,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     passes.append(bool_cumsums())  # TVM's GPU cumsum misaligns bool vectors
     # before ToMixedPrecision, whose cast of the exponent hides the constant from prepare's
     passes.append(exact_integer_powers())
+    passes.append(input_independent_values())  # attention masks from positions: constants
     if fp16:
         inputs = float_inputs(mod["main"], len(mod["main"].params) - len(params or []))
         passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects
