@@ -28,6 +28,7 @@ from fastdlight.compiler.compile import PASS_CONFIG, as_target, tir_pipeline
 from fastdlight.compiler.compile import build as build_prim_funcs
 from fastdlight.relax.aligned import tma_aligned_matmuls
 from fastdlight.relax.apply_fast_tuning import ApplyFastTuning
+from fastdlight.relax.attention import unguarded_softmax
 from fastdlight.relax.compat import (
     bool_cumsums,
     float_inputs,
@@ -86,6 +87,7 @@ def for_inference(mod: IRModule, params=None, *, fp16: bool = True, layout: str 
     # before ToMixedPrecision, whose cast of the exponent hides the constant from prepare's
     passes.append(exact_integer_powers())
     passes.append(input_independent_values())  # attention masks from positions: constants
+    passes.append(unguarded_softmax())  # SDPA's guard against rows masked whole, where none is
     if fp16:
         inputs = float_inputs(mod["main"], len(mod["main"].params) - len(params or []))
         passes.append(for_mixed_precision())  # clip's bounds and the like, which ToMixedPrecision rejects
