@@ -45,7 +45,7 @@ from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names
 from fastdlight.measure import clock
-from fastdlight.measure.timing import INPUT_VALUES
+from fastdlight.measure.inputs import INPUT_VALUES
 from fastdlight.relax.rewrites import scalar_constant
 from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase

@@ -7,6 +7,7 @@ import pytest
 import tvm
 
 from fastdlight import ops
+from fastdlight.measure import inputs
 from fastdlight.measure import timing as measure
 
 
@@ -185,7 +186,7 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
                 vi, vj = T.axis.remap("SS", [i, j])
                 out[vi, vj] = table[idx[vi], vj]
 
-    assert measure.index_bounds(gather) == {"idx": 32}
+    assert inputs.index_bounds(gather) == {"idx": 32}
     wl = measure.Workload(gather, tvm.cpu(0))
     idx = wl.host_inputs[1]
     assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8
@@ -214,7 +215,7 @@ def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
                 vi, vj = T.axis.remap("SS", [i, j])
                 out[vi, vj] = table[b0[vi, vj], b1[vi, vj]]
 
-    assert measure.index_bounds(advanced_index) == {"rows": 2, "cols": 512}
+    assert inputs.index_bounds(advanced_index) == {"rows": 2, "cols": 512}
     wl = measure.Workload(advanced_index, tvm.cpu(0))
     rows, cols = wl.host_inputs[1], wl.host_inputs[2]
     assert rows.min() >= 0 and rows.max() < 2 and cols.min() >= 0 and cols.max() < 512
@@ -248,9 +249,9 @@ def test_inputs_a_model_passes_as_constants_hold_its_values():
                 vi = T.axis.spatial(64, i)
                 y[vi] = T.pow(x[vi], p[()])
 
-    assert measure.known_input_values(cube) == {}
-    known = cube.with_attr(measure.INPUT_VALUES, {"p": 3.0})
-    assert measure.known_input_values(known) == {"p": 3.0}
+    assert inputs.known_input_values(cube) == {}
+    known = cube.with_attr(inputs.INPUT_VALUES, {"p": 3.0})
+    assert inputs.known_input_values(known) == {"p": 3.0}
     x, p, out = measure.host_inputs(known, seed=1)
     assert out is None and p.shape == () and float(p) == 3.0 and p.dtype == np.float16
     assert np.array_equal(x, measure.host_inputs(cube, seed=1)[0])  # the other inputs as before

@@ -242,7 +242,7 @@ def _scaled_calls():
 
 
 def test_scalar_constants_a_model_passes_reach_the_tuning_inputs(monkeypatch):
-    from fastdlight.measure.timing import known_input_values
+    from fastdlight.measure.inputs import known_input_values
     from fastdlight.relax import apply_fast_tuning
 
     mod = _scaled_calls()
