@@ -148,7 +148,8 @@ def default_configs(func, arch: CUDA, topk: int, memory_bound_topk: int | None =
 
 
 #: a matmul with at most this many output rows (the product of its outer spatial extents) is a
-#: decode step: a GEMV whose weight is stored [K, N]
+#: decode step's projection (``relax.decode`` reads its bound weight [N, K]; one still read
+#: [K, N] gets column-sum configs)
 DECODE_ROWS = 16
 
 

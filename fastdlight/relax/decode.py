@@ -21,11 +21,9 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from fastdlight.policies.select import DECODE_ROWS
 from fastdlight.relax.aligned import matmul_nt
 from fastdlight.relax.rewrites import constant_value, mutator_pass, static_shape
-
-#: the most rows of ``x`` (the product of its leading extents) a decode step's projection has
-DECODE_ROWS = 16
 
 
 def decode_weight_layout() -> tvm.transform.Pass:
