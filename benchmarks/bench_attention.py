@@ -25,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from bench_setup import unknown_names  # noqa: E402
+
 NAME = "bench_attention"
 
 
@@ -158,9 +160,9 @@ def main(argv=None) -> int:
         print(list_cases())
         return 0
     names = [n for n in args.cases.split(",") if n]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        print(f"error: unknown case(s) {unknown}; known: {', '.join(CASES)}", file=sys.stderr)
+    error = unknown_names(names, CASES, "case")
+    if error:
+        print(error, file=sys.stderr)
         return 2
     from bench_setup import torch_gpu_missing, write_results
 

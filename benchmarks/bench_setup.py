@@ -35,6 +35,12 @@ def write_results(name: str, data: dict, md: str) -> None:
     print(md)
 
 
+def unknown_names(names, known, what: str) -> str | None:
+    """The one-line error for ``names`` not among ``known`` (``what``: "model", "case"), or None."""
+    unknown = [n for n in names if n not in known]
+    return f"error: unknown {what}(s) {unknown}; known: {', '.join(known)}" if unknown else None
+
+
 def torch_gpu_missing() -> str | None:
     """Why a benchmark that times torch on the GPU cannot run here, or None."""
     try:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import zoo_models
+from bench_setup import unknown_names
 from bench_zoo import one_line, sizes_of
 
 NAME = "bench_torch_backend"
@@ -79,10 +80,9 @@ def relax_ms(name: str, size: str, model, dev) -> float:
 
 def case(name: str, size: str) -> dict:
     import torch
+    import tvm
     from bench_models import BUDGET_MS
     from bench_setup import torch_fp32_accumulation
-
-    import tvm
 
     from fastdlight.measure.timing import time_torch
 
@@ -130,9 +130,9 @@ def main(argv=None) -> int:
         print(json.dumps({"first_result_s": round(first_result(name, size)[3], 2)}))
         return 0
     names = [n for n in args.models.split(",") if n]
-    unknown = [n for n in names if n not in zoo_models.MODELS]
-    if unknown:
-        print(f"error: unknown model(s) {unknown}; known: {', '.join(zoo_models.MODELS)}", file=sys.stderr)
+    error = unknown_names(names, zoo_models.MODELS, "model")
+    if error:
+        print(error, file=sys.stderr)
         return 2
     from bench_setup import torch_gpu_missing, write_results
 
@@ -149,9 +149,9 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - a row, not a crash
                 rows.append({"model": name, "size": size, "error": one_line(e)})
             print(json.dumps(rows[-1]), flush=True)
-    from fastdlight.arch import CUDA
-
     import tvm
+
+    from fastdlight.arch import CUDA
 
     data = {"benchmark": NAME, "device": CUDA.from_device(tvm.cuda(0)).device_name, "date": time.strftime("%Y-%m-%d"),
             "rows": rows}

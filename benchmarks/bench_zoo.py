@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import zoo_models
+from bench_setup import unknown_names
 
 NAME = "bench_zoo"
 #: the script a case's process runs (``--child NAME:SIZE``)
@@ -438,9 +439,9 @@ def main(argv=None) -> int:
         gpu_case(name, size, args, save)
         return 0
     names = [n for n in args.models.split(",") if n] or list(zoo_models.MODELS)
-    unknown = [n for n in names if n not in zoo_models.MODELS]
-    if unknown:
-        print(f"error: unknown model(s) {unknown}; known: {', '.join(zoo_models.MODELS)}", file=sys.stderr)
+    error = unknown_names(names, zoo_models.MODELS, "model")
+    if error:
+        print(error, file=sys.stderr)
         return 2
     cases = [(n, s) for n in names for s in sizes_of(zoo_models.MODELS[n], args.sizes)]
     if not cases:
