@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 from tvm import te, tirx
 
+from fastdlight.analysis.attention import AttentionShape, attention_func
 from fastdlight.analysis.dtypes import NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 
@@ -315,34 +316,11 @@ def attention(batch, heads, seq_q, seq_kv, head_dim, kv_heads=None, causal=False
     (GQA; MQA at G = 1). ``causal``: query i sees keys j <= i + TKV - TQ, the mask aligned to
     the bottom right (torch's ``causal_lower_right``; the same as ``is_causal=True`` when TQ =
     TKV), which a decode step (one query against the whole cache) needs; TQ <= TKV then."""
-    kv_heads = heads if kv_heads is None else kv_heads
-    _check_shape(batch, heads, seq_q, seq_kv, head_dim, kv_heads)
+    _check_shape(batch, heads, seq_q, seq_kv, head_dim, *(() if kv_heads is None else (kv_heads,)))
     _check_dtype(dtype, ("float16", "bfloat16", "float32"))
-    if heads % kv_heads:
-        raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
-    if causal and seq_q > seq_kv:
-        raise ValueError(f"causal attention needs seq_q <= seq_kv (got {seq_q} > {seq_kv}): aligned to the "
-                         "bottom right, the first queries would see no key")
-    group, offset, scale = heads // kv_heads, seq_kv - seq_q, 1.0 / math.sqrt(head_dim)
-    q = te.placeholder((batch, heads, seq_q, head_dim), dtype, name="Q")
-    k = te.placeholder((batch, kv_heads, seq_kv, head_dim), dtype, name="K")
-    v = te.placeholder((batch, kv_heads, seq_kv, head_dim), dtype, name="V")
-    d, j1, j2, j3 = (te.reduce_axis((0, n), name=name) for n, name in
-                     ((head_dim, "d"), (seq_kv, "j1"), (seq_kv, "j2"), (seq_kv, "j3")))
-    neg_inf = tirx.const(-math.inf, "float32")
-
-    def score(b, h, i, j):
-        return te.sum(q[b, h, i, d].astype("float32") * k[b, h // group, j, d].astype("float32"), axis=d)
-
-    s = te.compute((batch, heads, seq_q, seq_kv), score, name="scores")
-    masked = te.compute(s.shape, lambda b, h, i, j: tirx.Select(j <= i + offset, s[b, h, i, j] * scale, neg_inf)
-                        if causal else s[b, h, i, j] * scale, name="scaled")
-    mx = te.compute(s.shape[:3], lambda b, h, i: te.max(masked[b, h, i, j1], axis=j1), name="row_max")
-    ex = te.compute(s.shape, lambda b, h, i, j: te.exp(masked[b, h, i, j] - mx[b, h, i]), name="row_exp")
-    total = te.compute(s.shape[:3], lambda b, h, i: te.sum(ex[b, h, i, j2], axis=j2), name="row_sum")
-    acc = te.compute(q.shape, lambda b, h, i, e: te.sum(ex[b, h, i, j3] * v[b, h // group, j3, e].astype("float32"),
-                                                         axis=j3), name="weighted")
-    out = te.compute(q.shape, lambda b, h, i, e: (acc[b, h, i, e] / total[b, h, i]).astype(dtype), name="out")
+    shape = AttentionShape(batch, heads, seq_q, seq_kv, head_dim, heads if kv_heads is None else kv_heads,
+                           causal=causal, dtype=dtype)
+    group, offset, scale = shape.group, shape.offset, shape.scale
 
     def ref(qa, ka, va):
         qa, ka, va = (x.astype(np.float64) for x in (qa, ka, va))
@@ -353,11 +331,8 @@ def attention(batch, heads, seq_q, seq_kv, head_dim, kv_heads=None, causal=False
         e = np.exp(sc - sc.max(axis=-1, keepdims=True))
         return (e / e.sum(axis=-1, keepdims=True)) @ va
 
-    # the (query, key) pairs scored: all, or query i's first i + offset + 1 keys
-    pairs = seq_q * (offset + 1) + seq_q * (seq_q - 1) // 2 if causal else seq_q * seq_kv
-    flops = 4.0 * batch * heads * pairs * head_dim
-    nbytes = (2 * batch * heads * seq_q + 2 * batch * kv_heads * seq_kv) * head_dim * NBYTES[dtype]
-    return Op("attention", _prim_func([q, k, v, out], "attention"), ref, flops, nbytes)
+    nbytes = (2 * batch * heads * seq_q + 2 * batch * shape.kv_heads * seq_kv) * head_dim * NBYTES[dtype]
+    return Op("attention", attention_func(shape), ref, shape.flops, nbytes)
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:

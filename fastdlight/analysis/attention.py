@@ -1,0 +1,125 @@
+"""Attention as one PrimFunc: what it computes (:class:`AttentionShape`), its TIR (the naive
+seven-block form every GPU schedules), and how a template recognizes it again.
+
+The TIR is ``softmax(scale * Q Kᵀ [+ causal mask]) V`` per head with Q ``[B, H, TQ, D]``, K and V
+``[B, G, TKV, D]``, out ``[B, H, TQ, D]``; scores, softmax and sums in fp32. Query head ``h``
+reads K/V head ``h // (H // G)`` (GQA; MQA at G = 1). ``causal``: query ``i`` sees keys
+``j <= i + TKV - TQ``, aligned to the bottom right as torch's ``causal_lower_right`` (the same as
+``is_causal=True`` when TQ = TKV). The function carries its shape as the attribute
+``fastdlight.attention``, so a fused template need not re-derive attention from seven blocks
+(:func:`match_attention` checks that the buffers still agree with it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from tvm import te, tirx
+
+ATTR = "fastdlight.attention"
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    batch: int
+    heads: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    kv_heads: int
+    causal: bool = False
+    scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        dims = (self.batch, self.heads, self.seq_q, self.seq_kv, self.head_dim, self.kv_heads)
+        if any(not isinstance(d, int) or d <= 0 for d in dims):
+            raise ValueError(f"attention dimensions must be positive integers, got {dims}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if self.causal and self.seq_q > self.seq_kv:
+            raise ValueError(f"causal attention needs seq_q <= seq_kv (got {self.seq_q} > {self.seq_kv}): "
+                             "aligned to the bottom right, the first queries would see no key")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unsupported attention dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
+        if self.scale == 0.0:
+            object.__setattr__(self, "scale", 1.0 / math.sqrt(self.head_dim))
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def offset(self) -> int:
+        """Query ``i`` of a causal mask sees keys up to ``i + offset``."""
+        return self.seq_kv - self.seq_q
+
+    @property
+    def pairs(self) -> int:
+        """(query, key) pairs scored per head: all, or query i's first ``i + offset + 1`` keys."""
+        if not self.causal:
+            return self.seq_q * self.seq_kv
+        return self.seq_q * (self.offset + 1) + self.seq_q * (self.seq_q - 1) // 2
+
+    @property
+    def flops(self) -> float:
+        return 4.0 * self.batch * self.heads * self.pairs * self.head_dim
+
+
+def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimFunc:
+    """The naive TIR of ``shape`` (scores, scaled/masked, row max, exp, row sum, weighted sum,
+    out), marked with :data:`ATTR`."""
+    s = shape
+    q = te.placeholder((s.batch, s.heads, s.seq_q, s.head_dim), s.dtype, name="Q")
+    k = te.placeholder((s.batch, s.kv_heads, s.seq_kv, s.head_dim), s.dtype, name="K")
+    v = te.placeholder((s.batch, s.kv_heads, s.seq_kv, s.head_dim), s.dtype, name="V")
+    d, j1, j2, j3 = (te.reduce_axis((0, n), name=name) for n, name in
+                     ((s.head_dim, "d"), (s.seq_kv, "j1"), (s.seq_kv, "j2"), (s.seq_kv, "j3")))
+    neg_inf = tirx.const(-math.inf, "float32")
+    group, offset, scale = s.group, s.offset, tirx.const(s.scale, "float32")
+
+    def score(b, h, i, j):
+        return te.sum(q[b, h, i, d].astype("float32") * k[b, h // group, j, d].astype("float32"), axis=d)
+
+    sc = te.compute((s.batch, s.heads, s.seq_q, s.seq_kv), score, name="scores")
+    masked = te.compute(sc.shape, lambda b, h, i, j: tirx.Select(j <= i + offset, sc[b, h, i, j] * scale, neg_inf)
+                        if s.causal else sc[b, h, i, j] * scale, name="scaled")
+    mx = te.compute(sc.shape[:3], lambda b, h, i: te.max(masked[b, h, i, j1], axis=j1), name="row_max")
+    ex = te.compute(sc.shape, lambda b, h, i, j: te.exp(masked[b, h, i, j] - mx[b, h, i]), name="row_exp")
+    total = te.compute(sc.shape[:3], lambda b, h, i: te.sum(ex[b, h, i, j2], axis=j2), name="row_sum")
+    acc = te.compute(q.shape, lambda b, h, i, e: te.sum(ex[b, h, i, j3] * v[b, h // group, j3, e].astype("float32"),
+                                                         axis=j3), name="weighted")
+    out = te.compute(q.shape, lambda b, h, i, e: (acc[b, h, i, e] / total[b, h, i]).astype(s.dtype), name="out")
+    func = te.create_prim_func([q, k, v, out]).with_attr("global_symbol", name)
+    return func.with_attr(ATTR, {k: v for k, v in asdict(s).items()})
+
+
+def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
+    """The shape ``func`` computes if it is an :func:`attention_func` whose buffers still agree
+    with its attribute (static shapes), else None."""
+    attrs = func.attrs
+    if attrs is None or ATTR not in attrs:
+        return None
+    raw = attrs[ATTR]
+    try:
+        shape = AttentionShape(
+            batch=int(raw["batch"]), heads=int(raw["heads"]), seq_q=int(raw["seq_q"]), seq_kv=int(raw["seq_kv"]),
+            head_dim=int(raw["head_dim"]), kv_heads=int(raw["kv_heads"]), causal=bool(raw["causal"]),
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(func.params) != 4:
+        return None
+    s = shape
+    want = ((s.batch, s.heads, s.seq_q, s.head_dim), (s.batch, s.kv_heads, s.seq_kv, s.head_dim),
+            (s.batch, s.kv_heads, s.seq_kv, s.head_dim), (s.batch, s.heads, s.seq_q, s.head_dim))
+    for param, dims in zip(func.params, want):
+        buf = param  # TIRx parameters are the buffers themselves
+        if getattr(buf, "shape", None) is None or buf.dtype != s.dtype:
+            return None
+        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
+            return None
+    return shape
