@@ -123,3 +123,14 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
         if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
             return None
     return shape
+
+
+#: head dims the fused Hopper template covers (a 128-byte swizzled row is 64 fp16 columns)
+FUSED_HEAD_DIMS = (64, 128)
+
+
+def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
+    """Whether the fused attention template takes ``shape`` on a GPU of ``sm_version`` (e.g. 90);
+    elsewhere the naive TIR would run as several kernels, slower than the unfused model graph,
+    so a model rewrite should leave attention as it found it."""
+    return sm_version >= 90 and shape.head_dim in FUSED_HEAD_DIMS and shape.dtype in ("float16", "bfloat16")
