@@ -37,6 +37,7 @@ KINDS = (
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
+    "attention_wgmma",  # fused attention on Hopper: block = (query rows, keys a step); sm_90a
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
     "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
     "ms_record",  # a MetaSchedule tuning record's schedule (its trace, as JSON, in ``trace``)
@@ -102,6 +103,8 @@ class Config:
         and two consumer warpgroups, three for a tile of three 64-row warp tiles)."""
         if self.kind == "matmul_wgmma":
             return 128 * (1 + (3 if self.block[0] == 3 * self.warp[0] else 2))
+        if self.kind == "attention_wgmma":
+            return 128 * (1 + self.block[0] // 64)  # a producer and a warpgroup per 64 query rows
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
@@ -126,6 +129,12 @@ class Config:
             return
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
+        if self.kind == "attention_wgmma":
+            if len(self.block) != 2 or self.block[0] % 64 or self.thread or self.warp or self.rstep:
+                raise ValueError("an attention config is block=(query rows, a multiple of 64; keys a step) only")
+            if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
+                raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
+            return
         if self.kind in TENSOR_CORE_KINDS:
             if len(self.block) != 2 or len(self.warp) != 2:
                 raise ValueError("tensor-core configs need block=(I, J) and warp=(I, J)")

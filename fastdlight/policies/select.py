@@ -1,5 +1,6 @@
 """The policy choice: which policies emit configs for a function, in which order.
 
+    fused attention?       -> the attention policy's tiles first (sm_90a)
     tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a)
     always                 -> DefaultPolicy (CUDA cores), with the transpose/gather tiles first
                               on a layout change or a gather, and matmul tiles beside a GEMV
@@ -19,8 +20,10 @@ from typing import Iterator
 
 from tvm import tirx
 
+from fastdlight.analysis.attention import fused_fits, match_attention
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
+from fastdlight.policies.attention import attention_configs
 from fastdlight.policies.default import DefaultPolicy
 from fastdlight.policies.gather import gather_configs
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
@@ -72,6 +75,11 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     policies', built only when all of theirs fail. ``match``: :func:`match_tensor_core` of
     ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
     sets = []
+    attention = match_attention(func)
+    if attention is not None and arch.has_wgmma and fused_fits(attention, 90):
+        configs = tuple(attention_configs(attention, arch, topk))
+        if configs:
+            sets.append(CandidateSet("AttentionPolicy", func, configs))
     match = match if match is not None else match_tensor_core(func, arch)
     if match.eligible:
         configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk))

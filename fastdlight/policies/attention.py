@@ -1,0 +1,61 @@
+"""Fused attention on Hopper: which tiles the ``attention_wgmma`` template should try, from the
+SM's shared memory and registers and the shape's work per CTA.
+
+A config is ``block = (bm, bn)``: ``bm`` query rows per CTA (one consumer warpgroup per 64)
+and ``bn`` keys per step of the K/V ring, ``pipeline_stages`` steps deep. What bounds it:
+
+* registers: a consumer thread holds the scores of its rows (``bn / 2`` fp32), the output rows
+  (``D / 2``) and the probabilities as 16-bit pairs (``bn / 4``); ptxas checks every instruction
+  against the kernel's entry budget (65536 / threads), so their sum stays under it with room
+  for addresses and row statistics;
+* shared memory: the Q tile and ``stages`` K and V tiles;
+* the grid: a tile of fewer rows makes more CTAs where there are few (batch 1, short prompts).
+"""
+
+from __future__ import annotations
+
+from fastdlight.analysis.attention import AttentionShape
+from fastdlight.arch import CUDA
+from fastdlight.config import Config
+from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
+
+#: registers a consumer thread needs beside its fragments (addresses, row statistics, loop state)
+OVERHEAD_REGS = 8
+TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128), (128, 176))
+
+
+def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_SMEM_OPTIN) -> bool:
+    threads = 128 * (1 + bm // 64)
+    fragments = bn // 2 + shape.head_dim // 2 + bn // 4
+    smem_bytes = 2 * shape.head_dim * (bm + 2 * stages * bn) + 1024 + 64
+    return fragments + OVERHEAD_REGS <= 65536 // threads and smem_bytes <= smem
+
+
+def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) -> float:
+    """Waves of CTAs, weighted by how much of each step is useful: a narrow key tile pays the
+    softmax's fixed costs (max, exp, shuffles) and a barrier round trip per fewer keys, and a
+    shallow ring exposes load latency."""
+    q_tiles = -(-shape.seq_q // bm)
+    ctas = q_tiles * shape.batch * shape.heads
+    waves = -(-ctas // sm_count)
+    padding = q_tiles * bm / shape.seq_q  # rows computed for nothing at the tail
+    per_step = 1.0 + 16.0 / bn + (0.1 if stages < 3 else 0.0)
+    # one consumer warpgroup has no other's GEMMs to hide its softmax behind
+    alone = 1.4 if bm == 64 else 1.0
+    return waves * bm * padding * per_step * alone
+
+
+def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
+    """Configs for ``shape`` on ``arch`` (none without wgmma), cheapest predicted first."""
+    if not getattr(arch, "has_wgmma", False):
+        return []
+    smem = getattr(arch, "smem_per_block_optin", SM90_SMEM_OPTIN) or SM90_SMEM_OPTIN
+    sms = getattr(arch, "sm_count", 132) or 132
+    options = []
+    for bm, bn in TILES:
+        for stages in (2, 3, 4):
+            if fits(shape, bm, bn, stages, smem):
+                options.append((cost(shape, bm, bn, stages, sms), bm, bn, stages))
+    options.sort()
+    return [Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c)
+            for c, bm, bn, stages in options[:topk]]

@@ -1,0 +1,210 @@
+"""The fused attention kernel's compile-time numbers for one (shape, config): tiles, warpgroups,
+stage ring, registers, the wgmma instructions and operand descriptors, the launch order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import tirx
+
+from fastdlight.analysis.attention import AttentionShape
+from fastdlight.schedules.wgmma.tma import SWIZZLE_BYTES, Operand
+
+ABBR = {"float16": "f16", "bfloat16": "bf16"}
+#: registers a producer thread keeps (setmaxnreg): it only issues TMA loads
+PRODUCER_REGS = 24
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """One CTA computes ``bm`` query rows of one (batch, head): ``bm / 64`` consumer warpgroups
+    of 64 rows each, and a producer warpgroup streaming ``bn``-key tiles of K and V through a
+    ``stages``-deep ring."""
+
+    shape: AttentionShape
+    bm: int
+    bn: int
+    stages: int
+
+    # --- the grid ---------------------------------------------------------------------------
+
+    @property
+    def consumers(self) -> int:
+        return self.bm // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @property
+    def producer_regs(self) -> int:
+        return PRODUCER_REGS
+
+    @property
+    def consumer_regs(self) -> int:
+        """What the SM's 64K registers leave each consumer thread (a multiple of 8, at most 240)."""
+        return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * self.consumers) // 8 * 8)
+
+    @property
+    def bh(self) -> int:
+        return self.shape.batch * self.shape.heads
+
+    @property
+    def heads(self) -> int:
+        return self.shape.heads
+
+    @property
+    def seq_q(self) -> int:
+        return self.shape.seq_q
+
+    @property
+    def q_tiles(self) -> int:
+        return -(-self.shape.seq_q // self.bm)
+
+    @property
+    def ctas(self) -> int:
+        return self.q_tiles * self.bh
+
+    def kv_head(self, bh):
+        """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""
+        s = self.shape
+        return bh // s.heads * s.kv_heads + bh % s.heads // s.group
+
+    def kv_tiles(self, qt):
+        """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
+        s = self.shape
+        total = -(-s.seq_kv // self.bn)
+        if not s.causal:
+            return total
+        last_key = (qt + 1) * self.bm + s.offset  # one past the last key the tile's last row sees
+        return tirx.min((last_key + self.bn - 1) // self.bn, total)
+
+    def visible(self, row, col):
+        """Whether query ``row`` sees key ``col`` (a key past the end: no)."""
+        s = self.shape
+        seen = col < s.seq_kv
+        return tirx.all(seen, col <= row + s.offset) if s.causal else seen
+
+    @property
+    def scale_log2(self) -> float:
+        return self.shape.scale * LOG2E
+
+    # --- shared memory ----------------------------------------------------------------------
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def d_chunks(self) -> int:
+        """128-byte (64-column) chunks of a head's D columns."""
+        return self.shape.head_dim * self.elem_bytes // SWIZZLE_BYTES
+
+    @property
+    def q_elems(self) -> int:
+        return self.bm * self.shape.head_dim
+
+    @property
+    def kv_elems(self) -> int:
+        return self.bn * self.shape.head_dim
+
+    @property
+    def q_bytes(self) -> int:
+        return self.q_elems * self.elem_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_elems * self.elem_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.q_bytes + 2 * self.stages * self.kv_bytes + 8 * (1 + 3 * self.stages) + 1024
+
+    @property
+    def q_dims(self) -> tuple[int, int, int]:
+        s = self.shape
+        return (s.head_dim, s.seq_q, s.batch * s.heads)
+
+    @property
+    def kv_dims(self) -> tuple[int, int, int]:
+        s = self.shape
+        return (s.head_dim, s.seq_kv, s.batch * s.kv_heads)
+
+    @property
+    def q_strides(self) -> tuple[int, int]:
+        s = self.shape
+        return (s.head_dim * self.elem_bytes, s.seq_q * s.head_dim * self.elem_bytes)
+
+    @property
+    def kv_strides(self) -> tuple[int, int]:
+        s = self.shape
+        return (s.head_dim * self.elem_bytes, s.seq_kv * s.head_dim * self.elem_bytes)
+
+    # --- wgmma ------------------------------------------------------------------------------
+
+    @property
+    def s_regs(self) -> int:
+        """fp32 accumulator registers of a thread's share of the m64 x bn scores."""
+        return self.bn // 2
+
+    @property
+    def o_regs(self) -> int:
+        return self.shape.head_dim // 2
+
+    @property
+    def p_regs(self) -> int:
+        return self.bn // 4
+
+    @property
+    def d_steps(self) -> int:
+        return self.shape.head_dim // 16
+
+    @property
+    def kv_steps(self) -> int:
+        return self.bn // 16
+
+    @property
+    def s_mma(self) -> str:
+        t = ABBR[self.shape.dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k16.f32.{t}.{t}"
+
+    @property
+    def o_mma(self) -> str:
+        t = ABBR[self.shape.dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.shape.head_dim}k16.f32.{t}.{t}"
+
+    def operands(self) -> tuple[Operand, Operand, Operand]:
+        """Descriptors of Q (A, K-major, 64-column chunks of ``bm`` rows), K (B, K-major,
+        chunks of ``bn`` rows) and V (B, MN-major: ``bn`` rows of K by D columns)."""
+        s, eb = self.shape, self.elem_bytes
+        q = Operand(True, self.bm, 64, self.q_dims, eb)
+        k = Operand(True, self.bn, 64, self.kv_dims, eb)
+        v = Operand(False, s.head_dim, self.bn, self.kv_dims, eb)
+        return q, k, v
+
+    @property
+    def q_chunk_units(self) -> int:
+        """Descriptor units (16 bytes) from one 64-column chunk of Q to the next."""
+        return self.bm * SWIZZLE_BYTES // 16
+
+    @property
+    def kv_chunk_units(self) -> int:
+        return self.bn * SWIZZLE_BYTES // 16
+
+    @property
+    def kv_stage_units(self) -> int:
+        return self.kv_bytes // 16
+
+    @property
+    def work_flops(self) -> float:
+        return self.shape.flops
+
+    def __post_init__(self):
+        if self.bm % 64 or not 1 <= self.bm // 64 <= 3:
+            raise ValueError(f"attention tile of {self.bm} rows: 64, 128 or 192")
+        if self.bn % 16 or not 16 <= self.bn <= 256:
+            raise ValueError(f"attention key tile of {self.bn}: a multiple of 16 up to 256")
+        if math.gcd(self.shape.head_dim, 64) != 64:
+            raise ValueError(f"head dim {self.shape.head_dim}: whole 64-column chunks")

@@ -1,0 +1,90 @@
+"""Fused attention on Hopper: one TIRx kernel (``kernel.tvmscript``, built with the TIRx
+pipeline) for an :func:`~fastdlight.analysis.attention.attention_func`.
+
+Per CTA, ``bm`` query rows of one (batch, head), heaviest (causal) tiles launched first:
+
+* warpgroup 0 is the producer: one thread loads the Q tile once and streams ``bn``-key tiles of
+  K and V through a ``stages``-deep ring of 128-byte-swizzled shared memory (TMA, mbarriers;
+  K and V complete on barriers of their own, so scores start before V lands);
+* each consumer warpgroup owns 64 query rows: scores ``S = Q Kᵀ`` with ``wgmma m64n{bn}k16``
+  from shared memory, an online softmax on the accumulators in registers (exp2 with the scale
+  folded in, row statistics shared over the 4 threads of a row by shuffles), then
+  ``O += P V`` with P straight from registers (the score accumulator's layout is wgmma's
+  A-fragment layout) and V read MN-major. Keys past the end or past the causal diagonal count
+  as minus infinity; causal tiles past a query tile's diagonal are never loaded;
+* O is divided by the row sums at the end and stored; rows past the end are not.
+
+TMA zero-fills past the sequence ends, so any TQ and TKV work; GQA reads K/V head
+``h // group`` (its tiles come from L2 for the group's other heads).
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from fastdlight.analysis.attention import match_attention
+from fastdlight.config import Config
+from fastdlight.schedules.attention.plan import AttentionPlan
+from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.wgmma.template import register_codegen_fixes
+from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
+
+KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
+LOAD_3D = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+def plan_for(func: tirx.PrimFunc, config: Config) -> AttentionPlan | None:
+    """The plan of ``config`` for ``func``, or None where the template does not take them."""
+    shape = match_attention(func)
+    if shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16"):
+        return None
+    (bm, bn) = config.block
+    try:
+        return AttentionPlan(shape, bm, bn, config.pipeline_stages)
+    except ValueError:
+        return None
+
+
+class AttentionTemplate(ScheduleTemplate):
+    kinds = ("attention_wgmma",)
+    name = "attention_wgmma"
+    sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("plan.py"))
+
+    def apply_config(self, func: tirx.PrimFunc, config: Config):
+        plan = plan_for(func, config)
+        return None if plan is None else build_kernel(func, plan)
+
+
+def _pack(dtype: str) -> str:
+    """TVMScript of the 32-bit register holding probabilities ``2i`` (low) and ``2i + 1``."""
+    def half(i: str) -> str:
+        return f'T.Cast("uint32", T.reinterpret("uint16", T.Cast("{dtype}", k_s[{i}])))'
+    return f"T.bitwise_or(T.shift_left({half('2 * i + 1')}, T.uint32(16)), {half('2 * i')})"
+
+
+def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
+    """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
+    register_codegen_fixes()
+    names = [str(p.name) for p in func.params]
+    params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
+    text = (_kernel_text().replace("{NAME}", "attention_wgmma").replace("{PARAMS}", params)
+            .replace("{Q}", names[0]).replace("{K}", names[1]).replace("{V}", names[2]).replace("{O}", names[3])
+            .replace("{PACK}", _pack(plan.shape.dtype)))
+    q, k, v = plan.operands()
+    env = {"T": T, "P": plan, "K_QOP": q, "K_KOP": k, "K_VOP": v, "K_DTYPE": plan.shape.dtype,
+           "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "K_LOAD": LOAD_3D, "range": range}
+    kernel = tvm.script.from_source(text, extra_vars=env)
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        attrs["global_symbol"] = func.attrs["global_symbol"]
+    return kernel.with_attrs(attrs)
+
+
+@functools.cache
+def _kernel_text() -> str:
+    return KERNEL_SOURCE.read_text()

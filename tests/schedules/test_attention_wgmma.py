@@ -1,0 +1,86 @@
+"""Fused attention template, CPU only: every config the attention policy emits for prefill
+shapes (head dims 64 and 128, causal or not, GQA, bf16, ragged sequence ends) compiles for
+sm_90a to a cubin without spills, with wgmma from shared memory for the scores and from
+registers for P·V, TMA loads and a producer warpgroup; shapes the template does not take get
+no config."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits, match_attention
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.config import Config
+from fastdlight.policies.attention import attention_configs
+from fastdlight.policies.select import candidate_sets
+from fastdlight.schedules import apply_config
+from fastdlight.schedules.attention.template import AttentionTemplate
+
+H100 = CUDA("nvidia/nvidia-h100")
+A100 = CUDA("nvidia/nvidia-a100")
+
+SHAPES = {
+    "causal_d128": ((1, 8, 1000, 1000, 128), dict(causal=True)),
+    "causal_d64_bottom_right": ((2, 4, 300, 4097, 64), dict(causal=True)),
+    "gqa_bf16": ((1, 8, 1000, 1000, 128), dict(kv_heads=2, dtype="bfloat16")),
+}
+
+
+def compile_kernel(func, config):
+    with H100.target:
+        kernel = apply_config(func, config)
+    src = cuda_source(build(tvm.IRModule({"main": kernel}), H100.target))
+    return kernel, src, compile_cubin(src, H100.target)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_every_config_compiles_without_spills(name):
+    args, kw = SHAPES[name]
+    op = ops.attention(*args, **kw)
+    configs = attention_configs(match_attention(op.func), H100, 8)
+    assert {c.block[0] for c in configs} >= {128}
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda c: compile_kernel(op.func, c), configs))
+    t = "bf16" if kw.get("dtype") == "bfloat16" else "f16"
+    for config, (kernel, src, cubin) in zip(configs, built):
+        bn, d = config.block[1], args[4]
+        assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{t}.{t}" in src  # scores, from shared memory
+        assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{t}.{t}" in src  # P V, P from registers
+        assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src and "__shfl_xor_sync" in src
+        assert cubin.spill_bytes == 0, f"{config}: {cubin.spill_bytes} bytes spilled"
+        assert [tuple(int(x) for x in p.shape) for p in kernel.params] == \
+            [tuple(int(x) for x in p.shape) for p in op.func.params]
+
+
+def test_the_attention_policy_goes_first_on_hopper_only():
+    func = ops.attention(1, 8, 512, 512, 64, causal=True).func
+    assert next(candidate_sets(func, H100, 8)).policy == "AttentionPolicy"
+    assert all(s.policy != "AttentionPolicy" for s in candidate_sets(func, A100, 8))
+    odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim the template does not cover
+    assert all(s.policy != "AttentionPolicy" for s in candidate_sets(odd, H100, 8))
+
+
+def test_the_shape_travels_with_the_function_and_is_checked():
+    shape = AttentionShape(2, 8, 100, 200, 64, 2, causal=True)
+    func = attention_func(shape)
+    assert match_attention(func) == shape and fused_fits(shape, 90) and not fused_fits(shape, 80)
+    assert match_attention(ops.softmax(4, 8).func) is None
+    other = attention_func(AttentionShape(2, 8, 100, 300, 64, 2, causal=True))
+    assert match_attention(other.with_attr("fastdlight.attention", func.attrs["fastdlight.attention"])) is None
+    with pytest.raises(ValueError, match="kv_heads"):
+        AttentionShape(1, 8, 4, 4, 64, 3)
+    with pytest.raises(ValueError, match="seq_q <= seq_kv"):
+        AttentionShape(1, 8, 8, 4, 64, 8, causal=True)
+
+
+def test_configs_the_template_does_not_take_are_refused():
+    func = ops.attention(1, 8, 512, 512, 64).func
+    with pytest.raises(ValueError):
+        Config("attention_wgmma", block=(100, 64))
+    with H100.target:
+        assert AttentionTemplate().apply_config(func, Config("attention_wgmma", block=(128, 72))) is None
+        assert AttentionTemplate().apply_config(ops.softmax(4, 8).func, Config("attention_wgmma", block=(128, 64))) \
+            is None
