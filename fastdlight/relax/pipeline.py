@@ -40,6 +40,7 @@ from fastdlight.relax.compat import (
 from fastdlight.relax.constants import input_independent_values
 from fastdlight.relax.convs import im2col_convs, pointwise_convs
 from fastdlight.relax.decode import decode_weight_layout
+from fastdlight.relax.fuse_attention import fused_attention
 from fastdlight.relax.gated import gated_projections
 from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
 from fastdlight.relax.rewrites import (
@@ -134,6 +135,8 @@ def prepare(target) -> tvm.transform.Pass:
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
+        # before the matmul rewrites, which would pad P @ V where TKV is no multiple of 8
+        fused_attention(target),  # where the fused template takes it: attention as one PrimFunc
         tma_aligned_matmuls(target),  # where the target has wgmma: K padded to whole 16-byte rows
         gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
         decode_weight_layout(),  # decode steps' projections read their weights [N, K]: GEMVs

@@ -1,0 +1,529 @@
+"""Attention, in the forms models reach Relax in, as one call of the attention PrimFunc
+(:func:`fastdlight.analysis.attention.attention_func`), the function the fused Hopper template
+takes.
+
+Forms, as ``for_inference`` leaves them (``ToMixedPrecision``'s casts included):
+
+- ``matmul(P, V)`` with ``P = [astype](softmax(S))`` and ``S`` the scores ``matmul(Q, Kᵀ)``
+  through casts, multiplications or divisions by a scalar constant (the scale; torch's SDPA
+  splits it as ``sqrt(scale)`` on both Q and Kᵀ) and at most a mask: an additive constant
+  (``0`` kept, ``-inf`` or at most :data:`MASKED_AT` masked) or a ``where`` on a constant
+  condition (``masked_fill``). A mask is causal where its kept entries are the bottom-right
+  aligned lower triangle (the top-left one when TQ = TKV), none where it keeps everything;
+  other masks are data the fused function does not take (T5's and Swin's position biases).
+  This covers ``scaled_dot_product_attention`` as ``torch.export`` decomposes it (with the
+  causal mask computed to a constant by :mod:`.constants`, and SDPA's guard against rows
+  masked whole, which no such mask leaves, read through) and the hand-written form.
+- Q, K and V found through reshapes of their leading axes, transposes of their last two and
+  casts; K and V repeated over the query heads (Hugging Face's ``repeat_kv``:
+  ``expand_dims`` + ``broadcast_to`` + ``reshape``) are passed un-repeated (GQA).
+- ``R.nn.attention(q, k, v)`` (layout ``[B, S, H, D]``), permuted to ``[B, H, S, D]`` around
+  the call.
+
+A mask computed from a model input (BERT given its ``attention_mask``) is no constant: such
+attention is left as it is. So is attention whose scores or probabilities another value
+reads, and any shape :func:`fused_fits` rejects for the target: there the naive PrimFunc
+would run as several kernels, slower than the unfused graph.
+
+The PrimFunc is marked opaque (``op_pattern``), so FuseOps leaves it a function of its own:
+fused with its neighbours, FuseTIR would make a new function without the
+:data:`~fastdlight.analysis.attention.ATTR` attribute the template looks for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import IRModule
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
+from fastdlight.arch import CUDA
+from fastdlight.relax.rewrites import call_to, static_shape
+
+#: an additive mask entry at or below this masks its key: exp underflows to 0 in fp32 (torch's
+#: ``finfo.min``, GPT-2's ``-1e4`` and ``-inf`` all are)
+MASKED_AT = -1e4
+#: relax's OpPatternKind.kOpaque: AnnotateTIROpPattern keeps it, FuseOps fuses nothing with it
+OPAQUE = 8
+#: a scale this close (relative) to 1/sqrt(D) is 1/sqrt(D), rounded where the exporter split it
+#: into two fp16 factors
+SCALE_ROUNDING = 2.0**-9
+#: ops that keep a tensor's last two axes and its elements' row-major order
+LAYOUT_OPS = ("relax.reshape", "relax.expand_dims", "relax.squeeze")
+#: ops SDPA's guard condition passes through on its way to ``equal(scores, -inf)``
+GUARD_STEPS = ("relax.logical_not", "relax.astype", "relax.max", "relax.reshape", "relax.broadcast_to")
+DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Q, K or V as the matmul reads it: ``base`` (an expression of the original function),
+    its last two axes ``swapped`` relative to the matmul operand, each of its leading
+    (flattened) rows read ``repeat`` times in a row, times ``scale``."""
+
+    base: relax.Expr
+    swapped: bool = False
+    repeat: int = 1
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Match:
+    """What replaces one attention: Q, K and V as ``(base, axes)`` (``base`` permuted by
+    ``axes`` where given, then cast and reshaped to the PrimFunc's layout), and the replaced
+    value's layout: the output permuted by ``out_axes`` and reshaped to ``out_shape``."""
+
+    shape: AttentionShape
+    q: tuple[relax.Expr, tuple[int, ...] | None]
+    k: tuple[relax.Expr, tuple[int, ...] | None]
+    v: tuple[relax.Expr, tuple[int, ...] | None]
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    out_axes: tuple[int, ...] | None = None
+
+
+class Graph:
+    """One Relax function's bindings: what each variable is bound to, who reads it (None: the
+    function's result), and which ones attention found so far replaces."""
+
+    def __init__(self, func: relax.Function):
+        self.values: dict[relax.Var, relax.Expr] = {}
+        self.users: dict[relax.Var, list] = defaultdict(list)
+        self.replaced: set[relax.Var] = set()
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    self.values[binding.var] = binding.value
+                for used in _vars_in(binding.value):
+                    self.users[used].append(binding.var)
+        for used in _vars_in(func.body.body):
+            self.users[used].append(None)
+
+    def value(self, expr: relax.Expr) -> relax.Expr:
+        return self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``expr``'s value when it is a constant, through casts and layout changes."""
+        value = self.value(expr)
+        if isinstance(value, tvm.ir.expr.Constant):
+            try:
+                return value.value.numpy()
+            except Exception:  # noqa: BLE001 - a dtype numpy cannot hold (bf16 without ml_dtypes)
+                return None
+        call = call_to(value, "relax.astype", "relax.permute_dims", "relax.broadcast_to", *LAYOUT_OPS)
+        inner = None if call is None else self.constant(call.args[0])
+        shape = static_shape(value)
+        if inner is None or shape is None:
+            return None
+        if call.op.name == "relax.permute_dims":
+            axes = call.attrs.axes
+            return np.transpose(inner, None if axes is None else [int(a) for a in axes])
+        if call.op.name == "relax.broadcast_to":
+            return np.broadcast_to(inner, shape)
+        if call.op.name == "relax.astype":
+            return inner.astype(str(call.attrs.dtype)) if str(call.attrs.dtype) in ("bool", "float32") else inner
+        return inner.reshape(shape)
+
+    def scalar(self, expr: relax.Expr) -> float | None:
+        value = self.constant(expr)
+        return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def _vars_in(expr: relax.Expr) -> list[relax.Var]:
+    found = []
+    relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
+
+
+def _last_two_kept(call: relax.Call) -> bool:
+    before, after = static_shape(call.args[0]), static_shape(call)
+    return before is not None and after is not None and len(before) >= 2 and len(after) >= 2 \
+        and before[-2:] == after[-2:]
+
+
+def _scaled(graph: Graph, value: relax.Expr) -> tuple[relax.Expr, float] | None:
+    """``(x, c)`` where ``value`` is ``x * c``, ``c * x`` or ``x / (1 / c)`` with ``c`` a scalar constant."""
+    call = call_to(value, "relax.multiply", "relax.divide")
+    if call is None:
+        return None
+    if call.op.name == "relax.divide":
+        scalar = graph.scalar(call.args[1])
+        return None if not scalar else (call.args[0], 1.0 / scalar)
+    for x, c in (call.args, call.args[::-1]):
+        if (scalar := graph.scalar(c)) is not None and graph.constant(x) is None:
+            return x, scalar
+    return None
+
+
+def operand(graph: Graph, expr: relax.Expr) -> Operand:
+    """``expr`` (a matmul operand) peeled down to the tensor it re-lays: see :class:`Operand`."""
+    swapped, repeat, scale = False, 1, 1.0
+    # an attention's output that another one reads (the next layer's) is read as replaced, not
+    # through the cast the replacement takes the place of
+    while expr not in graph.replaced:
+        value = graph.value(expr)
+        call = call_to(value, "relax.astype", "relax.permute_dims", "relax.broadcast_to", *LAYOUT_OPS)
+        if (scaled := _scaled(graph, value)) is not None:
+            expr, factor = scaled
+            scale *= factor
+        elif call is None:
+            break
+        elif _keeps_values(call):
+            expr = call.args[0]
+        elif call.op.name == "relax.permute_dims" and _swaps_last_two(call):
+            expr, swapped = call.args[0], not swapped
+        elif call.op.name == "relax.broadcast_to" and (times := _repeats(call)):
+            expr, repeat = call.args[0], repeat * times
+        else:
+            break
+    return Operand(expr, swapped, repeat, scale)
+
+
+def _keeps_values(call: relax.Call) -> bool:
+    """A float cast, or a layout op that keeps the last two axes (and the rows' order)."""
+    if call.op.name == "relax.astype":
+        return str(call.attrs.dtype) in (*DTYPES, "float32")
+    return call.op.name in LAYOUT_OPS and _last_two_kept(call)
+
+
+def _swaps_last_two(call: relax.Call) -> bool:
+    axes = call.attrs.axes
+    n = len(static_shape(call) or ())
+    return axes is not None and n >= 2 and [int(a) for a in axes] == [*range(n - 2), n - 1, n - 2]
+
+
+def _repeats(call: relax.Call) -> int:
+    """How many times ``broadcast_to`` repeats each row of its input: only axis -3 (the last
+    leading one) broadcast, so output row ``n`` reads input row ``n // repeat``; else 0."""
+    before, after = static_shape(call.args[0]), static_shape(call)
+    if before is None or after is None or len(before) != len(after) or len(after) < 3:
+        return 0
+    same = all(a == b for i, (a, b) in enumerate(zip(before, after)) if i != len(after) - 3)
+    return after[-3] if same and before[-3] == 1 else 0
+
+
+def _swap(ndim: int) -> tuple[int, ...]:
+    return (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+def _lead(shape: list[int]) -> list[int]:
+    """The leading axes (all but the last two), leading 1s dropped."""
+    lead = list(shape[:-2])
+    while lead and lead[0] == 1:
+        lead.pop(0)
+    return lead
+
+
+def _kept_rows(keep: np.ndarray, tq: int, tkv: int) -> np.ndarray | None:
+    """The ``[TQ, TKV]`` entries a mask keeps when it keeps the same ones in every head, else None."""
+    try:
+        full = np.broadcast_to(keep, (*keep.shape[:-2], tq, tkv) if keep.ndim >= 2 else (tq, tkv))
+    except ValueError:
+        return None
+    flat = full.reshape(-1, tq, tkv)
+    return flat[0] if np.all(flat == flat[0]) else None
+
+
+def _causal(keep: np.ndarray) -> bool | None:
+    """Whether the kept ``[TQ, TKV]`` entries are all (False) or the bottom-right causal
+    triangle (True); None for any other mask."""
+    tq, tkv = keep.shape
+    if keep.all():
+        return False
+    if tq <= tkv and np.array_equal(keep, np.tril(np.ones((tq, tkv), bool), tkv - tq)):
+        return True
+    return None
+
+
+class Matcher:
+    """Attention ending in one ``matmul(P, V)``. :attr:`region` collects the variables the
+    rewrite replaces (scores, probabilities, SDPA's guard), which no other value may read."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.region: list[relax.Var] = []
+
+    def through(self, expr: relax.Expr) -> relax.Expr:
+        """``expr``'s value, ``expr`` counted into the region."""
+        if isinstance(expr, relax.Var):
+            self.region.append(expr)
+        return self.graph.value(expr)
+
+    def exclusive(self, root: relax.Var) -> bool:
+        inside = {*self.region, root}
+        return all(u is not None and u in inside for var in self.region if not var.same_as(root)
+                   for u in self.graph.users[var])
+
+    def probabilities(self, expr: relax.Expr) -> tuple[relax.Call, list[relax.Expr]] | None:
+        """The softmax that ``expr`` (P) is through casts and reshapes, and the conditions of
+        SDPA's guards (``where(all masked, 0, softmax)``) around it."""
+        guards = []
+        while True:
+            call = call_to(self.through(expr), "relax.astype", "relax.reshape", "relax.where", "relax.nn.softmax")
+            if call is None or (call.op.name == "relax.reshape" and not _last_two_kept(call)):
+                return None
+            if call.op.name == "relax.nn.softmax":
+                ndim = len(static_shape(call) or ())
+                return (call, guards) if int(call.attrs.axis) in (-1, ndim - 1) else None
+            if call.op.name == "relax.where":
+                cond, zeros, expr = call.args
+                if not self.is_zero(zeros):
+                    return None
+                guards.append(cond)
+            else:
+                expr = call.args[0]
+
+    def is_zero(self, expr: relax.Expr) -> bool:
+        value = self.through(expr)
+        fill = call_to(value, "relax.full_like", "relax.full")
+        constant = self.graph.constant(fill.args[1] if fill is not None else expr)
+        return constant is not None and not np.any(constant)
+
+    def guards(self, cond: relax.Expr, scores: relax.Expr) -> bool:
+        """``cond`` reduces ``equal(scores, -inf)`` (up to reshapes): true of no row where the
+        mask leaves every row a key, the scores being finite products."""
+        while (step := call_to(self.through(cond), *GUARD_STEPS)) is not None:
+            cond = step.args[0]
+        equal = call_to(self.graph.value(cond), "relax.equal")
+        if equal is None or self.graph.scalar(equal.args[1]) != -math.inf:
+            return False
+        x = equal.args[0]
+        while (reshape := call_to(self.through(x), "relax.reshape")) is not None:
+            x = reshape.args[0]
+        return x.same_as(scores)
+
+    def scores(self, expr: relax.Expr, tq: int, tkv: int) -> tuple[relax.Call, float, np.ndarray] | None:
+        """The ``matmul(Q, Kᵀ)`` that ``expr`` scales and masks, the scale, and the
+        ``[TQ, TKV]`` entries the masks keep."""
+        scale, keep = 1.0, np.ones((tq, tkv), bool)
+        while True:
+            value = self.through(expr)
+            if (scaled := _scaled(self.graph, value)) is not None:
+                expr, factor = scaled
+                scale *= factor
+                continue
+            call = call_to(value, "relax.matmul", "relax.astype", "relax.reshape", "relax.add", "relax.where")
+            if call is None:
+                return None
+            if call.op.name == "relax.matmul":
+                return call, scale, keep
+            if call.op.name in ("relax.astype", "relax.reshape"):
+                if not _keeps_values(call):
+                    return None
+                expr = call.args[0]
+                continue
+            masked = self.additive(call) if call.op.name == "relax.add" else self.selected(call)
+            rows = None if masked is None else _kept_rows(masked[1], tq, tkv)
+            if rows is None:
+                return None
+            expr, keep = masked[0], keep & rows
+
+    def additive(self, add: relax.Call) -> tuple[relax.Expr, np.ndarray] | None:
+        """``(x, kept entries)`` of ``x + mask``, ``mask`` a constant of 0 (kept) and masked values."""
+        for x, mask in (add.args, add.args[::-1]):
+            values = self.graph.constant(mask)
+            if values is not None and self.graph.constant(x) is None:
+                kept = values == 0
+                return (x, kept) if np.all(kept | (values <= MASKED_AT)) else None
+        return None
+
+    def selected(self, where: relax.Call) -> tuple[relax.Expr, np.ndarray] | None:
+        """``(x, kept entries)`` of ``where(c, x, fill)`` or ``where(c, fill, x)``, ``c`` a
+        constant and ``fill`` masked values (``masked_fill``)."""
+        cond = self.graph.constant(where.args[0])
+        shape = static_shape(where)
+        if cond is None or shape is None:
+            return None
+        cond = np.broadcast_to(cond.astype(bool), shape)
+        for x, fill, keep in ((where.args[1], where.args[2], cond), (where.args[2], where.args[1], ~cond)):
+            values = self.graph.constant(fill)
+            if values is not None and self.graph.constant(x) is None:
+                return (x, keep) if np.all(np.broadcast_to(values, shape)[~keep] <= MASKED_AT) else None
+        return None
+
+
+def match_decomposed(graph: Graph, root: relax.Var, pv: relax.Call) -> Match | None:
+    """The attention whose ``matmul(P, V)`` is ``pv``, bound to ``root``, or None."""
+    matcher = Matcher(graph)
+    found = matcher.probabilities(pv.args[0])
+    shape = None if found is None else static_shape(found[0])
+    if shape is None or len(shape) < 2:
+        return None
+    softmax, guards = found
+    scored = matcher.scores(softmax.args[0], *shape[-2:])
+    if scored is None or not all(matcher.guards(c, softmax.args[0]) for c in guards):
+        return None
+    qk, scale, keep = scored
+    causal = _causal(keep)
+    if causal is None or not matcher.exclusive(root):
+        return None
+    q, k, v = operand(graph, qk.args[0]), operand(graph, qk.args[1]), operand(graph, pv.args[1])
+    return _decomposed_match(qk, pv, (q, k, v), scale * q.scale * k.scale, causal)
+
+
+def _decomposed_match(qk: relax.Call, pv: relax.Call, operands: tuple[Operand, Operand, Operand], scale: float,
+                      causal: bool) -> Match | None:
+    """The :class:`Match` of ``pv(softmax(qk))`` with these operands, if its shapes are one attention's."""
+    q, k, v = operands
+    shapes = [static_shape(e) for e in (qk.args[0], qk.args[1], pv.args[0], pv.args[1], pv, q.base, k.base, v.base)]
+    dtype = str(qk.args[0].ty.dtype)
+    if any(s is None or len(s) < 2 for s in shapes) or dtype not in DTYPES or scale <= 0 \
+            or {str(qk.args[1].ty.dtype), str(pv.args[1].ty.dtype)} != {dtype}:
+        return None
+    qs, ks, ps, vs, out, qb, kb, vb = shapes
+    (tq, d), tkv = qs[-2:], ks[-1]
+    if ks[-2:] != [d, tkv] or ps[-2:] != [tq, tkv] or vs[-2:] != [tkv, d] or out[-2:] != [tq, d]:
+        return None
+    # a scaled V would scale the output, which the PrimFunc does not
+    if any(_lead(s) != _lead(qs) for s in (ks, ps, vs, out)) or q.repeat != 1 or k.repeat != v.repeat \
+            or v.scale != 1.0:
+        return None
+    rows, group = math.prod(qs[:-2]), k.repeat
+    if math.prod(qb[:-2]) != rows or rows % group or math.prod(kb[:-2]) * group != rows \
+            or math.prod(vb[:-2]) * group != rows:
+        return None
+    batch = qb[0] if len(qb) == 4 and (rows // group) % qb[0] == 0 else 1
+    if abs(scale * math.sqrt(d) - 1.0) < SCALE_ROUNDING:
+        scale = 1.0 / math.sqrt(d)
+    try:
+        shape = AttentionShape(batch, rows // batch, tq, tkv, d, rows // group // batch, causal, scale, dtype)
+    except ValueError:
+        return None
+    return Match(shape, (q.base, _swap(len(qb)) if q.swapped else None),
+                 (k.base, None if k.swapped else _swap(len(kb))), (v.base, _swap(len(vb)) if v.swapped else None),
+                 tuple(out), str(pv.ty.dtype))
+
+
+def match_nn_attention(call: relax.Call) -> Match | None:
+    """``R.nn.attention(q, k, v)`` (``[B, S, H, D]``, no bias, no window) as a :class:`Match`."""
+    shapes = [static_shape(e) for e in call.args[:3]]
+    dtype = str(call.args[0].ty.dtype)
+    if len(call.args) != 3 or any(s is None or len(s) != 4 for s in shapes) or call.attrs.window_size is not None \
+            or {str(e.ty.dtype) for e in call.args} != {dtype}:
+        return None
+    (b, tq, h, d), (_, tkv, g, _), _ = shapes
+    mask = call.attrs.causal_mask
+    if mask not in (None, "TopLeft", "BottomRight") or (mask == "TopLeft" and tq != tkv):
+        return None
+    scale = 0.0 if call.attrs.scale is None else float(call.attrs.scale)
+    if shapes[1] != [b, tkv, g, d] or shapes[2] != [b, tkv, g, d]:
+        return None
+    try:
+        shape = AttentionShape(b, h, tq, tkv, d, g, mask is not None, scale, dtype)
+    except ValueError:
+        return None
+    heads_first = (0, 2, 1, 3)
+    q, k, v = ((e, heads_first) for e in call.args)
+    return Match(shape, q, k, v, (b, tq, h, d), str(call.ty.dtype), heads_first)
+
+
+def find_matches(func: relax.Function, fits) -> dict[relax.Call, Match]:
+    """The attentions of ``func`` whose shapes ``fits`` takes, by the call each one replaces."""
+    graph = Graph(func)
+    found = {}
+    for var, value in graph.values.items():
+        if (call := call_to(value, "relax.nn.attention")) is not None:
+            match = match_nn_attention(call)
+        elif (call := call_to(value, "relax.matmul")) is not None:
+            match = match_decomposed(graph, var, call)
+        else:
+            continue
+        if match is not None and fits(match.shape):
+            key, match = _replaced(graph, var, call, match)
+            found[key] = match
+            graph.replaced.update([var, *graph.users[var]])
+    return found
+
+
+def _replaced(graph: Graph, var: relax.Var, call: relax.Call, match: Match) -> tuple[relax.Call, Match]:
+    """The call the attention replaces: the matmul's cast to the attention's dtype where that is
+    its one reader (the fp32 product ToMixedPrecision narrows), so no round trip through fp32
+    is left; else the matmul itself."""
+    users = graph.users[var]
+    cast = call_to(graph.value(users[0]), "relax.astype") if len(users) == 1 and users[0] is not None else None
+    if match.out_axes is None and cast is not None and str(cast.attrs.dtype) == match.shape.dtype:
+        return cast, replace(match, out_dtype=match.shape.dtype)
+    return call, match
+
+
+@mutator
+class Rewriter(PyExprMutator):
+    """Each matched call as a ``call_tir`` of the attention PrimFunc (one per shape)."""
+
+    def __init__(self, mod: IRModule, matches: dict[relax.Call, Match]):
+        super().__init__(mod)
+        self.matches = matches
+        self.funcs: dict[AttentionShape, relax.GlobalVar] = {}
+
+    def visit_call_(self, call):
+        match = self.matches.get(call)
+        return super().visit_call_(call) if match is None else self.attention(match)
+
+    def function(self, shape: AttentionShape) -> relax.GlobalVar:
+        if shape not in self.funcs:
+            func = attention_func(shape).with_attr("op_pattern", OPAQUE)
+            gvar = self.builder_.add_func(func, "attention")
+            # the name the module gives it (attention1, ...) as its symbol: no two share one
+            self.builder_.update_func(gvar, func.with_attr("global_symbol", gvar.name_hint))
+            self.funcs[shape] = gvar
+        return self.funcs[shape]
+
+    def load(self, base: relax.Expr, axes: tuple[int, ...] | None, shape: tuple[int, ...], dtype: str):
+        x = self.visit_expr(base)
+        if str(x.ty.dtype) != dtype:
+            x = self.builder_.emit(relax.op.astype(x, dtype))
+        if axes is not None:
+            x = self.builder_.emit(relax.op.permute_dims(x, list(axes)))
+        if static_shape(x) != list(shape):
+            x = self.builder_.emit(relax.op.reshape(x, shape))
+        return x
+
+    def attention(self, m: Match) -> relax.Expr:
+        s = m.shape
+        q_shape, kv_shape = (s.batch, s.heads, s.seq_q, s.head_dim), (s.batch, s.kv_heads, s.seq_kv, s.head_dim)
+        args = [self.load(*m.q, q_shape, s.dtype), self.load(*m.k, kv_shape, s.dtype), self.load(*m.v, kv_shape, s.dtype)]
+        out, shape = relax.call_tir(self.function(s), args, relax.TensorType(q_shape, s.dtype)), q_shape
+        if m.out_axes is not None:
+            out, shape = relax.op.permute_dims(self.builder_.emit(out), list(m.out_axes)), tuple(shape[a] for a in m.out_axes)
+        if tuple(m.out_shape) != shape:
+            out = relax.op.reshape(self.builder_.emit(out), m.out_shape)
+        if m.out_dtype != s.dtype:
+            out = relax.op.astype(self.builder_.emit(out), m.out_dtype)
+        return out
+
+
+def _fits(target) -> callable:
+    """Whether the fused template takes a shape on ``target``: a wgmma target (None: one, as
+    the other Hopper rewrites take it) of an sm version :func:`fused_fits` accepts."""
+    if target is None:
+        return lambda shape: fused_fits(shape, 90)
+    arch = CUDA(target)
+    major, minor = arch.compute_capability
+    return lambda shape: arch.has_wgmma and fused_fits(shape, 10 * major + minor)
+
+
+def fused_attention(target=None) -> tvm.transform.Pass:
+    """Attention (see the module docstring for its forms) as one call of the attention PrimFunc,
+    where the fused template takes its shape on ``target``; a module with none is returned as
+    it is."""
+    fits = _fits(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.FusedAttention")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        found = {gvar: find_matches(func, fits) for gvar, func in mod.functions_items()
+                 if isinstance(func, relax.Function)}
+        if not any(found.values()):
+            return mod
+        rewriter = Rewriter(mod, {call: m for matches in found.values() for call, m in matches.items()})
+        for gvar, matches in found.items():
+            if matches:
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+    return run
