@@ -19,6 +19,7 @@ from tvm import te, tirx
 
 ATTR = "fastdlight.attention"
 DTYPES = ("float16", "bfloat16", "float32")
+INT32_ELEMENTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,10 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimF
     acc = te.compute(q.shape, lambda b, h, i, e: te.sum(ex[b, h, i, j3] * v[b, h // group, j3, e].astype("float32"),
                                                          axis=j3), name="weighted")
     out = te.compute(q.shape, lambda b, h, i, e: (acc[b, h, i, e] / total[b, h, i]).astype(s.dtype), name="out")
-    func = te.create_prim_func([q, k, v, out]).with_attr("global_symbol", name)
+    # the scores of long sequences pass 2^31 elements: int32 offsets would overflow
+    big = s.batch * s.heads * s.seq_q * s.seq_kv > INT32_ELEMENTS
+    func = te.create_prim_func([q, k, v, out], index_dtype_override="int64" if big else None)
+    func = func.with_attr("global_symbol", name)
     return func.with_attr(ATTR, {k: v for k, v in asdict(s).items()})
 
 

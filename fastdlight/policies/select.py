@@ -86,7 +86,10 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
         if configs:
             sets.append(CandidateSet("TensorCorePolicy", match.func, configs))
     try:
-        sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
+        # a fused attention has its template, or stock Dlight: the seven-block naive form as
+        # general reductions runs three orders of magnitude slower and takes minutes to tune
+        if not sets or sets[0].policy != "AttentionPolicy":
+            sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
     except ValueError as e:
         if not (sets or stock or recorded):
             raise

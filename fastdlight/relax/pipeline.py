@@ -128,15 +128,16 @@ def _has_nchw_conv(mod: IRModule) -> bool:
     return any(found)
 
 
-def prepare(target) -> tvm.transform.Pass:
+def prepare(target, *, fuse_attention: bool = True) -> tvm.transform.Pass:
     """Library dispatch, LegalizeOps, FoldConstant, FuseOps, FuseTIR: the module ApplyFastTuning
-    should see (what TVM's CUDA pipeline does before it schedules)."""
+    should see (what TVM's CUDA pipeline does before it schedules). ``fuse_attention=False``
+    leaves attention as matmuls and a softmax (as on GPUs without the fused template)."""
     target = as_target(target)
     return _scoped(target, [
         *cuda_pipeline.library_dispatch_passes(target),
         exact_integer_powers(),
         # before the matmul rewrites, which would pad P @ V where TKV is no multiple of 8
-        fused_attention(target),  # where the fused template takes it: attention as one PrimFunc
+        *([fused_attention(target)] if fuse_attention else []),  # where the fused template takes it
         tma_aligned_matmuls(target),  # where the target has wgmma: K padded to whole 16-byte rows
         gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
         decode_weight_layout(),  # decode steps' projections read their weights [N, K]: GEMVs

@@ -11,6 +11,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.script import relax as R
 
+from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.pipeline import prim_funcs
@@ -103,8 +104,8 @@ def test_a_flattening_reshape_stays_where_it_is():
 
 
 def test_a_decoder_layer_fuses_bias_activation_residual_and_attention_scale_into_its_matmuls():
-    mod = tvm.script.from_source((FIXTURES / "decoder_ln.py").read_text())
-    funcs = prim_funcs(prepare(H100.target)(for_inference(mod)))
+    mod = for_inference(tvm.script.from_source((FIXTURES / "decoder_ln.py").read_text()))
+    funcs = prim_funcs(prepare(H100.target, fuse_attention=False)(mod))
     names = list(funcs)
     matmuls = [n for n in names if "matmul" in n]
     assert any("gelu" in n and "add" in n for n in matmuls), matmuls  # FFN up: bias + GELU
@@ -113,6 +114,11 @@ def test_a_decoder_layer_fuses_bias_activation_residual_and_attention_scale_into
     assert not [n for n in names if "gelu" in n and "matmul" not in n]
     (softmax,) = [f for n, f in funcs.items() if "softmax" in n]  # reads fp16 scores, writes fp16
     assert [str(p.dtype) for p in softmax.params] == ["float16", "float16"]
+    # with the fused template (the default on Hopper) attention is one function, scale and all
+    fused = prim_funcs(prepare(H100.target)(mod))
+    assert [n for n, f in fused.items() if match_attention(f) is not None] == ["attention"]
+    assert not [n for n in fused if "softmax" in n]
+    assert any("gelu" in n and "add" in n for n in fused if "matmul" in n)
 
 
 @tvm.script.ir_module

@@ -87,6 +87,14 @@ class AttentionPlan:
         seen = col < s.seq_kv
         return tirx.all(seen, col <= row + s.offset) if s.causal else seen
 
+    def needs_mask(self, j, qt):
+        """Whether key tile ``j`` holds keys some row of query tile ``qt`` must not see: past
+        the end, or (causal) past the diagonal of the tile's first row."""
+        s = self.shape
+        last = (j + 1) * self.bn  # one past the tile's last key
+        past_end = last > s.seq_kv
+        return tirx.any(past_end, last - 1 > qt * self.bm + s.offset) if s.causal else past_end
+
     @property
     def scale_log2(self) -> float:
         return self.shape.scale * LOG2E
