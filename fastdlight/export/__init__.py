@@ -142,7 +142,7 @@ def _cpu_reference(func, inputs: dict):
     outputs = run(inputs)
     abs_outputs = None
     if any(k.sum_of_products for k in output_kinds(func)):
-        abs_outputs = run(dict(zip(keys, magnitude_inputs([inputs[k] for k in keys]))))
+        abs_outputs = run(dict(zip(keys, magnitude_inputs([inputs[k] for k in keys], func))))
     return expected_from_outputs(outputs, abs_outputs, func,
                                  Reference("float64 twin of the function run on the CPU by TVM (LLVM)", "naive"))
 

@@ -11,6 +11,7 @@ import tvm_ffi
 from tvm import ir, tirx
 from tvm.s_tir.stmt import SBlock
 
+from fastdlight.analysis.attention import match_attention
 from fastdlight.measure.timing import output_indices, param_buffers
 
 #: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
@@ -158,8 +159,24 @@ def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
     """How each output of ``func`` (in :func:`~fastdlight.measure.timing.output_indices` order)
     is checked; see the module docstring for the rule."""
     params = param_buffers(func)
+    attention = match_attention(func)
+    if attention is not None:
+        # a weighted average: Σ_j p_j v_j with the weights p_j rounded to 16 bits (the
+        # probabilities that feed the tensor cores) errs relative to Σ_j p_j |v_j|, which the
+        # magnitude run gives (see absolute_inputs), not relative to the average, which cancels
+        out = params[output_indices(func)[0]]
+        return (CheckKind(True, attention.seq_kv, "float32", attention.dtype, str(out.name), attention.dtype),)
     blocks = _leaf_blocks(func)
     return tuple(_kind_of(params[i], _feeding(params[i], blocks)) for i in output_indices(func))
+
+
+def absolute_inputs(func: tirx.PrimFunc, count: int) -> tuple[bool, ...]:
+    """Which of the ``count`` inputs the magnitude run takes as absolute values: all, except
+    an attention function's Q and K (its softmax weights must stay the function's own; with
+    |V| the run gives each output's Σ_j p_j |v_j|)."""
+    if match_attention(func) is not None and count == 3:
+        return (False, False, True)
+    return (True,) * count
 
 
 def wants_own_dtype_run(func: tirx.PrimFunc) -> bool:

@@ -114,6 +114,7 @@ from tvm import tirx
 from fastdlight.measure import host
 from fastdlight.measure.check_kinds import (  # noqa: F401 - part of this module's API
     UNIT_ROUNDOFF,
+    absolute_inputs,
     CheckKind,
     check_kind,
     expr_dtype,
@@ -329,11 +330,13 @@ def check_outputs(outputs: Sequence[np.ndarray], expected: Expected,
 
 
 # -- references --------------------------------------------------------------------------------
-def magnitude_inputs(host_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The inputs a reference runs on to give S: |x| for floats; integers and bools unchanged
-    (an index must stay an index; a signed integer cast to float keeps an output off the
-    sum-of-products bound, see the module docstring)."""
-    return [host.absolute(a) if is_float(np.asarray(a).dtype) else a for a in host_inputs]
+def magnitude_inputs(host_inputs: Sequence[np.ndarray], func: tirx.PrimFunc | None = None) -> list[np.ndarray]:
+    """The inputs a reference runs on to give S: |x| for floats (those :func:`absolute_inputs`
+    names, where ``func`` is given); integers and bools unchanged (an index must stay an index;
+    a signed integer cast to float keeps an output off the sum-of-products bound, see the
+    module docstring)."""
+    which = absolute_inputs(func, len(host_inputs)) if func is not None else (True,) * len(host_inputs)
+    return [host.absolute(a) if take and is_float(np.asarray(a).dtype) else a for a, take in zip(host_inputs, which)]
 
 
 def _as_list(out) -> list[np.ndarray]:
@@ -367,7 +370,7 @@ def expected_from_numpy(ref_fn: Callable, host_inputs: Sequence[np.ndarray], fun
     outputs = [np.asarray(o, dtype=np.float64) for o in _as_list(ref_fn(*as64))]
     mags = None
     if any(k.sum_of_products for k in output_kinds(func)):
-        mags = [np.asarray(o, dtype=np.float64) for o in _as_list(ref_fn(*magnitude_inputs(as64)))]
+        mags = [np.asarray(o, dtype=np.float64) for o in _as_list(ref_fn(*magnitude_inputs(as64, func)))]
     return _expected(func, outputs, mags, NUMPY_REFERENCE)
 
 

@@ -27,6 +27,7 @@ from fastdlight.measure.timing import Workload, function_name, param_buffers, st
 from fastdlight.measure import clock, host
 from fastdlight.measure.widen import OWN_DTYPES
 from fastdlight.search.stages import GPU_TURN, Built, load_module
+from fastdlight.measure.check_kinds import absolute_inputs
 from fastdlight.measure.verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from fastdlight.compiler.workers import one_line
 
@@ -104,15 +105,16 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
     widened: every fp16/bf16/fp32 input value is representable in float64. The widening is host
     work; the copies and the launch hold the GPU turn, since a copy queued between a timing's
     two events would count in that timing (an 8192x8192 float64 input is 512 MB)."""
-    host_inputs = iter(wl.host_inputs)
+    host_inputs = iter(zip(wl.host_inputs, absolute_inputs(wl.func, len(wl.host_inputs))))
     params = []  # (shape, dtype, widened host array or None for an output)
     for i, buf in enumerate(param_buffers(wl.func)):
         shape, dtype = static_shape(buf), _widened_dtype(str(buf.dtype))
         arr = None
         if i not in wl.out_idx:
-            arr = np.asarray(next(host_inputs))
+            arr, take = next(host_inputs)
+            arr = np.asarray(arr)
             if dtype == "float64":
-                arr = host.as_float64(arr, absolute)
+                arr = host.as_float64(arr, absolute and take)
         params.append((shape, dtype, arr))
     return _run(fn, wl, params)
 

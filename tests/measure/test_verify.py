@@ -551,3 +551,33 @@ def test_the_own_dtype_twin_is_built_for_narrow_elementwise_chains_only():
     assert str(mod[widen.OWN_DTYPES].params[0].dtype) == "float16"
     matmul = widen.naive_reference_module(matmul_cast_fp16(64, 64, 64), "nvidia/nvidia-h100")
     assert [g.name_hint for g in matmul.get_global_vars()] == ["main"]
+
+
+def _attention_like_kernel(q, k, v, causal, drop_tile=None):
+    """Flash attention's arithmetic on the host: fp32 scores, probabilities rounded to fp16
+    before P·V (as the tensor cores take them), row sums of the unrounded ones; optionally a
+    key tile left out (a wrong kernel)."""
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float32), k.astype(np.float32)) / np.sqrt(q.shape[-1])
+    t = s.shape[-1]
+    if causal:
+        s = np.where(np.arange(t)[None, :] <= np.arange(t)[:, None], s, -np.inf)
+    if drop_tile is not None:
+        s[..., drop_tile] = -np.inf
+    p = np.exp(s - s.max(-1, keepdims=True)).astype(np.float32)
+    o = np.einsum("bhij,bhjd->bhid", p.astype(np.float16).astype(np.float32), v.astype(np.float32))
+    return (o / p.sum(-1, keepdims=True)).astype(np.float16)
+
+
+def test_attention_is_bounded_by_its_weighted_magnitudes():
+    """Early causal rows average a few keys, which cancel: the rounding of the probabilities
+    errs relative to Σ p |v|, not to the output. That passes; a key tile left out does not."""
+    from fastdlight import ops
+    from fastdlight.measure.verify import check_outputs, expected_from_numpy, output_kinds
+
+    op = ops.attention(1, 4, 256, 256, 64, causal=True)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.uniform(-1, 1, (1, 4, 256, 64)).astype(np.float16) for _ in range(3))
+    assert output_kinds(op.func)[0].sum_of_products
+    expected = expected_from_numpy(op.reference, [q, k, v], op.func)
+    assert check_outputs([_attention_like_kernel(q, k, v, True)], expected).ok
+    assert not check_outputs([_attention_like_kernel(q, k, v, True, drop_tile=slice(64, 128))], expected).ok
