@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import re
 
 import tvm
 from tvm import tirx
@@ -87,4 +88,14 @@ def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
 
 @functools.cache
 def _kernel_text() -> str:
-    return KERNEL_SOURCE.read_text()
+    """The kernel with its blocks placed: ``{NAME: tile}`` at an indentation becomes block
+    ``NAME`` (a ``#@block NAME`` .. ``#@end`` section of the source) with ``{t}`` = ``tile``."""
+    text, _, rest = KERNEL_SOURCE.read_text().partition("\n# --- blocks")
+    blocks = dict(re.findall(r"#@block (\w+)\n(.*?)#@end", rest, flags=re.S))
+
+    def place(m: re.Match) -> str:
+        indent, name, tile = m.group(1), m.group(2), (m.group(3) or "").strip()
+        lines = blocks[name].rstrip("\n").split("\n")
+        return "\n".join(indent + line.replace("{t}", tile) if line else "" for line in lines)
+
+    return re.sub(r"^( *)\{([A-Z_]+)(?::([^}]*))?\}$", place, text, flags=re.M)
