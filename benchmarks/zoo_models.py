@@ -144,11 +144,18 @@ MODELS: dict[str, ZooModel] = {
 
 
 def build(name: str):
-    """:data:`MODELS` ``[name]`` as an ``nn.Module`` (fp32, eval, random weights seeded alike)."""
+    """:data:`MODELS` ``[name]`` as an ``nn.Module`` (fp32, eval, random weights seeded alike).
+    Weight matrices a library initializes to zeros (torchvision's ViT head) get small random
+    values: a zero output would match anything, and the row's error would say nothing."""
     import torch
 
     torch.manual_seed(0)
-    return MODELS[name].build()
+    model = MODELS[name].build()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2 and not param.any():
+                param.normal_(0.0, 0.02)
+    return model
 
 
 def export(name: str, size: str | None = None, model=None):
