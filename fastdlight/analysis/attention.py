@@ -2,7 +2,10 @@
 seven-block form every GPU schedules), and how a template recognizes it again.
 
 The TIR is ``softmax(scale * Q Kᵀ [+ causal mask]) V`` per head with Q ``[B, H, TQ, D]``, K and V
-``[B, G, TKV, D]``, out ``[B, H, TQ, D]``; scores, softmax and sums in fp32. Query head ``h``
+``[B, G, TKV, D]``, out ``[B, H, TQ, D]``; scores, softmax and sums in fp32. The inputs may
+also come as models hold them before splitting heads (``layout``): ``"bthd"``, Q ``[B, TQ, H,
+D]`` and K, V ``[B, TKV, G, D]``; ``"packed"``, one ``[B, T, H + 2G, D]`` tensor (a fused QKV
+projection's output) holding Q's heads, then K's, then V's. The output is ``[B, H, TQ, D]``. Query head ``h``
 reads K/V head ``h // (H // G)`` (GQA; MQA at G = 1). ``causal``: query ``i`` sees keys
 ``j <= i + TKV - TQ``, aligned to the bottom right as torch's ``causal_lower_right`` (the same as
 ``is_causal=True`` when TQ = TKV). The function carries its shape as the attribute
@@ -19,6 +22,7 @@ from tvm import te, tirx
 
 ATTR = "fastdlight.attention"
 DTYPES = ("float16", "bfloat16", "float32")
+LAYOUTS = ("bhtd", "bthd", "packed")
 INT32_ELEMENTS = 2**31 - 1
 
 
@@ -33,6 +37,7 @@ class AttentionShape:
     causal: bool = False
     scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     dtype: str = "float16"
+    layout: str = "bhtd"  # of the inputs (see the module docstring)
 
     def __post_init__(self):
         dims = (self.batch, self.heads, self.seq_q, self.seq_kv, self.head_dim, self.kv_heads)
@@ -45,6 +50,10 @@ class AttentionShape:
                              "aligned to the bottom right, the first queries would see no key")
         if self.dtype not in DTYPES:
             raise ValueError(f"unsupported attention dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown attention layout {self.layout!r}; one of {', '.join(LAYOUTS)}")
+        if self.layout == "packed" and self.seq_q != self.seq_kv:
+            raise ValueError("a packed QKV tensor has one sequence length: seq_q must equal seq_kv")
         if self.scale == 0.0:
             object.__setattr__(self, "scale", 1.0 / math.sqrt(self.head_dim))
 
@@ -57,6 +66,25 @@ class AttentionShape:
     def offset(self) -> int:
         """Query ``i`` of a causal mask sees keys up to ``i + offset``."""
         return self.seq_kv - self.seq_q
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Shapes of the function's inputs: Q, K, V, or the packed tensor alone."""
+        b, h, g, d = self.batch, self.heads, self.kv_heads, self.head_dim
+        if self.layout == "packed":
+            return ((b, self.seq_q, h + 2 * g, d),)
+        if self.layout == "bthd":
+            return ((b, self.seq_q, h, d), (b, self.seq_kv, g, d), (b, self.seq_kv, g, d))
+        return ((b, h, self.seq_q, d), (b, g, self.seq_kv, d), (b, g, self.seq_kv, d))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.heads, self.seq_q, self.head_dim)
+
+    @property
+    def value_heads(self) -> tuple[int, int]:
+        """The head range of V in the packed tensor (the heads after Q's and K's)."""
+        return (self.heads + self.kv_heads, self.heads + 2 * self.kv_heads)
 
     @property
     def pairs(self) -> int:
@@ -74,16 +102,16 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimF
     """The naive TIR of ``shape`` (scores, scaled/masked, row max, exp, row sum, weighted sum,
     out), marked with :data:`ATTR`."""
     s = shape
-    q = te.placeholder((s.batch, s.heads, s.seq_q, s.head_dim), s.dtype, name="Q")
-    k = te.placeholder((s.batch, s.kv_heads, s.seq_kv, s.head_dim), s.dtype, name="K")
-    v = te.placeholder((s.batch, s.kv_heads, s.seq_kv, s.head_dim), s.dtype, name="V")
+    inputs = [te.placeholder(dims, s.dtype, name=name)
+              for dims, name in zip(s.input_shapes, ("QKV",) if s.layout == "packed" else ("Q", "K", "V"))]
+    q_at, k_at, v_at = _loaders(s, inputs)
     d, j1, j2, j3 = (te.reduce_axis((0, n), name=name) for n, name in
                      ((s.head_dim, "d"), (s.seq_kv, "j1"), (s.seq_kv, "j2"), (s.seq_kv, "j3")))
     neg_inf = tirx.const(-math.inf, "float32")
     group, offset, scale = s.group, s.offset, tirx.const(s.scale, "float32")
 
     def score(b, h, i, j):
-        return te.sum(q[b, h, i, d].astype("float32") * k[b, h // group, j, d].astype("float32"), axis=d)
+        return te.sum(q_at(b, h, i, d).astype("float32") * k_at(b, h // group, j, d).astype("float32"), axis=d)
 
     sc = te.compute((s.batch, s.heads, s.seq_q, s.seq_kv), score, name="scores")
     masked = te.compute(sc.shape, lambda b, h, i, j: tirx.Select(j <= i + offset, sc[b, h, i, j] * scale, neg_inf)
@@ -91,14 +119,27 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimF
     mx = te.compute(sc.shape[:3], lambda b, h, i: te.max(masked[b, h, i, j1], axis=j1), name="row_max")
     ex = te.compute(sc.shape, lambda b, h, i, j: te.exp(masked[b, h, i, j] - mx[b, h, i]), name="row_exp")
     total = te.compute(sc.shape[:3], lambda b, h, i: te.sum(ex[b, h, i, j2], axis=j2), name="row_sum")
-    acc = te.compute(q.shape, lambda b, h, i, e: te.sum(ex[b, h, i, j3] * v[b, h // group, j3, e].astype("float32"),
-                                                         axis=j3), name="weighted")
-    out = te.compute(q.shape, lambda b, h, i, e: (acc[b, h, i, e] / total[b, h, i]).astype(s.dtype), name="out")
+    acc = te.compute(s.out_shape, lambda b, h, i, e: te.sum(ex[b, h, i, j3] * v_at(b, h // group, j3, e).astype(
+        "float32"), axis=j3), name="weighted")
+    out = te.compute(s.out_shape, lambda b, h, i, e: (acc[b, h, i, e] / total[b, h, i]).astype(s.dtype), name="out")
     # the scores of long sequences pass 2^31 elements: int32 offsets would overflow
     big = s.batch * s.heads * s.seq_q * s.seq_kv > INT32_ELEMENTS
-    func = te.create_prim_func([q, k, v, out], index_dtype_override="int64" if big else None)
+    func = te.create_prim_func([*inputs, out], index_dtype_override="int64" if big else None)
     func = func.with_attr("global_symbol", name)
     return func.with_attr(ATTR, {k: v for k, v in asdict(s).items()})
+
+
+def _loaders(s: AttentionShape, inputs):
+    """``(q_at, k_at, v_at)``: element ``[b, head, token, d]`` of Q, K and V in ``s.layout``."""
+    if s.layout == "packed":
+        (qkv,) = inputs
+        h, g = s.heads, s.kv_heads
+        return (lambda b, x, i, d: qkv[b, i, x, d], lambda b, x, j, d: qkv[b, j, h + x, d],
+                lambda b, x, j, d: qkv[b, j, h + g + x, d])
+    q, k, v = inputs
+    if s.layout == "bthd":
+        return (lambda b, x, i, d: q[b, i, x, d], lambda b, x, j, d: k[b, j, x, d], lambda b, x, j, d: v[b, j, x, d])
+    return (lambda b, x, i, d: q[b, x, i, d], lambda b, x, j, d: k[b, x, j, d], lambda b, x, j, d: v[b, x, j, d])
 
 
 def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
@@ -112,17 +153,15 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
         shape = AttentionShape(
             batch=int(raw["batch"]), heads=int(raw["heads"]), seq_q=int(raw["seq_q"]), seq_kv=int(raw["seq_kv"]),
             head_dim=int(raw["head_dim"]), kv_heads=int(raw["kv_heads"]), causal=bool(raw["causal"]),
-            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]), layout=str(raw.get("layout", "bhtd")))
     except (KeyError, TypeError, ValueError):
         return None
-    if len(func.params) != 4:
+    want = (*shape.input_shapes, shape.out_shape)
+    if len(func.params) != len(want):
         return None
-    s = shape
-    want = ((s.batch, s.heads, s.seq_q, s.head_dim), (s.batch, s.kv_heads, s.seq_kv, s.head_dim),
-            (s.batch, s.kv_heads, s.seq_kv, s.head_dim), (s.batch, s.heads, s.seq_q, s.head_dim))
     for param, dims in zip(func.params, want):
         buf = param  # TIRx parameters are the buffers themselves
-        if getattr(buf, "shape", None) is None or buf.dtype != s.dtype:
+        if getattr(buf, "shape", None) is None or buf.dtype != shape.dtype:
             return None
         if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
             return None

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
 
 import tvm_ffi
 from tvm import ir, tirx
 from tvm.s_tir.stmt import SBlock
 
 from fastdlight.analysis.attention import match_attention
+from fastdlight.measure import host
 from fastdlight.measure.timing import output_indices, param_buffers
 
 #: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
@@ -170,13 +174,35 @@ def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
     return tuple(_kind_of(params[i], _feeding(params[i], blocks)) for i in output_indices(func))
 
 
-def absolute_inputs(func: tirx.PrimFunc, count: int) -> tuple[bool, ...]:
-    """Which of the ``count`` inputs the magnitude run takes as absolute values: all, except
-    an attention function's Q and K (its softmax weights must stay the function's own; with
-    |V| the run gives each output's Σ_j p_j |v_j|)."""
-    if match_attention(func) is not None and count == 3:
-        return (False, False, True)
-    return (True,) * count
+#: which part of an input the magnitude run takes as absolute values: all of it (True), none
+#: (False), or the elements an index selects (a tuple of slices)
+AbsolutePart = Union[bool, tuple[slice, ...]]
+
+
+def absolute_inputs(func: tirx.PrimFunc, count: int) -> tuple[AbsolutePart, ...]:
+    """Which of the ``count`` inputs the magnitude run takes as absolute values (see
+    :data:`AbsolutePart`): all, except in an attention function, where only V is: its softmax
+    weights must stay the function's own, and with |V| the run gives each output's
+    Σ_j p_j |v_j| (in a packed QKV tensor, V's heads)."""
+    shape = match_attention(func)
+    if shape is None:
+        return (True,) * count
+    if shape.layout == "packed" and count == 1:
+        first, last = shape.value_heads
+        return ((slice(None), slice(None), slice(first, last), slice(None)),)
+    return (False, False, True) if count == 3 else (True,) * count
+
+
+def take_absolute(a: np.ndarray, part: AbsolutePart) -> np.ndarray:
+    """``a`` with :data:`AbsolutePart` ``part`` of it in absolute values (a new array unless
+    ``part`` is False)."""
+    if part is False:
+        return a
+    if part is True:
+        return host.absolute(a)
+    out = np.array(a, copy=True)
+    out[part] = np.abs(out[part])
+    return out
 
 
 def wants_own_dtype_run(func: tirx.PrimFunc) -> bool:

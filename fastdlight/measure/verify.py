@@ -115,6 +115,7 @@ from fastdlight.measure import host
 from fastdlight.measure.check_kinds import (  # noqa: F401 - part of this module's API
     UNIT_ROUNDOFF,
     absolute_inputs,
+    take_absolute,
     CheckKind,
     check_kind,
     expr_dtype,
@@ -336,7 +337,7 @@ def magnitude_inputs(host_inputs: Sequence[np.ndarray], func: tirx.PrimFunc | No
     a signed integer cast to float keeps an output off the sum-of-products bound, see the
     module docstring)."""
     which = absolute_inputs(func, len(host_inputs)) if func is not None else (True,) * len(host_inputs)
-    return [host.absolute(a) if take and is_float(np.asarray(a).dtype) else a for a, take in zip(host_inputs, which)]
+    return [take_absolute(a, part) if is_float(np.asarray(a).dtype) else a for a, part in zip(host_inputs, which)]
 
 
 def _as_list(out) -> list[np.ndarray]:

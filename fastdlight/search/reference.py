@@ -27,7 +27,7 @@ from fastdlight.measure.timing import Workload, function_name, param_buffers, st
 from fastdlight.measure import clock, host
 from fastdlight.measure.widen import OWN_DTYPES
 from fastdlight.search.stages import GPU_TURN, Built, load_module
-from fastdlight.measure.check_kinds import absolute_inputs
+from fastdlight.measure.check_kinds import absolute_inputs, take_absolute
 from fastdlight.measure.verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from fastdlight.compiler.workers import one_line
 
@@ -111,10 +111,12 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
         shape, dtype = static_shape(buf), _widened_dtype(str(buf.dtype))
         arr = None
         if i not in wl.out_idx:
-            arr, take = next(host_inputs)
+            arr, part = next(host_inputs)
             arr = np.asarray(arr)
             if dtype == "float64":
-                arr = host.as_float64(arr, absolute and take)
+                arr = host.as_float64(arr, absolute and part is True)
+                if absolute and part not in (True, False):
+                    arr = take_absolute(arr, part)
         params.append((shape, dtype, arr))
     return _run(fn, wl, params)
 

@@ -27,6 +27,10 @@ SHAPES = {
     "causal_d64_bottom_right": ((2, 4, 300, 4097, 64), dict(causal=True)),
     "gqa_bf16": ((1, 8, 1000, 1000, 128), dict(kv_heads=2, dtype="bfloat16")),
 }
+LAYOUTS = {  # the heads as models hold them before splitting: 4-D tensor maps
+    "bthd_gqa": AttentionShape(2, 8, 300, 300, 64, 2, causal=True, layout="bthd"),
+    "packed_qkv": AttentionShape(1, 12, 1000, 1000, 128, 12, causal=True, layout="packed"),
+}
 
 
 def compile_kernel(func, config):
@@ -53,6 +57,16 @@ def test_every_config_compiles_without_spills(name):
         assert cubin.spill_bytes == 0, f"{config}: {cubin.spill_bytes} bytes spilled"
         assert [tuple(int(x) for x in p.shape) for p in kernel.params] == \
             [tuple(int(x) for x in p.shape) for p in op.func.params]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_unsplit_layouts_load_with_four_dimensional_maps(name):
+    func = attention_func(LAYOUTS[name])
+    config = attention_configs(LAYOUTS[name], H100, 1)[0]
+    kernel, src, cubin = compile_kernel(func, config)
+    assert "cp.async.bulk.tensor.4d" in src and "cp.async.bulk.tensor.3d" not in src
+    assert cubin.spill_bytes == 0
+    assert [p.name for p in kernel.params] == [p.name for p in func.params]
 
 
 def test_the_attention_policy_goes_first_on_hopper_only():

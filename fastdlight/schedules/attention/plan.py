@@ -17,6 +17,11 @@ PRODUCER_REGS = 24
 LOG2E = 1.4426950408889634
 
 
+def _strides(dims: tuple[int, ...], elem_bytes: int) -> tuple[int, ...]:
+    """Byte strides of a dense tensor's outer dims (``dims`` innermost first)."""
+    return tuple(math.prod(dims[: i + 1]) * elem_bytes for i in range(len(dims) - 1))
+
+
 @dataclass(frozen=True)
 class AttentionPlan:
     """One CTA computes ``bm`` query rows of one (batch, head): ``bm / 64`` consumer warpgroups
@@ -130,25 +135,62 @@ class AttentionPlan:
     def smem_bytes(self) -> int:
         return self.q_bytes + 2 * self.stages * self.kv_bytes + 8 * (1 + 3 * self.stages) + 1024
 
-    @property
-    def q_dims(self) -> tuple[int, int, int]:
-        s = self.shape
-        return (s.head_dim, s.seq_q, s.batch * s.heads)
+    # --- tensor maps: [B*heads, T, D] (bhtd) or [B, T, heads, D] (bthd, packed), innermost first
 
     @property
-    def kv_dims(self) -> tuple[int, int, int]:
-        s = self.shape
-        return (s.head_dim, s.seq_kv, s.batch * s.kv_heads)
+    def rank(self) -> int:
+        return 3 if self.shape.layout == "bhtd" else 4
 
     @property
-    def q_strides(self) -> tuple[int, int]:
+    def q_dims(self) -> tuple[int, ...]:
         s = self.shape
-        return (s.head_dim * self.elem_bytes, s.seq_q * s.head_dim * self.elem_bytes)
+        if s.layout == "bhtd":
+            return (s.head_dim, s.seq_q, s.batch * s.heads)
+        return (s.head_dim, s.input_shapes[0][2], s.seq_q, s.batch)
 
     @property
-    def kv_strides(self) -> tuple[int, int]:
+    def kv_dims(self) -> tuple[int, ...]:
         s = self.shape
-        return (s.head_dim * self.elem_bytes, s.seq_kv * s.head_dim * self.elem_bytes)
+        if s.layout == "bhtd":
+            return (s.head_dim, s.seq_kv, s.batch * s.kv_heads)
+        return (s.head_dim, s.input_shapes[-1][2], s.seq_kv, s.batch)
+
+    @property
+    def q_strides(self) -> tuple[int, ...]:
+        return _strides(self.q_dims, self.elem_bytes)
+
+    @property
+    def kv_strides(self) -> tuple[int, ...]:
+        return _strides(self.kv_dims, self.elem_bytes)
+
+    def box(self, rows: int) -> tuple[int, ...]:
+        """A load's box: 64 columns of ``rows`` tokens of one head."""
+        return (64, rows, 1) if self.rank == 3 else (64, 1, rows, 1)
+
+    @property
+    def elem_strides(self) -> tuple[int, ...]:
+        return (1,) * self.rank
+
+    @property
+    def load_op(self) -> str:
+        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+    def q_coords(self, c, qt, bh):
+        """Chunk ``c`` of query tile ``qt`` of head row ``bh`` (of [B*H])."""
+        s = self.shape
+        if self.rank == 3:
+            return [c * 64, qt * self.bm, bh]
+        return [c * 64, bh % s.heads, qt * self.bm, bh // s.heads]
+
+    def kv_coords(self, c, j, bh, which: int):
+        """Chunk ``c`` of key tile ``j`` of K (``which`` 0) or V (1) for query head row ``bh``."""
+        s = self.shape
+        if self.rank == 3:
+            return [c * 64, j * self.bn, self.kv_head(bh)]
+        head = bh % s.heads // s.group
+        if s.layout == "packed":  # Q's heads, then K's, then V's
+            head = head + s.heads + which * s.kv_heads
+        return [c * 64, head, j * self.bn, bh // s.heads]
 
     # --- wgmma ------------------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
-LOAD_3D = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
 def plan_for(func: tirx.PrimFunc, config: Config) -> AttentionPlan | None:
@@ -72,13 +71,14 @@ def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
     register_codegen_fixes()
     names = [str(p.name) for p in func.params]
+    inputs = names[:-1] * 3 if len(names) == 2 else names[:-1]  # a packed QKV tensor is all three
     params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     text = (_kernel_text().replace("{NAME}", "attention_wgmma").replace("{PARAMS}", params)
-            .replace("{Q}", names[0]).replace("{K}", names[1]).replace("{V}", names[2]).replace("{O}", names[3])
+            .replace("{Q}", inputs[0]).replace("{K}", inputs[1]).replace("{V}", inputs[2]).replace("{O}", names[-1])
             .replace("{PACK}", _pack(plan.shape.dtype)))
     q, k, v = plan.operands()
     env = {"T": T, "P": plan, "K_QOP": q, "K_KOP": k, "K_VOP": v, "K_DTYPE": plan.shape.dtype,
-           "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "K_LOAD": LOAD_3D, "range": range}
+           "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "range": range}
     kernel = tvm.script.from_source(text, extra_vars=env)
     attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
     if func.attrs is not None and "global_symbol" in func.attrs:
