@@ -41,16 +41,21 @@ class Case:
     head_dim: int
     kv_heads: int | None = None
     causal: bool = False
+    dtype: str = "float16"
 
     def describe(self) -> str:
         gqa = f" G{self.kv_heads}" if self.kv_heads and self.kv_heads != self.heads else ""
+        bf16 = " bf16" if self.dtype == "bfloat16" else ""
         return (f"B{self.batch} H{self.heads}{gqa} TQ{self.seq_q} TKV{self.seq_kv} d{self.head_dim}"
-                f"{' causal' if self.causal else ''}")
+                f"{' causal' if self.causal else ''}{bf16}")
 
 
 #: the shapes torch's flash attention was measured at on an H200 (prefill: TFLOPS; decode: TB/s)
 CASES = {
     "prefill_causal_4k": Case(1, 32, 4096, 4096, 128, causal=True),
+    "prefill_causal_4k_bf16": Case(1, 32, 4096, 4096, 128, causal=True, dtype="bfloat16"),
+    "prefill_tail_1000": Case(1, 32, 1000, 1000, 128, causal=True),
+    "prefill_tail_4097": Case(1, 32, 4097, 4097, 128, causal=True),
     "prefill_causal_b4_2k": Case(4, 32, 2048, 2048, 128, causal=True),
     "prefill_causal_gpt2": Case(8, 12, 1024, 1024, 64, causal=True),
     "prefill_8k": Case(1, 32, 8192, 8192, 128),
@@ -94,7 +99,7 @@ def run_case(name: str, case: Case, args) -> Row:
 
     row = Row(name, case.describe())
     op = ops.attention(case.batch, case.heads, case.seq_q, case.seq_kv, case.head_dim,
-                       kv_heads=case.kv_heads, causal=case.causal)
+                       kv_heads=case.kv_heads, causal=case.causal, dtype=case.dtype)
     arch = auto_arch()
     t0 = time.perf_counter()
     # verified against the function's float64 twin on the GPU: numpy's would hold B*H*TQ*TKV
