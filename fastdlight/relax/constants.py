@@ -52,8 +52,11 @@ def input_independent_values(max_bytes: int = MAX_BYTES) -> tvm.transform.Pass:
         except Exception:  # noqa: BLE001 - the values stay computed at run time
             return mod
         consts = {v: relax.const(value) for v, value in zip(frontier, values)}
+        # the independent bindings that are constants already stay (the frontier leaves them
+        # out: nothing to evaluate); DeadCodeElimination drops those no kept value reads
         kept = [relax.VarBinding(b.var, consts[b.var]) if b.var in consts else b
-                for b in _bindings(main) if b.var in consts or b.var not in independent]
+                for b in _bindings(main) if b.var in consts or b.var not in independent
+                or isinstance(b.value, tvm.ir.expr.Constant)]
         body = relax.SeqExpr([relax.BindingBlock(kept)], main.body.body)
         flat["main"] = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)
         seq = tvm.transform.Sequential([relax.transform.ConvertToDataflow(), relax.transform.DeadCodeElimination()])
