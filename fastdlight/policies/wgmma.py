@@ -96,6 +96,29 @@ CLUSTER = 2
 CLUSTER_VARIANTS = 3
 
 
+#: tiles estimated at more than this many times the best tile are not emitted. Where they
+#: occur, a small GEMM's tiles all fit in one wave and a larger tile gives fewer CTAs the same
+#: K loop with more tensor-core work each (196x384x64: 256x192 at 4.3x the estimate of 64x64);
+#: such a CTA's time cannot beat the smaller tile's, and the gap between this estimate and the
+#: hot timings recorded above is at most 17% (cluster twins). They are also the slowest builds:
+#: 256x192 took 9.1 s and 128x128 ping-pong 5.8 s against 1.1 s for 64x64 (schedule, TIRx
+#: pipeline, NVRTC, export, one CPU, 2026-11-29); mobilenet_v2 and resnet50 at batch 1 emitted
+#: 136 and 248 wgmma tiles, 286 and 619 CPU seconds of builds, before this cut. A GEMM that
+#: fills several waves has every tile within 1.9x (4096^3, 8192^3, 2048x11008x4096, 3000x5120x1000),
+#: so its tiles are unchanged. No GPU timing of the tiles cut was made: 2x is a conservative
+#: margin over that 17%
+MAX_COST_SPREAD = 2.0
+
+
+def within_spread(ranked: list, cost) -> list:
+    """``ranked`` (best first) without the entries ``cost`` puts beyond ``MAX_COST_SPREAD`` times
+    the first's."""
+    if not ranked:
+        return ranked
+    limit = MAX_COST_SPREAD * cost(ranked[0])
+    return [t for t in ranked if cost(t) <= limit]
+
+
 @dataclass(frozen=True)
 class _Tile:
     bm: int
@@ -232,7 +255,7 @@ class WgmmaPolicy:
     def emit_config(self, topk: int = 8) -> list[Config]:
         ranked = sorted(self.tiles(),
                         key=lambda t: (self.cost(t), -t.bm * t.bn, t.bm != t.wm, t.cluster, t.cluster_axis))
-        return [self.config(t) for t in ranked[:topk]]
+        return [self.config(t) for t in within_spread(ranked, self.cost)[:topk]]
 
     def config(self, t: _Tile) -> Config:
         """The template's config of tile ``t``, with its rasterization group and estimated cost."""

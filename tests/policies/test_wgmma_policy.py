@@ -8,7 +8,7 @@ import tvm
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma import WgmmaPolicy, wgmma_eligible
+from fastdlight.policies.wgmma import MAX_COST_SPREAD, WgmmaPolicy, wgmma_eligible
 from fastdlight.analysis.wgmma_match import match_wgmma
 from fastdlight.schedules.wgmma.template import Plan, config_fits
 from fastdlight.policies.select import candidate_sets
@@ -171,3 +171,14 @@ def test_the_estimate_orders_8192_cubed_tiles_as_they_ran():
     steps = {t: policy.smem_cycles(policy.tile(*t)) for t in [(128, 256, 64), (256, 128, 128), (128, 128, 128)]}
     assert steps[128, 256, 64] == 1024 and steps[256, 128, 128] == 1152 and steps[128, 128, 128] == 640
     assert wgmma.SMEM_BYTES_PER_CYCLE == 128
+
+
+def test_a_small_gemm_drops_the_tiles_estimated_far_behind_the_best():
+    # 196x384x64 (a pointwise convolution of mobilenet_v2 at batch 1): every tile fits one wave
+    configs = WgmmaPolicy(gemm(196, 384, 64), H100).emit_config(20)
+    assert configs and all(c.cost <= MAX_COST_SPREAD * configs[0].cost for c in configs)
+    assert (256, 192) not in [tuple(c.block) for c in configs] and len(configs) < 16
+
+
+def test_a_large_gemm_keeps_its_tiles():
+    assert len(WgmmaPolicy(gemm(4096, 4096, 4096), H100).emit_config(16)) == 16
