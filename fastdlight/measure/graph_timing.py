@@ -113,7 +113,7 @@ def time_graph(launch, arg_sets, dev, budget_ms: float = 100.0, per_launch_ms: f
         samples = _replays(graph.replay_ms, budget_ms, n * per_launch_ms)
     finally:
         graph.close()
-    return Timing.of(s / n for s in samples)
+    return Timing.of((s / n for s in samples), graph=True)
 
 
 def time_torch_graph(fns, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:
@@ -144,4 +144,4 @@ def time_torch_graph(fns, budget_ms: float = 100.0, per_launch_ms: float = 0.01)
 
     replay_ms()
     samples = _replays(replay_ms, budget_ms, n * per_launch_ms)
-    return Timing.of(s / n for s in samples)
+    return Timing.of((s / n for s in samples), graph=True)

@@ -42,16 +42,19 @@ INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -
 class Timing:
     """Median milliseconds per launch, and every sample it was taken from. ``hot``: taken in
     the finalists' second timing, on a GPU at its sustained clock (see ``measure.heat``); such a
-    timing is compared only with others like it."""
+    timing is compared only with others like it. ``graph``: every sample was replayed from a CUDA
+    graph (``measure.graph_timing``); a short kernel's queued launches time the host's launch
+    loop instead, so the two are not compared either."""
 
     median_ms: float
     samples_ms: tuple[float, ...] = ()
     hot: bool = False
+    graph: bool = False
 
     @classmethod
-    def of(cls, samples, hot: bool = False) -> Timing:
+    def of(cls, samples, hot: bool = False, graph: bool = False) -> Timing:
         samples = tuple(float(s) for s in samples)
-        return cls(float(np.median(samples)), samples, hot)
+        return cls(float(np.median(samples)), samples, hot, graph)
 
     @property
     def min_ms(self) -> float:

@@ -71,7 +71,9 @@ class FunctionReport:
     """What the pass did with one PrimFunc. status: "tuned", "database", "view" (a reshape:
     it runs as a view of its input, no kernel) or "untuned" (no verified kernel at all).
     winner: "fastdlight" or "stock" (stock Dlight's schedule was
-    measured as a candidate and was the fastest); stock_ms: stock Dlight's time in the same run.
+    measured as a candidate and was the fastest); stock_ms: stock Dlight's time in the same run,
+    taken the way latency_ms was (both hot, both from CUDA graphs or both queued: the numbers the
+    pick compared), None when it has no such time.
     same_as: the function whose tuning this structurally equal one reused."""
 
     function: str
