@@ -2,7 +2,7 @@
 
 import pytest
 
-from fastdlight.arch import has_gpu
+from fastdlight.arch import auto_arch, has_gpu
 
 HAS_GPU = has_gpu()
 
@@ -14,3 +14,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def hopper_arch():
+    """The live GPU's hardware model where it has wgmma (sm_90a); the test is skipped elsewhere."""
+    if not HAS_GPU:
+        pytest.skip("no CUDA GPU")
+    arch = auto_arch()
+    if not arch.has_wgmma:
+        pytest.skip(f"{arch.arch}: no wgmma")
+    return arch

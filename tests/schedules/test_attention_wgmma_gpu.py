@@ -6,7 +6,6 @@ import pytest
 
 from fastdlight import ops
 from fastdlight.analysis.attention import match_attention
-from fastdlight.arch import auto_arch, has_gpu
 from fastdlight.policies.attention import attention_configs
 from fastdlight.search.runner import apply_and_build
 
@@ -21,13 +20,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def arch():
-    if not has_gpu():
-        pytest.skip("no CUDA GPU")
-    arch = auto_arch()
-    if not arch.has_wgmma:
-        pytest.skip(f"{arch.arch}: no wgmma")
-    return arch
+def arch(hopper_arch):
+    return hopper_arch
 
 
 @pytest.mark.parametrize("name", list(CASES))

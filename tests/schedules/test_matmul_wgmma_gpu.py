@@ -6,7 +6,6 @@ an odd number of epilogue chunks per tile). Needs an sm_90a GPU (skipped elsewhe
 import pytest
 
 from fastdlight import ops
-from fastdlight.arch import auto_arch, has_gpu
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.search.runner import apply_and_build
@@ -26,13 +25,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def arch():
-    if not has_gpu():
-        pytest.skip("no CUDA GPU")
-    arch = auto_arch()
-    if not arch.has_wgmma:
-        pytest.skip(f"{arch.arch}: no wgmma")
-    return arch
+def arch(hopper_arch):
+    return hopper_arch
 
 
 @pytest.mark.parametrize("name", list(CASES))
