@@ -7,8 +7,9 @@ Forms, as ``for_inference`` leaves them (``ToMixedPrecision``'s casts included):
 - ``matmul(P, V)`` with ``P = [astype](softmax(S))`` and ``S`` the scores ``matmul(Q, Kᵀ)``
   through casts, multiplications or divisions by a scalar constant (the scale; torch's SDPA
   splits it as ``sqrt(scale)`` on both Q and Kᵀ) and at most a mask: an additive constant
-  (``0`` kept, ``-inf`` or at most :data:`MASKED_AT` masked) or a ``where`` on a constant
-  condition (``masked_fill``). A mask is causal where its kept entries are the bottom-right
+  (``0`` kept, ``-inf`` or at most :data:`.attention_masks.MASKED_AT` masked) or a ``where`` on
+  a constant condition (``masked_fill``; :mod:`.attention_masks` reads masks and scales off the
+  graph). A mask is causal where its kept entries are the bottom-right
   aligned lower triangle (the top-left one when TQ = TKV), none where it keeps everything;
   other masks are data the fused function does not take (T5's and Swin's position biases).
   This covers ``scaled_dot_product_attention`` as ``torch.export`` decomposes it (with the
@@ -33,7 +34,6 @@ fused with its neighbours, FuseTIR would make a new function without the
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,18 +44,20 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
 from fastdlight.arch import CUDA
+from fastdlight.relax.attention_masks import (
+    LAYOUT_OPS,
+    Graph,
+    causal_of,
+    masked_by,
+    scaled_by,
+)
 from fastdlight.relax.rewrites import call_to, static_shape
 
-#: an additive mask entry at or below this masks its key: exp underflows to 0 in fp32 (torch's
-#: ``finfo.min``, GPT-2's ``-1e4`` and ``-inf`` all are)
-MASKED_AT = -1e4
 #: relax's OpPatternKind.kOpaque: AnnotateTIROpPattern keeps it, FuseOps fuses nothing with it
 OPAQUE = 8
 #: a scale this close (relative) to 1/sqrt(D) is 1/sqrt(D), rounded where the exporter split it
 #: into two fp16 factors
 SCALE_ROUNDING = 2.0**-9
-#: ops that keep a tensor's last two axes and its elements' row-major order
-LAYOUT_OPS = ("relax.reshape", "relax.expand_dims", "relax.squeeze")
 #: ops SDPA's guard condition passes through on its way to ``equal(scores, -inf)``
 GUARD_STEPS = ("relax.logical_not", "relax.astype", "relax.max", "relax.reshape", "relax.broadcast_to")
 DTYPES = ("float16", "bfloat16")
@@ -88,77 +90,10 @@ class Match:
     out_axes: tuple[int, ...] | None = None
 
 
-class Graph:
-    """One Relax function's bindings: what each variable is bound to, who reads it (None: the
-    function's result), and which ones attention found so far replaces."""
-
-    def __init__(self, func: relax.Function):
-        self.values: dict[relax.Var, relax.Expr] = {}
-        self.users: dict[relax.Var, list] = defaultdict(list)
-        self.replaced: set[relax.Var] = set()
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, relax.VarBinding):
-                    self.values[binding.var] = binding.value
-                for used in _vars_in(binding.value):
-                    self.users[used].append(binding.var)
-        for used in _vars_in(func.body.body):
-            self.users[used].append(None)
-
-    def value(self, expr: relax.Expr) -> relax.Expr:
-        return self.values.get(expr, expr) if isinstance(expr, relax.Var) else expr
-
-    def constant(self, expr: relax.Expr) -> np.ndarray | None:
-        """``expr``'s value when it is a constant, through casts and layout changes."""
-        value = self.value(expr)
-        if isinstance(value, tvm.ir.expr.Constant):
-            try:
-                return value.value.numpy()
-            except Exception:  # noqa: BLE001 - a dtype numpy cannot hold (bf16 without ml_dtypes)
-                return None
-        call = call_to(value, "relax.astype", "relax.permute_dims", "relax.broadcast_to", *LAYOUT_OPS)
-        inner = None if call is None else self.constant(call.args[0])
-        shape = static_shape(value)
-        if inner is None or shape is None:
-            return None
-        if call.op.name == "relax.permute_dims":
-            axes = call.attrs.axes
-            return np.transpose(inner, None if axes is None else [int(a) for a in axes])
-        if call.op.name == "relax.broadcast_to":
-            return np.broadcast_to(inner, shape)
-        if call.op.name == "relax.astype":
-            return inner.astype(str(call.attrs.dtype)) if str(call.attrs.dtype) in ("bool", "float32") else inner
-        return inner.reshape(shape)
-
-    def scalar(self, expr: relax.Expr) -> float | None:
-        value = self.constant(expr)
-        return float(value.reshape(())) if value is not None and value.size == 1 else None
-
-
-def _vars_in(expr: relax.Expr) -> list[relax.Var]:
-    found = []
-    relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
-    return found
-
-
 def _last_two_kept(call: relax.Call) -> bool:
     before, after = static_shape(call.args[0]), static_shape(call)
     return before is not None and after is not None and len(before) >= 2 and len(after) >= 2 \
         and before[-2:] == after[-2:]
-
-
-def _scaled(graph: Graph, value: relax.Expr) -> tuple[relax.Expr, float] | None:
-    """``(x, c)`` where ``value`` is ``x * c``, ``c * x`` or ``x / (1 / c)`` with ``c`` a scalar constant."""
-    call = call_to(value, "relax.multiply", "relax.divide")
-    if call is None:
-        return None
-    if call.op.name == "relax.divide":
-        scalar = graph.scalar(call.args[1])
-        return None if not scalar else (call.args[0], 1.0 / scalar)
-    for x, c in (call.args, call.args[::-1]):
-        if (scalar := graph.scalar(c)) is not None and graph.constant(x) is None:
-            return x, scalar
-    return None
 
 
 def operand(graph: Graph, expr: relax.Expr) -> Operand:
@@ -169,7 +104,7 @@ def operand(graph: Graph, expr: relax.Expr) -> Operand:
     while expr not in graph.replaced:
         value = graph.value(expr)
         call = call_to(value, "relax.astype", "relax.permute_dims", "relax.broadcast_to", *LAYOUT_OPS)
-        if (scaled := _scaled(graph, value)) is not None:
+        if (scaled := scaled_by(graph, value)) is not None:
             expr, factor = scaled
             scale *= factor
         elif call is None:
@@ -218,27 +153,6 @@ def _lead(shape: list[int]) -> list[int]:
     while lead and lead[0] == 1:
         lead.pop(0)
     return lead
-
-
-def _kept_rows(keep: np.ndarray, tq: int, tkv: int) -> np.ndarray | None:
-    """The ``[TQ, TKV]`` entries a mask keeps when it keeps the same ones in every head, else None."""
-    try:
-        full = np.broadcast_to(keep, (*keep.shape[:-2], tq, tkv) if keep.ndim >= 2 else (tq, tkv))
-    except ValueError:
-        return None
-    flat = full.reshape(-1, tq, tkv)
-    return flat[0] if np.all(flat == flat[0]) else None
-
-
-def _causal(keep: np.ndarray) -> bool | None:
-    """Whether the kept ``[TQ, TKV]`` entries are all (False) or the bottom-right causal
-    triangle (True); None for any other mask."""
-    tq, tkv = keep.shape
-    if keep.all():
-        return False
-    if tq <= tkv and np.array_equal(keep, np.tril(np.ones((tq, tkv), bool), tkv - tq)):
-        return True
-    return None
 
 
 class Matcher:
@@ -304,7 +218,7 @@ class Matcher:
         scale, keep = 1.0, np.ones((tq, tkv), bool)
         while True:
             value = self.through(expr)
-            if (scaled := _scaled(self.graph, value)) is not None:
+            if (scaled := scaled_by(self.graph, value)) is not None:
                 expr, factor = scaled
                 scale *= factor
                 continue
@@ -318,34 +232,9 @@ class Matcher:
                     return None
                 expr = call.args[0]
                 continue
-            masked = self.additive(call) if call.op.name == "relax.add" else self.selected(call)
-            rows = None if masked is None else _kept_rows(masked[1], tq, tkv)
-            if rows is None:
+            if (masked := masked_by(self.graph, call, tq, tkv)) is None:
                 return None
-            expr, keep = masked[0], keep & rows
-
-    def additive(self, add: relax.Call) -> tuple[relax.Expr, np.ndarray] | None:
-        """``(x, kept entries)`` of ``x + mask``, ``mask`` a constant of 0 (kept) and masked values."""
-        for x, mask in (add.args, add.args[::-1]):
-            values = self.graph.constant(mask)
-            if values is not None and self.graph.constant(x) is None:
-                kept = values == 0
-                return (x, kept) if np.all(kept | (values <= MASKED_AT)) else None
-        return None
-
-    def selected(self, where: relax.Call) -> tuple[relax.Expr, np.ndarray] | None:
-        """``(x, kept entries)`` of ``where(c, x, fill)`` or ``where(c, fill, x)``, ``c`` a
-        constant and ``fill`` masked values (``masked_fill``)."""
-        cond = self.graph.constant(where.args[0])
-        shape = static_shape(where)
-        if cond is None or shape is None:
-            return None
-        cond = np.broadcast_to(cond.astype(bool), shape)
-        for x, fill, keep in ((where.args[1], where.args[2], cond), (where.args[2], where.args[1], ~cond)):
-            values = self.graph.constant(fill)
-            if values is not None and self.graph.constant(x) is None:
-                return (x, keep) if np.all(np.broadcast_to(values, shape)[~keep] <= MASKED_AT) else None
-        return None
+            expr, keep = masked[0], keep & masked[1]
 
 
 def match_decomposed(graph: Graph, root: relax.Var, pv: relax.Call) -> Match | None:
@@ -360,11 +249,11 @@ def match_decomposed(graph: Graph, root: relax.Var, pv: relax.Call) -> Match | N
     if scored is None or not all(matcher.guards(c, softmax.args[0]) for c in guards):
         return None
     qk, scale, keep = scored
-    causal = _causal(keep)
-    if causal is None or not matcher.exclusive(root):
+    is_causal = causal_of(keep)
+    if is_causal is None or not matcher.exclusive(root):
         return None
     q, k, v = operand(graph, qk.args[0]), operand(graph, qk.args[1]), operand(graph, pv.args[1])
-    return _decomposed_match(qk, pv, (q, k, v), scale * q.scale * k.scale, causal)
+    return _decomposed_match(qk, pv, (q, k, v), scale * q.scale * k.scale, is_causal)
 
 
 def _decomposed_match(qk: relax.Call, pv: relax.Call, operands: tuple[Operand, Operand, Operand], scale: float,
