@@ -4,8 +4,10 @@ seven-block form every GPU schedules), and how a template recognizes it again.
 The TIR is ``softmax(scale * Q Kᵀ [+ causal mask]) V`` per head with Q ``[B, H, TQ, D]``, K and V
 ``[B, G, TKV, D]``, out ``[B, H, TQ, D]``; scores, softmax and sums in fp32. The inputs may
 also come as models hold them before splitting heads (``layout``): ``"bthd"``, Q ``[B, TQ, H,
-D]`` and K, V ``[B, TKV, G, D]``; ``"packed"``, one ``[B, T, H + 2G, D]`` tensor (a fused QKV
-projection's output) holding Q's heads, then K's, then V's. The output is ``[B, H, TQ, D]``. Query head ``h``
+D]`` and K, V ``[B, TKV, G, D]``; one layout per input, ``"bhtd,bhtd,bthd"`` (LLaMA's Q and K
+come out of the rotary embedding split, its V straight from the projection); or ``"packed"``,
+one ``[B, T, H + 2G, D]`` tensor (a fused QKV projection's output) holding Q's heads, then K's,
+then V's. The output is ``[B, H, TQ, D]``. Query head ``h``
 reads K/V head ``h // (H // G)`` (GQA; MQA at G = 1). ``causal``: query ``i`` sees keys
 ``j <= i + TKV - TQ``, aligned to the bottom right as torch's ``causal_lower_right`` (the same as
 ``is_causal=True`` when TQ = TKV). The function carries its shape as the attribute
@@ -23,6 +25,8 @@ from tvm import te, tirx
 ATTR = "fastdlight.attention"
 DTYPES = ("float16", "bfloat16", "float32")
 LAYOUTS = ("bhtd", "bthd", "packed")
+#: the layouts one input may have on its own
+OPERAND_LAYOUTS = ("bhtd", "bthd")
 INT32_ELEMENTS = 2**31 - 1
 
 
@@ -50,8 +54,10 @@ class AttentionShape:
                              "aligned to the bottom right, the first queries would see no key")
         if self.dtype not in DTYPES:
             raise ValueError(f"unsupported attention dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown attention layout {self.layout!r}; one of {', '.join(LAYOUTS)}")
+        parts = self.layout.split(",")
+        if self.layout not in LAYOUTS and (len(parts) != 3 or not set(parts) <= set(OPERAND_LAYOUTS)):
+            raise ValueError(f"unknown attention layout {self.layout!r}: one of {', '.join(LAYOUTS)}, or one of "
+                             f"{' and '.join(OPERAND_LAYOUTS)} for each of Q, K, V (comma-separated)")
         if self.layout == "packed" and self.seq_q != self.seq_kv:
             raise ValueError("a packed QKV tensor has one sequence length: seq_q must equal seq_kv")
         if self.scale == 0.0:
@@ -68,14 +74,20 @@ class AttentionShape:
         return self.seq_kv - self.seq_q
 
     @property
+    def operand_layouts(self) -> tuple[str, str, str]:
+        """The layouts of Q, K and V (each ``"packed"`` when they share one tensor)."""
+        parts = self.layout.split(",")
+        return tuple(parts) if len(parts) == 3 else (self.layout,) * 3
+
+    @property
     def input_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Shapes of the function's inputs: Q, K, V, or the packed tensor alone."""
         b, h, g, d = self.batch, self.heads, self.kv_heads, self.head_dim
         if self.layout == "packed":
             return ((b, self.seq_q, h + 2 * g, d),)
-        if self.layout == "bthd":
-            return ((b, self.seq_q, h, d), (b, self.seq_kv, g, d), (b, self.seq_kv, g, d))
-        return ((b, h, self.seq_q, d), (b, g, self.seq_kv, d), (b, g, self.seq_kv, d))
+        heads_and_tokens = ((h, self.seq_q), (g, self.seq_kv), (g, self.seq_kv))
+        return tuple((b, x, t, d) if lay == "bhtd" else (b, t, x, d)
+                     for lay, (x, t) in zip(self.operand_layouts, heads_and_tokens))
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -130,16 +142,19 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimF
 
 
 def _loaders(s: AttentionShape, inputs):
-    """``(q_at, k_at, v_at)``: element ``[b, head, token, d]`` of Q, K and V in ``s.layout``."""
+    """``(q_at, k_at, v_at)``: element ``[b, head, token, d]`` of Q, K and V as ``s`` lays them out."""
     if s.layout == "packed":
         (qkv,) = inputs
         h, g = s.heads, s.kv_heads
         return (lambda b, x, i, d: qkv[b, i, x, d], lambda b, x, j, d: qkv[b, j, h + x, d],
                 lambda b, x, j, d: qkv[b, j, h + g + x, d])
-    q, k, v = inputs
-    if s.layout == "bthd":
-        return (lambda b, x, i, d: q[b, i, x, d], lambda b, x, j, d: k[b, j, x, d], lambda b, x, j, d: v[b, j, x, d])
-    return (lambda b, x, i, d: q[b, x, i, d], lambda b, x, j, d: k[b, x, j, d], lambda b, x, j, d: v[b, x, j, d])
+
+    def at(t, layout):
+        if layout == "bthd":
+            return lambda b, x, i, d: t[b, i, x, d]
+        return lambda b, x, i, d: t[b, x, i, d]
+
+    return tuple(at(t, layout) for t, layout in zip(inputs, s.operand_layouts))
 
 
 def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:

@@ -23,13 +23,14 @@ def reference(q, k, v, shape):
 
 def inputs_of(shape, q, k, v):
     """Q, K, V ([B, heads, T, D]) as the function of ``shape.layout`` takes them."""
-    if shape.layout == "bhtd":
-        return [q, k, v]
-    q, k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
-    return [np.concatenate([q, k, v], axis=2)] if shape.layout == "packed" else [q, k, v]
+    if shape.layout == "packed":
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+        return [np.ascontiguousarray(np.concatenate([q, k, v], axis=2))]
+    return [x if layout == "bhtd" else np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+            for x, layout in zip((q, k, v), shape.operand_layouts)]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [*LAYOUTS, "bhtd,bhtd,bthd", "bthd,bhtd,bhtd"])
 def test_every_layout_computes_attention(layout):
     shape = AttentionShape(2, 4, 24, 24, 16, 2, causal=True, layout=layout)
     func = attention_func(shape)
@@ -61,5 +62,6 @@ def test_the_magnitude_run_takes_only_v_as_absolute():
 def test_a_packed_tensor_needs_one_sequence_length():
     with pytest.raises(ValueError, match="seq_q must equal seq_kv"):
         AttentionShape(1, 4, 8, 16, 16, 2, layout="packed")
-    with pytest.raises(ValueError, match="unknown attention layout"):
-        AttentionShape(1, 4, 8, 8, 16, 2, layout="tbhd")
+    for bad in ("tbhd", "bhtd,bthd", "bhtd,bhtd,packed"):
+        with pytest.raises(ValueError, match="unknown attention layout"):
+            AttentionShape(1, 4, 8, 8, 16, 2, layout=bad)

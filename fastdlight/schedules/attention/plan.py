@@ -135,62 +135,47 @@ class AttentionPlan:
     def smem_bytes(self) -> int:
         return self.q_bytes + 2 * self.stages * self.kv_bytes + 8 * (1 + 3 * self.stages) + 1024
 
-    # --- tensor maps: [B*heads, T, D] (bhtd) or [B, T, heads, D] (bthd, packed), innermost first
+    # --- tensor maps, one per input (0: Q, 1: K, 2: V): [B*heads, T, D] (bhtd) or [B, T, heads, D]
+    # (bthd, packed), innermost first
 
-    @property
-    def rank(self) -> int:
-        return 3 if self.shape.layout == "bhtd" else 4
+    def rank(self, which: int) -> int:
+        return 3 if self.shape.operand_layouts[which] == "bhtd" else 4
 
-    @property
-    def q_dims(self) -> tuple[int, ...]:
+    def dims(self, which: int) -> tuple[int, ...]:
         s = self.shape
-        if s.layout == "bhtd":
-            return (s.head_dim, s.seq_q, s.batch * s.heads)
-        return (s.head_dim, s.input_shapes[0][2], s.seq_q, s.batch)
+        heads, tokens = (s.heads, s.seq_q) if which == 0 else (s.kv_heads, s.seq_kv)
+        layout = s.operand_layouts[which]
+        if layout == "bhtd":
+            return (s.head_dim, tokens, s.batch * heads)
+        if layout == "packed":
+            heads = s.heads + 2 * s.kv_heads
+        return (s.head_dim, heads, tokens, s.batch)
 
-    @property
-    def kv_dims(self) -> tuple[int, ...]:
+    def strides(self, which: int) -> tuple[int, ...]:
+        return _strides(self.dims(which), self.elem_bytes)
+
+    def box(self, which: int) -> tuple[int, ...]:
+        """A load's box: 64 columns of a tile's tokens (``bm`` of Q, ``bn`` of K, V) of one head."""
+        rows = self.bm if which == 0 else self.bn
+        return (64, rows, 1) if self.rank(which) == 3 else (64, 1, rows, 1)
+
+    def elem_strides(self, which: int) -> tuple[int, ...]:
+        return (1,) * self.rank(which)
+
+    def load_op(self, which: int) -> str:
+        return f"cp.async.bulk.tensor.{self.rank(which)}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+    def coords(self, which: int, c, row0, bh):
+        """Chunk ``c`` of the tile of input ``which`` from token ``row0``, for query head row
+        ``bh`` (of [B*H]); K and V are read from its K/V head."""
         s = self.shape
-        if s.layout == "bhtd":
-            return (s.head_dim, s.seq_kv, s.batch * s.kv_heads)
-        return (s.head_dim, s.input_shapes[-1][2], s.seq_kv, s.batch)
-
-    @property
-    def q_strides(self) -> tuple[int, ...]:
-        return _strides(self.q_dims, self.elem_bytes)
-
-    @property
-    def kv_strides(self) -> tuple[int, ...]:
-        return _strides(self.kv_dims, self.elem_bytes)
-
-    def box(self, rows: int) -> tuple[int, ...]:
-        """A load's box: 64 columns of ``rows`` tokens of one head."""
-        return (64, rows, 1) if self.rank == 3 else (64, 1, rows, 1)
-
-    @property
-    def elem_strides(self) -> tuple[int, ...]:
-        return (1,) * self.rank
-
-    @property
-    def load_op(self) -> str:
-        return f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-
-    def q_coords(self, c, qt, bh):
-        """Chunk ``c`` of query tile ``qt`` of head row ``bh`` (of [B*H])."""
-        s = self.shape
-        if self.rank == 3:
-            return [c * 64, qt * self.bm, bh]
-        return [c * 64, bh % s.heads, qt * self.bm, bh // s.heads]
-
-    def kv_coords(self, c, j, bh, which: int):
-        """Chunk ``c`` of key tile ``j`` of K (``which`` 0) or V (1) for query head row ``bh``."""
-        s = self.shape
-        if self.rank == 3:
-            return [c * 64, j * self.bn, self.kv_head(bh)]
-        head = bh % s.heads // s.group
-        if s.layout == "packed":  # Q's heads, then K's, then V's
-            head = head + s.heads + which * s.kv_heads
-        return [c * 64, head, j * self.bn, bh // s.heads]
+        layout = s.operand_layouts[which]
+        if layout == "bhtd":
+            return [c * 64, row0, bh if which == 0 else self.kv_head(bh)]
+        head = bh % s.heads if which == 0 else bh % s.heads // s.group
+        if layout == "packed" and which > 0:  # Q's heads, then K's, then V's
+            head = head + s.heads + (which - 1) * s.kv_heads
+        return [c * 64, head, row0, bh // s.heads]
 
     # --- wgmma ------------------------------------------------------------------------------
 
@@ -229,9 +214,9 @@ class AttentionPlan:
         """Descriptors of Q (A, K-major, 64-column chunks of ``bm`` rows), K (B, K-major,
         chunks of ``bn`` rows) and V (B, MN-major: ``bn`` rows of K by D columns)."""
         s, eb = self.shape, self.elem_bytes
-        q = Operand(True, self.bm, 64, self.q_dims, eb)
-        k = Operand(True, self.bn, 64, self.kv_dims, eb)
-        v = Operand(False, s.head_dim, self.bn, self.kv_dims, eb)
+        q = Operand(True, self.bm, 64, self.dims(0), eb)
+        k = Operand(True, self.bn, 64, self.dims(1), eb)
+        v = Operand(False, s.head_dim, self.bn, self.dims(2), eb)
         return q, k, v
 
     @property
