@@ -44,6 +44,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
 from fastdlight.arch import CUDA
+from fastdlight.relax.attention_layouts import unsplit
 from fastdlight.relax.attention_masks import (
     LAYOUT_OPS,
     Graph,
@@ -88,6 +89,8 @@ class Match:
     out_shape: tuple[int, ...]
     out_dtype: str
     out_axes: tuple[int, ...] | None = None
+    #: the one tensor holding Q, K and V where ``shape.layout`` is "packed"
+    packed: relax.Expr | None = None
 
 
 def _last_two_kept(call: relax.Call) -> bool:
@@ -324,10 +327,23 @@ def find_matches(func: relax.Function, fits) -> dict[relax.Call, Match]:
         else:
             continue
         if match is not None and fits(match.shape):
-            key, match = _replaced(graph, var, call, match)
+            key, match = _replaced(graph, var, call, _unsplit_heads(graph, match))
             found[key] = match
             graph.replaced.update([var, *graph.users[var]])
     return found
+
+
+def _unsplit_heads(graph: Graph, match: Match) -> Match:
+    """``match`` reading Q, K and V before the model splits their heads where it can (see
+    :mod:`.attention_layouts`)."""
+    if any(axes is not None for _, axes in (match.q, match.k, match.v)):
+        return match
+    s = match.shape
+    found = unsplit(graph, (match.q[0], match.k[0], match.v[0]), s.heads, s.kv_heads, s.head_dim)
+    if found.packed is not None:
+        return replace(match, shape=replace(s, layout="packed"), packed=found.packed)
+    q, k, v = ((t, None) for t in found.tensors)
+    return replace(match, shape=replace(s, layout=found.layout), q=q, k=k, v=v)
 
 
 def _replaced(graph: Graph, var: relax.Var, call: relax.Call, match: Match) -> tuple[relax.Call, Match]:
@@ -375,9 +391,9 @@ class Rewriter(PyExprMutator):
 
     def attention(self, m: Match) -> relax.Expr:
         s = m.shape
-        q_shape, kv_shape = (s.batch, s.heads, s.seq_q, s.head_dim), (s.batch, s.kv_heads, s.seq_kv, s.head_dim)
-        args = [self.load(*m.q, q_shape, s.dtype), self.load(*m.k, kv_shape, s.dtype), self.load(*m.v, kv_shape, s.dtype)]
-        out, shape = relax.call_tir(self.function(s), args, relax.TensorType(q_shape, s.dtype)), q_shape
+        inputs = [(m.packed, None)] if m.packed is not None else [m.q, m.k, m.v]
+        args = [self.load(base, axes, shape, s.dtype) for (base, axes), shape in zip(inputs, s.input_shapes)]
+        out, shape = relax.call_tir(self.function(s), args, relax.TensorType(s.out_shape, s.dtype)), s.out_shape
         if m.out_axes is not None:
             out, shape = relax.op.permute_dims(self.builder_.emit(out), list(m.out_axes)), tuple(shape[a] for a in m.out_axes)
         if tuple(m.out_shape) != shape:
