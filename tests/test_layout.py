@@ -102,3 +102,15 @@ def test_there_are_no_import_cycles():
 
 def test_every_module_is_on_a_floor():
     assert [m for m in MODULES if _floor(m) is None] == ["fastdlight"]
+
+
+def test_every_data_file_of_the_package_is_installed_with_it():
+    """Files the package reads at run time (the templates' TIRx kernels) are declared package
+    data, so an installed (not editable) package has them."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for path in PACKAGE.rglob("*"):
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
+            package = ".".join(path.parent.relative_to(ROOT).parts)
+            assert any(path.match(p) for p in declared.get(package, [])), f"{path.relative_to(ROOT)} is not package data"
