@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import tvm.script
 import tvm_ffi
 from tvm import ir, tirx
 from tvm.s_tir.stmt import SBlock
@@ -97,6 +98,18 @@ def _buffers(func: tirx.PrimFunc) -> list:
     bufs = [p for p in func.params if getattr(p, "shape", None) is not None]
     tvm_ffi.structural_walk(func.body, (SBlock, lambda b: bufs.extend(b.alloc_buffers)), order="post")
     return bufs
+
+
+def unique_buffer_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with no two buffers of one name. Relax's FuseTIR names a fused function's
+    parameters after the Relax values passed in, and two values may share a name hint
+    (EfficientNet's squeeze-excite scale and the feature map it scales were both ``lv9``); the
+    analysis and a config's per-buffer vector widths tell buffers apart by name. A round trip
+    through TVMScript renames the later ones (``lv9_1``) and changes nothing else."""
+    names = [str(b.name) for b in _buffers(func)]
+    if len(set(names)) == len(names):
+        return func
+    return tvm.script.from_source(func.script())
 
 
 def check_target(func: tirx.PrimFunc) -> None:

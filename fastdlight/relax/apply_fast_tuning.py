@@ -43,7 +43,7 @@ from fastdlight.arch import CUDA, auto_arch
 from fastdlight.compiler.compile import route_default_pipeline, with_pass_config
 from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
-from fastdlight.analysis.prepare import shape_var_names
+from fastdlight.analysis.prepare import shape_var_names, unique_buffer_names
 from fastdlight.measure import clock
 from fastdlight.measure.inputs import INPUT_VALUES
 from fastdlight.relax.rewrites import scalar_constant
@@ -149,6 +149,7 @@ class ApplyFastTuning:
         constants = scalar_constant_inputs(mod)
         for gv, f in mod.functions_items():
             if isinstance(f, tirx.PrimFunc) and not is_scheduled(f):
+                f = unique_buffer_names(f)  # the scheduled function replaces f: same parameters, by position
                 # a reshape runs as a view of its input (lowering's RewriteDataflowReshape): no kernel
                 if has_reshape_pattern(f):
                     views.append((gv, f))

@@ -259,3 +259,24 @@ def test_scalar_constants_a_model_passes_reach_the_tuning_inputs(monkeypatch):
         warnings.simplefilter("ignore")
         fastdlight.ApplyFastTuning(topk=2, target=H100)(mod)
     assert seen == [{"e": 0.5}]
+
+
+def test_parameters_that_share_a_name_are_told_apart():
+    """FuseTIR names parameters after the Relax values passed in, and two may share a name
+    (EfficientNet's squeeze-excite: a [1, C] scale and the [1, H, W, C] map it scales, both
+    ``lv9``); the analysis keyed their accesses by name and failed (tuple index out of range)."""
+    from tvm import te
+
+    scale = te.placeholder((1, 32), "float32", name="lv9")
+    x = te.placeholder((1, 14, 14, 32), "float32", name="lv9")
+    y = te.compute((196, 32), lambda i, c: (scale[0, c] * x[0, i // 14, i % 14, c]).astype("float16"), name="y")
+    func = te.create_prim_func([scale, x, y])
+    assert [str(p.name) for p in func.params[:2]] == ["lv9", "lv9"]
+    mod = tvm.IRModule({"scaled": func.with_attr("global_symbol", "scaled")})
+    tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = tuning(mod)
+    assert [(e.function, e.status) for e in tuning.report] == [("scaled", "tuned")], tuning.report
+    assert [str(p.name) for p in tuned["scaled"].params] == ["lv9", "lv9_1", "y"]
+    assert "scaled_kernel" in cuda_source(fastdlight.build(tuned, H100.target))
