@@ -7,6 +7,7 @@ reused by every template (the matmul ones included):
 
 * :func:`prepare` – normalized schedule + output block + its axes matched to the config.
 * :func:`inline_injective` – inline elementwise producers/consumers around the anchor blocks.
+* :func:`reverse_compute_inline` – TVM's, refused where it would lose a value another block reads.
 * :func:`vector_width` / :func:`legal_vector` – the widest legal vector (<= 128 bit).
 * :func:`tile_spatial` – split one spatial loop into grid / serial / thread / vector parts
   (:func:`tile_spatial_axes`: every spatial loop of a block).
@@ -106,6 +107,19 @@ def iter_loops(info: SBlockInfo, kind: str) -> list[LoopRV]:
     return [it.loop_rv for it in info.iters if it.kind == kind]
 
 
+def reverse_compute_inline(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """``sch.reverse_compute_inline(block)``, refused (ValueError) when what ``block`` reads from
+    its producer is read by another block too. TVM 0.27 inlines it anyway: the producer then
+    writes ``block``'s output only, and the other reader (a GELU's or SiLU's second use of its
+    input, ``x * f(x)``) reads a buffer nothing writes, which fails at lowering ("used before
+    its definition")."""
+    target = sch.get(block)
+    for producer in sch.get_producers(block):
+        if any(not sch.get(other).same_as(target) for other in sch.get_consumers(producer)):
+            raise ValueError(f"{sch.get(producer).name_hint}'s output is read by another block than {target.name_hint}")
+    sch.reverse_compute_inline(block)
+
+
 def inline_injective(sch: s_tir.Schedule, blocks: list[SBlockInfo], keep: Sequence[SBlockInfo] = ()):
     """Inline every injective block that can be inlined (into its consumers, else into its
     producer), never the blocks in ``keep``. Returns the names of the blocks left, in order."""
@@ -117,7 +131,7 @@ def inline_injective(sch: s_tir.Schedule, blocks: list[SBlockInfo], keep: Sequen
             name = sch.get(info.block_rv).name_hint
             if name in keep_names or not info.is_injective():
                 continue
-            for inline in (sch.compute_inline, sch.reverse_compute_inline):
+            for inline in (sch.compute_inline, lambda b: reverse_compute_inline(sch, b)):
                 try:
                     inline(info.block_rv)
                 except Exception:  # noqa: BLE001 - TVM raises ScheduleError when illegal

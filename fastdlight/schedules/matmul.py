@@ -49,7 +49,7 @@ from tvm import s_tir, tirx
 from fastdlight.analysis.func_info import block_axes, output_block
 from fastdlight.config import Config
 
-from fastdlight.schedules.base import ScheduleTemplate, root_block
+from fastdlight.schedules.base import ScheduleTemplate, reverse_compute_inline, root_block
 
 
 #: Auto-unroll budget below threadIdx: unrolls the small copy loops, never the k-outer loop
@@ -414,9 +414,21 @@ def _inline_producers(sch, block) -> None:
 
 
 def _inline_consumers(sch, block) -> None:
-    for consumer in sch.get_consumers(block):
+    consumers = sch.get_consumers(block)
+    if len(consumers) > 1:
+        # an epilogue that reads the tile's value twice (GELU, SiLU: x * f(x)): inline the
+        # intermediate steps into their own consumers until a single consumer is left, which can
+        # then join the tile (reverse_compute_inline refuses while another block reads the value)
+        for consumer in consumers:
+            try:
+                sch.compute_inline(consumer)
+            except Exception:  # noqa: BLE001 - it writes an output, or is no elementwise step
+                continue
+            _inline_consumers(sch, block)
+            return
+    for consumer in consumers:
         try:
-            sch.reverse_compute_inline(consumer)
+            reverse_compute_inline(sch, consumer)
         except Exception:  # noqa: BLE001
             continue
         _inline_consumers(sch, block)

@@ -165,6 +165,48 @@ def test_epilogue_is_fused_into_the_store():
     assert "C_ptr" not in src  # the fp32 intermediate never reaches global memory
 
 
+def test_an_epilogue_that_reads_the_tile_twice_is_fused_and_lowers():
+    """SiLU, x * sigmoid(x) (EfficientNet's, and GELU's x * erf(x) in Whisper): the biased value
+    has two readers. Inlining the first reader into the tile dropped the value the second one
+    reads ("T_add is used before its definition" at lowering), so these convolutions fell back
+    to stock Dlight; the steps in between are inlined into their readers first."""
+    m = n = k = 256
+    A = te.placeholder((m, k), "float16", name="A")
+    B = te.placeholder((k, n), "float16", name="B")
+    bias = te.placeholder((n,), "float32", name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[r, j].astype("float32"), axis=r), name="C")
+    T_add = te.compute((m, n), lambda i, j: C[i, j] + bias[j], name="T_add")
+    sig = te.compute((m, n), lambda i, j: tirx.sigmoid(T_add[i, j]), name="sig")
+    D = te.compute((m, n), lambda i, j: (T_add[i, j] * sig[i, j]).astype("float16"), name="D")
+    func = te.create_prim_func([A, B, bias, D])
+    sch = MatmulTemplate().apply_config(func, mm(block=(64, 64), thread=(4, 4), rstep=(16,), vectorize={"A": 8}))
+    assert sch is not None
+    src, cubin = compile_mod_to_cubin(sch.mod, H100)
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src))
+    assert len(kernels) == 1 and cubin.spill_bytes == 0, kernels
+    assert "T_add_ptr" not in src and "C_ptr" not in src
+
+
+def test_reverse_compute_inline_is_refused_where_another_block_reads_the_value():
+    """TVM 0.27's reverse_compute_inline inlines B into A although C reads A's output too,
+    leaving C reading a buffer nothing writes; base.reverse_compute_inline refuses instead."""
+    from tvm import s_tir
+
+    from fastdlight.schedules.base import reverse_compute_inline
+
+    a = te.placeholder((16,), "float32", name="a")
+    x = te.compute((16,), lambda i: a[i] + 1.0, name="x")
+    y = te.compute((16,), lambda i: x[i] * 2.0, name="y")
+    z = te.compute((16,), lambda i: x[i] * y[i], name="z")
+    sch = s_tir.Schedule(te.create_prim_func([a, z]))
+    with pytest.raises(ValueError, match="read by another block"):
+        reverse_compute_inline(sch, sch.get_sblock("y"))
+    sch.compute_inline(sch.get_sblock("y"))  # the legal order: y into z, then z into x
+    reverse_compute_inline(sch, sch.get_sblock("z"))
+    assert str(sch.get(sch.get_sblock("x")).writes[0].source.name) == "z"
+
+
 def test_wrong_family_returns_none():
     template = MatmulTemplate()
     add = ops.elementwise((1024, 1024), "float32", "add")
