@@ -78,6 +78,7 @@ class Row:
     report: list = field(default_factory=list)  # [function, status, winner, ms, stock ms] per function
     errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
     seconds: float | None = None
+    stage_s: dict = field(default_factory=dict)  # seconds each stage took (where a case's time goes)
 
 
 #: lines of an error's message that say nothing of the error itself
@@ -122,9 +123,14 @@ class Case:
         self.spec, self.save = spec, save or (lambda row: None)
         self.row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)])
         self.inference_mod = None  # the for_inference module, once imported
+        self._since = time.perf_counter()
 
     def stage(self, name: str) -> None:
-        self.row.stage = name
+        """Begin stage ``name`` (closing the one before: its seconds go to ``stage_s``)."""
+        now = time.perf_counter()
+        if self.row.stage:
+            self.row.stage_s[self.row.stage] = round(now - self._since, 2)
+        self.row.stage, self._since = name, now
         self.save(self.row)
 
     def fail(self, e: BaseException) -> None:
@@ -161,7 +167,7 @@ def dry_case(name: str, size: str, target: str) -> Row:
     case, t0 = Case(name, size), time.perf_counter()
     try:
         case.import_model(target)
-        case.row.stage = "done"
+        case.stage("done")
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         case.fail(e)
     case.row.seconds = round(time.perf_counter() - t0, 1)
@@ -296,7 +302,7 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         run_stock(case, inputs, arch, dev)
         out = run_fastdlight(case, prepared, inputs, arch, dev, args)
         row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
-        row.stage = "done"
+        case.stage("done")
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         case.fail(e)
     row.seconds = round(time.perf_counter() - t0, 1)
