@@ -4,7 +4,9 @@
 # cannot starve the rest; one log, $OUT/gpu_check.log (the device tool returns at most 8 files).
 #   source .tvmpack/setup.sh && bash scripts/gpu_check.sh [steps...]   (default: arch tests cli tc ops)
 # Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
-# layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside).
+# layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside),
+# attention (the fused template's GPU test, then bench_attention on $ATTENTION_CASES), zoo
+# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -22,6 +24,11 @@ for s in $steps; do case $s in
   models) step models "${MODELS_LIMIT:-400}" python3 benchmarks/bench_models.py --models "${MODELS:-decoder_ln,llama_b1_s512}" \
             --profile --out "$out/models";;
   sustained) step sustained "${SUSTAINED_LIMIT:-300}" python3 benchmarks/bench_sustained.py;;
+  attention) step attention-test 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_attention_wgmma_gpu.py
+             step attention "${ATTENTION_LIMIT:-300}" python3 benchmarks/bench_attention.py --topk 4 \
+               --cases "${ATTENTION_CASES:-prefill_causal_4k,prefill_causal_4k_bf16,prefill_8k,prefill_causal_gpt2,prefill_gqa_2k,prefill_causal_b4_2k,prefill_tail_4097,decode_b1,decode_b16}";;
+  zoo)    step zoo "${ZOO_LIMIT:-560}" python3 benchmarks/bench_zoo.py --models "${ZOO_MODELS:-gpt2_2l,bert_base_2l}" \
+            --time-limit "${ZOO_CASE_LIMIT:-130}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
 esac; done
