@@ -47,15 +47,13 @@ def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) ->
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch`` (none without wgmma), cheapest predicted first."""
-    if not getattr(arch, "has_wgmma", False):
+    if not arch.has_wgmma:
         return []
-    smem = getattr(arch, "smem_per_block_optin", SM90_SMEM_OPTIN) or SM90_SMEM_OPTIN
-    sms = getattr(arch, "sm_count", 132) or 132
     options = []
     for bm, bn in TILES:
         for stages in (2, 3, 4):
-            if fits(shape, bm, bn, stages, smem):
-                options.append((cost(shape, bm, bn, stages, sms), bm, bn, stages))
+            if fits(shape, bm, bn, stages, arch.smem_per_block_optin):
+                options.append((cost(shape, bm, bn, stages, arch.sm_count), bm, bn, stages))
     options.sort()
     return [Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c)
             for c, bm, bn, stages in options[:topk]]

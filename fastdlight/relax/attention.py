@@ -21,7 +21,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from fastdlight.relax.rewrites import bound_value, call_to, constant_value, mutator_pass
 
 #: ops a guard's condition passes through on its way to ``equal(scores, -inf)``
-_GUARD_STEPS = ("relax.logical_not", "relax.astype", "relax.max", "relax.reshape", "relax.broadcast_to")
+GUARD_STEPS = ("relax.logical_not", "relax.astype", "relax.max", "relax.reshape", "relax.broadcast_to")
 
 
 def unguarded_softmax() -> tvm.transform.Pass:
@@ -67,7 +67,7 @@ def unguarded_softmax() -> tvm.transform.Pass:
 
         def guards(self, cond, scores) -> bool:
             """``cond`` reduces ``equal(s, -inf)`` of the scores ``s`` (up to reshapes)."""
-            inner = bound_value(self, self.through(cond, _GUARD_STEPS))
+            inner = bound_value(self, self.through(cond, GUARD_STEPS))
             equal = call_to(inner, "relax.equal")
             if equal is None:
                 return False

@@ -44,6 +44,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
 from fastdlight.arch import CUDA
+from fastdlight.relax.attention import GUARD_STEPS
 from fastdlight.relax.attention_layouts import unsplit
 from fastdlight.relax.attention_masks import (
     LAYOUT_OPS,
@@ -59,8 +60,6 @@ OPAQUE = 8
 #: a scale this close (relative) to 1/sqrt(D) is 1/sqrt(D), rounded where the exporter split it
 #: into two fp16 factors
 SCALE_ROUNDING = 2.0**-9
-#: ops SDPA's guard condition passes through on its way to ``equal(scores, -inf)``
-GUARD_STEPS = ("relax.logical_not", "relax.astype", "relax.max", "relax.reshape", "relax.broadcast_to")
 DTYPES = ("float16", "bfloat16")
 
 

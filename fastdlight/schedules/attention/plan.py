@@ -131,10 +131,6 @@ class AttentionPlan:
     def kv_bytes(self) -> int:
         return self.kv_elems * self.elem_bytes
 
-    @property
-    def smem_bytes(self) -> int:
-        return self.q_bytes + 2 * self.stages * self.kv_bytes + 8 * (1 + 3 * self.stages) + 1024
-
     # --- tensor maps, one per input (0: Q, 1: K, 2: V): [B*heads, T, D] (bhtd) or [B, T, heads, D]
     # (bthd, packed), innermost first
 
@@ -231,10 +227,6 @@ class AttentionPlan:
     @property
     def kv_stage_units(self) -> int:
         return self.kv_bytes // 16
-
-    @property
-    def work_flops(self) -> float:
-        return self.shape.flops
 
     def __post_init__(self):
         if self.bm % 64 or not 1 <= self.bm // 64 <= 3:
