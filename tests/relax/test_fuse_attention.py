@@ -160,8 +160,10 @@ def reference(q, k, v, keep: np.ndarray | None, scale: float | None = None) -> n
 
 
 def run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    """``mod``'s result on the CPU (the first, where an exported graph returns a tuple)."""
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy().astype("float32")
+    out = vm["main"](*(tvm.runtime.tensor(a) for a in args))
+    return (out if hasattr(out, "numpy") else out[0]).numpy().astype("float32")
 
 
 def inputs(*shapes) -> list[np.ndarray]:

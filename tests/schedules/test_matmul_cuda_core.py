@@ -9,10 +9,11 @@ and ptxas then spills 12 bytes in two of these configs (the tuner times what NVR
 import re
 
 import pytest
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 
 from fastdlight import ops
 from fastdlight.config import Config
+from fastdlight.schedules.base import reverse_compute_inline
 from fastdlight.schedules.matmul import MatmulTemplate
 from fastdlight.compiler.compile import COMPILER_ENV, compile_mod_to_cubin
 
@@ -145,22 +146,33 @@ def test_main_gemm_fits_registers_and_static_smem():
     assert 0 < cubin.shared_bytes <= 48 * 1024
 
 
-def test_epilogue_is_fused_into_the_store():
+def matmul_with_epilogue(epilogue):
+    """A 256^3 fp16 matmul summed in fp32 (``C``) and ``D = epilogue(C, bias)`` (fp16), as a
+    PrimFunc of A, B, bias and D."""
     m = n = k = 256
     A = te.placeholder((m, k), "float16", name="A")
     B = te.placeholder((k, n), "float16", name="B")
     bias = te.placeholder((n,), "float32", name="bias")
     r = te.reduce_axis((0, k), name="k")
     C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[r, j].astype("float32"), axis=r), name="C")
-    D = te.compute(
-        (m, n), lambda i, j: tirx.max(C[i, j] + bias[j], tirx.const(0, "float32")).astype("float16"), name="D"
-    )
-    func = te.create_prim_func([A, B, bias, D])
+    return te.create_prim_func([A, B, bias, epilogue(C, bias)])
+
+
+def fused_kernels(func):
+    """``func`` under a CUDA-core matmul config: its CUDA source, cubin and kernel names."""
     sch = MatmulTemplate().apply_config(func, mm(block=(64, 64), thread=(4, 4), rstep=(16,), vectorize={"A": 8}))
     assert sch is not None
     src, cubin = compile_mod_to_cubin(sch.mod, H100)
+    return src, cubin, set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src))
+
+
+def test_epilogue_is_fused_into_the_store():
+    def relu(C, bias):
+        return te.compute(C.shape, lambda i, j: tirx.max(C[i, j] + bias[j], tirx.const(0, "float32")).astype(
+            "float16"), name="D")
+
+    src, cubin, kernels = fused_kernels(matmul_with_epilogue(relu))
     assert cubin.spill_bytes == 0
-    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src))
     assert len(kernels) == 1, kernels  # bias + relu + cast run in the matmul kernel
     assert "C_ptr" not in src  # the fp32 intermediate never reaches global memory
 
@@ -170,20 +182,13 @@ def test_an_epilogue_that_reads_the_tile_twice_is_fused_and_lowers():
     has two readers. Inlining the first reader into the tile dropped the value the second one
     reads ("T_add is used before its definition" at lowering), so these convolutions fell back
     to stock Dlight; the steps in between are inlined into their readers first."""
-    m = n = k = 256
-    A = te.placeholder((m, k), "float16", name="A")
-    B = te.placeholder((k, n), "float16", name="B")
-    bias = te.placeholder((n,), "float32", name="bias")
-    r = te.reduce_axis((0, k), name="k")
-    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[r, j].astype("float32"), axis=r), name="C")
-    T_add = te.compute((m, n), lambda i, j: C[i, j] + bias[j], name="T_add")
-    sig = te.compute((m, n), lambda i, j: tirx.sigmoid(T_add[i, j]), name="sig")
-    D = te.compute((m, n), lambda i, j: (T_add[i, j] * sig[i, j]).astype("float16"), name="D")
-    func = te.create_prim_func([A, B, bias, D])
-    sch = MatmulTemplate().apply_config(func, mm(block=(64, 64), thread=(4, 4), rstep=(16,), vectorize={"A": 8}))
-    assert sch is not None
-    src, cubin = compile_mod_to_cubin(sch.mod, H100)
-    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src))
+
+    def silu(C, bias):
+        T_add = te.compute(C.shape, lambda i, j: C[i, j] + bias[j], name="T_add")
+        sig = te.compute(C.shape, lambda i, j: tirx.sigmoid(T_add[i, j]), name="sig")
+        return te.compute(C.shape, lambda i, j: (T_add[i, j] * sig[i, j]).astype("float16"), name="D")
+
+    src, cubin, kernels = fused_kernels(matmul_with_epilogue(silu))
     assert len(kernels) == 1 and cubin.spill_bytes == 0, kernels
     assert "T_add_ptr" not in src and "C_ptr" not in src
 
@@ -191,10 +196,6 @@ def test_an_epilogue_that_reads_the_tile_twice_is_fused_and_lowers():
 def test_reverse_compute_inline_is_refused_where_another_block_reads_the_value():
     """TVM 0.27's reverse_compute_inline inlines B into A although C reads A's output too,
     leaving C reading a buffer nothing writes; base.reverse_compute_inline refuses instead."""
-    from tvm import s_tir
-
-    from fastdlight.schedules.base import reverse_compute_inline
-
     a = te.placeholder((16,), "float32", name="a")
     x = te.compute((16,), lambda i: a[i] + 1.0, name="x")
     y = te.compute((16,), lambda i: x[i] * 2.0, name="y")
