@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_setup import unknown_names  # noqa: E402
+from bench_setup import refusal, write_results  # noqa: E402
 
 NAME = "bench_attention"
 
@@ -168,15 +168,9 @@ def main(argv=None) -> int:
         print(list_cases())
         return 0
     names = [n for n in args.cases.split(",") if n]
-    error = unknown_names(names, CASES, "case")
+    error = refusal(NAME, names, CASES, "case")
     if error:
         print(error, file=sys.stderr)
-        return 2
-    from bench_setup import torch_gpu_missing, write_results
-
-    why = torch_gpu_missing()
-    if why:
-        print(f"error: {NAME} {why}", file=sys.stderr)
         return 2
     from bench_zoo import one_line
 

@@ -50,6 +50,15 @@ def torch_gpu_missing() -> str | None:
     return None if torch.cuda.is_available() else "needs a CUDA GPU"
 
 
+def refusal(bench: str, names, known, what: str) -> str | None:
+    """The one-line error a benchmark timing torch on the GPU refuses ``names`` with: an
+    unknown name (checked first, without torch), or no torch or GPU here; None to go on."""
+    why = unknown_names(names, known, what)
+    if why is None and (missing := torch_gpu_missing()):
+        why = f"error: {bench} {missing}"
+    return why
+
+
 def torch_fp32_accumulation() -> None:
     import torch
 

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import zoo_models
-from bench_setup import unknown_names
+from bench_setup import refusal, write_results
 from bench_zoo import one_line, sizes_of
 
 NAME = "bench_torch_backend"
@@ -130,15 +130,9 @@ def main(argv=None) -> int:
         print(json.dumps({"first_result_s": round(first_result(name, size)[3], 2)}))
         return 0
     names = [n for n in args.models.split(",") if n]
-    error = unknown_names(names, zoo_models.MODELS, "model")
+    error = refusal(NAME, names, zoo_models.MODELS, "model")
     if error:
         print(error, file=sys.stderr)
-        return 2
-    from bench_setup import torch_gpu_missing, write_results
-
-    why = torch_gpu_missing()
-    if why:
-        print(f"error: {NAME} {why}", file=sys.stderr)
         return 2
     rows = []
     for name in names:
