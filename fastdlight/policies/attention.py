@@ -14,7 +14,7 @@ and ``bn`` keys per step of the K/V ring, ``pipeline_stages`` steps deep. What b
 
 from __future__ import annotations
 
-from fastdlight.analysis.attention import AttentionShape
+from fastdlight.analysis.attention import AttentionShape, fused_fits
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -46,8 +46,10 @@ def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) ->
 
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
-    """Configs for ``shape`` on ``arch`` (none without wgmma), cheapest predicted first."""
-    if not arch.has_wgmma:
+    """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template
+    does not take the shape (no wgmma, another head dim or dtype: :func:`fused_fits`)."""
+    major, minor = arch.compute_capability
+    if not arch.has_wgmma or not fused_fits(shape, 10 * major + minor):
         return []
     options = []
     for bm, bn in TILES:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import fused_fits, match_attention
+from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
@@ -76,10 +76,9 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
     sets = []
     attention = match_attention(func)
-    if attention is not None and arch.has_wgmma and fused_fits(attention, 90):
-        configs = tuple(attention_configs(attention, arch, topk))
-        if configs:
-            sets.append(CandidateSet("AttentionPolicy", func, configs))
+    fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
+    if fused:
+        sets.append(CandidateSet("AttentionPolicy", func, fused))
     match = match if match is not None else match_tensor_core(func, arch)
     if match.eligible:
         configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk))
@@ -88,7 +87,7 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     try:
         # a fused attention has its template, or stock Dlight: the seven-block naive form as
         # general reductions runs three orders of magnitude slower and takes minutes to tune
-        if not sets or sets[0].policy != "AttentionPolicy":
+        if not fused:
             sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
     except ValueError as e:
         if not (sets or stock or recorded):

@@ -44,6 +44,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
 from fastdlight.arch import CUDA
+from fastdlight.policies.attention import attention_configs
 from fastdlight.relax.attention import GUARD_STEPS
 from fastdlight.relax.attention_layouts import unsplit
 from fastdlight.relax.attention_masks import (
@@ -403,13 +404,12 @@ class Rewriter(PyExprMutator):
 
 
 def _fits(target) -> callable:
-    """Whether the fused template takes a shape on ``target``: a wgmma target (None: one, as
-    the other Hopper rewrites take it) of an sm version :func:`fused_fits` accepts."""
+    """Whether the fused template takes a shape on ``target``: where the attention policy has a
+    config for it (None: a wgmma target, as the other Hopper rewrites take it)."""
     if target is None:
         return lambda shape: fused_fits(shape, 90)
     arch = CUDA(target)
-    major, minor = arch.compute_capability
-    return lambda shape: arch.has_wgmma and fused_fits(shape, 10 * major + minor)
+    return lambda shape: bool(attention_configs(shape, arch, 1))
 
 
 def fused_attention(target=None) -> tvm.transform.Pass:
