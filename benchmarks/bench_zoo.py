@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -79,6 +80,7 @@ class Row:
     errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
     seconds: float | None = None
     stage_s: dict = field(default_factory=dict)  # seconds each stage took (where a case's time goes)
+    tune_stage_s: dict = field(default_factory=dict)  # the cold tune's seconds per tuner stage (clock)
 
 
 #: lines of an error's message that say nothing of the error itself
@@ -257,6 +259,7 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
     db = args.db or tempfile.mkdtemp(prefix="fastdlight_zoo_")
     case.stage("tune")
     tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
+    row.tune_stage_s = {k: round(v, 1) for k, v in tuning.stage_seconds.items()}
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     for e in tuning.report:
         key = e.winner or e.status  # views and untuned functions have no winner
@@ -394,8 +397,32 @@ def markdown(rows: list[Row], dry: bool = False) -> str:
             f"| {_ratio(r.torch_compile_ms, r.fastdlight_ms)} | {_ratio(r.stock_ms, r.fastdlight_ms)} "
             f"| {r.tune_s if r.tune_s is not None else '-'} | {db} "
             f"| {untuned} | {won} | {r.reason} |")
-    return ("\n".join(lines) + "\n\nRatios are torch's time over fastdlight's (> 1: fastdlight faster). "
-            "max rel err: against torch fp16, relative to its largest output.\n")
+    return ("\n".join(lines) + "\n\n" + summary(rows) + "\n\nRatios are torch's time over fastdlight's "
+            "(> 1: fastdlight faster). max rel err: against torch fp16, relative to its largest output.\n")
+
+
+#: the columns a geometric mean is taken of, as (label, Row field)
+BASELINES = (("torch eager", "torch_eager_ms"), ("torch graph", "torch_graph_ms"),
+             ("torch.compile", "torch_compile_ms"), ("stock Dlight", "stock_ms"))
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summary(rows: list[Row]) -> str:
+    """How many cases ran, and fastdlight's geometric-mean speedup over each baseline (over the
+    cases that have both times; the count says how many)."""
+    done = [r for r in rows if r.stage == "done"]
+    parts = [f"{len(done)} of {len(rows)} cases ran end to end"]
+    for label, name in BASELINES:
+        pairs = [getattr(r, name) / r.fastdlight_ms for r in done if getattr(r, name) and r.fastdlight_ms]
+        if pairs:
+            parts.append(f"geomean vs {label} {geomean(pairs):.2f}x ({len(pairs)})")
+    slow = [f"{r.tune_s:.0f} s {r.model}" for r in done if r.tune_s is not None and r.tune_s > 60]
+    if slow:
+        parts.append("tuned over 60 s cold: " + ", ".join(slow))
+    return "; ".join(parts) + "."
 
 
 def gpu_missing() -> str | None:

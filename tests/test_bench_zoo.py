@@ -66,7 +66,16 @@ def test_the_table_shows_ratios_tuning_and_winners_and_a_failed_import_its_reaso
     assert "| resnet50 | 1 | yes | 2.0e-03 | 3.000 | 1.200 | 1.000 | 0.900 | 0.800 | 3.75x | 1.50x | 1.25x | 1.12x | 61.5 " in text
     assert "| 4.2 (38) | 1/40 | 30/8 |" in text
     assert "| gpt2_2l | 4x2048 | no |" in text and "import: ValueError: no view |" in text
+    assert "1 of 2 cases ran end to end; geomean vs torch eager 3.75x (1)" in text
+    assert "geomean vs torch.compile 1.25x (1)" in text and "tuned over 60 s cold: 62 s resnet50" in text
     assert bench_zoo.row_from(json.loads(json.dumps(bench_zoo.asdict(done)))) == done
+
+
+def test_the_geomean_takes_only_cases_with_both_times():
+    rows = [bench_zoo.Row("a", "f", "1", stage="done", torch_compile_ms=2.0, fastdlight_ms=1.0),
+            bench_zoo.Row("b", "f", "1", stage="done", torch_compile_ms=1.0, fastdlight_ms=2.0),
+            bench_zoo.Row("c", "f", "1", stage="done", fastdlight_ms=2.0)]
+    assert "3 of 3 cases ran end to end; geomean vs torch.compile 1.00x (2)." == bench_zoo.summary(rows)
 
 
 def test_an_unknown_model_is_refused_in_one_line(capsys):
