@@ -23,11 +23,18 @@ process of its own, killed at ``--time-limit`` seconds; it saves its row stage b
 cut short keeps what it measured and names the stage it was in. Rows go to
 ``$OUT/bench_zoo.jsonl`` as they finish, and all of them to ``$OUT/bench_zoo.json`` and ``.md``.
 ``--list`` and the argument checks import neither torch nor TVM.
+
+``--jobs N`` runs N cases at once: while one case holds the GPU (torch's timings and
+``torch.compile``, stock Dlight's timing, tuning, fastdlight's timing: one turn, a file lock),
+the others export, import, prepare and build on the CPU. Every time is taken with the GPU to
+itself; tuning seconds then include builds that share the CPU with another case's CPU stages.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -35,9 +42,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -131,7 +140,8 @@ class Case:
         """Begin stage ``name`` (closing the one before: its seconds go to ``stage_s``)."""
         now = time.perf_counter()
         if self.row.stage:
-            self.row.stage_s[self.row.stage] = round(now - self._since, 2)
+            spent = self.row.stage_s.get(self.row.stage, 0.0) + now - self._since
+            self.row.stage_s[self.row.stage] = round(spent, 2)
         self.row.stage, self._since = name, now
         self.save(self.row)
 
@@ -217,6 +227,22 @@ def free_torch_memory() -> None:
     torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def gpu_turn(case: Case, args):
+    """Hold the GPU (``--gpu-lock``, a file lock shared by the cases ``--jobs`` runs at once);
+    the wait is a stage of its own, so that no stage's seconds include it."""
+    if not args.gpu_lock:
+        yield
+        return
+    case.stage("GPU turn wait")
+    with open(args.gpu_lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def tune(prepared, arch, db: str, args):
     from fastdlight.relax import ApplyFastTuning
 
@@ -228,7 +254,7 @@ def tune(prepared, arch, db: str, args):
     return tuned, tuning, round(time.perf_counter() - t0, 2)
 
 
-def run_stock(case: Case, inputs, arch, dev) -> None:
+def run_stock(case: Case, inputs, arch, dev, args) -> None:
     """The ``for_inference`` module through TVM's own pipeline, stock Dlight scheduling every
     kernel (``tvm.compile``, as ``bench_models`` builds stock), in the VM, timed as fastdlight's
     is; a build failure is noted, not fatal."""
@@ -241,7 +267,8 @@ def run_stock(case: Case, inputs, arch, dev) -> None:
         with arch.target, tvm.transform.PassContext(opt_level=3):
             vm = relax.VirtualMachine(tvm.compile(case.inference_mod, target=arch.target), dev)
         x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
-        case.row.stock_ms = time_vm(vm, x, dev, case.row)
+        with gpu_turn(case, args):
+            case.row.stock_ms = time_vm(vm, x, dev, case.row)
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         case.row.errors["stock dlight"] = one_line(e)
 
@@ -257,8 +284,11 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
 
     row = case.row
     db = args.db or tempfile.mkdtemp(prefix="fastdlight_zoo_")
-    case.stage("tune")
-    tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
+    with gpu_turn(case, args):
+        case.stage("tune")
+        tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
+        case.stage("tune from database")
+        _, again, row.tune_db_s = tune(prepared, arch, db, args)
     row.tune_stage_s = {k: round(v, 1) for k, v in tuning.stage_seconds.items()}
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     for e in tuning.report:
@@ -266,21 +296,20 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
         row.winners[key] = row.winners.get(key, 0) + 1
     row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
                    e.stock_ms and round(e.stock_ms, 4)] for e in tuning.report]
-    case.stage("tune from database")
-    _, again, row.tune_db_s = tune(prepared, arch, db, args)
     row.db_hits = sum(e.status == "database" for e in again.report)
     case.stage("build")
     t0 = time.perf_counter()
     ex = build(tuned, arch.target)
     row.build_s = round(time.perf_counter() - t0, 2)
-    case.stage("run")
     vm = relax.VirtualMachine(ex, dev)
     x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
-    out = vm["main"](*x)
-    out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple
-    out = out.numpy().astype(np.float32)
-    case.stage("fastdlight timing")
-    row.fastdlight_ms = time_vm(vm, x, dev, row)
+    with gpu_turn(case, args):
+        case.stage("run")
+        out = vm["main"](*x)
+        out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple
+        out = out.numpy().astype(np.float32)
+        case.stage("fastdlight timing")
+        row.fastdlight_ms = time_vm(vm, x, dev, row)
     return out
 
 
@@ -299,10 +328,11 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         row.device = arch.device_name or arch.name
         torch_fp32_accumulation()
         model, inputs, prepared = case.import_model(arch.target)
-        ref = run_torch(case, model, inputs, args)
+        with gpu_turn(case, args):
+            ref = run_torch(case, model, inputs, args)
         del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
         free_torch_memory()
-        run_stock(case, inputs, arch, dev)
+        run_stock(case, inputs, arch, dev, args)
         out = run_fastdlight(case, prepared, inputs, arch, dev, args)
         row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
         case.stage("done")
@@ -327,7 +357,8 @@ def child_case(name: str, size: str, args) -> Row:
     fd, path = tempfile.mkstemp(prefix="bench_zoo_row_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
-           *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else [])]
+           *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else []),
+           *(["--gpu-lock", args.gpu_lock] if args.gpu_lock else [])]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
@@ -450,9 +481,36 @@ def parse_args(argv):
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU only: export, import, for_inference, prepare (no build, no timing)")
     ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="cases run at once (each takes its GPU turn; CPU stages overlap); needs --time-limit > 0")
+    ap.add_argument("--gpu-lock", help=argparse.SUPPRESS)  # the GPU turn's lock file, set by main
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
     ap.add_argument("--row-file", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
+    """Each case's row, in the order of ``cases``; a row goes to ``jsonl`` as its case ends
+    (``--jobs`` cases at a time)."""
+
+    def one(case: tuple[str, str]) -> Row:
+        name, size = case
+        if args.dry_run:
+            row = dry_case(name, size, args.target)
+        elif args.time_limit > 0:
+            row = child_case(name, size, args)
+        else:
+            row = gpu_case(name, size, args)
+        with done_lock:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(asdict(row), separators=(",", ":")) + "\n")
+            print(f"[{name} {size}: {row.seconds} s] {'ok' if row.stage == 'done' else row.reason}", flush=True)
+        return row
+
+    done_lock = threading.Lock()
+    jobs = 1 if args.dry_run or args.time_limit <= 0 else max(1, args.jobs)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, cases))
 
 
 def main(argv=None) -> int:
@@ -488,18 +546,12 @@ def main(argv=None) -> int:
     out_dir = os.environ.get("OUT", ".")
     os.makedirs(out_dir, exist_ok=True)
     suffix = "_dry" if args.dry_run else ""
-    rows: list[Row] = []
-    for name, size in cases:
-        if args.dry_run:
-            row = dry_case(name, size, args.target)
-        elif args.time_limit > 0:
-            row = child_case(name, size, args)
-        else:
-            row = gpu_case(name, size, args)
-        rows.append(row)
-        with open(os.path.join(out_dir, f"{NAME}{suffix}.jsonl"), "a") as f:
-            f.write(json.dumps(asdict(row), separators=(",", ":")) + "\n")
-        print(f"[{name} {size}: {row.seconds} s] {'ok' if row.stage == 'done' else row.reason}", flush=True)
+    if args.jobs > 1 and not args.dry_run:
+        if args.time_limit <= 0:
+            print("error: --jobs needs --time-limit > 0 (each case runs in a process of its own)", file=sys.stderr)
+            return 2
+        args.gpu_lock = os.path.join(tempfile.mkdtemp(prefix="bench_zoo_"), "gpu.lock")
+    rows = run_cases(cases, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))
     from bench_setup import write_results
 
     device = next((r.device for r in rows if r.device), "")

@@ -6,7 +6,7 @@
 # Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
 # layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside),
 # attention (the fused template's GPU test, then bench_attention on $ATTENTION_CASES), zoo
-# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds).
+# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -28,7 +28,7 @@ for s in $steps; do case $s in
              step attention "${ATTENTION_LIMIT:-300}" python3 benchmarks/bench_attention.py --topk 4 \
                --cases "${ATTENTION_CASES:-prefill_causal_4k,prefill_causal_4k_bf16,prefill_8k,prefill_causal_gpt2,prefill_gqa_2k,prefill_causal_b4_2k,prefill_tail_4097,decode_b1,decode_b16}";;
   zoo)    step zoo "${ZOO_LIMIT:-560}" python3 benchmarks/bench_zoo.py --models "${ZOO_MODELS:-gpt2_2l,bert_base_2l}" \
-            --time-limit "${ZOO_CASE_LIMIT:-130}";;
+            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
 esac; done

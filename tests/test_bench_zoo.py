@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -143,3 +144,52 @@ def test_a_case_past_its_time_limit_is_killed_and_names_its_stage(tmp_path, monk
     row = bench_zoo.child_case("resnet50", "1", bench_zoo.parse_args(["--time-limit", "2"]))
     assert time.perf_counter() - t0 < 30
     assert row.reason == "build: time limit (2 s) reached" and row.errors["stopped"].endswith("at stage build")
+
+
+def test_cases_run_at_once_take_the_gpu_turn_one_at_a_time(tmp_path):
+    args = bench_zoo.parse_args(["--jobs", "2"])
+    args.gpu_lock = str(tmp_path / "gpu.lock")
+    spans, lock = [], threading.Lock()
+
+    def hold(name):
+        case = bench_zoo.Case("timm_resnet18", "1")
+        with bench_zoo.gpu_turn(case, args):
+            start = time.perf_counter()
+            time.sleep(0.3)
+            with lock:
+                spans.append((start, time.perf_counter()))
+        assert "GPU turn wait" in case.row.stage_s or case.row.stage == "GPU turn wait"
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 >= a1  # the second turn began after the first ended
+
+
+def test_jobs_keep_the_rows_in_the_order_of_the_cases(tmp_path, monkeypatch):
+    fake = tmp_path / "child.py"
+    fake.write_text(
+        "import json, sys, time\n"
+        "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
+        "assert '--gpu-lock' in sys.argv\n"
+        "time.sleep(0.5 if name == 'resnet50' else 0.0)\n"
+        "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done'},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+    args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60"])
+    args.gpu_lock = str(tmp_path / "gpu.lock")
+    jsonl = tmp_path / "rows.jsonl"
+    rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1")], args, str(jsonl))
+    assert [r.model for r in rows] == ["resnet50", "mobilenet_v2"]
+    finished = [json.loads(line)["model"] for line in jsonl.read_text().splitlines()]
+    assert finished == ["mobilenet_v2", "resnet50"]  # as each ended
+
+
+def test_jobs_without_a_time_limit_are_refused_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
+    assert bench_zoo.main(["--models", "resnet50", "--jobs", "2", "--time-limit", "0"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --jobs needs --time-limit > 0 "
+                                               "(each case runs in a process of its own)")
