@@ -19,7 +19,7 @@ bound weight, casts) once at compile time instead of at every call.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
@@ -184,6 +184,32 @@ def leftovers() -> tvm.transform.Pass:
     return run
 
 
+def reshape_views_past_kernels(rewrite: tvm.transform.Pass) -> tvm.transform.Pass:
+    """TVM's RewriteDataflowReshape (``rewrite``), safe for hand-written kernels: it asks every
+    PrimFunc that reads one tensor whether it is a reshape, and TVM 0.27 then requires a root
+    block, which a kernel written in TIRx (fused attention on a packed QKV input) has not. Such
+    functions are shown to the pass wrapped in a root block (no reshape, so no call changes) and
+    put back after it."""
+
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.ReshapeViewsPastKernels")
+    def run(mod: IRModule, _ctx) -> IRModule:
+        kernels = {gv: f for gv, f in mod.functions_items()
+                   if isinstance(f, tirx.PrimFunc) and not isinstance(f.body, s_tir.SBlockRealize)}
+        if not kernels:
+            return rewrite(mod)
+        shown = mod.clone()
+        for gv, func in kernels.items():
+            root = s_tir.SBlock([], [], [], "root", func.body)
+            shown[gv] = func.with_body(s_tir.SBlockRealize([], True, root))
+        out = rewrite(shown)
+        for gv, func in kernels.items():
+            if gv in out.functions:
+                out[gv] = func
+        return out
+
+    return run
+
+
 def lowering(target) -> tvm.transform.Pass:
     """After tuning: leftovers on stock Dlight, then TVM's dataflow lowering and finalization
     (memory planning, CUDA graph rewriting, VM lowering); nothing that fuses or reschedules."""
@@ -192,7 +218,8 @@ def lowering(target) -> tvm.transform.Pass:
         relax.transform.LegalizeOps(),  # a no-op on a prepared module: ops added after prepare
         leftovers(),
         output_reshape_views(),  # then RewriteDataflowReshape makes the outputs' reshapes views too
-        *cuda_pipeline.dataflow_lower_passes(target),
+        *[reshape_views_past_kernels(p) if p.info.name == "RewriteDataflowReshape" else p
+          for p in cuda_pipeline.dataflow_lower_passes(target)],
         *cuda_pipeline.finalize_passes(target),
     ], "fastdlight.lowering")  # fmt: skip
 

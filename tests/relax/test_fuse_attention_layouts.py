@@ -4,12 +4,15 @@ permute are read ``[B, T, heads, D]`` (``bthd``), and an input computed after th
 ``bhtd``; no copy kernel is left for them and the values stay the same (CPU)."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
+import fastdlight
+from fastdlight.compiler.compile import cuda_source
 from fastdlight.relax.fuse_attention import fused_attention
 from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax import prepare
@@ -95,3 +98,25 @@ def test_a_split_in_other_parts_is_read_as_split_heads():
         bb.emit_func_output(out)
     (attr,) = attention_calls(fused_attention(H100)(bb.get()))
     assert attr["layout"] == "bthd"
+
+
+def test_attention_on_a_packed_input_builds():
+    """The kernel reads one tensor, so TVM's reshape rewrite asks whether it is a reshape; a
+    TIRx kernel has no root block, which that question required (the build failed)."""
+    bb = relax.BlockBuilder()
+    qkv = tensor("qkv", (B, T, 6 * D))
+    with bb.function("main", [qkv]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(qkv, [2 * D, 4 * D], axis=-1))
+            q, k, v = (split_heads(bb, bb.emit(relax.TupleGetItem(parts, i)), 2) for i in range(3))
+            out = attend(bb, q, k, v, 2)  # a value inside the dataflow block, as in a model
+            out = bb.emit_output(relax.op.negative(out))
+        bb.emit_func_output(out)
+    prepared = prepare(H100)(bb.get())
+    tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = tuning(prepared)
+    assert {e.function: e.status for e in tuning.report}.get("attention") == "tuned"
+    src = cuda_source(fastdlight.build(tuned, H100))
+    assert "attention_kernel" in src and "wgmma" in src
