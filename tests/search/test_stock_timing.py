@@ -123,3 +123,43 @@ def test_a_stock_time_taken_another_way_is_not_reported_as_stock_ms():
     assert Tuned(winner.config, "tuned", "TestPolicy", (winner, stock), winner).stock is None
     stock = stock.replace(timing=Timing(0.018, (0.018,), hot=True, graph=True))
     assert Tuned(winner.config, "tuned", "TestPolicy", (winner, stock), winner).stock is stock
+
+
+def queued_budgets(fake: FakeGPU, monkeypatch) -> list[float]:
+    """The budgets of the queued timings to come, in order (the fake GPU times them)."""
+    budgets = []
+
+    def time_module(module, name, arg_sets, dev, budget_ms, method, flush):
+        budgets.append(budget_ms)
+        return fake.time_module(module, name, arg_sets, dev, budget_ms, method, flush)
+
+    monkeypatch.setattr(stages, "time_module", time_module)
+    return budgets
+
+
+def test_once_timing_from_graphs_the_queued_launches_only_size_the_graph(gpu, monkeypatch):
+    """The graph's timing is the one kept: the queued launches before it take the sizing
+    budget, not the whole budget a second time (they had taken half of a model's timing)."""
+    fake = gpu({"ours0": 0.006, "ours1": 0.007})
+    budgets = queued_budgets(fake, monkeypatch)
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
+    timer.measure(ours(0))  # short: from here on the run times from graphs
+    timer.measure(ours(1))
+    assert budgets == [10, stages.GRAPH_SIZING_MS]
+
+
+def test_a_kernel_a_graph_cannot_hold_gets_a_whole_queued_timing(gpu, monkeypatch):
+    fake = gpu({"ours0": 0.006, "ours1": 0.007})
+    budgets = queued_budgets(fake, monkeypatch)
+
+    def time_graph(launch, arg_sets, dev, budget_ms, per_launch_ms):
+        if launch == "ours1":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Timing.of([fake.true_ms[launch]] * 5, graph=True)
+
+    monkeypatch.setattr(stages, "time_graph", time_graph)
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
+    timer.measure(ours(0))
+    second = timer.measure(ours(1))
+    assert budgets == [10, stages.GRAPH_SIZING_MS, 10]
+    assert not second.timing.graph and second.latency_ms == pytest.approx(0.009)
