@@ -35,7 +35,7 @@ RETIME_TOP = 3
 #: (H100 80GB HBM3, 2026-11-27): left out, 128x192 (bf16 NN, 0.99x cuBLAS at its own clock; 128x256 1.02x) or
 #: 256x192 (fp16 NT) won
 RETIME_BY_ESTIMATE, ESTIMATE_FINALIST_FRACTION = 2, 0.15
-#: the second timing takes turns: each finalist is timed for ``budget_ms / RETIME_ROUNDS`` per
+#: the second timing takes turns: each finalist is timed for its :func:`hot_budget_ms` / ``RETIME_ROUNDS`` per
 #: round, so all of them see the GPU in the same state, the sustained one (see ``measure.heat``)
 RETIME_ROUNDS = 3
 #: a finalist whose first timing is at least ``OWN_HEAT_MIN_MS`` a launch runs ``OWN_HEAT_MS``
@@ -49,6 +49,10 @@ OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
 #: graph's timing is the one kept). Timed at the full budget as well, the queued launches had
 #: taken half of a model's timing time
 GRAPH_SIZING_MS = 1.0
+#: a finalist's hot turns last at least ``HOT_LAUNCHES`` of its launches, at least ``HOT_MIN_MS``
+#: and at most ``budget_ms`` in all: a 5 us kernel has a steady median long before 100 ms, and at
+#: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute
+HOT_LAUNCHES, HOT_MIN_MS = 3000, 30.0
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
 #: held while a candidate is timed, while one is probed, and while a function's inputs, the
@@ -320,7 +324,8 @@ class Timer:
                     try:
                         if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
                             self._time(r.module, OWN_HEAT_MS)
-                        timing = self._time(r.module, self.opts.budget_ms / RETIME_ROUNDS)
+                        budget_ms = hot_budget_ms(r.latency_ms, self.opts.budget_ms)
+                        timing = self._time(r.module, budget_ms / RETIME_ROUNDS)
                     except Exception as e:  # noqa: BLE001
                         failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
                         continue
@@ -338,6 +343,11 @@ class Timer:
                 heat(r.module[function_name(r.module, wl.func)], self.arg_sets or [wl.args], wl.dev)
         except Exception:  # noqa: BLE001 - the rounds below report a launch that fails
             pass
+
+
+def hot_budget_ms(latency_ms: float, budget_ms: float) -> float:
+    """The milliseconds of a finalist's hot turns (all rounds) for its first-pass latency."""
+    return min(budget_ms, max(HOT_MIN_MS, HOT_LAUNCHES * latency_ms))
 
 
 def pick_finalists(results: Sequence[CompileResult]) -> list[CompileResult]:

@@ -163,3 +163,21 @@ def test_a_kernel_a_graph_cannot_hold_gets_a_whole_queued_timing(gpu, monkeypatc
     second = timer.measure(ours(1))
     assert budgets == [10, stages.GRAPH_SIZING_MS, 10]
     assert not second.timing.graph and second.latency_ms == pytest.approx(0.009)
+
+
+def test_hot_turns_of_a_short_kernel_are_short_and_a_long_ones_take_the_budget(gpu, monkeypatch):
+    fake = gpu({"ours0": 0.005, "ours1": 0.2})
+    budgets = {}
+
+    def time_graph(launch, arg_sets, dev, budget_ms, per_launch_ms):
+        budgets.setdefault(launch, []).append(budget_ms)
+        return Timing.of([fake.true_ms[launch]] * 5, graph=True)
+
+    monkeypatch.setattr(stages, "time_graph", time_graph)
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
+    measured = [timer.measure(ours(0)), timer.measure(ours(1))]
+    budgets.clear()
+    timer.retime_fastest(measured)
+    rounds = stages.RETIME_ROUNDS
+    assert budgets["ours0"] == [stages.HOT_MIN_MS / rounds] * rounds  # 3000 launches: 15 ms, under the floor
+    assert [b for b in budgets["ours1"] if b != stages.OWN_HEAT_MS] == [90 / rounds] * rounds
