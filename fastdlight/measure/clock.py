@@ -16,6 +16,9 @@ are tuned at once), so the sums may exceed the wall time: they say which stage t
     workload       making a function's random inputs on the GPU
     reference      the reference: the naive float64 module run twice (on a thread of its own,
                    from its build on), or a numpy one after the timings
+    reference: GPU / verify: GPU / workload: GPU
+                   the part of "reference", of the checks and of "workload" spent holding the
+                   GPU turn (with "probe" and "time": the serial part of a model's tuning)
     reference wait waiting after the timings for the naive reference's thread
     verify         checking the fastest candidates' outputs
 """

@@ -198,7 +198,7 @@ class Workload:
         self.out_idx = output_indices(func)
         host = host_inputs(func, seed)
         self.host_inputs: list[np.ndarray] = [a for a in host if a is not None]
-        with device_lock if device_lock is not None else contextlib.nullcontext():
+        with clock.holding(device_lock, "workload: GPU") if device_lock is not None else contextlib.nullcontext():
             self.args = [tvm.runtime.empty(static_shape(buf), str(buf.dtype), self.dev) if arr is None
                          else to_device(arr, str(buf.dtype), self.dev) for buf, arr in zip(self.buffers, host)]
         self._arg_sets: list[list] | None = None

@@ -124,7 +124,7 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
 def _run(fn, wl: Workload, params) -> list[np.ndarray]:
     """``fn`` on fresh device copies of ``params`` (``(shape, dtype, host array or None for an
     output)``), the GPU turn held; the outputs on the host."""
-    with GPU_TURN:
+    with clock.holding(GPU_TURN, "reference: GPU"):
         args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
                 for shape, dtype, arr in params]
         fn(*args)

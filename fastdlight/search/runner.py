@@ -235,7 +235,8 @@ def verify_and_pick(results: Sequence[CompileResult], wl: Workload, expected: Ex
 def verify_module(module, wl: Workload, expected: Expected) -> Verdict:
     """Poison the outputs, run once on the workload's inputs, check every element."""
     try:
-        with GPU_TURN:  # its copies and launch, never inside another function's timing
+        # its copies and launch, never inside another function's timing
+        with clock.holding(GPU_TURN, "verify: GPU"):
             outputs = wl.run_outputs(module[function_name(module, wl.func)])
     except Exception as e:  # noqa: BLE001 - a launch that fails now is as wrong as a wrong result
         return Verdict.failed(f"check run failed: {one_line(e)}", expected.reference)
