@@ -381,3 +381,57 @@ def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_d
     flops = 2.0 * n * p * q * k * r * s * c
     nbytes = (n * h * w * c + r * s * c * k) * NBYTES[dtype] + n * p * q * k * NBYTES[out_dtype]
     return Op("conv2d_nhwc", _prim_func([I, W, O], "conv2d_nhwc"), ref, flops, nbytes)
+
+
+#: 4-bit values a uint32 word of packed weights holds (the lowest nibble is the first along K)
+INT4_PER_WORD = 8
+
+
+def matmul_int4(m, n, k, group_size=128, dtype="float16", zero_point=False) -> Op:
+    """Weight-only 4-bit matmul, as a linear layer quantized for serving holds it:
+    Y[m, n] = sum_k X[m, k] * W[n, k], with W[n, k] = (q[n, k] - z) * S[n, k // group_size]
+    dequantized in the kernel; q packed eight to a uint32 word along K (``Q[n, k // 8]``, the
+    lowest nibble first), S the group scales, z 8 (symmetric) or, with ``zero_point``, the
+    group's ``Z[n, k // group_size]``. fp32 sums, the result in ``dtype``."""
+    _check_shape(m, n, k, group_size)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    if group_size % INT4_PER_WORD or k % group_size:
+        raise ValueError(f"group size {group_size} must be a multiple of {INT4_PER_WORD} dividing K={k}")
+    groups = k // group_size
+    X = te.placeholder((m, k), dtype, name="X")
+    Q = te.placeholder((n, k // INT4_PER_WORD), "uint32", name="Q")
+    S = te.placeholder((n, groups), dtype, name="S")
+    Z = te.placeholder((n, groups), dtype, name="Z") if zero_point else None
+
+    def weight(j, kk):
+        word = Q[j, kk // INT4_PER_WORD]
+        q = ((word >> (kk % INT4_PER_WORD * 4).astype("uint32")) & tirx.const(15, "uint32")).astype(dtype)
+        zero = Z[j, kk // group_size] if zero_point else tirx.const(8, dtype)
+        return (q - zero) * S[j, kk // group_size]
+
+    W = te.compute((n, k), weight, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    acc = te.compute((m, n), lambda i, j: te.sum(X[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
+                     name="Y_acc")
+    Y = te.compute((m, n), lambda i, j: acc[i, j].astype(dtype), name="Y")
+
+    def ref(x, q, s, z=None):
+        return x.astype(np.float64) @ dequantize_int4(q, s, z, group_size, dtype).T
+
+    tensors = [X, Q, S] + ([Z] if zero_point else []) + [Y]
+    func = _prim_func(tensors, "matmul_int4").with_attr("fastdlight.random_bits", ["Q"])
+    nbytes = (m * k + (2 if zero_point else 1) * n * groups + m * n) * NBYTES[dtype] + n * k // 2
+    return Op("matmul_int4", func, ref, 2.0 * m * n * k, nbytes)
+
+
+def dequantize_int4(q, s, z, group_size: int, dtype: str = "float16") -> np.ndarray:
+    """The float64 weights ``[N, K]`` packed words ``q`` (``[N, K / 8]`` uint32), scales ``s`` and
+    zeros ``z`` (None: 8) stand for, each step rounded as the kernel rounds it (the nibble minus
+    the zero and the product with the scale are ``dtype`` operations)."""
+    n = q.shape[0]
+    shifts = np.arange(INT4_PER_WORD, dtype=np.uint32) * 4
+    nibbles = ((q.astype(np.uint32)[:, :, None] >> shifts) & 15).reshape(n, -1)
+    scale = np.repeat(np.asarray(s, np.float64), group_size, axis=1)
+    zero = 8.0 if z is None else np.repeat(np.asarray(z, np.float64), group_size, axis=1)
+    low = np.float32 if dtype == "bfloat16" else np.float16  # bf16 stand-in: exact for these values
+    return (((nibbles - zero).astype(low)).astype(np.float64) * scale).astype(low).astype(np.float64)

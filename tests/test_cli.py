@@ -108,6 +108,12 @@ def one_error_line(capsys, argv):
     (["tune", "add", "64", "--json", "/"], "is a directory"),
     (["tune", "add", "64", "--shape-var", "n"], "expected NAME=VALUE"),
     (["tune", "add", "64", "--shape-var", "n=4"], "--shape-var applies to a --file function"),
+    (["tune", "matmul", "1", "64", "100", "--weight-dtype", "int4"], "must be a multiple of 8 dividing K (100)"),
+    (["tune", "matmul", "1", "64", "128", "--weight-dtype", "int8"], "invalid choice: 'int8'"),
+    (["tune", "matmul", "1", "64", "128", "--weight-dtype", "int4", "--layout", "NT"], "takes no --batch"),
+    (["tune", "matmul", "1", "64", "128", "--weight-dtype", "int4", "--dtype", "float32"], "must be float16 or"),
+    (["tune", "add", "64", "--weight-dtype", "int4"], "--weight-dtype applies to matmul, not add"),
+    (["tune", "matmul", "1", "64", "128", "--zero-point"], "--zero-point applies to a matmul with --weight-dtype"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in one_error_line(capsys, argv)

@@ -142,6 +142,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
     p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
     p.add_argument("--layout", default="NN", help=f"matmul layout: {', '.join(LAYOUTS)} (T: stored transposed)")
     p.add_argument("--batch", type=_positive(int), help="matmul: batch size (batched matmul)")
+    p.add_argument("--weight-dtype", choices=("int4",),
+                   help="matmul: weights quantized to this (packed, dequantized in the kernel; A is M×K, B is N×K)")
+    p.add_argument("--group-size", type=_positive(int), default=128, help="--weight-dtype: weights per scale along K")
+    p.add_argument("--zero-point", action="store_true", help="--weight-dtype: a zero per group (default: 8)")
     p.add_argument("--m", type=_positive(int), default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
     p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
     p.add_argument("--kernel", type=_positive(int), default=3, help="conv2d: kernel size R=S")
@@ -246,7 +250,10 @@ def describe_workload(args, fname) -> str:
     if args.file:
         return f"{fname} from {args.file}"
     extra = ""
-    if args.op == "matmul":
+    if args.op == "matmul" and args.weight_dtype:
+        zeros = ", zero points" if args.zero_point else ""
+        extra = f" {args.weight_dtype} weights (groups of {args.group_size}{zeros})"
+    elif args.op == "matmul":
         extra = f" {args.layout.upper()}" + (f" batch {args.batch}" if args.batch else "")
     return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
 
@@ -277,6 +284,25 @@ def validate_args(args) -> list[Tensor] | None:
     return None if args.file else _op_tensors(args)
 
 
+def _check_weight_quantization(args, op: str, dims: list[int]) -> None:
+    if args.weight_dtype is None:
+        if args.zero_point:
+            raise UsageError("--zero-point applies to a matmul with --weight-dtype int4")
+        return
+    if op != "matmul":
+        raise UsageError(f"--weight-dtype applies to matmul, not {op}")
+    if args.dtype not in ("float16", "bfloat16"):
+        raise UsageError(f"matmul --weight-dtype {args.weight_dtype}: activations must be float16 or bfloat16, "
+                         f"not {args.dtype}")
+    if args.batch or args.out_dtype or args.layout.upper() != "NN":
+        raise UsageError(f"matmul --weight-dtype {args.weight_dtype} takes no --batch, --out-dtype or --layout "
+                         "(A is M×K, the weights N×K, the result in --dtype)")
+    k = dims[2]
+    if args.group_size % 8 or k % args.group_size:
+        raise UsageError(f"matmul --weight-dtype int4: --group-size {args.group_size} must be a multiple of 8 "
+                         f"dividing K ({k})")
+
+
 def _op_tensors(args) -> list[Tensor]:
     op = args.op
     if op not in OPS:
@@ -288,6 +314,7 @@ def _op_tensors(args) -> list[Tensor]:
         raise UsageError(f"{op}: unsupported --out-dtype {args.out_dtype!r}; supported: {', '.join(DTYPES)}")
     if op == "matmul" and args.layout.upper() not in LAYOUTS:
         raise UsageError(f"unsupported matmul --layout {args.layout!r}; use {', '.join(LAYOUTS[:-1])} or {LAYOUTS[-1]}")
+    _check_weight_quantization(args, op, dims)
     if op == "conv2d" and min(conv_output(*dims[1:3], args.kernel, args.stride, args.pad)) <= 0:
         raise UsageError(f"conv2d: the {args.kernel}x{args.kernel} kernel is larger than the padded input "
                          f"({dims[1]}x{dims[2]}, --pad {args.pad})")

@@ -19,6 +19,8 @@ def make_op(args):
 
     d = parse_dims(args.op, args.shape)
     try:
+        if args.op == "matmul" and args.weight_dtype == "int4":
+            return ops.matmul_int4(*d, group_size=args.group_size, dtype=args.dtype, zero_point=args.zero_point)
         if args.op == "matmul":
             return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout, batch=args.batch)
         if args.op == "gemv":

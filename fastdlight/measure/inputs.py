@@ -22,6 +22,19 @@ def known_input_values(func: tirx.PrimFunc) -> dict[str, float]:
     return {str(k): float(v) for k, v in func.attrs[INPUT_VALUES].items()}
 
 
+#: a PrimFunc attribute: the names of integer parameters whose every bit is data (sub-byte values
+#: packed into words, e.g. 4-bit weights eight to a uint32): random inputs take the whole range,
+#: so that every packed value varies (small random integers would leave the high nibbles zero)
+RANDOM_BITS = "fastdlight.random_bits"
+
+
+def random_bits_inputs(func: tirx.PrimFunc) -> set[str]:
+    """The :data:`RANDOM_BITS` of ``func`` (empty when it has none)."""
+    if func.attrs is None or RANDOM_BITS not in func.attrs:
+        return set()
+    return {str(name) for name in func.attrs[RANDOM_BITS]}
+
+
 def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
     """Integer parameters whose values index another buffer (a gather, a quantization group
     index), each with the smallest extent it indexes: random values beyond it would read out

@@ -32,7 +32,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.measure import clock, host
-from fastdlight.measure.inputs import index_bounds, known_input_values
+from fastdlight.measure.inputs import index_bounds, known_input_values, random_bits_inputs
 
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
 INT_SENTINEL = {"int8": -128, "int16": -32768, "int32": -(2**31) + 7, "int64": -(2**62) + 7, "uint8": 251}
@@ -168,9 +168,11 @@ def poison_value(dtype: str):
 def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
     """Per parameter of ``func``, its host input (None for an output): the model's value where
     :func:`~fastdlight.measure.inputs.known_input_values` has one, indices inside what they
-    index (:func:`~fastdlight.measure.inputs.index_bounds`), else random (:func:`random_array`)."""
+    index (:func:`~fastdlight.measure.inputs.index_bounds`), packed words over their whole range
+    (:func:`~fastdlight.measure.inputs.random_bits_inputs`), else random (:func:`random_array`)."""
     rng = np.random.default_rng(seed)
     bounds, known, outs = index_bounds(func), known_input_values(func), set(output_indices(func))
+    every_bit = random_bits_inputs(func)
     host: list[np.ndarray | None] = []
     for i, buf in enumerate(param_buffers(func)):
         shape, dtype, name = static_shape(buf), str(buf.dtype), str(buf.name)
@@ -180,6 +182,9 @@ def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
             host.append(np.full(shape, known[name], dtype=np.float32 if dtype == "bfloat16" else dtype))
         elif name in bounds:
             host.append(rng.integers(0, bounds[name], size=shape).astype(dtype))
+        elif name in every_bit:
+            info = np.iinfo(dtype)
+            host.append(rng.integers(info.min, int(info.max) + 1, size=shape, dtype=np.int64).astype(dtype))
         else:
             host.append(random_array(shape, dtype, rng))
     return host
