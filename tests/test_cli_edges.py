@@ -286,6 +286,8 @@ def test_a_library_warning_points_at_the_callers_line():
     ["conv2d", "1", "8", "8", "4", "4", "--kernel", "1", "--pad", "0", "--dtype", "float16", "--out-dtype", "float32"],
     ["attention", "2", "8", "16", "16", "64"], ["attention", "1", "8", "4", "32", "64", "--causal", "--kv-heads", "2"],
     ["attention", "1", "4", "1", "100", "128", "--kv-heads", "1", "--dtype", "bfloat16"],
+    ["matmul", "4", "32", "256", "--weight-dtype", "int4", "--group-size", "64"],
+    ["matmul", "1", "32", "256", "--weight-dtype", "int4", "--zero-point", "--dtype", "bfloat16"],
 ])  # fmt: skip
 def test_the_size_checks_see_the_tensors_ops_builds(argv):
     from fastdlight.cli.args import build_parser, validate_args
