@@ -15,7 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
-from fastdlight.analysis.dtypes import NBYTES, default_out_dtype
+from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 from fastdlight.measure.inputs import RANDOM_BITS
 
@@ -62,11 +62,14 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, ac
     in memory (N: A is M×K, B is K×N; T: A is K×M, B is N×K). ``acc_dtype``: accumulate in it and
     cast the result to ``out_dtype`` (an epilogue block), as cuBLAS does for fp16 with fp32 sums."""
     _check_shape(m, n, k, *(() if batch is None else (batch,)))
-    _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8"))
+    _check_dtype(dtype, ("float16", "bfloat16", "float32", "int8") + FP8_DTYPES)
     out_dtype = _check_dtype(out_dtype or default_out_dtype(dtype))
     layout = layout.upper()
     if layout not in ("NN", "NT", "TN", "TT"):
         raise ValueError(f"unsupported matmul layout {layout!r}; use NN, NT, TN or TT")
+    if dtype in FP8_DTYPES and layout != "NT":
+        raise ValueError(f"{dtype} matmuls run on Hopper tensor cores, which read both operands K-major: "
+                         f"layout NT (A is M×K, B is N×K), not {layout}")
     pre = () if batch is None else (batch,)
     a_shape = pre + ((k, m) if layout[0] == "T" else (m, k))
     b_shape = pre + ((n, k) if layout[1] == "T" else (k, n))

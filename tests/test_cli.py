@@ -114,6 +114,7 @@ def one_error_line(capsys, argv):
     (["tune", "matmul", "1", "64", "128", "--weight-dtype", "int4", "--dtype", "float32"], "must be float16 or"),
     (["tune", "add", "64", "--weight-dtype", "int4"], "--weight-dtype applies to matmul, not add"),
     (["tune", "matmul", "1", "64", "128", "--zero-point"], "--zero-point applies to a matmul with --weight-dtype"),
+    (["tune", "matmul", "64", "64", "128", "--dtype", "float8_e4m3fn", "--layout", "NN"], "K-major only: --layout NT"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in one_error_line(capsys, argv)

@@ -210,7 +210,7 @@ def test_help_says_each_default_once(capsys, command):
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "(default: from --dtype) (default" not in text and "nvidia/nvidia-h100) (default" not in text
     if command != "arch":
-        assert "matmul layout: NN, NT, TN, TT" in text and "(default: NN)" in text
+        assert "matmul layout: NN, NT, TN, TT" in text and "default NN, NT for float8 inputs)" in text
 
 
 def test_version(capsys):
@@ -287,6 +287,7 @@ def test_a_library_warning_points_at_the_callers_line():
     ["attention", "2", "8", "16", "16", "64"], ["attention", "1", "8", "4", "32", "64", "--causal", "--kv-heads", "2"],
     ["attention", "1", "4", "1", "100", "128", "--kv-heads", "1", "--dtype", "bfloat16"],
     ["matmul", "4", "32", "256", "--weight-dtype", "int4", "--group-size", "64"],
+    ["matmul", "64", "32", "256", "--dtype", "float8_e5m2"],
     ["matmul", "1", "32", "256", "--weight-dtype", "int4", "--zero-point", "--dtype", "bfloat16"],
 ])  # fmt: skip
 def test_the_size_checks_see_the_tensors_ops_builds(argv):

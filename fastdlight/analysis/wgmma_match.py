@@ -19,18 +19,17 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
 from fastdlight.analysis.matmul_match import has_node, load_of, match_matmul
-from fastdlight.analysis.dtypes import NBYTES
+from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES
 from fastdlight.analysis.wgmma_conv import ConvGeometry, gemm_shape, match_conv
 from fastdlight.analysis.wgmma_view import OperandView, view_operand
 
-#: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set)
-WGMMA_DTYPES = ("float16", "bfloat16")
+#: input dtypes wgmma takes from shared memory with fp32 accumulation (the template's set);
+#: FP8 ones only with both operands K-major (wgmma has no transpose for 8-bit types)
+WGMMA_DTYPES = ("float16", "bfloat16") + FP8_DTYPES
 #: output dtypes the TMA-store epilogue writes
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 #: TMA: every row of a tensor (all strides) must be a multiple of 16 bytes
 TMA_STRIDE_BYTES = 16
-#: the K step of a stage: one 128-byte swizzled row of 16-bit elements
-BK = 64
 #: one 128-byte swizzled row of shared memory: a stage's K step, an epilogue chunk of output
 SWIZZLE_BYTES = 128
 
@@ -62,6 +61,11 @@ class WgmmaMatch:
     @property
     def in_bytes(self) -> int:
         return NBYTES[self.in_dtype]
+
+    @property
+    def bk(self) -> int:
+        """A stage's K step: one 128-byte swizzled row (64 16-bit or 128 8-bit elements)."""
+        return SWIZZLE_BYTES // self.in_bytes
 
     @property
     def out_n(self) -> int:
@@ -97,7 +101,7 @@ class WgmmaMatch:
         if cluster == 1:
             return True
         k_major, rows = self._shared(bm, bn, axis)
-        return (self.conv is None and (axis == "m" or self.a_view is None) and BK % (8 * cluster) == 0
+        return (self.conv is None and (axis == "m" or self.a_view is None) and self.bk % (8 * cluster) == 0
                 and (not k_major or rows % (8 * cluster) == 0))
 
     def views_fit(self, bm: int, bn: int) -> bool:
@@ -182,6 +186,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
         a_batched=batch_var is not None and has_node(batch_var, x_vars),
         b_batched=batch_var is not None and has_node(batch_var, y_vars), pair=pair,
     )  # fmt: skip
+    if in_dtype in FP8_DTYPES and not (a_k and b_k):
+        return None, f"{in_dtype}: wgmma reads 8-bit operands K-major only (A as [M, K], B as [N, K])"
     inner = {"A": match.k if a_k else match.m, "B": match.k if b_k else match.n}
     for name, extent in inner.items():
         if extent * match.in_bytes % TMA_STRIDE_BYTES:
@@ -191,8 +197,8 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
 
 def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
     """An NHWC convolution as the template's implicit GEMM (see :mod:`.wgmma_conv`)."""
-    if base.in_dtype not in WGMMA_DTYPES:
-        return None, f"input dtype {base.in_dtype}: wgmma here takes fp16 or bf16"
+    if base.in_dtype not in WGMMA_DTYPES or base.in_dtype in FP8_DTYPES:
+        return None, f"input dtype {base.in_dtype}: the convolution template takes fp16 or bf16"
     out, reason = _the_output(func)
     if out is None:
         return None, reason
@@ -235,6 +241,8 @@ def _match_views(func) -> tuple[WgmmaMatch | None, str | None]:
     in_dtype, out, reason = _inputs_and_output(func, load_x, load_y)
     if out is None:
         return None, reason
+    if in_dtype in FP8_DTYPES:
+        return None, f"{in_dtype} operands read through views: not taken (plain [M, K] and [N, K] only)"
     if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
         return None, "symbolic extent (specialize the shape first)"
     extent = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
@@ -291,7 +299,7 @@ def _inputs_and_output(func, load_x, load_y):
         return None, None, "a matmul operand is computed in the function (TMA reads parameters only)"
     in_dtype = str(load_x.source.dtype)
     if in_dtype != str(load_y.source.dtype) or in_dtype not in WGMMA_DTYPES:
-        return None, None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16 or bf16"
+        return None, None, f"input dtype {in_dtype}/{load_y.source.dtype}: wgmma here takes fp16, bf16 or fp8"
     out, reason = _the_output(func)
     return (in_dtype, out, "") if out is not None else (None, None, reason)
 

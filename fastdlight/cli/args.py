@@ -8,7 +8,8 @@ import os
 import re
 
 from fastdlight import __version__
-from fastdlight.cli.sizes import DTYPES, LAYOUTS, MAX_DIM, OP_DTYPES, Tensor, conv_output, op_tensors
+from fastdlight.analysis.dtypes import FP8_DTYPES
+from fastdlight.cli.sizes import DTYPES, LAYOUTS, MAX_DIM, OP_DTYPES, Tensor, conv_output, matmul_layout, op_tensors
 from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
 
 
@@ -140,7 +141,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
                         "NAME=V1,V2,... tunes a kernel at each value behind one dispatcher")
     p.add_argument("--dtype", default="float16", help=f"input dtype: {', '.join(DTYPES)} (as the op takes)")
     p.add_argument("--out-dtype", help="output/accumulator dtype (default: from --dtype)")
-    p.add_argument("--layout", default="NN", help=f"matmul layout: {', '.join(LAYOUTS)} (T: stored transposed)")
+    p.add_argument("--layout", help=f"matmul layout: {', '.join(LAYOUTS)} (T: stored transposed; default NN, "
+                                    "NT for float8 inputs)")
     p.add_argument("--batch", type=_positive(int), help="matmul: batch size (batched matmul)")
     p.add_argument("--weight-dtype", choices=("int4",),
                    help="matmul: weights quantized to this (packed, dequantized in the kernel; A is M×K, B is N×K)")
@@ -254,7 +256,7 @@ def describe_workload(args, fname) -> str:
         zeros = ", zero points" if args.zero_point else ""
         extra = f" {args.weight_dtype} weights (groups of {args.group_size}{zeros})"
     elif args.op == "matmul":
-        extra = f" {args.layout.upper()}" + (f" batch {args.batch}" if args.batch else "")
+        extra = f" {matmul_layout(args)}" + (f" batch {args.batch}" if args.batch else "")
     return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
 
 
@@ -294,7 +296,7 @@ def _check_weight_quantization(args, op: str, dims: list[int]) -> None:
     if args.dtype not in ("float16", "bfloat16"):
         raise UsageError(f"matmul --weight-dtype {args.weight_dtype}: activations must be float16 or bfloat16, "
                          f"not {args.dtype}")
-    if args.batch or args.out_dtype or args.layout.upper() != "NN":
+    if args.batch or args.out_dtype or matmul_layout(args) != "NN":
         raise UsageError(f"matmul --weight-dtype {args.weight_dtype} takes no --batch, --out-dtype or --layout "
                          "(A is M×K, the weights N×K, the result in --dtype)")
     k = dims[2]
@@ -312,8 +314,11 @@ def _op_tensors(args) -> list[Tensor]:
         raise UsageError(f"{op}: unsupported dtype {args.dtype!r}; supported: {', '.join(OP_DTYPES[op])}")
     if args.out_dtype is not None and args.out_dtype not in DTYPES:
         raise UsageError(f"{op}: unsupported --out-dtype {args.out_dtype!r}; supported: {', '.join(DTYPES)}")
-    if op == "matmul" and args.layout.upper() not in LAYOUTS:
+    if op == "matmul" and matmul_layout(args) not in LAYOUTS:
         raise UsageError(f"unsupported matmul --layout {args.layout!r}; use {', '.join(LAYOUTS[:-1])} or {LAYOUTS[-1]}")
+    if op == "matmul" and args.dtype in FP8_DTYPES and matmul_layout(args) != "NT":
+        raise UsageError(f"matmul {args.dtype}: Hopper's tensor cores read 8-bit operands K-major only: "
+                         f"--layout NT (A is M×K, B is N×K), not {matmul_layout(args)}")
     _check_weight_quantization(args, op, dims)
     if op == "conv2d" and min(conv_output(*dims[1:3], args.kernel, args.stride, args.pad)) <= 0:
         raise UsageError(f"conv2d: the {args.kernel}x{args.kernel} kernel is larger than the padded input "

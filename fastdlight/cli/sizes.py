@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass
 
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
-from fastdlight.analysis.dtypes import default_out_dtype
+from fastdlight.analysis.dtypes import FP8_DTYPES, default_out_dtype
 from fastdlight.arch.table import GPUS_BY_TAG, LARGEST_DRAM_BYTES
 
 #: input dtypes each operator takes (``fastdlight.ops`` refuses the others)
 OP_DTYPES = {
-    "matmul": ("float16", "bfloat16", "float32", "int8"),
+    "matmul": ("float16", "bfloat16", "float32", "int8", "float8_e4m3fn", "float8_e5m2"),
     "gemv": ("float16", "bfloat16", "float32", "int8"),
     "add": DTYPES,
     "copy": DTYPES,
@@ -62,6 +62,12 @@ def conv_output(h: int, w: int, r: int, stride: int, pad: int) -> tuple[int, int
     return (h + 2 * pad - r) // stride + 1, (w + 2 * pad - r) // stride + 1
 
 
+def matmul_layout(args) -> str:
+    """The matmul's layout: ``--layout``, by default NN (NT for float8 inputs, which Hopper's
+    tensor cores read K-major only)."""
+    return (args.layout or ("NT" if args.dtype in FP8_DTYPES else "NN")).upper()
+
+
 def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
     """The parameters of the PrimFunc ``fastdlight.ops`` builds for ``op`` and the arguments
     (``dtype``, ``out_dtype``, ``layout``, ``batch``, ``m``, ``axis``, ``kernel``, ``stride``,
@@ -75,7 +81,7 @@ def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
     if op == "matmul":
         m, n, k = dims
         pre = (args.batch,) if args.batch else ()
-        layout = args.layout.upper()
+        layout = matmul_layout(args)
         a = (k, m) if layout[0] == "T" else (m, k)
         b = (n, k) if layout[1] == "T" else (k, n)
         return [Tensor("A", pre + a, dt), Tensor("B", pre + b, dt), Tensor("C", pre + (m, n), out)]

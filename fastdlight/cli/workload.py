@@ -9,7 +9,7 @@ import math
 import os
 
 from fastdlight.cli.args import UsageError, one_line, parse_dims
-from fastdlight.cli.sizes import DEFAULT_TARGET
+from fastdlight.cli.sizes import DEFAULT_TARGET, matmul_layout
 from fastdlight.cli.toolkit import check_target_names_gpu
 
 
@@ -22,7 +22,8 @@ def make_op(args):
         if args.op == "matmul" and args.weight_dtype == "int4":
             return ops.matmul_int4(*d, group_size=args.group_size, dtype=args.dtype, zero_point=args.zero_point)
         if args.op == "matmul":
-            return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout, batch=args.batch)
+            return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=matmul_layout(args),
+                              batch=args.batch)
         if args.op == "gemv":
             return ops.gemv(d[0], d[1], m=args.m, dtype=args.dtype, out_dtype=args.out_dtype)
         if args.op in ("add", "copy", "bias_relu"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
-from fastdlight.analysis.wgmma_match import BK, WgmmaMatch, match_wgmma
+from fastdlight.analysis.wgmma_match import WgmmaMatch, match_wgmma
 
 #: fraction of the datasheet tensor peak a well-fed wgmma kernel sustains
 WGMMA_EFFICIENCY = 0.80
@@ -201,7 +201,7 @@ class WgmmaPolicy:
     def tile(self, bm: int, bn: int, wm: int, cluster: int = 1, cluster_axis: str | None = None) -> _Tile:
         """A tile of this shape with the deepest stage ring the SM holds beside its staging
         buffers; a cluster along :meth:`cluster_axis` unless ``cluster_axis`` is given."""
-        stages = ring(consumer_warpgroups(bm, wm), (bm + bn) * BK * self.match.in_bytes,
+        stages = ring(consumer_warpgroups(bm, wm), (bm + bn) * self.match.bk * self.match.in_bytes,
                       self.arch.smem_per_block_optin)
         axis = cluster_axis or (self.cluster_axis(bm, bn) if cluster > 1 else "m")
         return _Tile(bm, bn, wm, stages, cluster, axis)
@@ -227,13 +227,13 @@ class WgmmaPolicy:
         mt, arch = self.match, self.arch
         tiles = mt.batch * mt.m_tiles(t.bm) * -(-mt.n // t.bn)
         waves = -(-tiles // arch.sm_count)
-        steps = -(-mt.k // BK)
-        peak = arch.peak_tc_tflops.get(mt.in_dtype, max(arch.peak_tc_tflops.values())) * 1e12
+        steps = -(-mt.k // mt.bk)
+        peak = (arch.tc_peak(mt.in_dtype) or max(arch.peak_tc_tflops.values())) * 1e12
         per_sm_flops_per_cycle = peak * WGMMA_EFFICIENCY / (arch.sm_count * CLOCK_HZ)
-        mma = 2 * t.bm * t.bn * BK / per_sm_flops_per_cycle
+        mma = 2 * t.bm * t.bn * mt.bk / per_sm_flops_per_cycle
         l2_per_cycle = L2_LOAD_FACTOR * arch.dram_bandwidth_gbs * 1e9 / (arch.sm_count * CLOCK_HZ)
         shared_a, shared_b = (t.cluster, 1) if t.cluster_axis == "n" else (1, t.cluster)
-        load = (t.bm / shared_a + t.bn / shared_b) * BK * mt.in_bytes / l2_per_cycle
+        load = (t.bm / shared_a + t.bn / shared_b) * mt.bk * mt.in_bytes / l2_per_cycle
         cycles = waves * (steps * max(mma, load, self.smem_cycles(t)) + TILE_OVERHEAD_CYCLES[t.schedule])
         return cycles / CLOCK_HZ
 
@@ -241,7 +241,7 @@ class WgmmaPolicy:
         """Cycles a K step keeps shared memory busy: the TMA writes of the stage, and each
         64-row slice's wgmma reading its A rows and all of B."""
         rows = t.bm // 64 * (64 + t.bn) + t.bm + t.bn
-        return rows * BK * self.match.in_bytes / SMEM_BYTES_PER_CYCLE
+        return rows * self.match.bk * self.match.in_bytes / SMEM_BYTES_PER_CYCLE
 
     def group_m(self, t: _Tile) -> int:
         """Rows of work items per rasterization group: 16 M tiles (8 where the output has fewer
@@ -259,7 +259,7 @@ class WgmmaPolicy:
 
     def config(self, t: _Tile) -> Config:
         """The template's config of tile ``t``, with its rasterization group and estimated cost."""
-        return Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(BK,), pipeline_stages=t.stages,
+        return Config("matmul_wgmma", block=(t.bm, t.bn), warp=(t.wm, t.bn), rstep=(self.match.bk,), pipeline_stages=t.stages,
                       use_async_copy=True, rasterization=self.group_m(t), cluster=t.cluster,
                       cluster_axis=t.cluster_axis, cost=self.cost(t))
 

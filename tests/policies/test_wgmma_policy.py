@@ -36,7 +36,7 @@ def test_batched_operands_and_fp32_output():
 
 
 @pytest.mark.parametrize("func,why", [
-    (ops.matmul(256, 128, 64, "float32", "float32", "NN").func, "fp16 or bf16"),
+    (ops.matmul(256, 128, 64, "float32", "float32", "NN").func, "fp16, bf16 or fp8"),
     (gemm(256, 128, 68), "multiples of 16"),  # B rows of 128 fp16 are fine, A rows of 68 are not
     (gemm(16, 256, 256), "below one wgmma tile"),  # decode: the GEMV path
     (ops.elementwise((256, 256)).func, "reduction"),

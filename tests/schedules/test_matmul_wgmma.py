@@ -49,7 +49,8 @@ def compile_all(jobs):
 
 
 def check_hopper_kernel(src, cubin, bn, in_abbr="f16", tma_store=True):
-    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{in_abbr}.{in_abbr}" in src
+    k = 32 if in_abbr in ("e4m3", "e5m2") else 16
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k{k}.f32.{in_abbr}.{in_abbr}" in src
     assert "cp.async.bulk.tensor" in src and "mbarrier" in src and "setmaxnreg" in src
     assert ("global.shared::cta.tile.bulk_group" in src) == tma_store  # the TMA-store epilogue
     # the descriptors prefetched (one helper, a call each)
@@ -71,6 +72,41 @@ def test_layouts_dtypes_and_odd_shapes_compile_to_cubin():
         assert [str(p.name) for p in k.params] == [str(p.name) for p in func.params]
         assert [tuple(int(x) for x in p.shape) for p in k.params] == [tuple(int(x) for x in p.shape) for p in func.params]
     assert "cp.async.bulk.tensor.3d" in compile_all(jobs[-1:])[0][1]
+
+
+def test_fp8_inputs_compile_to_k32_wgmma_with_128_wide_k_steps():
+    """8-bit inputs: a stage's K step is one 128-byte row of 128 elements, four k32 wgmmas."""
+    e4m3 = gemm(1000, 520, 272, "float8_e4m3fn", "NT", out="float16")
+    e5m2 = gemm(256, 384, 1024, "float8_e5m2", "NT", out="bfloat16")
+    jobs = [(e4m3, fp8_wgmma(128, 256)),
+            (e5m2, fp8_wgmma(64, 128, stages=8, wm=64))]
+    for (func, config), (_k, src, cubin) in zip(jobs, compile_all(jobs)):
+        check_hopper_kernel(src, cubin, config.block[1], {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[
+            str(func.params[0].dtype)])
+        assert "k16" not in src.split("wgmma.mma_async")[1][:60]
+    assert all(c.rstep == (128,) for c in WgmmaPolicy(e4m3, H100).emit_config(8))
+
+
+def test_fp8_operands_must_be_k_major():
+    """wgmma has no transpose for 8-bit inputs: an MN-major B is refused by the match (the
+    operator builder refuses it first)."""
+    from tvm import te
+
+    a = te.placeholder((256, 256), "float8_e4m3fn", name="A")
+    b = te.placeholder((256, 256), "float8_e4m3fn", name="B")  # [K, N]: MN-major
+    r = te.reduce_axis((0, 256), name="k")
+    c = te.compute((256, 256), lambda i, j: te.sum(a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r))
+    d = te.compute((256, 256), lambda i, j: c[i, j].astype("float16"))
+    match, why = match_wgmma(te.create_prim_func([a, b, d]))
+    assert match is None and "K-major only" in why
+    assert match_wgmma(ops.matmul(256, 256, 256, "float8_e4m3fn", "float16", "NT").func)[1] == ""
+    with pytest.raises(ValueError, match="layout NT"):
+        ops.matmul(256, 256, 256, "float8_e4m3fn", "float16", "NN")
+
+
+def fp8_wgmma(bm, bn, stages=4, wm=64) -> Config:
+    return Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(128,), pipeline_stages=stages,
+                  use_async_copy=True, rasterization=8)
 
 
 def test_three_consumer_warpgroups_compile_without_spills():
@@ -368,7 +404,7 @@ def test_descriptors_stepped_in_their_low_word_are_the_packed_descriptors(layout
     for op in (a, b):
         for base in (0x400, 0x8400, 0x30000):
             low = op.desc_low(tvm.tirx.const(base, "uint32"))
-            for step in (0, op.k16_step, 3 * op.k16_step + 1024, 0x800):  # to 224 KB
+            for step in (0, op.k_step, 3 * op.k_step + 1024, 0x800):  # to 224 KB
                 got = evaluate(op.descriptor(low, step))
                 assert got == gmma_descriptor(base + 16 * step, op.lbo, op.sbo), (layout, op.k_major, base, step)
     assert a.k_major == (layout[0] == "N") and b.k_major == (layout[1] == "T")

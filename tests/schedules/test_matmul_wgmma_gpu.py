@@ -150,3 +150,16 @@ def test_gate_and_up_paired_in_one_gemm_are_correct(arch):
     results, _best = apply_and_build(func, configs, arch, check="all", budget_ms=5, ref=reference, progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("m, n, k", [(1000, 520, 272), (256, 384, 1024)])
+def test_every_fp8_wgmma_config_is_correct(dtype, m, n, k, arch):
+    """8-bit inputs (k32 wgmma, 128-element K steps), both operands K-major, fp16 results."""
+    op = ops.matmul(m, n, k, dtype, "float16", "NT", acc_dtype="float32")
+    configs = WgmmaPolicy(op.func, arch).emit_config(20)
+    assert configs
+    results, best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                    progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)

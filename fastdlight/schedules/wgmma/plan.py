@@ -28,7 +28,9 @@ from fastdlight.schedules.wgmma.tma import ATOM_ROWS, SWIZZLE_BYTES
 #: GEMM at the power limit, at the same speed. DRAM traffic costs energy there: the same
 #: kernel loading one tile everywhere (145 MB less) spent 5% less and ran 6.5% faster
 SNAKE_ORDER = True
-ABBR = {"float16": "f16", "bfloat16": "bf16"}
+ABBR = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+#: bytes of K one wgmma consumes: k16 of 16-bit inputs, k32 of 8-bit ones
+WGMMA_K_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -241,13 +243,25 @@ class Plan:
         return self.chunk_cols // 8 * 4
 
     @property
+    def mma_k(self) -> int:
+        """K of one wgmma: 16 (16-bit inputs) or 32 (8-bit)."""
+        return WGMMA_K_BYTES // self.match.in_bytes
+
+    @property
     def mma_per_step(self) -> int:
-        return self.bk // 16
+        return self.bk // self.mma_k
 
     @property
     def mma(self) -> str:
         ab = ABBR[self.match.in_dtype]
-        return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k16.f32.{ab}.{ab}"
+        return f"wgmma.mma_async.sync.aligned.m64n{self.bn}k{self.mma_k}.f32.{ab}.{ab}"
+
+    @property
+    def mma_flags(self) -> str:
+        """The wgmma's operands after the descriptors (TVMScript): accumulate, scale A and B by
+        1, and for 16-bit inputs the transpose bits (8-bit wgmma has none: K-major only)."""
+        flags = "T.bool(True), 1, 1"
+        return flags if self.match.in_bytes == 1 else flags + ", K_A.transposed, K_B.transposed"
 
     @property
     def out_buffers(self) -> int:

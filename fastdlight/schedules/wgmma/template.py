@@ -128,6 +128,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{STORE_CHUNK}", _lines("{STORE_CHUNK}", d.store_chunk(
                 plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
                 plan.match.out_dtype)))
+            .replace("{MMA_FLAGS}", plan.mma_flags)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
             .replace("{RELEASE_PREVIOUS}", _release("(k_g + K_PLAN.stages - 1) % K_PLAN.stages", plan.cluster,

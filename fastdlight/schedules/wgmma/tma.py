@@ -102,9 +102,11 @@ class Operand:
         return ATOM_ROWS * SWIZZLE_BYTES // 16
 
     @property
-    def k16_step(self) -> int:
-        """Descriptor address step (16-byte units) between wgmma k16 slices of a stage."""
-        return 16 * self.elem_bytes // 16 if self.k_major else 16 * SWIZZLE_BYTES // 16
+    def k_step(self) -> int:
+        """Descriptor address step (16-byte units) between the K slices of a stage one wgmma
+        reads each: 32 bytes along a K-major row (k16 of 16-bit, k32 of 8-bit elements); 16
+        swizzled rows of an MN-major tile (16-bit only)."""
+        return 32 // 16 if self.k_major else 16 * SWIZZLE_BYTES // 16
 
     @property
     def desc_high(self) -> int:
