@@ -109,6 +109,38 @@ def matmul(m, n, k, dtype="float16", out_dtype=None, layout="NN", batch=None, ac
     return Op(f"matmul_{layout}", _prim_func([A, B, C], "matmul"), ref, 2.0 * nb * m * n * k, nbytes)
 
 
+#: how an FP8 matmul's result is scaled back: one scale per operand, or one per row of A and
+#: one per row of B (the output's rows and columns), as ``torch._scaled_mm`` takes them
+FP8_SCALES = ("tensor", "row")
+
+
+def matmul_scaled(m, n, k, dtype="float8_e4m3fn", out_dtype="float16", scales="tensor") -> Op:
+    """``D[i, j] = (sum_k A[i, k] * B[j, k]) * SA * SB`` in ``out_dtype``: 8-bit inputs (A is
+    M×K, B is N×K), fp32 sums, the scales applied in the epilogue. ``scales``: "tensor" (SA and
+    SB one float32 each, shape [1]) or "row" (SA per row of A, [M]; SB per row of B, [N])."""
+    _check_shape(m, n, k)
+    _check_dtype(dtype, FP8_DTYPES)
+    _check_dtype(out_dtype, ("float16", "bfloat16", "float32"))
+    if scales not in FP8_SCALES:
+        raise ValueError(f"scales must be one of {', '.join(FP8_SCALES)}, got {scales!r}")
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((n, k), dtype, name="B")
+    SA = te.placeholder((m,) if scales == "row" else (1,), "float32", name="SA")
+    SB = te.placeholder((n,) if scales == "row" else (1,), "float32", name="SB")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r),
+                   name="C")
+    row = (lambda i: i) if scales == "row" else (lambda i: 0)
+    D = te.compute((m, n), lambda i, j: (C[i, j] * SA[row(i)] * SB[row(j)]).astype(out_dtype), name="D")
+
+    def ref(a, b, sa, sb):
+        out = a.astype(np.float64) @ b.astype(np.float64).T
+        return out * np.asarray(sa, np.float64).reshape(-1, 1) * np.asarray(sb, np.float64).reshape(1, -1)
+
+    nbytes = (m * k + n * k) * NBYTES[dtype] + m * n * NBYTES[out_dtype]
+    return Op(f"matmul_scaled_{scales}", _prim_func([A, B, SA, SB, D], "matmul_scaled"), ref, 2.0 * m * n * k, nbytes)
+
+
 def matmul_symbolic_rows(n, k, dtype="float16") -> tirx.PrimFunc:
     """C[m, n] = dtype(A[m, k] @ W[n, k]^T), summed in fp32, with the row count ``m`` symbolic and
     every dimension int64 (as Relax's legalization builds it): an LLM layer's GEMM at any number

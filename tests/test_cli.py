@@ -115,6 +115,7 @@ def one_error_line(capsys, argv):
     (["tune", "add", "64", "--weight-dtype", "int4"], "--weight-dtype applies to matmul, not add"),
     (["tune", "matmul", "1", "64", "128", "--zero-point"], "--zero-point applies to a matmul with --weight-dtype"),
     (["tune", "matmul", "64", "64", "128", "--dtype", "float8_e4m3fn", "--layout", "NN"], "K-major only: --layout NT"),
+    (["tune", "matmul", "64", "64", "128", "--scales", "row"], "--scales applies to a float8 matmul"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in one_error_line(capsys, argv)

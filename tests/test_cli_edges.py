@@ -288,6 +288,8 @@ def test_a_library_warning_points_at_the_callers_line():
     ["attention", "1", "4", "1", "100", "128", "--kv-heads", "1", "--dtype", "bfloat16"],
     ["matmul", "4", "32", "256", "--weight-dtype", "int4", "--group-size", "64"],
     ["matmul", "64", "32", "256", "--dtype", "float8_e5m2"],
+    ["matmul", "64", "32", "256", "--dtype", "float8_e4m3fn", "--scales", "row", "--out-dtype", "bfloat16"],
+    ["matmul", "64", "32", "256", "--dtype", "float8_e4m3fn", "--scales", "tensor"],
     ["matmul", "1", "32", "256", "--weight-dtype", "int4", "--zero-point", "--dtype", "bfloat16"],
 ])  # fmt: skip
 def test_the_size_checks_see_the_tensors_ops_builds(argv):

@@ -148,6 +148,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
                    help="matmul: weights quantized to this (packed, dequantized in the kernel; A is M×K, B is N×K)")
     p.add_argument("--group-size", type=_positive(int), default=128, help="--weight-dtype: weights per scale along K")
     p.add_argument("--zero-point", action="store_true", help="--weight-dtype: a zero per group (default: 8)")
+    p.add_argument("--scales", choices=("tensor", "row"),
+                   help="float8 matmul: scale the result by float32 scales of A and B, one each or one per row")
     p.add_argument("--m", type=_positive(int), default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
     p.add_argument("--axis", type=int, default=-1, choices=(-1, 0), help="sum/max: reduced axis")
     p.add_argument("--kernel", type=_positive(int), default=3, help="conv2d: kernel size R=S")
@@ -257,6 +259,7 @@ def describe_workload(args, fname) -> str:
         extra = f" {args.weight_dtype} weights (groups of {args.group_size}{zeros})"
     elif args.op == "matmul":
         extra = f" {matmul_layout(args)}" + (f" batch {args.batch}" if args.batch else "")
+        extra += f", {args.scales} scales" if args.scales else ""
     return f"{args.op} {'x'.join(args.shape)}{extra} {args.dtype}" + (f"->{args.out_dtype}" if args.out_dtype else "")
 
 
@@ -320,6 +323,8 @@ def _op_tensors(args) -> list[Tensor]:
         raise UsageError(f"matmul {args.dtype}: Hopper's tensor cores read 8-bit operands K-major only: "
                          f"--layout NT (A is M×K, B is N×K), not {matmul_layout(args)}")
     _check_weight_quantization(args, op, dims)
+    if args.scales and not (op == "matmul" and args.dtype in FP8_DTYPES):
+        raise UsageError("--scales applies to a float8 matmul (--dtype float8_e4m3fn or float8_e5m2)")
     if op == "conv2d" and min(conv_output(*dims[1:3], args.kernel, args.stride, args.pad)) <= 0:
         raise UsageError(f"conv2d: the {args.kernel}x{args.kernel} kernel is larger than the padded input "
                          f"({dims[1]}x{dims[2]}, --pad {args.pad})")

@@ -78,6 +78,11 @@ def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
         groups = (n, k // args.group_size)
         return [Tensor("X", (m, k), dt), Tensor("Q", (n, k // 8), "uint32"), Tensor("S", groups, dt),
                 *([Tensor("Z", groups, dt)] if args.zero_point else []), Tensor("Y", (m, n), dt)]
+    if op == "matmul" and getattr(args, "scales", None):
+        m, n, k = dims
+        rows = {"A": (m,), "B": (n,)} if args.scales == "row" else {"A": (1,), "B": (1,)}
+        return [Tensor("A", (m, k), dt), Tensor("B", (n, k), dt), Tensor("SA", rows["A"], "float32"),
+                Tensor("SB", rows["B"], "float32"), Tensor("D", (m, n), out)]
     if op == "matmul":
         m, n, k = dims
         pre = (args.batch,) if args.batch else ()

@@ -21,6 +21,8 @@ def make_op(args):
     try:
         if args.op == "matmul" and args.weight_dtype == "int4":
             return ops.matmul_int4(*d, group_size=args.group_size, dtype=args.dtype, zero_point=args.zero_point)
+        if args.op == "matmul" and args.scales:
+            return ops.matmul_scaled(*d, dtype=args.dtype, out_dtype=args.out_dtype or "float16", scales=args.scales)
         if args.op == "matmul":
             return ops.matmul(*d, dtype=args.dtype, out_dtype=args.out_dtype, layout=matmul_layout(args),
                               batch=args.batch)

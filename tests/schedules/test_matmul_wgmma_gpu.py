@@ -163,3 +163,13 @@ def test_every_fp8_wgmma_config_is_correct(dtype, m, n, k, arch):
                                     progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("scales", ["tensor", "row"])
+def test_scaled_fp8_is_correct(scales, arch):
+    op = ops.matmul_scaled(1000, 520, 272, "float8_e4m3fn", "bfloat16", scales)
+    configs = WgmmaPolicy(op.func, arch).emit_config(6)
+    results, best = apply_and_build(op.func, configs, arch, check="all", budget_ms=5, ref=op.reference,
+                                    progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
