@@ -19,11 +19,10 @@ import math
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.policies.select import DECODE_ROWS
 from fastdlight.relax.aligned import matmul_nt
-from fastdlight.relax.rewrites import constant_value, mutator_pass, static_shape
+from fastdlight.relax.rewrites import calls_pass, constant_value, static_shape
 
 
 def decode_weight_layout() -> tvm.transform.Pass:
@@ -31,20 +30,15 @@ def decode_weight_layout() -> tvm.transform.Pass:
     ``[K, N]`` constant (or a cast or transpose of one) as ``x @ W^T`` over ``W`` stored
     ``[N, K]`` (:func:`~fastdlight.relax.aligned.matmul_nt`)."""
 
-    @mutator
-    class Rewriter(PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if getattr(call.op, "name", "") != "relax.matmul":
-                return call
-            x, w = call.args
-            sx, sw = static_shape(x), static_shape(w)
-            if sx is None or sw is None or len(sx) < 2 or len(sw) != 2 or math.prod(sx[:-1]) > DECODE_ROWS:
-                return call
-            weight = constant_value(self, w)
-            if weight is None or weight.shape != tuple(sw):
-                return call
-            rows_k = relax.const(np.ascontiguousarray(weight.T), str(w.ty.dtype))
-            return self.builder_.call_te(matmul_nt, x, rows_k, str(call.ty.dtype), primfunc_name_hint="matmul_nt")
+    def rewrite(mutator, call):
+        x, w = call.args
+        sx, sw = static_shape(x), static_shape(w)
+        if sx is None or sw is None or len(sx) < 2 or len(sw) != 2 or math.prod(sx[:-1]) > DECODE_ROWS:
+            return call
+        weight = constant_value(mutator, w)
+        if weight is None or weight.shape != tuple(sw):
+            return call
+        rows_k = relax.const(np.ascontiguousarray(weight.T), str(w.ty.dtype))
+        return mutator.builder_.call_te(matmul_nt, x, rows_k, str(call.ty.dtype), primfunc_name_hint="matmul_nt")
 
-    return mutator_pass("fastdlight.DecodeWeightLayout", Rewriter)
+    return calls_pass("fastdlight.DecodeWeightLayout", "relax.matmul", rewrite)

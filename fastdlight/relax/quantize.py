@@ -21,10 +21,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.ops import INT4_PER_WORD, int4_matmul_te
-from fastdlight.relax.rewrites import constant_value, mutator_pass, static_shape
+from fastdlight.relax.rewrites import calls_pass, constant_value, static_shape
 
 #: activation dtypes the 4-bit matmul takes (the scales are stored in the activations' dtype)
 QUANTIZED_DTYPES = ("float16", "bfloat16")
@@ -62,30 +61,26 @@ def quantize_weights(bits: int = 4, group_size: int = 128, zero_point: bool = Fa
         raise ValueError(f"quantize_weights: group_size must be a positive multiple of {INT4_PER_WORD}, "
                          f"got {group_size!r}")
 
-    @mutator
-    class Rewriter(PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if getattr(call.op, "name", "") != "relax.matmul":
-                return call
-            x, w = call.args
-            sw = static_shape(w)
-            dtype = str(x.ty.dtype)
-            if sw is None or len(sw) != 2 or dtype not in QUANTIZED_DTYPES or sw[0] % group_size:
-                return call
-            weight = constant_value(self, w)
-            if weight is None or weight.shape != tuple(sw):
-                return call
-            packed, scale, zero = quantize_int4(np.ascontiguousarray(weight.T), group_size, zero_point)
-            args = [x, relax.const(packed, "uint32"), relax.const(scale.astype(dtype), dtype)]
-            if zero is not None:
-                args.append(relax.const(zero.astype(dtype), dtype))
-            out_dtype = str(call.ty.dtype)
+    def rewrite(mutator, call):
+        x, w = call.args
+        sw = static_shape(w)
+        dtype = str(x.ty.dtype)
+        if sw is None or len(sw) != 2 or dtype not in QUANTIZED_DTYPES or sw[0] % group_size:
+            return call
+        weight = constant_value(mutator, w)
+        if weight is None or weight.shape != tuple(sw):
+            return call
+        packed, scale, zero = quantize_int4(np.ascontiguousarray(weight.T), group_size, zero_point)
+        args = [x, relax.const(packed, "uint32"), relax.const(scale.astype(dtype), dtype)]
+        if zero is not None:
+            args.append(relax.const(zero.astype(dtype), dtype))
+        out_dtype = str(call.ty.dtype)
 
-            def product(x_, q_, s_, z_=None):
-                return int4_matmul_te(x_, q_, s_, z_, group_size, out_dtype)
+        def product(x_, q_, s_, z_=None):
+            return int4_matmul_te(x_, q_, s_, z_, group_size, out_dtype)
 
-            return self.builder_.call_te(product, *args, primfunc_name_hint="matmul_int4")
+        return mutator.builder_.call_te(product, *args, primfunc_name_hint="matmul_int4")
 
     # the float weights' bindings (a transpose or a cast of the constant) are dead now: dropped
-    return mutator_pass("fastdlight.QuantizeWeights", Rewriter, finish=relax.transform.DeadCodeElimination())
+    return calls_pass("fastdlight.QuantizeWeights", "relax.matmul", rewrite,
+                      finish=relax.transform.DeadCodeElimination())

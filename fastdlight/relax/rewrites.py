@@ -83,6 +83,20 @@ def pattern_pass(name: str, pattern, rewrite) -> tvm.transform.Pass:
     return run
 
 
+def calls_pass(name: str, op: str, rewrite, finish=lambda mod: mod) -> tvm.transform.Pass:
+    """A module pass giving every call of Relax op ``op`` (its arguments visited first) to
+    ``rewrite(mutator, call)``, which returns the call or what replaces it (the mutator's block
+    builder can add PrimFuncs: ``mutator.builder_.call_te``); ``finish`` as :func:`mutator_pass`."""
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            return rewrite(self, call) if getattr(call.op, "name", "") == op else call
+
+    return mutator_pass(name, Rewriter, finish)
+
+
 def mutator_pass(name: str, mutator_class, finish=lambda mod: mod) -> tvm.transform.Pass:
     """A module pass visiting every Relax function with a ``PyExprMutator`` subclass (made with
     the module, so its block builder can add PrimFuncs); ``finish`` gets the resulting module."""
