@@ -74,7 +74,10 @@ class TuneOptions:
     progress: bool | None = None
     verbose: bool = False
     recheck_database: bool = False
-    memory_bound_topk: int | None = 8
+    #: 4, not more: the first config was the winner or within 3% of it wherever it was measured
+    #: (see ``default_configs``), and a CNN is mostly such functions (ConvNeXtV2-atto: 50 of 69,
+    #: whose timings made most of its 96 s cold tune on an H200)
+    memory_bound_topk: int | None = 4
 
     def __post_init__(self):
         if self.check not in CHECKS:
