@@ -22,7 +22,10 @@ Sizes: ``"B"`` is batch B (vision: 1 and 16), ``"BxS"`` batch B of S tokens (tex
 process of its own, killed at ``--time-limit`` seconds; it saves its row stage by stage, so a case
 cut short keeps what it measured and names the stage it was in. Rows go to
 ``$OUT/bench_zoo.jsonl`` as they finish, and all of them to ``$OUT/bench_zoo.json`` and ``.md``.
-``--list`` and the argument checks import neither torch nor TVM.
+``--list`` and the argument checks import neither torch nor TVM. ``--resume JSONL`` continues
+an earlier run (its ``bench_zoo.jsonl``): the cases that finished there are kept as they are,
+the others run, and the JSON and the table hold all of them (a zoo longer than one session on a
+GPU machine is one run in parts).
 
 ``--jobs N`` runs N cases at once: while one case holds the GPU (torch's timings and
 ``torch.compile``, stock Dlight's timing, tuning, fastdlight's timing: one turn, a file lock),
@@ -481,12 +484,26 @@ def parse_args(argv):
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU only: export, import, for_inference, prepare (no build, no timing)")
     ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")
+    ap.add_argument("--resume", metavar="JSONL",
+                    help="rows of an earlier run (its bench_zoo.jsonl): cases that finished there are kept, not run "
+                         "again, and the tables cover both")
     ap.add_argument("--jobs", type=int, default=1,
                     help="cases run at once (each takes its GPU turn; CPU stages overlap); needs --time-limit > 0")
     ap.add_argument("--gpu-lock", help=argparse.SUPPRESS)  # the GPU turn's lock file, set by main
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
     ap.add_argument("--row-file", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+def finished_rows(path: str) -> dict[tuple[str, str], Row] | None:
+    """The rows of ``path`` (a ``bench_zoo.jsonl``) whose case finished, by (model, size); None
+    when the file cannot be read as one."""
+    try:
+        with open(path) as f:
+            rows = [row_from(json.loads(line)) for line in f if line.strip()]
+    except (OSError, ValueError, TypeError):
+        return None
+    return {(r.model, r.size): r for r in rows if r.stage == "done"}
 
 
 def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
@@ -551,7 +568,13 @@ def main(argv=None) -> int:
             print("error: --jobs needs --time-limit > 0 (each case runs in a process of its own)", file=sys.stderr)
             return 2
         args.gpu_lock = os.path.join(tempfile.mkdtemp(prefix="bench_zoo_"), "gpu.lock")
-    rows = run_cases(cases, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))
+    earlier = finished_rows(args.resume) if args.resume else {}
+    if earlier is None:
+        print(f"error: --resume {args.resume}: not a bench_zoo.jsonl (one JSON row a line)", file=sys.stderr)
+        return 2
+    todo = [c for c in cases if c not in earlier]
+    fresh = dict(zip(todo, run_cases(todo, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))))
+    rows = [earlier[c] if c in earlier else fresh[c] for c in cases]
     from bench_setup import write_results
 
     device = next((r.device for r in rows if r.device), "")

@@ -6,7 +6,8 @@
 # Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
 # layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside),
 # attention (the fused template's GPU test, then bench_attention on $ATTENTION_CASES), zoo
-# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once), quant
+# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once, the
+# cases finished in $ZOO_RESUME, an earlier call's bench_zoo.jsonl, kept), quant
 # (the FP8 template's GPU test, then bench_quant: FP8 and 4-bit weights against torch).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
@@ -29,7 +30,7 @@ for s in $steps; do case $s in
              step attention "${ATTENTION_LIMIT:-300}" python3 benchmarks/bench_attention.py --topk 4 \
                --cases "${ATTENTION_CASES:-prefill_causal_4k,prefill_causal_4k_bf16,prefill_8k,prefill_causal_gpt2,prefill_gqa_2k,prefill_causal_b4_2k,prefill_tail_4097,decode_b1,decode_b16}";;
   zoo)    step zoo "${ZOO_LIMIT:-560}" python3 benchmarks/bench_zoo.py --models "${ZOO_MODELS:-gpt2_2l,bert_base_2l}" \
-            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}";;
+            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}" ${ZOO_RESUME:+--resume "$ZOO_RESUME"};;
   quant)  step quant-test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_wgmma_gpu.py -k "fp8"
           step quant "${QUANT_LIMIT:-400}" python3 benchmarks/bench_quant.py --topk "${QUANT_TOPK:-8}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \

@@ -193,3 +193,31 @@ def test_jobs_without_a_time_limit_are_refused_in_one_line(capsys, monkeypatch):
     assert bench_zoo.main(["--models", "resnet50", "--jobs", "2", "--time-limit", "0"]) == 2
     assert capsys.readouterr().err.strip() == ("error: --jobs needs --time-limit > 0 "
                                                "(each case runs in a process of its own)")
+
+
+def test_resume_keeps_the_finished_cases_and_runs_the_rest(tmp_path, monkeypatch):
+    earlier = tmp_path / "earlier.jsonl"
+    done = bench_zoo.Row("resnet50", "torchvision", "1", stage="done", fastdlight_ms=1.0, torch_compile_ms=2.0)
+    cut = bench_zoo.Row("mobilenet_v2", "torchvision", "1", stage="tune", reason="tune: time limit")
+    earlier.write_text("".join(json.dumps(bench_zoo.asdict(r)) + "\n" for r in (done, cut)))
+    ran = []
+
+    def fake_run(cases, args, jsonl):
+        ran.extend(cases)
+        return [bench_zoo.Row(m, "torchvision", s, stage="done", fastdlight_ms=1.0) for m, s in cases]
+
+    monkeypatch.setattr(bench_zoo, "run_cases", fake_run)
+    monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert bench_zoo.main(["--models", "resnet50,mobilenet_v2", "--resume", str(earlier)]) == 0
+    assert ran == [("mobilenet_v2", "1")]  # the finished case is kept, the cut one runs again
+    rows = json.loads((tmp_path / "bench_zoo.json").read_text())["rows"]
+    assert [(r["model"], r["stage"]) for r in rows] == [("resnet50", "done"), ("mobilenet_v2", "done")]
+
+
+def test_resume_from_a_file_that_is_not_rows_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not json\n")
+    monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
+    assert bench_zoo.main(["--models", "resnet50", "--resume", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --resume {bad}: not a bench_zoo.jsonl (one JSON row a line)"
