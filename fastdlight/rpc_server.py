@@ -1,0 +1,102 @@
+"""A GPU machine's RPC server for fastdlight: candidates built elsewhere are timed and verified
+here, on this machine's GPU, with fastdlight's own measurement.
+
+    python -m fastdlight.rpc_server [--host 0.0.0.0] [--port 9090] [--tracker HOST:PORT --key KEY]
+
+It is TVM's RPC server (``tvm.rpc.Server``: uploads go to its work directory) with one more
+remote function, ``fastdlight.rpc.measure`` (:data:`fastdlight.search.remote.MEASURE_FUNC`):
+given a function, its configs and the uploaded library of each candidate and of the float64
+reference, it makes the inputs on this GPU, times, retimes and verifies the candidates as a local
+run does (:func:`fastdlight.search.runner.measure_built`) and answers with each one's timing and
+verdict. With ``--tracker`` it registers with a TVM tracker under ``--key``; tuners then ask the
+tracker for it (``--rpc HOST:PORT:KEY``). A machine without a GPU answers that it has none
+(tuners then rank by the policy's estimate): a compile-only setup still checks the whole path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+
+import tvm
+from tvm import rpc
+
+from fastdlight.arch import CUDA, has_gpu
+from fastdlight.compiler.artifacts import BuildArtifact
+from fastdlight.config import config_from_dict
+from fastdlight.search.remote import MEASURE_FUNC, result_fields
+from fastdlight.search.runner import REF_KEY, BuildPlan, measure_built
+from fastdlight.search.options import RpcSpec, TuneOptions
+from fastdlight.search.stages import Built
+
+
+def measure(request: str) -> str:
+    """:data:`MEASURE_FUNC`: a JSON request (``fastdlight.search.remote.request_json``) in, the
+    JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error``)."""
+    req = json.loads(request)
+    if not has_gpu():
+        received = len(req["artifacts"]) + (1 if req.get("reference") else 0)
+        return json.dumps({"error": f"the RPC server on {socket.gethostname()} has no GPU "
+                                    f"(it received {received} libraries)", "received": received})
+    workpath = tvm.get_global_func("tvm.rpc.server.workpath")
+    func = tvm.ir.load_json(req["func"])
+    configs = tuple(config_from_dict(c) for c in req["configs"])
+    arch = CUDA.from_device(tvm.cuda(0))
+    plan = BuildPlan(func, req["func"], configs, arch, True, ())
+    builts = [Built(int(key), _artifact(int(key), workpath(name)), None, 0.0) for key, name in req["artifacts"].items()]
+    if req.get("reference"):
+        builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, workpath(req["reference"])), None, 0.0))
+    opts = TuneOptions(probe=False, **req["options"])
+    ranked, best, nbytes = measure_built(plan, builts, opts)
+    return json.dumps({"results": {str(r.index): result_fields(r) for r in ranked},
+                       "best": best.index if best is not None else None,
+                       "device": arch.device_name or arch.name, "nbytes": nbytes})
+
+
+def _artifact(key, so_path: str) -> BuildArtifact:
+    """An uploaded library as the measurement loads it (its source and ptxas numbers stay with
+    the tuner that built it)."""
+    return BuildArtifact(key, source="", registers=0, spill_bytes=0, shared_bytes=0, cubin=b"", so_path=so_path)
+
+
+def register() -> None:
+    """Run in the server's process before it serves: adds :data:`MEASURE_FUNC`."""
+    tvm.register_global_func(MEASURE_FUNC, measure, override=True)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m fastdlight.rpc_server", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    ap.add_argument("--port", type=int, default=9090, help="first port to try (up to 100 more)")
+    ap.add_argument("--tracker", help="HOST:PORT of a TVM tracker to register with")
+    ap.add_argument("--key", default="", help="the key to register under (with --tracker)")
+    args = ap.parse_args(argv)
+    if args.tracker:
+        try:
+            spec = RpcSpec.parse(args.tracker)
+        except ValueError:
+            ap.error(f"--tracker {args.tracker!r}: expected HOST:PORT")
+        if not args.key:
+            ap.error("--tracker needs --key (the key tuners ask the tracker for)")
+        args.tracker = (spec.host, spec.port)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    server = rpc.Server(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
+                        server_init_callback=register)
+    print(f"fastdlight RPC server on {args.host}:{server.port}"
+          + (f", registered with the tracker {args.tracker[0]}:{args.tracker[1]} as {args.key!r}" if args.tracker
+             else "") + f"; GPU: {'yes' if has_gpu() else 'none (compile-only)'}", flush=True)
+    try:
+        server.proc.join()
+    except KeyboardInterrupt:
+        server.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
