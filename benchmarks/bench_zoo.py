@@ -88,7 +88,8 @@ class Row:
     build_s: float | None = None
     untuned: list = field(default_factory=list)
     winners: dict = field(default_factory=dict)  # fastdlight / stock / view / untuned -> functions
-    report: list = field(default_factory=list)  # [function, status, winner, ms, stock ms] per function
+    #: [function, status, winner, ms, stock ms, the winning config's kind] per function
+    report: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
     seconds: float | None = None
     stage_s: dict = field(default_factory=dict)  # seconds each stage took (where a case's time goes)
@@ -298,7 +299,8 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
         key = e.winner or e.status  # views and untuned functions have no winner
         row.winners[key] = row.winners.get(key, 0) + 1
     row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
-                   e.stock_ms and round(e.stock_ms, 4)] for e in tuning.report]
+                   e.stock_ms and round(e.stock_ms, 4), e.config.kind if e.config is not None else None]
+                  for e in tuning.report]
     row.db_hits = sum(e.status == "database" for e in again.report)
     case.stage("build")
     t0 = time.perf_counter()
