@@ -39,7 +39,7 @@ from fastdlight.compiler.artifacts import BuildRequest
 from fastdlight.search import remote
 from fastdlight.search.results import CompileResult, Failure
 from fastdlight.measure.timing import Workload, function_name
-from fastdlight.search.options import TuneOptions
+from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
 from fastdlight.search.stages import GPU_TURN, Built, Prober, Timer, build_stream
 from fastdlight.measure.verify import Expected, Verdict, check_outputs
@@ -114,7 +114,8 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
     # stock Dlight at sm_90; their own estimate does not cover Dlight's), then by estimate
     requests.sort(key=lambda r: (not build_task.needs_tensor_intrinsics(r.config),
                                  -compile_cost_estimate(r.config)))
-    if measure and opts.check != "none" and opts.ref is None:
+    # a numpy ``ref`` cannot travel to an RPC server: there the float64 twin verifies
+    if measure and opts.check != "none" and (opts.ref is None or opts.rpc):
         requests.insert(0, BuildRequest(REF_KEY, func_json, target, None, out_dir, True))
     return BuildPlan(func, func_json, configs, arch, measure, tuple(requests))
 
@@ -329,7 +330,7 @@ def _remote_run(p: BuildPlan, opts: TuneOptions, t_start: float):
     results = {b.key: _result(p, b, opts) for b in candidates}
     options = {"screen_ms": opts.screen_ms, "budget_ms": opts.budget_ms, "check": opts.check, "seed": opts.seed,
                "timing": opts.timing}
-    outcome = remote.measure_remotely(remote.RpcSpec.parse(opts.rpc), p.func_json, p.configs, candidates,
+    outcome = remote.measure_remotely(RpcSpec.parse(opts.rpc), p.func_json, p.configs, candidates,
                                       ref.artifact.so_path if ref else None, options)
     if outcome.error:
         warnings.warn(f"fastdlight: {outcome.error}; nothing was timed: candidates ranked by the policy's estimate",
