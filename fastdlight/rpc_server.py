@@ -34,7 +34,8 @@ from fastdlight.search.stages import Built
 
 def measure(request: str) -> str:
     """:data:`MEASURE_FUNC`: a JSON request (``fastdlight.search.remote.request_json``) in, the
-    JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error``)."""
+    JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error`` where
+    nothing could be timed, ``failed`` where the measurement itself failed)."""
     req = json.loads(request)
     if not has_gpu():
         received = len(req["artifacts"]) + (1 if req.get("reference") else 0)
@@ -49,7 +50,10 @@ def measure(request: str) -> str:
     if req.get("reference"):
         builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, workpath(req["reference"])), None, 0.0))
     opts = TuneOptions(probe=False, **req["options"])
-    ranked, best, nbytes = measure_built(plan, builts, opts)
+    try:
+        ranked, best, nbytes = measure_built(plan, builts, opts)
+    except Exception as e:  # noqa: BLE001 - the tuner is told why, in one line, and does not retry
+        return json.dumps({"failed": " ".join(str(e).split())[:500] or type(e).__name__})
     return json.dumps({"results": {str(r.index): result_fields(r) for r in ranked},
                        "best": best.index if best is not None else None,
                        "device": arch.device_name or arch.name, "nbytes": nbytes})

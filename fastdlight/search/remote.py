@@ -40,6 +40,10 @@ class RemoteError(RuntimeError):
     """The remote measurement could not be done (the message is one line)."""
 
 
+class RemoteFailure(Exception):
+    """The server measured and its measurement failed (no retry)."""
+
+
 def connect(spec: RpcSpec):
     """A new RPC session on a server: ``spec``'s own, or one its tracker has under its key."""
     if spec.key:
@@ -98,8 +102,12 @@ def measure_remotely(spec: RpcSpec, func_json: str, configs, builts, reference_p
             reference = _upload(session, reference_path) if reference_path else None
             answer = session.get_function(MEASURE_FUNC)(request_json(func_json, configs, artifacts, reference, options))
             data = json.loads(answer)
+            if data.get("failed"):
+                raise RemoteFailure(data["failed"])
             return RemoteOutcome({int(k): v for k, v in data.get("results", {}).items()}, data.get("best"),
                                  data.get("device", ""), int(data.get("nbytes", 0)), data.get("error", ""))
+        except RemoteFailure as e:  # it measured, and that failed: the same again would too
+            raise RemoteError(f"the RPC server at {spec} could not use the candidates: {e}") from None
         except Exception as e:  # noqa: BLE001 - a dead or unreachable server: try another session
             last = " ".join(str(e).split())[:300] or type(e).__name__
     raise RemoteError(f"the RPC server at {spec} did not measure ({ATTEMPTS} tries): {last}")

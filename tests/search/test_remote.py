@@ -146,3 +146,21 @@ def test_the_command_line_tunes_through_the_server(server, capsys):
                    "--topk", "1", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0 and f"timed through RPC at 127.0.0.1:{port}" in out
+
+
+def test_a_measurement_that_fails_on_the_server_is_not_retried(monkeypatch):
+    """The server answers ``failed``: the tuner says so in one line after one attempt."""
+    calls = []
+
+    class Session:
+        def upload(self, path, target):
+            pass
+
+        def get_function(self, name):
+            calls.append(name)
+            return lambda request: json.dumps({"failed": "no candidate could be used (2 tried, none verified)"})
+
+    monkeypatch.setattr(remote, "connect", lambda spec: Session())
+    with pytest.raises(remote.RemoteError, match="could not use the candidates: no candidate could be used"):
+        remote.measure_remotely(remote.RpcSpec("h", 1), "{}", [], [], None, {})
+    assert calls == [remote.MEASURE_FUNC]
