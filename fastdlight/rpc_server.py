@@ -21,7 +21,7 @@ import socket
 import sys
 
 import tvm
-from tvm import rpc
+from tvm.rpc.server import PopenRPCServerState
 
 from fastdlight.arch import CUDA, has_gpu
 from fastdlight.compiler.artifacts import BuildArtifact
@@ -66,7 +66,7 @@ def _artifact(key, so_path: str) -> BuildArtifact:
 
 
 def register() -> None:
-    """Run in the server's process before it serves: adds :data:`MEASURE_FUNC`."""
+    """Adds :data:`MEASURE_FUNC` to this process (before it serves)."""
     tvm.register_global_func(MEASURE_FUNC, measure, override=True)
 
 
@@ -90,15 +90,19 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    server = rpc.Server(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
-                        server_init_callback=register)
+    register()
+    # TVM's listening loop in this process (rpc.Server would start it in a worker process through
+    # cloudpickle, which TVM does not depend on); each session is a forked child, which has
+    # the function registered above
+    server = PopenRPCServerState(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
+                                 silent=True)
     print(f"fastdlight RPC server on {args.host}:{server.port}"
           + (f", registered with the tracker {args.tracker[0]}:{args.tracker[1]} as {args.key!r}" if args.tracker
              else "") + f"; GPU: {'yes' if has_gpu() else 'none (compile-only)'}", flush=True)
     try:
-        server.proc.join()
+        server.thread.join()
     except KeyboardInterrupt:
-        server.terminate()
+        pass
     return 0
 
 
