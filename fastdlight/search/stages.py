@@ -256,9 +256,9 @@ class Timer:
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
         name = function_name(module, wl.func)
-        # once the run times from graphs, the queued launches only size the graph: a short look
-        decided = self.graph and self.opts.timing == "rotate"
-        queued_ms = min(GRAPH_SIZING_MS, budget_ms) if decided else budget_ms
+        # once the run times from graphs (only ever with "rotate"), the queued launches only size
+        # the graph: a short look
+        queued_ms = min(GRAPH_SIZING_MS, budget_ms) if self.graph else budget_ms
         timing = time_module(module, name, self.arg_sets, wl.dev, queued_ms, self.opts.timing, self.flush)
         if not self._wants_graph(timing):
             return timing
