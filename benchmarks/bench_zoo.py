@@ -24,7 +24,7 @@ cut short keeps what it measured and names the stage it was in. Rows go to
 ``$OUT/bench_zoo.jsonl`` as they finish, and all of them to ``$OUT/bench_zoo.json`` and ``.md``.
 ``--list`` and the argument checks import neither torch nor TVM. ``--resume JSONL`` continues
 an earlier run (its ``bench_zoo.jsonl``): the cases that finished there are kept as they are,
-the others run, and the JSON and the table hold all of them (a zoo longer than one session on a
+the others run, and the JSON and the table hold all of them (a zoo longer than one stay on a
 GPU machine is one run in parts).
 
 ``--jobs N`` runs N cases at once: while one case holds the GPU (torch's timings and

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     register()
     # TVM's listening loop in this process (rpc.Server would start it in a worker process through
-    # cloudpickle, which TVM does not depend on); each session is a forked child, which has
+    # cloudpickle, which TVM does not depend on); each connection is served by a forked child, which has
     # the function registered above
     server = PopenRPCServerState(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
                                  silent=True)

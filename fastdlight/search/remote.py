@@ -30,10 +30,10 @@ from fastdlight.search.results import CompileResult, Failure
 
 #: the remote function our RPC server registers
 MEASURE_FUNC = "fastdlight.rpc.measure"
-#: tries of one function's measurement, each on a fresh session (another server if a tracker has one)
+#: tries of one function's measurement, each on a fresh connection (another server if a tracker has one)
 ATTEMPTS = 3
-#: seconds a remote session may last before the server ends it (0: no limit)
-SESSION_TIMEOUT = 0
+#: seconds a remote connection may last before the server ends it (0: no limit)
+CONNECTION_TIMEOUT = 0
 
 
 class RemoteError(RuntimeError):
@@ -45,10 +45,10 @@ class RemoteFailure(Exception):
 
 
 def connect(spec: RpcSpec):
-    """A new RPC session on a server: ``spec``'s own, or one its tracker has under its key."""
+    """A new RPC connection to a server: ``spec``'s own, or one its tracker has under its key."""
     if spec.key:
-        return rpc.connect_tracker(spec.host, spec.port).request(spec.key, session_timeout=SESSION_TIMEOUT, max_retry=1)
-    return rpc.connect(spec.host, spec.port, session_timeout=SESSION_TIMEOUT)
+        return rpc.connect_tracker(spec.host, spec.port).request(spec.key, session_timeout=CONNECTION_TIMEOUT, max_retry=1)
+    return rpc.connect(spec.host, spec.port, session_timeout=CONNECTION_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -92,15 +92,15 @@ def merged(local: CompileResult, fields: dict) -> CompileResult:
 def measure_remotely(spec: RpcSpec, func_json: str, configs, builts, reference_path: str | None,
                      options: dict) -> RemoteOutcome:
     """Upload the built libraries, run :data:`MEASURE_FUNC` on a server, parse its answer;
-    retried on a fresh session when the server dies or cannot be reached."""
+    retried on a fresh connection when the server dies or cannot be reached."""
     last = ""
     for _attempt in range(ATTEMPTS):
         try:
-            session = connect(spec)
-            artifacts = {b.key: _upload(session, b.artifact.so_path) for b in builts
+            conn = connect(spec)
+            artifacts = {b.key: _upload(conn, b.artifact.so_path) for b in builts
                          if b.artifact is not None and b.failure is None and b.artifact.so_path}
-            reference = _upload(session, reference_path) if reference_path else None
-            answer = session.get_function(MEASURE_FUNC)(request_json(func_json, configs, artifacts, reference, options))
+            reference = _upload(conn, reference_path) if reference_path else None
+            answer = conn.get_function(MEASURE_FUNC)(request_json(func_json, configs, artifacts, reference, options))
             data = json.loads(answer)
             if data.get("failed"):
                 raise RemoteFailure(data["failed"])
@@ -108,13 +108,13 @@ def measure_remotely(spec: RpcSpec, func_json: str, configs, builts, reference_p
                                  data.get("device", ""), int(data.get("nbytes", 0)), data.get("error", ""))
         except RemoteFailure as e:  # it measured, and that failed: the same again would too
             raise RemoteError(f"the RPC server at {spec} could not use the candidates: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a dead or unreachable server: try another session
+        except Exception as e:  # noqa: BLE001 - a dead or unreachable server: try another connection
             last = " ".join(str(e).split())[:300] or type(e).__name__
     raise RemoteError(f"the RPC server at {spec} did not measure ({ATTEMPTS} tries): {last}")
 
 
-def _upload(session, path: str) -> str:
-    """``path`` uploaded into the session's work directory; the name it has there."""
+def _upload(conn, path: str) -> str:
+    """``path`` uploaded into the server's work directory; the name it has there."""
     name = f"fastdlight_{os.getpid()}_{abs(hash(path))}_{os.path.basename(path)}"
-    session.upload(path, target=name)
+    conn.upload(path, target=name)
     return name

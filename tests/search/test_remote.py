@@ -72,9 +72,9 @@ def test_the_server_answers_what_it_received(server):
     from tvm import rpc
 
     proc, port = server
-    session = rpc.connect("127.0.0.1", port)
-    session.upload(__file__, target="one.so")
-    answer = json.loads(session.get_function(remote.MEASURE_FUNC)(json.dumps(
+    conn = rpc.connect("127.0.0.1", port)
+    conn.upload(__file__, target="one.so")
+    answer = json.loads(conn.get_function(remote.MEASURE_FUNC)(json.dumps(
         {"func": "", "configs": [], "artifacts": {"0": "one.so"}, "reference": None, "options": {}})))
     assert answer["received"] == 1 and "has no GPU" in answer["error"]
 
@@ -87,7 +87,7 @@ def test_a_server_that_is_gone_fails_in_one_line_after_the_retries():
 
 
 def test_a_server_killed_between_tries_is_replaced_by_the_next_one(server, monkeypatch):
-    """The first session's server dies before answering; the retry reaches a live one."""
+    """The first connection's server dies before answering; the retry reaches a live one."""
     proc, port = server
     calls = []
     real = remote.connect
@@ -152,7 +152,7 @@ def test_a_measurement_that_fails_on_the_server_is_not_retried(monkeypatch):
     """The server answers ``failed``: the tuner says so in one line after one attempt."""
     calls = []
 
-    class Session:
+    class Connection:
         def upload(self, path, target):
             pass
 
@@ -160,7 +160,7 @@ def test_a_measurement_that_fails_on_the_server_is_not_retried(monkeypatch):
             calls.append(name)
             return lambda request: json.dumps({"failed": "no candidate could be used (2 tried, none verified)"})
 
-    monkeypatch.setattr(remote, "connect", lambda spec: Session())
+    monkeypatch.setattr(remote, "connect", lambda spec: Connection())
     with pytest.raises(remote.RemoteError, match="could not use the candidates: no candidate could be used"):
         remote.measure_remotely(remote.RpcSpec("h", 1), "{}", [], [], None, {})
     assert calls == [remote.MEASURE_FUNC]
