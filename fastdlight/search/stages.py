@@ -17,10 +17,11 @@ from typing import Callable, Iterator, Sequence
 from fastdlight.arch import CUDA
 from fastdlight.compiler import build_task
 from fastdlight.measure import clock
-from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph
+from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import Timing, Workload, flush_bytes_for, function_name, heat, time_module
+from fastdlight.measure.timing import (Timing, Workload, flush_bytes_for, function_name, heat, launch_estimate_ms,
+                                       time_module)
 from fastdlight.search.options import TuneOptions
 from fastdlight.compiler.pool import probe_pool, shared_pool
 from fastdlight.compiler.workers import Outcome, Task, one_line
@@ -45,10 +46,6 @@ RETIME_ROUNDS = 3
 #: plain turns 64x256 timed ahead (0.294 against 0.297); with this heat, 0.276 against 0.311.
 #: Shorter kernels draw less power and would only lengthen the tuning
 OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
-#: milliseconds of queued launches that size a CUDA graph once a run times from graphs (the
-#: graph's timing is the one kept). Timed at the full budget as well, the queued launches had
-#: taken half of a model's timing time
-GRAPH_SIZING_MS = 1.0
 #: a finalist's hot turns last at least ``HOT_LAUNCHES`` of its launches, at least ``HOT_MIN_MS``
 #: and at most ``budget_ms`` in all: a 5 us kernel has a steady median long before 100 ms, and at
 #: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute
@@ -251,22 +248,26 @@ class Timer:
         launch loop cannot set the pace. In a model's tuning the other functions' threads share
         the interpreter with it: LLaMA's attention matmul was reported at 66 us hot, beside stock
         Dlight's 15 us, while alone it timed 5 us and the whole tuned model ran in 135 us (H200,
-        2026-11-29)."""
+        2026-11-29). Once the run times from graphs, a few queued launches only size the graph:
+        timed at the whole budget as well, they had taken half of a model's timing time."""
         wl = self.get_workload()
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
         name = function_name(module, wl.func)
-        # once the run times from graphs (only ever with "rotate"), the queued launches only size
-        # the graph: a short look
-        queued_ms = min(GRAPH_SIZING_MS, budget_ms) if self.graph else budget_ms
-        timing = time_module(module, name, self.arg_sets, wl.dev, queued_ms, self.opts.timing, self.flush)
+        if self.graph:  # only ever with "rotate"
+            try:
+                estimate = launch_estimate_ms(module[name], self.arg_sets, wl.dev)
+                with LaunchGraph(module[name], self.arg_sets, wl.dev, estimate) as graph:
+                    return graph.time(budget_ms)
+            except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
+                return time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+        timing = time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
         if not self._wants_graph(timing):
             return timing
         try:
-            return time_graph(module[name], self.arg_sets, wl.dev, budget_ms, per_launch_ms=timing.min_ms)
-        except Exception:  # noqa: BLE001 - a kernel a graph cannot hold keeps a queued timing
-            if queued_ms < budget_ms:
-                return time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+            with LaunchGraph(module[name], self.arg_sets, wl.dev, timing.min_ms) as graph:
+                return graph.time(budget_ms)
+        except Exception:  # noqa: BLE001 - a kernel a graph cannot hold keeps its queued timing
             return timing
 
     def _wants_graph(self, queued: Timing) -> bool:
@@ -316,25 +317,48 @@ class Timer:
         samples: dict[int, list[float]] = {r.index: [] for r in finalists}
         graphed = dict.fromkeys(samples, True)
         failed: dict[int, CompileResult] = {}
+        graphs: dict[int, LaunchGraph | None] = {}
         self.settled = True
         with self._turn():
             self._heat(finalists[0])
-            for round_ in range(RETIME_ROUNDS):
-                for r in (r for r in finalists if r.index not in failed):
-                    try:
-                        if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
-                            self._time(r.module, OWN_HEAT_MS)
-                        budget_ms = hot_budget_ms(r.latency_ms, self.opts.budget_ms)
-                        timing = self._time(r.module, budget_ms / RETIME_ROUNDS)
-                    except Exception as e:  # noqa: BLE001
-                        failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
-                        continue
-                    samples[r.index] += timing.samples_ms
-                    graphed[r.index] = graphed[r.index] and timing.graph
+            try:
+                for round_ in range(RETIME_ROUNDS):
+                    for r in (r for r in finalists if r.index not in failed):
+                        try:
+                            if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
+                                self._hot_time(r, OWN_HEAT_MS, graphs)
+                            budget_ms = hot_budget_ms(r.latency_ms, self.opts.budget_ms)
+                            timing = self._hot_time(r, budget_ms / RETIME_ROUNDS, graphs)
+                        except Exception as e:  # noqa: BLE001
+                            failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
+                            continue
+                        samples[r.index] += timing.samples_ms
+                        graphed[r.index] = graphed[r.index] and timing.graph
+            finally:
+                for graph in graphs.values():
+                    if graph is not None:
+                        graph.close()
         # a graph timing only where every round was one: a round a graph could not hold is queued
         return {r.index: failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index], hot=True,
                                                                             graph=graphed[r.index]))
                 for r in finalists}
+
+    def _hot_time(self, r: CompileResult, budget_ms: float, graphs: dict[int, LaunchGraph | None]) -> Timing:
+        """One hot turn of ``r``. In a run that times from graphs, each finalist's graph is
+        captured at its first turn (sized by its first-pass time) and replayed in the rest:
+        a capture costs the host about as long as the replays it times. ``graphs[index]`` is
+        None for a kernel a graph could not hold."""
+        if not self.graph:
+            return self._time(r.module, budget_ms)
+        if r.index not in graphs:
+            wl = self.get_workload()
+            try:
+                graphs[r.index] = LaunchGraph(r.module[function_name(r.module, wl.func)], self.arg_sets, wl.dev,
+                                              r.timing.min_ms)
+            except Exception:  # noqa: BLE001 - timed without a kept graph (queued, as _time falls back)
+                graphs[r.index] = None
+        graph = graphs[r.index]
+        return graph.time(budget_ms) if graph is not None else self._time(r.module, budget_ms)
 
     def _heat(self, r: CompileResult) -> None:
         wl = self.get_workload()
