@@ -88,7 +88,8 @@ class Row:
     build_s: float | None = None
     untuned: list = field(default_factory=list)
     winners: dict = field(default_factory=dict)  # fastdlight / stock / view / untuned -> functions
-    #: [function, status, winner, ms, stock ms, the winning config's kind] per function
+    #: [function, status, winner, ms, stock ms, the winning config's kind, its place among the policy's
+    #: configs (0: first), candidates built] per function
     report: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
     seconds: float | None = None
@@ -191,7 +192,9 @@ def dry_case(name: str, size: str, target: str) -> Row:
 
 
 def run_torch(case: Case, model, inputs, args):
-    """torch fp16 on the GPU: eager, in a CUDA graph, torch.compile; returns its output (fp32 numpy)."""
+    """torch fp16 on the GPU: eager, in a CUDA graph, torch.compile; returns its output (fp32
+    numpy). torch.compile compiles (and runs once) outside the GPU turn: its seconds are CPU
+    work that another case's timings need not wait for."""
     import torch
     from bench_models import BUDGET_MS
 
@@ -202,23 +205,27 @@ def run_torch(case: Case, model, inputs, args):
     model = model.half().cuda()
     x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in inputs]
     with torch.no_grad():
-        case.stage("torch eager")
-        ref = model(*x).float().cpu().numpy()
-        row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
-        case.stage("torch graph")
-        try:
-            row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
-        except Exception as e:  # noqa: BLE001
-            row.errors["torch graph"] = one_line(e)
-        if not args.skip_compile:
-            case.stage("torch.compile")
+        with gpu_turn(case, args):
+            case.stage("torch eager")
+            ref = model(*x).float().cpu().numpy()
+            row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
+            case.stage("torch graph")
             try:
-                compiled = torch.compile(model)
-                compiled(*x)
+                row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
+            except Exception as e:  # noqa: BLE001
+                row.errors["torch graph"] = one_line(e)
+        if args.skip_compile:
+            return ref
+        case.stage("torch.compile")
+        try:
+            compiled = torch.compile(model)
+            compiled(*x)
+            with gpu_turn(case, args):
+                case.stage("torch.compile timing")
                 row.torch_compile_ms = time_torch_graph([lambda: compiled(*x)], BUDGET_MS,
                                                         row.torch_eager_ms).median_ms
-            except Exception as e:  # noqa: BLE001
-                row.errors["torch.compile"] = one_line(e)
+        except Exception as e:  # noqa: BLE001
+            row.errors["torch.compile"] = one_line(e)
     return ref
 
 
@@ -299,7 +306,8 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
         key = e.winner or e.status  # views and untuned functions have no winner
         row.winners[key] = row.winners.get(key, 0) + 1
     row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
-                   e.stock_ms and round(e.stock_ms, 4), e.config.kind if e.config is not None else None]
+                   e.stock_ms and round(e.stock_ms, 4), e.config.kind if e.config is not None else None,
+                   e.rank, e.candidates]
                   for e in tuning.report]
     row.db_hits = sum(e.status == "database" for e in again.report)
     case.stage("build")
@@ -333,8 +341,7 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         row.device = arch.device_name or arch.name
         torch_fp32_accumulation()
         model, inputs, prepared = case.import_model(arch.target)
-        with gpu_turn(case, args):
-            ref = run_torch(case, model, inputs, args)
+        ref = run_torch(case, model, inputs, args)
         del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
         free_torch_memory()
         run_stock(case, inputs, arch, dev, args)
@@ -368,12 +375,15 @@ def child_case(name: str, size: str, args) -> Row:
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
         proc = subprocess.Popen(cmd, start_new_session=True, stderr=err)
+        LIVE_CASES.add(proc)
         try:
             rc = proc.wait(timeout=args.time_limit)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             rc = None
+        finally:
+            LIVE_CASES.discard(proc)
         err.seek(0)
         err_text = err.read()
     sys.stderr.write(err_text)
@@ -497,6 +507,24 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+#: the case processes running now: a run stopped from outside (SIGTERM, as ``timeout`` sends)
+#: takes them along, since each runs in a process group of its own
+LIVE_CASES: set = set()
+
+
+def stop_cases(signum, _frame) -> None:
+    """Kill the running cases and end the run at once (no case starts after): the cases that
+    finished are in the JSONL, which ``--resume`` continues."""
+    for proc in list(LIVE_CASES):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    print(f"bench_zoo: stopped by signal {signum}; finished cases are in the JSONL (--resume continues)",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
 def finished_rows(path: str) -> dict[tuple[str, str], Row] | None:
     """The rows of ``path`` (a ``bench_zoo.jsonl``) whose case finished, by (model, size); None
     when the file cannot be read as one."""
@@ -575,6 +603,7 @@ def main(argv=None) -> int:
         print(f"error: --resume {args.resume}: not a bench_zoo.jsonl (one JSON row a line)", file=sys.stderr)
         return 2
     todo = [c for c in cases if c not in earlier]
+    signal.signal(signal.SIGTERM, stop_cases)
     fresh = dict(zip(todo, run_cases(todo, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))))
     rows = [earlier[c] if c in earlier else fresh[c] for c in cases]
     from bench_setup import write_results

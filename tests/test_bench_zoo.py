@@ -221,3 +221,35 @@ def test_resume_from_a_file_that_is_not_rows_is_refused_in_one_line(tmp_path, ca
     monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
     assert bench_zoo.main(["--models", "resnet50", "--resume", str(bad)]) == 2
     assert capsys.readouterr().err.strip() == f"error: --resume {bad}: not a bench_zoo.jsonl (one JSON row a line)"
+
+
+def test_a_run_stopped_by_sigterm_takes_its_running_cases_along():
+    """``timeout`` stops the run with SIGTERM; each case runs in a process group of its own, so
+    without the handler its tuning processes outlived the run (holding its output open)."""
+    code = f"""
+import os, signal, subprocess, sys
+sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r})
+import bench_zoo
+child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+bench_zoo.LIVE_CASES.add(child)
+print(child.pid, flush=True)
+signal.signal(signal.SIGTERM, bench_zoo.stop_cases)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 128 + 15, done.stderr
+    assert "--resume continues" in done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)  # not our child: only the kernel's reaping is waited for
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    with open(f"/proc/{pid}/stat") as f:
+        assert f.read().split()[2] == "Z"  # killed, a zombie until its orphan is reaped

@@ -39,8 +39,12 @@ def launches_per_graph(per_launch_ms: float, n_arg_sets: int) -> int:
     return max(1, min(n, MAX_GRAPH_LAUNCHES))
 
 
+#: replays a timing takes at least: each already averages a millisecond of launches
+MIN_REPLAYS = 5
+
+
 def _replays(run_once, budget_ms: float, per_replay_ms: float) -> list[float]:
-    n = max(10, int(budget_ms / max(per_replay_ms, 1e-3)))
+    n = max(MIN_REPLAYS, int(budget_ms / max(per_replay_ms, 1e-3)))
     return [run_once() for _ in range(min(n, 1000))]
 
 

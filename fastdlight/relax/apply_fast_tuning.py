@@ -89,6 +89,10 @@ class FunctionReport:
     dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
     seeded: bool = False  # tuned from a sibling's best configs (see sibling_leaders)
     fallback: str = ""  # why an earlier candidate set failed as a whole (its first lines), if one did
+    #: candidates built for it, and the winner's place among the policy's (0: the policy's first
+    #: config; None for stock Dlight or a database hit): where a smaller top-k would have done
+    candidates: int = 0
+    rank: int | None = None
 
     @property
     def winner(self) -> str | None:
@@ -224,7 +228,8 @@ class ApplyFastTuning:
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
-            seeded=bool(seeds), fallback=tuned.fallback_summary), best_configs(tuned, SIBLING_SEEDS)
+            seeded=bool(seeds), fallback=tuned.fallback_summary, candidates=len(tuned.results),
+            rank=policy_rank(tuned)), best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):
@@ -250,6 +255,14 @@ class ApplyFastTuning:
         return dispatched.func, FunctionReport(
             name, "tuned", round(time.perf_counter() - t0, 3), top.config, top.kernel_ms,
             all(c.passed for c in checks) if checks else None, dispatch=summary)
+
+
+def policy_rank(tuned) -> int | None:
+    """The winner's place among the policy configs tuned beside it (0: the first emitted)."""
+    best = tuned.best
+    if best is None or best.config.is_stock or tuned.source != "tuned":
+        return None
+    return sum(1 for r in tuned.results if not r.config.is_stock and r.index < best.index)
 
 
 def scalar_constant_inputs(mod: IRModule) -> dict:

@@ -48,8 +48,9 @@ RETIME_ROUNDS = 3
 OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
 #: a finalist's hot turns last at least ``HOT_LAUNCHES`` of its launches, at least ``HOT_MIN_MS``
 #: and at most ``budget_ms`` in all: a 5 us kernel has a steady median long before 100 ms, and at
-#: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute
-HOT_LAUNCHES, HOT_MIN_MS = 3000, 30.0
+#: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute. Each round
+#: still replays its graph ``MIN_REPLAYS`` times, a millisecond each
+HOT_LAUNCHES, HOT_MIN_MS = 3000, 15.0
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
 #: held while a candidate is timed, while one is probed, and while a function's inputs, the
