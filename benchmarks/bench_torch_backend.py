@@ -36,6 +36,8 @@ import zoo_models
 from bench_setup import refusal, write_results
 from bench_zoo import one_line, sizes_of
 
+from fastdlight.torch_backend import register
+
 NAME = "bench_torch_backend"
 #: a CNN, an encoder and a decoder of the zoo
 DEFAULT_MODELS = ("resnet50", "bert_base_2l", "llama_gqa_2l")
@@ -49,6 +51,7 @@ def first_result(name: str, size: str):
     model = zoo_models.build(name).half().cuda()
     x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in zoo_models.MODELS[name].example_inputs(size=size)]
     torch._dynamo.reset()
+    register()  # the name, where this source tree runs without the installed package's entry point
     with torch.no_grad():
         t0 = time.perf_counter()
         compiled = torch.compile(model, backend="fastdlight")

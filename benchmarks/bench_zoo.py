@@ -302,6 +302,7 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
         _, again, row.tune_db_s = tune(prepared, arch, db, args)
     row.tune_stage_s = {k: round(v, 1) for k, v in tuning.stage_seconds.items()}
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
+    row.errors.update({f"untuned {e.function}": e.error for e in tuning.report if e.status == "untuned" and e.error})
     for e in tuning.report:
         key = e.winner or e.status  # views and untuned functions have no winner
         row.winners[key] = row.winners.get(key, 0) + 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 import sys
 
 import tvm
@@ -70,6 +71,19 @@ def register() -> None:
     tvm.register_global_func(MEASURE_FUNC, measure, override=True)
 
 
+def gpu_line() -> str:
+    """Whether the connections will find a GPU, asked in a process of its own: each connection
+    is served by a child forked from this process, and CUDA is unusable in the forked child of a
+    process that had initialized it (with ``has_gpu`` called here, a tune through a server on an
+    H200 waited two minutes for an answer that never came)."""
+    probe = "from fastdlight.arch import has_gpu; print(has_gpu())"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (the check did not finish)"
+    return "yes" if done.stdout.strip() == "True" else "none (compile-only)"
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m fastdlight.rpc_server", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="0.0.0.0", help="address to listen on")
@@ -98,7 +112,7 @@ def main(argv=None) -> int:
                                  silent=True)
     print(f"fastdlight RPC server on {args.host}:{server.port}"
           + (f", registered with the tracker {args.tracker[0]}:{args.tracker[1]} as {args.key!r}" if args.tracker
-             else "") + f"; GPU: {'yes' if has_gpu() else 'none (compile-only)'}", flush=True)
+             else "") + f"; GPU: {gpu_line()}", flush=True)
     try:
         server.thread.join()
     except KeyboardInterrupt:

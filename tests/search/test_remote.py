@@ -164,3 +164,16 @@ def test_a_measurement_that_fails_on_the_server_is_not_retried(monkeypatch):
     with pytest.raises(remote.RemoteError, match="could not use the candidates: no candidate could be used"):
         remote.measure_remotely(remote.RpcSpec("h", 1), "{}", [], [], None, {})
     assert calls == [remote.MEASURE_FUNC]
+
+
+def test_the_server_process_never_initializes_cuda_itself(monkeypatch):
+    """Each connection is served by a child forked from the server: CUDA initialized in the
+    server first is unusable there (a measurement then never came back, H200). Its GPU line is
+    asked of a process of its own."""
+    from fastdlight import rpc_server
+
+    def touched():
+        raise AssertionError("has_gpu() ran in the server's own process")
+
+    monkeypatch.setattr(rpc_server, "has_gpu", touched)
+    assert rpc_server.gpu_line() in ("yes", "none (compile-only)")
