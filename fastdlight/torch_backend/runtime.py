@@ -86,8 +86,10 @@ class Program:
     in fp32), as are outputs whose dtype is not the graph's. ``report``: the tuning report's
     rows (GPU only)."""
 
-    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=(), cuda_graph=False):
+    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=(), cuda_graph=False,
+                 executable=None):
         self.main, self.device, self.report = main, device, list(report)
+        self.executable = executable  # what a program cache stores (None: loaded from one)
         self.in_dtypes, self.out_dtypes = tuple(in_dtypes), out_dtypes
         self.replay = GraphReplay(self._run, device) if cuda_graph and device.type == "cuda" else None
 
@@ -157,39 +159,43 @@ def as_torch(value):
     raise TypeError(f"the compiled graph returned a {type(value).__name__}, not tensors")
 
 
+def device_of(device: torch.device):
+    """(TVM's device for torch's ``device``, the name of the target built for it); NoDevice
+    where TVM cannot run there."""
+    if device.type == "cpu":
+        return tvm.cpu(), str(_host_target())
+    if device.type != "cuda":
+        raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    dev = tvm.cuda(index)
+    if not dev.exist:
+        raise NoDevice(f"TVM sees no CUDA GPU {index} (no GPU, or a TVM built without CUDA)")
+    arch = CUDA.from_device(dev)
+    return dev, f"{arch.target} {arch.device_name}"
+
+
 def compile_program(mod: tvm.IRModule, weights, device: torch.device, settings: Settings, *, fp16: bool,
                     fp16_io: bool = False, out_dtypes=None) -> Program:
     """``mod`` (``main(*activations, *weights)``) with ``weights`` (host torch tensors) bound,
     compiled for ``device``; ``fp16``, ``fp16_io``: as ``for_inference``'s; ``out_dtypes``: the
     dtypes the outputs are handed back in."""
     start = time.perf_counter()
+    dev, _ = device_of(device)
     params = [tvm.runtime.from_dlpack(w) for w in weights]
     mod = for_inference(mod, params, fp16=fp16, fp16_io=fp16_io)
     in_dtypes = [getattr(torch, str(p.ty.dtype)) for p in mod["main"].params]
     if device.type == "cpu":
-        main, report = _cpu_main(mod), ()
-    elif device.type == "cuda":
-        main, report = _cuda_main(mod, device, settings)
+        executable, report = tvm.compile(mod, target=_host_target()), ()
     else:
-        raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
+        tuning = ApplyFastTuning(target=CUDA.from_device(dev), meta_database_dir=settings.database, **settings.tuning)
+        executable, _tuned, report = compile_model(mod, CUDA.from_device(dev), tuning=tuning)
+    main = relax.VirtualMachine(executable, dev)["main"]
     log.info("compiled a graph for %s in %.1f s%s", device, time.perf_counter() - start, _summary(report))
-    return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph)
+    return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph, executable=executable)
 
 
-def _cpu_main(mod: tvm.IRModule):
-    target = tvm.target.Target.from_device(tvm.cpu())  # the host's own instruction set
-    return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"]
-
-
-def _cuda_main(mod: tvm.IRModule, device: torch.device, settings: Settings):
-    index = torch.cuda.current_device() if device.index is None else device.index
-    dev = tvm.cuda(index)
-    if not dev.exist:
-        raise NoDevice(f"TVM sees no CUDA GPU {index} (no GPU, or a TVM built without CUDA)")
-    arch = CUDA.from_device(dev)
-    tuning = ApplyFastTuning(target=arch, meta_database_dir=settings.database, **settings.tuning)
-    executable, _tuned, report = compile_model(mod, arch, tuning=tuning)
-    return relax.VirtualMachine(executable, dev)["main"], report
+def _host_target():
+    return tvm.target.Target.from_device(tvm.cpu())  # the host's own instruction set
 
 
 def _summary(report) -> str:
