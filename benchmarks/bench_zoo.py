@@ -89,7 +89,8 @@ class Row:
     untuned: list = field(default_factory=list)
     winners: dict = field(default_factory=dict)  # fastdlight / stock / view / untuned -> functions
     #: [function, status, winner, ms, stock ms, the winning config's kind, its place among the policy's
-    #: configs (0: first), candidates built] per function
+    #: configs (0: first), candidates built, [[4, fastest of the policy's first 4 ms], [8, ...]]]
+    #: per function
     report: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
     seconds: float | None = None
@@ -308,7 +309,7 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
         row.winners[key] = row.winners.get(key, 0) + 1
     row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
                    e.stock_ms and round(e.stock_ms, 4), e.config.kind if e.config is not None else None,
-                   e.rank, e.candidates]
+                   e.rank, e.candidates, [list(kv) for kv in e.best_of_first]]
                   for e in tuning.report]
     row.db_hits = sum(e.status == "database" for e in again.report)
     case.stage("build")

@@ -93,6 +93,8 @@ class FunctionReport:
     #: config; None for stock Dlight or a database hit): where a smaller top-k would have done
     candidates: int = 0
     rank: int | None = None
+    #: the fastest time among the policy's first 4 and first 8 configs (what a smaller top-k had won)
+    best_of_first: tuple = ()
 
     @property
     def winner(self) -> str | None:
@@ -229,7 +231,7 @@ class ApplyFastTuning:
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
             seeded=bool(seeds), fallback=tuned.fallback_summary, candidates=len(tuned.results),
-            rank=policy_rank(tuned)), best_configs(tuned, SIBLING_SEEDS)
+            rank=policy_rank(tuned), best_of_first=best_of_first(tuned)), best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):
@@ -263,6 +265,19 @@ def policy_rank(tuned) -> int | None:
     if best is None or best.config.is_stock or tuned.source != "tuned":
         return None
     return sum(1 for r in tuned.results if not r.config.is_stock and r.index < best.index)
+
+
+def best_of_first(tuned, ks=(4, 8)) -> tuple:
+    """``((k, ms), ...)``: the fastest timed, not refuted policy config among the first ``k``
+    the policy emitted (None where none was), for each ``k``."""
+    if tuned.source != "tuned":
+        return ()
+    policy = sorted((r for r in tuned.results if not r.config.is_stock), key=lambda r: r.index)
+    out = []
+    for k in ks:
+        times = [r.latency_ms for r in policy[:k] if r.latency_ms is not None and r.verified is not False]
+        out.append((k, round(min(times), 5) if times else None))
+    return tuple(out)
 
 
 def scalar_constant_inputs(mod: IRModule) -> dict:
