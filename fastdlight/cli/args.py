@@ -10,7 +10,7 @@ import re
 from fastdlight import __version__
 from fastdlight.analysis.dtypes import FP8_DTYPES
 from fastdlight.cli.sizes import DTYPES, LAYOUTS, MAX_DIM, OP_DTYPES, Tensor, conv_output, matmul_layout, op_tensors
-from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT, RpcSpec
+from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT, RpcSpec, parse_devices
 
 
 #: op name -> (number of shape dims or None for "any rank >= 1", the dims' names for help/errors)
@@ -174,6 +174,9 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
                         "or one a TVM tracker at HOST:PORT has under KEY (builds stay here)")
     p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
                    help="timing budget of the first pass over every candidate")
+    p.add_argument("--devices", type=_devices, metavar="I[,J...]",
+                   help="GPUs of this machine to time on: one operator is timed on the first of them "
+                        "(ApplyFastTuning spreads a module's functions over all, one worker per GPU)")
 
 
 def add_export_parser(sub) -> argparse.ArgumentParser:
@@ -251,6 +254,13 @@ def parse_dims(op: str, shape: list[str]) -> list[int]:
     if (rank is None and not dims) or (rank is not None and len(dims) != rank):
         raise UsageError(f"bad shape for {op}: expected {op} {names}, got {len(dims)} dimension(s)")
     return dims
+
+
+def _devices(text: str) -> tuple[int, ...]:
+    try:
+        return parse_devices(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("devices ")) from None
 
 
 def _rpc_address(text: str) -> str:

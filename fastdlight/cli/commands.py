@@ -86,7 +86,8 @@ def cmd_tune(args) -> int:
                        progress=not args.quiet and sys.stderr.isatty(), timing=args.timing, rpc=args.rpc)
     print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
           f"built with {compiler_name()}" + ("" if measure else ", compile-only")
-          + (f", timed through RPC at {args.rpc}" if args.rpc and measure else ""))
+          + (f", timed through RPC at {args.rpc}" if args.rpc and measure else "")
+          + (f", timed on GPU {args.devices[0]}" if args.devices and measure else ""))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:

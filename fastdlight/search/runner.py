@@ -265,6 +265,10 @@ def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CU
     if parallel_build is not None:  # given: it wins over options.parallel_build (default: True)
         overrides["parallel_build"] = parallel_build
     opts = TuneOptions.of(options, **overrides)
+    if opts.devices not in (None, (0,)):
+        raise ValueError(f"devices {','.join(map(str, opts.devices))}: one function is tuned in this process, on its "
+                         "GPU 0 (choose that GPU with CUDA_VISIBLE_DEVICES); a module's functions go to one worker "
+                         "per GPU (ApplyFastTuning)")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         p = plan(func, configs, arch, opts, out_dir)
