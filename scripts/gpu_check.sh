@@ -9,7 +9,8 @@
 # (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once, the
 # cases finished in $ZOO_RESUME, an earlier call's bench_zoo.jsonl, kept), quant
 # (the FP8 template's GPU test, then bench_quant: FP8 and 4-bit weights against torch), rpc (a
-# 4096³ fp16 GEMM tuned through a local fastdlight.rpc_server, then locally, to compare).
+# 4096³ fp16 GEMM tuned through a local fastdlight.rpc_server, then locally, to compare), devices
+# (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -39,6 +40,8 @@ for s in $steps; do case $s in
           step rpc-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16 --rpc 127.0.0.1:9090
           step local-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16
           kill "$rpc_pid";;
+  devices) step devices-test 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/relax/test_devices.py
+           step devices "${DEVICES_LIMIT:-500}" python3 benchmarks/bench_devices.py --devices "${DEVICES:-0,1}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
 esac; done

@@ -48,7 +48,7 @@ from fastdlight.measure import clock
 from fastdlight.measure.inputs import INPUT_VALUES
 from fastdlight.relax import devices
 from fastdlight.relax.rewrites import scalar_constant
-from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
+from fastdlight.search.candidates import best_configs, measures, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from fastdlight.search.options import TuneOptions
@@ -247,11 +247,18 @@ class ApplyFastTuning:
         weights = [devices.weight(members[0][1], self.topk, self.options) for members in groups]
         named = [(members[0][0].name_hint, members[0][1]) for members in groups]
         task = {"topk": self.topk, "jobs": self.jobs, "opt_shapes": self.opt_shapes,
-                "target": None if self.target is None else (arch.tag or str(arch.target)),
+                "target": self._worker_target(arch),
                 "database": None if self.meta_database_dir is None else str(self.meta_database_dir),
                 "options": devices.options_json(self.options)}
         return devices.tune_spread(named, families, weights, self.options.devices, task,
                                    on_done=lambda _name: bar.update())
+
+    def _worker_target(self, arch: CUDA) -> str | None:
+        """The target a worker tunes for: the one given by name, else (measuring) its live GPU,
+        else this arch's tag."""
+        if isinstance(self.target, str):
+            return self.target
+        return None if self.target is None or measures(self.local_options) else (arch.tag or str(arch.target))
 
     def _quiet(self) -> bool | None:
         return None if self.progress is None else not self.progress

@@ -113,3 +113,22 @@ def test_one_function_is_tuned_on_this_process_s_gpu_only():
     op = ops.elementwise((64, 64), "float16", "add")
     with pytest.raises(ValueError, match="one function is tuned in this process"):
         fastdlight.tune(op.func, H100, topk=1, devices=(1,), measure=False)
+
+
+@pytest.mark.gpu
+def test_gpu_a_model_tuned_on_two_gpus_computes_what_stock_dlight_s_build_does(model, tmp_path):
+    import numpy as np
+
+    from fastdlight.arch import auto_arch
+
+    if not tvm.cuda(1).exist:
+        pytest.skip("needs two GPUs")
+    tuning = fastdlight.ApplyFastTuning(topk=4, devices=(0, 1), meta_database_dir=tmp_path)
+    tuned = tuning(model)
+    assert {e.device for e in tuning.report} == {0, 1} and all(e.status == "tuned" for e in tuning.report)
+    dev, target = tvm.cuda(0), auto_arch().target
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.uniform(-0.1, 0.1, s).astype("float16"), dev)
+            for s in ((128, 256), (256, 512), (256, 512), (512,))]
+    outs = [relax.VirtualMachine(fastdlight.build(m, target), dev)["main"](*args).numpy() for m in (tuned, model)]
+    np.testing.assert_allclose(outs[0].astype("float32"), outs[1].astype("float32"), rtol=2e-2, atol=1e-3)
