@@ -11,7 +11,8 @@ from it) go whole to one worker, heaviest first, each to the worker with the lea
 
 A worker sends each function's report as a JSON line when it is done and writes its scheduled
 function to the task directory; the database (if any) is shared, its appends atomic. A worker that
-dies loses only its unfinished functions: they go to the workers that finished (once), and what
+dies, or finishes nothing for :data:`WORKER_SILENCE_S` (then it is stopped), loses only its
+unfinished functions: they go to the workers that finished (once), and what
 is still left then is tuned in the pass's own process, on its GPU 0; each such function's report
 says what happened (``requeued``).
 """
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +37,10 @@ from fastdlight.search.options import TuneOptions
 
 #: the worker's module (``python -m``)
 WORKER = "fastdlight.relax.device_worker"
+#: seconds a worker may go without finishing a function before it counts as hung and is stopped
+#: (a candidate's build has its own timeout, a kernel's first run the probe's: this is the last
+#: resort, well above a slow function's tuning)
+WORKER_SILENCE_S = 900.0
 #: what a worker's task directory holds
 MODULE, TASK = "module.json", "task.json"
 #: a line a worker prints for each function it finished (then a JSON report)
@@ -107,6 +113,16 @@ def tune_spread(named: list[tuple[str, tirx.PrimFunc]], families: list[list[int]
     return spread
 
 
+def _watch(proc: subprocess.Popen, heard: list[float], silenced: list[bool]) -> None:
+    """Kill ``proc`` once it has said nothing for :data:`WORKER_SILENCE_S` seconds."""
+    while proc.poll() is None:
+        if time.monotonic() - heard[0] > WORKER_SILENCE_S:
+            silenced.append(True)
+            proc.kill()
+            return
+        time.sleep(min(1.0, WORKER_SILENCE_S / 10))
+
+
 def run_workers(named_funcs: list[list[tuple[str, tirx.PrimFunc]]], devices, task: dict,
                 on_done: Callable[[str], None] | None = None) -> Spread:
     """Start one worker per share (``named_funcs[k]`` on ``devices[k]``), wait for all, collect."""
@@ -139,7 +155,10 @@ def _run_one(work: str, device: int, names: list[str], spread: Spread, lock: thr
         err = []
         reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
         reader.start()
+        heard, silenced = [time.monotonic()], []
+        threading.Thread(target=_watch, args=(proc, heard, silenced), daemon=True).start()
         for line in proc.stdout:
+            heard[0] = time.monotonic()
             if not line.startswith(REPORT_PREFIX):
                 continue
             row = json.loads(line[len(REPORT_PREFIX):])
@@ -157,8 +176,9 @@ def _run_one(work: str, device: int, names: list[str], spread: Spread, lock: thr
         reader.join(timeout=5)
     missing = [n for n in names if n not in finished]
     if missing:
-        why = f"the worker on GPU {device} " + (f"exited with {rc}" if rc > 0 else f"died of signal {-rc}" if rc < 0
-                                                 else "ended early")
+        why = f"the worker on GPU {device} " + (
+            f"finished nothing for {WORKER_SILENCE_S:g} s and was stopped" if silenced
+            else f"exited with {rc}" if rc > 0 else f"died of signal {-rc}" if rc < 0 else "ended early")
         tail = next((line.strip() for line in reversed(err) if line.strip()), "")
         with lock:
             for n in missing:

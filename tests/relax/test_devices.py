@@ -82,6 +82,15 @@ def test_a_dead_worker_s_functions_go_to_the_worker_that_finished(model, dying):
     assert {n: f.script() for n, f in scheduled(spread).items()} == {n: f.script() for n, f in scheduled(alone).items()}
 
 
+def test_a_hung_worker_is_stopped_and_its_functions_go_elsewhere(model, dying, monkeypatch):
+    monkeypatch.setenv("HANGING_GPUS", "0")
+    monkeypatch.setattr(devices, "WORKER_SILENCE_S", 20.0)
+    two, spread = tune(model, devices=(0, 1))
+    moved = [e for e in two.report if e.requeued]
+    assert moved and all("GPU 0 finished nothing for 20 s and was stopped" in e.requeued for e in moved)
+    assert {e.device for e in two.report} == {1} and len(scheduled(spread)) == len(two.report)
+
+
 def test_when_every_worker_dies_the_pass_tunes_here(model, dying):
     dying("0,1")
     _, alone = tune(model)
