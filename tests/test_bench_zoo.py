@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_zoo
 import zoo_models
+import zoo_rows
 
 
 def test_list_prints_every_model_with_its_family_and_sizes_quickly():
@@ -76,7 +77,7 @@ def test_the_geomean_takes_only_cases_with_both_times():
     rows = [bench_zoo.Row("a", "f", "1", stage="done", torch_compile_ms=2.0, fastdlight_ms=1.0),
             bench_zoo.Row("b", "f", "1", stage="done", torch_compile_ms=1.0, fastdlight_ms=2.0),
             bench_zoo.Row("c", "f", "1", stage="done", fastdlight_ms=2.0)]
-    assert "3 of 3 cases ran end to end; geomean vs torch.compile 1.00x (2)." == bench_zoo.summary(rows)
+    assert "3 of 3 cases ran end to end; geomean vs torch.compile 1.00x (2)." == zoo_rows.summary(rows)
 
 
 def test_an_unknown_model_is_refused_in_one_line(capsys):
