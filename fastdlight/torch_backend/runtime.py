@@ -13,8 +13,9 @@ that own TVM's memory.
 On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
 runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
 captures one call on static copies of the activations. Later calls copy the activations in,
-replay, and return copies of the outputs (the graph writes the same memory every replay, and a
-caller may still hold the last call's outputs). A graph that cannot be captured runs its calls
+replay, and return the graph's outputs without a copy; an output the caller still holds when the
+next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
+memory every replay). A graph that cannot be captured runs its calls
 as launches, with one log line saying why.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +118,7 @@ class GraphReplay:
         self.inputs: list[torch.Tensor] = []
         self.outputs: tuple = ()
         self.why_not: str | None = None
+        self.lent = LentOutputs()
 
     def __call__(self, args) -> tuple:
         if self.graph is None and self.why_not is None:
@@ -126,10 +129,11 @@ class GraphReplay:
                 log.info("fastdlight: a program runs without a CUDA graph: %s", self.why_not)
         if self.graph is None:
             return self.run(*args)
+        self.lent.reclaim()
         for static, a in zip(self.inputs, args):
             static.copy_(a)
         self.graph.replay()
-        return tuple(o.clone() for o in self.outputs)
+        return self.lent.lend(self.outputs)
 
     def _capture(self, args) -> None:
         self.inputs = [a.clone() for a in args]
@@ -144,6 +148,30 @@ class GraphReplay:
         with torch.cuda.graph(graph, capture_error_mode="relaxed"):
             self.outputs = self.run(*self.inputs)
         self.graph = graph
+
+
+class LentOutputs:
+    """The graph's output buffers handed to the caller without a copy: each call returns new
+    tensors aliasing them, and before the next replay overwrites the buffers, any of those the
+    caller still holds is given storage of its own (a copy of what it holds now, in place of
+    the alias: ``Tensor.set_``). A caller that is done with an output before the next call (a
+    serving loop, a benchmark) costs no copy at all; one that keeps it sees it unchanged."""
+
+    def __init__(self):
+        self.handed: list[weakref.ref] = []
+
+    def lend(self, buffers) -> tuple:
+        out = tuple(torch.empty(0, dtype=b.dtype, device=b.device).set_(b.untyped_storage(), b.storage_offset(),
+                                                                         b.shape, b.stride()) for b in buffers)
+        self.handed = [weakref.ref(t) for t in out]
+        return out
+
+    def reclaim(self) -> None:
+        for ref in self.handed:
+            held = ref()
+            if held is not None:
+                held.set_(held.clone())
+        self.handed = []
 
 
 def as_torch(value):
