@@ -76,7 +76,7 @@ class Projections(nn.Module):
 
     def finish(self, x, attn):
         """Output projection, residual, gated MLP, residual; ``attn`` ``[B, G, H/G, D]``."""
-        out = x + self.o(attn.reshape(x.shape[0], 1, -1))
+        out = x + self.o(attn.reshape(x.shape[0], 1, self.s.heads * self.s.head_dim))  # sizes given: no -1 to infer
         gate, up = self.gate_up(self.norm2(out)).chunk(2, dim=-1)
         return out + self.down(F.silu(gate) * up)
 
@@ -93,7 +93,7 @@ class DecodeStep(Projections):
         new = (q * k).sum(-1, keepdim=True) * scale  # [B, G, H/G, 1]
         p = torch.softmax(torch.cat([past, new], dim=-1).float(), dim=-1).to(q.dtype)
         length = k_cache.shape[2]
-        attn = torch.matmul(p[..., :length], v_cache) + p[..., length:] * v
+        attn = torch.matmul(p.narrow(3, 0, length), v_cache) + p.narrow(3, length, 1) * v
         return self.finish(x, attn), k, v
 
 
