@@ -27,10 +27,12 @@ an earlier run (its ``bench_zoo.jsonl``): the cases that finished there are kept
 the others run, and the JSON and the table hold all of them (a zoo longer than one stay on a
 GPU machine is one run in parts).
 
-``--jobs N`` runs N cases at once: while one case holds the GPU (torch's timings and
-``torch.compile``, stock Dlight's timing, tuning, fastdlight's timing: one turn, a file lock),
-the others export, import, prepare and build on the CPU. Every time is taken with the GPU to
-itself; tuning seconds then include builds that share the CPU with another case's CPU stages.
+``--jobs N`` runs N cases at once. A case first does its CPU work (export, import, prepare,
+stock Dlight's build, ``torch.compile``'s compile), then takes the GPU (a file lock) once for
+torch's timings, stock Dlight's, and the tuning, builds, and takes it again for fastdlight's
+timing. Timings never overlap one another; another case's weight upload and torch.compile's first
+call (a few milliseconds of GPU work) may fall inside a timing's many samples. Tuning seconds
+include builds that share the CPU with other cases' CPU stages.
 """
 
 from __future__ import annotations
@@ -158,10 +160,28 @@ def dry_case(name: str, size: str, target: str) -> Row:
     return case.row
 
 
-def run_torch(case: Case, model, inputs, args):
-    """torch fp16 on the GPU: eager, in a CUDA graph, torch.compile; returns its output (fp32
-    numpy). torch.compile compiles (and runs once) outside the GPU turn: its seconds are CPU
-    work that another case's timings need not wait for."""
+def torch_on_gpu(case: Case, model, inputs, args):
+    """The fp16 model and inputs on the GPU, and ``torch.compile``'s module compiled and run
+    once (None where it failed, noted): CPU work, done before the case's GPU turn."""
+    import torch
+
+    model = model.half().cuda()
+    x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in inputs]
+    compiled = None
+    if not args.skip_compile:
+        case.stage("torch.compile")
+        try:
+            compiled = torch.compile(model)
+            with torch.no_grad():
+                compiled(*x)
+        except Exception as e:  # noqa: BLE001
+            case.row.errors["torch.compile"] = one_line(e)
+            compiled = None
+    return model, x, compiled
+
+
+def time_torch_side(case: Case, model, x, compiled):
+    """(GPU turn held) torch fp16: eager, in a CUDA graph, torch.compile; its output (fp32 numpy)."""
     import torch
     from bench_models import BUDGET_MS
 
@@ -169,30 +189,22 @@ def run_torch(case: Case, model, inputs, args):
     from fastdlight.measure.timing import time_torch
 
     row = case.row
-    model = model.half().cuda()
-    x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in inputs]
     with torch.no_grad():
-        with gpu_turn(case, args):
-            case.stage("torch eager")
-            ref = model(*x).float().cpu().numpy()
-            row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
-            case.stage("torch graph")
-            try:
-                row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
-            except Exception as e:  # noqa: BLE001
-                row.errors["torch graph"] = one_line(e)
-        if args.skip_compile:
-            return ref
-        case.stage("torch.compile")
+        case.stage("torch eager")
+        ref = model(*x).float().cpu().numpy()
+        row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
+        case.stage("torch graph")
         try:
-            compiled = torch.compile(model)
-            compiled(*x)
-            with gpu_turn(case, args):
-                case.stage("torch.compile timing")
+            row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
+        except Exception as e:  # noqa: BLE001
+            row.errors["torch graph"] = one_line(e)
+        if compiled is not None:
+            case.stage("torch.compile timing")
+            try:
                 row.torch_compile_ms = time_torch_graph([lambda: compiled(*x)], BUDGET_MS,
                                                         row.torch_eager_ms).median_ms
-        except Exception as e:  # noqa: BLE001
-            row.errors["torch.compile"] = one_line(e)
+            except Exception as e:  # noqa: BLE001
+                row.errors["torch.compile"] = one_line(e)
     return ref
 
 
@@ -232,41 +244,47 @@ def tune(prepared, arch, db: str, args):
     return tuned, tuning, round(time.perf_counter() - t0, 2)
 
 
-def run_stock(case: Case, inputs, arch, dev, args) -> None:
+def build_stock(case: Case, arch, dev):
     """The ``for_inference`` module through TVM's own pipeline, stock Dlight scheduling every
-    kernel (``tvm.compile``, as ``bench_models`` builds stock), in the VM, timed as fastdlight's
-    is; a build failure is noted, not fatal."""
+    kernel (``tvm.compile``, as ``bench_models`` builds stock), in a VM; None where the build
+    failed (noted, not fatal)."""
     import tvm
-    from bench_models import time_vm
     from tvm import relax
 
     case.stage("stock dlight")
     try:
         with arch.target, tvm.transform.PassContext(opt_level=3):
-            vm = relax.VirtualMachine(tvm.compile(case.inference_mod, target=arch.target), dev)
+            return relax.VirtualMachine(tvm.compile(case.inference_mod, target=arch.target), dev)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        case.row.errors["stock dlight"] = one_line(e)
+        return None
+
+
+def time_stock(case: Case, vm, inputs, dev) -> None:
+    """(GPU turn held) stock Dlight's module timed as fastdlight's is."""
+    import tvm
+    from bench_models import time_vm
+
+    case.stage("stock dlight timing")
+    try:
         x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
-        with gpu_turn(case, args):
-            case.row.stock_ms = time_vm(vm, x, dev, case.row)
+        case.row.stock_ms = time_vm(vm, x, dev, case.row)
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         case.row.errors["stock dlight"] = one_line(e)
 
 
-def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
-    """Tune cold, tune again from the database, build, run in the VM: its output (fp32 numpy)."""
-    import numpy as np
-    import tvm
-    from bench_models import time_vm
-    from tvm import relax
-
-    from fastdlight.relax import build
-
+def tune_case(case: Case, prepared, arch, args):
+    """(GPU turn held) Tune cold, then again from the database: (tuned module, both passes)."""
     row = case.row
     db = args.db or tempfile.mkdtemp(prefix="fastdlight_zoo_")
-    with gpu_turn(case, args):
-        case.stage("tune")
-        tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
-        case.stage("tune from database")
-        _, again, row.tune_db_s = tune(prepared, arch, db, args)
+    case.stage("tune")
+    tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
+    case.stage("tune from database")
+    _, again, row.tune_db_s = tune(prepared, arch, db, args)
+    return tuned, tuning, again
+
+
+def record_tuning(row: Row, tuning, again) -> None:
     row.tune_stage_s = {k: round(v, 1) for k, v in tuning.stage_seconds.items()}
     row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
     row.errors.update({f"untuned {e.function}": e.error for e in tuning.report if e.status == "untuned" and e.error})
@@ -278,6 +296,18 @@ def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
                    e.rank, e.candidates, [list(kv) for kv in e.best_of_first]]
                   for e in tuning.report]
     row.db_hits = sum(e.status == "database" for e in again.report)
+
+
+def run_fastdlight(case: Case, tuned, inputs, arch, dev, args):
+    """Build the tuned module, run it in the VM (its output, fp32 numpy) and time it."""
+    import numpy as np
+    import tvm
+    from bench_models import time_vm
+    from tvm import relax
+
+    from fastdlight.relax import build
+
+    row = case.row
     case.stage("build")
     t0 = time.perf_counter()
     ex = build(tuned, arch.target)
@@ -309,11 +339,19 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         row.device = arch.device_name or arch.name
         torch_fp32_accumulation()
         model, inputs, prepared = case.import_model(arch.target)
-        ref = run_torch(case, model, inputs, args)
-        del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
-        free_torch_memory()
-        run_stock(case, inputs, arch, dev, args)
-        out = run_fastdlight(case, prepared, inputs, arch, dev, args)
+        # the CPU work first (stock Dlight's build, torch.compile's), then one GPU turn for
+        # every timing and the tuning: the case waits for the GPU once, with nothing left to do
+        stock = build_stock(case, arch, dev)
+        model, x, compiled = torch_on_gpu(case, model, inputs, args)
+        with gpu_turn(case, args):
+            ref = time_torch_side(case, model, x, compiled)
+            del model, x, compiled  # not needed while tuning
+            free_torch_memory()
+            if stock is not None:
+                time_stock(case, stock, inputs, dev)
+            tuned, tuning, again = tune_case(case, prepared, arch, args)
+        record_tuning(row, tuning, again)
+        out = run_fastdlight(case, tuned, inputs, arch, dev, args)
         row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
         case.stage("done")
     except Exception as e:  # noqa: BLE001 - a row, not a crash
