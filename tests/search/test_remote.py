@@ -28,9 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], ready: str, timeout: float = 60.0) -> subprocess.Popen:
+def start(args: list[str], ready: str, timeout: float = 60.0, env=None) -> subprocess.Popen:
     """A process of ours that prints ``ready`` once it serves."""
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     t0 = time.time()
     while time.time() - t0 < timeout:
         line = proc.stdout.readline()
