@@ -13,6 +13,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import fastdlight
+import fastdlight.relax
 from fastdlight.arch import auto_arch
 from test_remote import free_port, start
 
