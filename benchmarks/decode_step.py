@@ -4,8 +4,9 @@ length), and :class:`StaticCacheStep`, the same math as torch users serve it (a 
 cache written in place, ``scaled_dot_product_attention`` over its filled part).
 
 DecodeStep's attention never copies the cache: the scores against the ``L`` cached keys (``K qᵀ``,
-the cache read as stored) and the new key's score are concatenated (``L + 1`` numbers per query head), and the output is the
-cached values weighted by the first ``L`` probabilities plus the new value weighted by the last.
+the cache read as stored) and the new key's score share one softmax without being joined: the
+output is the cached values weighted by their exponentials plus the new value weighted by its
+own, over the sum of all of them.
 It returns the new key and value for the caller to append. GQA: ``heads`` query heads share
 each of ``kv_heads`` key/value heads, as groups of ``heads // kv_heads`` rows of one matmul.
 """
@@ -89,12 +90,15 @@ class DecodeStep(Projections):
         q, k, v = self.qkv_heads(x, cos, sin)
         scale = 1.0 / math.sqrt(self.s.head_dim)
         # K·qᵀ, not q·Kᵀ: the cache is read as stored; TVM's import would copy a transposed cache
-        past = torch.matmul(k_cache, q.transpose(-1, -2)).transpose(-1, -2) * scale  # [B, G, H/G, L]
-        new = (q * k).sum(-1, keepdim=True) * scale  # [B, G, H/G, 1]
-        p = torch.softmax(torch.cat([past, new], dim=-1).float(), dim=-1).to(q.dtype)
-        length = k_cache.shape[2]
-        attn = torch.matmul(p.narrow(3, 0, length), v_cache) + p.narrow(3, length, 1) * v
-        return self.finish(x, attn), k, v
+        past = (torch.matmul(k_cache, q.transpose(-1, -2)).transpose(-1, -2) * scale).float()  # [B, G, H/G, L]
+        new = ((q * k).sum(-1, keepdim=True) * scale).float()  # [B, G, H/G, 1]
+        # the softmax over the L cached scores and the new one, without joining them: no slice
+        # at the symbolic L (TVM's import loses the shape of one), no copy of the scores
+        top = torch.maximum(past.max(dim=-1, keepdim=True).values, new)
+        e_past, e_new = torch.exp(past - top), torch.exp(new - top)
+        total = e_past.sum(-1, keepdim=True) + e_new
+        attn = (torch.matmul(e_past.to(q.dtype), v_cache).float() + e_new * v.float()) / total
+        return self.finish(x, attn.to(q.dtype)), k, v
 
 
 class StaticCacheStep(Projections):
