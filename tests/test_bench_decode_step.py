@@ -57,8 +57,7 @@ def test_one_module_with_a_symbolic_cache_length_tunes_per_length_and_compiles()
         tuned = tuning(prepare(h100.target)(mod))
     dispatched = [e for e in tuning.report if e.dispatch]
     assert dispatched and all(f"{dim}<=512" in e.dispatch for e in dispatched)
-    # TVM cannot lower two of the L-dependent functions under our schedules yet (the cache's
-    # K q^T GEMM and the scores' transpose): stock Dlight schedules them at the build
-    untuned = {e.function for e in tuning.report if e.status == "untuned"}
-    assert len(untuned) <= 2
+    # replays that do not compile with L symbolic (the scores' transpose left whole to a thread,
+    # the K q^T GEMM's vector stores) give way to another candidate or stock Dlight's rules
+    assert not [e.function for e in tuning.report if e.status == "untuned"]
     fastdlight.build(tuned, h100.target)
