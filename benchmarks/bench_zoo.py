@@ -235,8 +235,10 @@ def gpu_turn(case: Case, args):
 
 def tune(prepared, arch, db: str, args):
     from fastdlight.relax import ApplyFastTuning
+    from fastdlight.relax.apply_fast_tuning import DEFAULT_JOBS
 
-    tuning = ApplyFastTuning(topk=args.topk, target=arch, meta_database_dir=db, progress=False)
+    tuning = ApplyFastTuning(topk=args.topk, target=arch, meta_database_dir=db, progress=False,
+                             jobs=args.tune_jobs or DEFAULT_JOBS)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -370,6 +372,7 @@ def child_case(name: str, size: str, args) -> Row:
     fd, path = tempfile.mkstemp(prefix="bench_zoo_row_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
+           "--tune-jobs", str(args.tune_jobs),
            *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", args.gpu_lock] if args.gpu_lock else [])]
     t0 = time.perf_counter()
@@ -434,6 +437,8 @@ def parse_args(argv):
     ap.add_argument("--time-limit", type=float, default=900.0,
                     help="seconds a case (one model at one size) may take; 0: no limit, in this process")
     ap.add_argument("--topk", type=int, default=20)
+    ap.add_argument("--tune-jobs", type=int, default=0,
+                    help="functions a model's tuning works on at once (default: ApplyFastTuning's)")
     ap.add_argument("--db", default="", help="the tuning database dir (default: a fresh one per case)")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--dry-run", action="store_true",

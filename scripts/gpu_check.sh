@@ -34,7 +34,8 @@ for s in $steps; do case $s in
              step attention "${ATTENTION_LIMIT:-300}" python3 benchmarks/bench_attention.py --topk 4 \
                --cases "${ATTENTION_CASES:-prefill_causal_4k,prefill_causal_4k_bf16,prefill_8k,prefill_causal_gpt2,prefill_gqa_2k,prefill_causal_b4_2k,prefill_tail_4097,decode_b1,decode_b16}";;
   zoo)    step zoo "${ZOO_LIMIT:-560}" python3 benchmarks/bench_zoo.py --models "${ZOO_MODELS:-gpt2_2l,bert_base_2l}" \
-            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}" ${ZOO_RESUME:+--resume "$ZOO_RESUME"};;
+            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
+            ${ZOO_TUNE_JOBS:+--tune-jobs "$ZOO_TUNE_JOBS"};;
   quant)  step quant-test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_wgmma_gpu.py -k "fp8"
           step quant "${QUANT_LIMIT:-400}" python3 benchmarks/bench_quant.py --topk "${QUANT_TOPK:-8}";;
   rpc)    step rpc-model 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/search/test_remote_gpu.py
