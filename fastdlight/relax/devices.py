@@ -161,11 +161,14 @@ def _run_one(work: str, device: int, names: list[str], spread: Spread, lock: thr
             heard[0] = time.monotonic()
             if not line.startswith(REPORT_PREFIX):
                 continue
-            row = json.loads(line[len(REPORT_PREFIX):])
-            scheduled = None
-            if row.pop("scheduled", None):
-                with open(os.path.join(work, f"{row['function']}.json")) as f:
-                    scheduled = tvm.ir.load_json(f.read())
+            try:  # a worker killed mid-line leaves that function to the others
+                row = json.loads(line[len(REPORT_PREFIX):])
+                scheduled = None
+                if row.pop("scheduled", None):
+                    with open(os.path.join(work, f"{row['function']}.json")) as f:
+                        scheduled = tvm.ir.load_json(f.read())
+            except Exception:  # noqa: BLE001 - a torn line or file: not finished
+                continue
             row["device"] = device
             with lock:
                 spread.done[row["function"]] = (scheduled, row)
