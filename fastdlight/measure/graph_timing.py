@@ -106,7 +106,7 @@ class LaunchGraph:
         return start.elapsed_ms(end)
 
     def time(self, budget_ms: float) -> Timing:
-        """Median ms per launch over at least ``budget_ms`` of replays (10 at least)."""
+        """Median ms per launch over at least ``budget_ms`` of replays (:data:`MIN_REPLAYS` at least)."""
         samples = _replays(self._replay_ms, budget_ms, self.n * self.per_launch_ms)
         return Timing.of((s / self.n for s in samples), graph=True)
 

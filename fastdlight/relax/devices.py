@@ -85,10 +85,12 @@ def options_json(options: TuneOptions) -> dict:
 @dataclass
 class Spread:
     """What the workers gave: by function name, (scheduled function or None, report dict);
-    ``lost``: the names of functions a worker did not finish, and why."""
+    ``lost``: the names of functions a worker did not finish, and why; ``failed``: the GPUs
+    whose worker left some unfinished."""
 
     done: dict = field(default_factory=dict)
     lost: dict = field(default_factory=dict)
+    failed: set = field(default_factory=set)
 
 
 def tune_spread(named: list[tuple[str, tirx.PrimFunc]], families: list[list[int]], weights: list[int], devices,
@@ -98,9 +100,7 @@ def tune_spread(named: list[tuple[str, tirx.PrimFunc]], families: list[list[int]
     that failed go to the workers that finished, once; what is still lost then is the caller's."""
     dealt = shares(families, weights, len(devices))
     spread = run_workers([[named[i] for i in share] for share in dealt], devices, task, on_done)
-    failed = {row_device for row_device in devices if any(why.startswith(f"the worker on GPU {row_device} ")
-                                                          for why in spread.lost.values())}
-    survivors = [d for d in devices if d not in failed]
+    survivors = [d for d in devices if d not in spread.failed]
     if not spread.lost or not survivors:
         return spread
     lost = [i for i, (name, _) in enumerate(named) if name in spread.lost]
@@ -184,5 +184,6 @@ def _run_one(work: str, device: int, names: list[str], spread: Spread, lock: thr
             else f"exited with {rc}" if rc > 0 else f"died of signal {-rc}" if rc < 0 else "ended early")
         tail = next((line.strip() for line in reversed(err) if line.strip()), "")
         with lock:
+            spread.failed.add(device)
             for n in missing:
                 spread.lost[n] = why + (f" ({tail[:200]})" if tail else "")
