@@ -16,7 +16,9 @@ captures one call on static copies of the activations. Later calls copy the acti
 replay, and return the graph's outputs without a copy; an output the caller still holds when the
 next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
 memory every replay). A graph that cannot be captured runs its calls
-as launches, with one log line saying why.
+as launches, with one log line saying why. Called while torch captures a CUDA graph of its own
+(``torch.cuda.graph``, ``mode="reduce-overhead"`` around it), a program launches its kernels
+into that graph.
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ class GraphReplay:
         self.lent = LentOutputs()
 
     def __call__(self, args) -> tuple:
+        if torch.cuda.is_current_stream_capturing():
+            # the caller captures a CUDA graph of its own: the kernels go into it as launches
+            # (a replay of ours would not), and its outputs are static buffers, as torch's are
+            return self.run(*args)
         if self.graph is None and self.why_not is None:
             try:
                 self._capture(args)
