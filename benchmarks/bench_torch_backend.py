@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import zoo_models
-from bench_setup import refusal, write_results
-from bench_zoo import one_line, sizes_of
+from bench_setup import one_line, refusal, write_results
+from bench_zoo import sizes_of
 
 from fastdlight.torch_backend import register
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_zoo.py: --list without torch or TVM, the CPU dry run of one small model, and
+"""benchmarks/bench_zoo.py and zoo_case.py: --list without torch or TVM, the CPU dry run of one small model, and
 the one-line exit of the full run where there is no GPU."""
 
 import json
@@ -14,7 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_zoo.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import bench_setup
 import bench_zoo
+import zoo_case
 import zoo_models
 import zoo_rows
 
@@ -53,9 +55,9 @@ def test_sizes_pick_each_models_quick_all_or_named_sizes():
 def test_an_error_is_told_in_one_line_that_says_what_went_wrong():
     torch_style = ValueError("Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!\n\nWhile executing %view\n"
                              "Original traceback:\n  File \"x.py\", line 9\nUse tlparse to see full graph.")
-    assert bench_zoo.one_line(torch_style) == "ValueError: Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!"
+    assert bench_setup.one_line(torch_style) == "ValueError: Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!"
     tvm_style = RuntimeError("Traceback (most recent call last):\n  File \"a.cc\", line 3\nInternalError: Check failed")
-    assert bench_zoo.one_line(tvm_style) == "RuntimeError: InternalError: Check failed"
+    assert bench_setup.one_line(tvm_style) == "RuntimeError: InternalError: Check failed"
 
 
 def test_the_table_shows_ratios_tuning_and_winners_and_a_failed_import_its_reason():
@@ -153,8 +155,8 @@ def test_cases_run_at_once_take_the_gpu_turn_one_at_a_time(tmp_path):
     spans, lock = [], threading.Lock()
 
     def hold(name):
-        case = bench_zoo.Case("timm_resnet18", "1")
-        with bench_zoo.gpu_turn(case, args):
+        case = zoo_case.Case("timm_resnet18", "1")
+        with zoo_case.gpu_turn(case, args):
             start = time.perf_counter()
             time.sleep(0.3)
             with lock:
