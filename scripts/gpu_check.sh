@@ -12,7 +12,8 @@
 # model tuned through a tracker and two local servers; a 4096³ fp16 GEMM tuned through a local
 # fastdlight.rpc_server, then locally, to compare), devices
 # (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES), decode
-# (bench_decode_step: a LLaMA-3-8B layer's decode step at cache lengths $DECODE_LENGTHS).
+# (bench_decode_step: a LLaMA-3-8B layer's decode step at cache lengths $DECODE_LENGTHS), backend
+# (bench_torch_backend on $BACKEND_MODELS; $BACKEND_NO_SECOND leaves out the second process).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -44,6 +45,8 @@ for s in $steps; do case $s in
           step rpc-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16 --rpc 127.0.0.1:9090
           step local-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16
           kill "$rpc_pid";;
+  backend) step backend "${BACKEND_LIMIT:-400}" python3 benchmarks/bench_torch_backend.py \
+            --models "${BACKEND_MODELS:-resnet50,bert_base_2l,llama_gqa_2l}" ${BACKEND_NO_SECOND:+--no-second};;
   decode) step decode "${DECODE_LIMIT:-500}" python3 benchmarks/bench_decode_step.py --lengths "${DECODE_LENGTHS:-512,2048,8192}";;
   devices) step devices-test 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/relax/test_devices.py
            step devices "${DEVICES_LIMIT:-500}" python3 benchmarks/bench_devices.py --devices "${DEVICES:-0,1}";;
