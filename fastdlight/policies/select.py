@@ -148,6 +148,10 @@ def default_configs(func, arch: CUDA, topk: int, memory_bound_topk: int | None =
     alternatives = ()
     if policy.info.kind == "gemv":
         alternatives = other_family(func, arch, "matmul", max(1, topk // 4))
+    elif is_column_sum(policy.info):
+        sums = other_family(func, arch, "reduction", max(1, topk // 2))
+        if sums:  # the column sums first; a few of the matmul planner's tiles compete last
+            configs, alternatives = sums, configs[:max(1, topk // 8)]
     elif policy.info.kind == "matmul" and is_decode_matmul(policy.info):
         alternatives = other_family(func, arch, "reduction", max(1, topk // 4))
     if configs and alternatives:
@@ -165,6 +169,21 @@ DECODE_ROWS = 16
 
 def is_decode_matmul(info) -> bool:
     return math.prod(a.extent for a in info.spatial_axes[:-1]) <= DECODE_ROWS
+
+
+#: a decode matmul whose weight is read [K, N] and whose K is at least this long is a column sum
+#: first: in the zoo's batch-1 CNNs (squeeze-and-excitation FCs, RegNet; H200, 2026-11-29) the
+#: matmul planner's tiles (one block of a few threads walking all of K) never won such a function
+#: with K >= 72, in 31 of them: 2-8x behind stock Dlight's schedule; the reduction template's
+#: column sums won 4 and stock the rest. They won only with K <= 16, where a thread's walk is short.
+COLUMN_SUM_MIN_K = 64
+
+
+def is_column_sum(info) -> bool:
+    """A decode matmul (:data:`DECODE_ROWS`) not read as a GEMV (its weight is not contiguous
+    along K) with K of at least :data:`COLUMN_SUM_MIN_K`."""
+    k = math.prod(a.extent for a in info.reduce_axes)
+    return info.kind == "matmul" and is_decode_matmul(info) and k >= COLUMN_SUM_MIN_K
 
 
 def other_family(func, arch: CUDA, family: str, n: int) -> tuple[Config, ...]:
