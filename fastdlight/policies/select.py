@@ -180,10 +180,15 @@ COLUMN_SUM_MIN_K = 64
 
 
 def is_column_sum(info) -> bool:
-    """A decode matmul (:data:`DECODE_ROWS`) not read as a GEMV (its weight is not contiguous
-    along K) with K of at least :data:`COLUMN_SUM_MIN_K`."""
-    k = math.prod(a.extent for a in info.reduce_axes)
-    return info.kind == "matmul" and is_decode_matmul(info) and k >= COLUMN_SUM_MIN_K
+    """A decode matmul (:data:`DECODE_ROWS`) with K of at least :data:`COLUMN_SUM_MIN_K` whose
+    weight (a parameter indexed by N and K) is contiguous along N. (A packed weight dequantized
+    in the kernel, contiguous along K, is not one.)"""
+    if info.kind != "matmul" or not is_decode_matmul(info) or len(info.reduce_iters) != 1:
+        return False
+    if math.prod(a.extent for a in info.reduce_axes) < COLUMN_SUM_MIN_K:
+        return False
+    n, k = info.spatial_iters[-1], info.reduce_iters[0]
+    return any(r.is_param and r.depends_on(k) and r.innermost_axis() == n for r in info.reads)
 
 
 def other_family(func, arch: CUDA, family: str, n: int) -> tuple[Config, ...]:
