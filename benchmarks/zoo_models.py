@@ -171,10 +171,11 @@ def calibrate_batch_norms(model, spec: ZooModel) -> None:
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None  # a cumulative average over the calibration batches
+    shapes = [(4, *x.shape[1:]) for x in spec.example_inputs()]
     model.train()
     with torch.no_grad():
         for _ in range(2):
-            model(*[torch.randn((4, *x.shape[1:])) for x in spec.example_inputs()])
+            model(*[torch.randn(shape) for shape in shapes])
     model.eval()
 
 
