@@ -172,10 +172,11 @@ def is_decode_matmul(info) -> bool:
 
 
 #: a decode matmul whose weight is read [K, N] and whose K is at least this long is a column sum
-#: first: in the zoo's batch-1 CNNs (squeeze-and-excitation FCs, RegNet; H200, 2026-11-29) the
-#: matmul planner's tiles (one block of a few threads walking all of K) never won such a function
-#: with K >= 72, in 31 of them: 2-8x behind stock Dlight's schedule; the reduction template's
-#: column sums won 4 and stock the rest. They won only with K <= 16, where a thread's walk is short.
+#: first: in the zoo's batch-1 CNNs (squeeze-and-excitation FCs, RegNet; H200, 2026-11-29), of 37
+#: such functions the matmul planner's tiles (one block of a few threads walking all of K) won 6,
+#: all with K <= 16, where a thread's walk is short, and none of the 23 with K >= 72, where their
+#: best was 2-8x behind stock Dlight's schedule; the reduction template's column sums won 4 and
+#: stock 27.
 COLUMN_SUM_MIN_K = 64
 
 
