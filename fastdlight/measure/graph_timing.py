@@ -32,9 +32,9 @@ MAX_GRAPH_LAUNCHES = 1000
 _NON_BLOCKING, _CAPTURE_RELAXED = 1, 2
 
 
-def launches_per_graph(per_launch_ms: float, n_arg_sets: int) -> int:
-    """Enough launches to last MIN_GRAPH_MS, a whole number of rotations, at most the cap."""
-    n = max(1, math.ceil(MIN_GRAPH_MS / max(per_launch_ms, 1e-4)))
+def launches_per_graph(per_launch_ms: float, n_arg_sets: int, min_ms: float = MIN_GRAPH_MS) -> int:
+    """Enough launches to last ``min_ms``, a whole number of rotations, at most the cap."""
+    n = max(1, math.ceil(min_ms / max(per_launch_ms, 1e-4)))
     n = math.ceil(n / n_arg_sets) * n_arg_sets
     return max(1, min(n, MAX_GRAPH_LAUNCHES))
 
@@ -51,13 +51,14 @@ def _replays(run_once, budget_ms: float, per_replay_ms: float) -> list[float]:
 class LaunchGraph:
     """``n`` back-to-back launches of one kernel (``arg_sets`` rotated), captured once into a
     driver-API graph on a stream of its own; :meth:`time` replays it as often as asked.
-    ``per_launch_ms``: a rough estimate (from queued timing) that sizes the graph."""
+    ``per_launch_ms``: a rough estimate (from queued timing) that sizes the graph to last
+    ``min_ms``."""
 
-    def __init__(self, launch, arg_sets, dev, per_launch_ms: float):
+    def __init__(self, launch, arg_sets, dev, per_launch_ms: float, min_ms: float = MIN_GRAPH_MS):
         self.lib = driver_library()
         ensure_context(dev.index)
         arg_sets = [list(a) for a in arg_sets]
-        self.n = launches_per_graph(per_launch_ms, len(arg_sets))
+        self.n = launches_per_graph(per_launch_ms, len(arg_sets), min_ms)
         self.per_launch_ms = per_launch_ms
         self.dev, self.stream = dev, ctypes.c_void_p()
         check_status(self.lib, self.lib.cuStreamCreate(ctypes.byref(self.stream), _NON_BLOCKING), "cuStreamCreate")

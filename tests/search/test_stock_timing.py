@@ -10,6 +10,7 @@ import pytest
 
 from fastdlight.arch import CUDA
 from fastdlight.config import Config, StockSchedule
+from fastdlight.measure import graph_timing
 from fastdlight.measure.timing import Timing
 from fastdlight.relax import apply_fast_tuning
 from fastdlight.search import stages
@@ -30,6 +31,7 @@ class FakeGPU:
         self.true_ms, self.busy = true_ms, False
         self.uncapturable: set[str] = set()
         self.captures: list[str] = []
+        self.graph_ms: list[float] = []
         self.graph_budgets: dict[str, list[float]] = {}
         self.closed: list[str] = []
         self.estimates = 0
@@ -44,11 +46,13 @@ class FakeGPU:
             return Timing.of([max(ms, BUSY_HOST_MS)] * 5)
         return Timing.of([ms + 0.002] * 5)  # the launch cost a queued sample carries
 
-    def graph(self, launch, arg_sets, dev, per_launch_ms):
-        """Stands in for ``stages.LaunchGraph``: records each capture and each timing's budget."""
+    def graph(self, launch, arg_sets, dev, per_launch_ms, min_ms=graph_timing.MIN_GRAPH_MS):
+        """Stands in for ``stages.LaunchGraph``: records each capture (with the length asked of
+        its graph) and each timing's budget."""
         if launch in self.uncapturable:
             raise RuntimeError("operation not permitted when stream is capturing")
         self.captures.append(launch)
+        self.graph_ms.append(min_ms)
         return FakeGraph(self, launch)
 
 
@@ -212,9 +216,11 @@ def test_each_finalist_is_captured_once_for_all_its_hot_turns(gpu, monkeypatch):
     fake = gpu({"ours0": 0.005, "ours1": 0.2, "ours2": 0.006})
     timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
     measured = [timer.measure(ours(i)) for i in range(3)]
-    fake.captures.clear(), fake.closed.clear()
+    # the first pass only picks finalists: its graphs are shorter than a hot turn's
+    assert fake.graph_ms == [stages.SCREEN_GRAPH_MS] * 3 and stages.SCREEN_GRAPH_MS < graph_timing.MIN_GRAPH_MS
+    fake.captures.clear(), fake.closed.clear(), fake.graph_ms.clear()
     hot = timer.retime_fastest(measured)
-    assert sorted(fake.captures) == ["ours0", "ours1", "ours2"]
+    assert sorted(fake.captures) == ["ours0", "ours1", "ours2"] and fake.graph_ms == [graph_timing.MIN_GRAPH_MS] * 3
     assert sorted(fake.closed) == sorted(fake.captures)
     assert all(r.timing.hot and r.timing.graph and len(r.timing.samples_ms) == 5 * stages.RETIME_ROUNDS for r in hot)
 
