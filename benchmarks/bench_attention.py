@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_setup import refusal, write_results  # noqa: E402
+from bench_setup import one_line, refusal, write_results  # noqa: E402
 
 NAME = "bench_attention"
 
@@ -172,7 +172,6 @@ def main(argv=None) -> int:
     if error:
         print(error, file=sys.stderr)
         return 2
-    from bench_zoo import one_line
 
     rows = []
     for name in names:

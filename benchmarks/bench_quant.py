@@ -1,5 +1,6 @@
 """Low-precision matmuls against torch on one GPU: FP8 GEMMs (the wgmma template, e4m3 inputs,
-fp32 sums, per-tensor scales in the epilogue) against ``torch._scaled_mm``, and weight-only
+sums kept in the tensor cores' accumulator, per-tensor scales in the epilogue) against
+``torch._scaled_mm`` with the same accumulation (``use_fast_accum=True``), and weight-only
 4-bit matmuls (``ops.matmul_int4``, group 128) against our own fp16 kernel of the same layer
 (decode) and against cuBLAS fp16 (prefill).
 
@@ -105,8 +106,11 @@ def scaled_mm(m: int, n: int, k: int):
         a = torch.randn(m, k, device="cuda").clamp(-1, 1).to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").clamp(-1, 1).to(torch.float8_e4m3fn)
         one = torch.ones((), device="cuda")
+        # fast accumulation, as ours: the running sums stay in the tensor cores' accumulator
+        # (about 14 bits; measure.check_kinds.FP8_MMA_ACC) instead of being promoted to fp32
+        # registers every few k-steps
         return lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float16,
-                                        use_fast_accum=False)
+                                        use_fast_accum=True)
 
     return make
 

@@ -35,6 +35,20 @@ def write_results(name: str, data: dict, md: str) -> None:
     print(md)
 
 
+_NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tlparse", "Set TORCH_LOGS",
+          "For more information", "from user code", "Exception raised from")
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: message``, one line: a TVM error's last line (after its traceback), else the
+    message's first line that is not a traceback or a pointer to logs."""
+    text = str(e)
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
+    line = (lines[-1] if text.lstrip().startswith("Traceback") else lines[0]) if lines else ""
+    return f"{type(e).__name__}: {line}"[:240]
+
+
 def unknown_names(names, known, what: str) -> str | None:
     """The one-line error for ``names`` not among ``known`` (``what``: "model", "case"), or None."""
     unknown = [n for n in names if n not in known]

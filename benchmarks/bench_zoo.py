@@ -22,21 +22,23 @@ Sizes: ``"B"`` is batch B (vision: 1 and 16), ``"BxS"`` batch B of S tokens (tex
 process of its own, killed at ``--time-limit`` seconds; it saves its row stage by stage, so a case
 cut short keeps what it measured and names the stage it was in. Rows go to
 ``$OUT/bench_zoo.jsonl`` as they finish, and all of them to ``$OUT/bench_zoo.json`` and ``.md``.
-``--list`` and the argument checks import neither torch nor TVM.
+``--list`` and the argument checks import neither torch nor TVM. ``--resume JSONL`` continues
+an earlier run (its ``bench_zoo.jsonl``): the cases that finished there are kept as they are,
+the others run, and the JSON and the table hold all of them (a zoo longer than one stay on a
+GPU machine is one run in parts).
 
-``--jobs N`` runs N cases at once: while one case holds the GPU (torch's timings and
-``torch.compile``, stock Dlight's timing, tuning, fastdlight's timing: one turn, a file lock),
-the others export, import, prepare and build on the CPU. Every time is taken with the GPU to
-itself; tuning seconds then include builds that share the CPU with another case's CPU stages.
+``--jobs N`` runs N cases at once. A case first does its CPU work (export, import, prepare,
+stock Dlight's build, ``torch.compile``'s compile), then takes the GPU (a file lock) once for
+torch's timings, stock Dlight's, the tuning, the tuned build and fastdlight's timing
+(``zoo_case.py``). Timings never overlap one another; another case's weight upload and torch.compile's first
+call (a few milliseconds of GPU work) may fall inside a timing's many samples. Tuning seconds
+include builds that share the CPU with other cases' CPU stages.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
-import math
 import os
 import signal
 import subprocess
@@ -44,10 +46,8 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -55,56 +55,12 @@ sys.path.insert(0, HERE)
 
 import zoo_models
 from bench_setup import unknown_names
+from zoo_case import dry_case, gpu_case
+from zoo_rows import Row, markdown, row_from
 
 NAME = "bench_zoo"
 #: the script a case's process runs (``--child NAME:SIZE``)
 CHILD_SCRIPT = os.path.abspath(__file__)
-IMPORT_STAGES = ("torch.export", "import", "for_inference", "prepare")
-
-
-@dataclass
-class Row:
-    model: str
-    family: str
-    size: str
-    inputs: list = field(default_factory=list)  # [shape, dtype] of each input
-    device: str = ""
-    stage: str = ""  # the stage running (or that failed); "done" when the case finished
-    imported: bool = False  # through torch.export, the importer, for_inference and prepare
-    reason: str = ""  # the first failure, one line, with its stage
-    functions: int = 0  # PrimFuncs of the prepared module
-    max_rel_err: float | None = None  # max |fastdlight - torch fp16| / max |torch fp16|
-    torch_eager_ms: float | None = None
-    torch_graph_ms: float | None = None
-    torch_compile_ms: float | None = None
-    stock_ms: float | None = None  # the for_inference module through tvm.compile (stock Dlight)
-    fastdlight_ms: float | None = None
-    tune_s: float | None = None  # cold (an empty database unless --db names a filled one)
-    tune_db_s: float | None = None  # the same module again, from the database the cold pass filled
-    db_hits: int = 0  # functions the second pass took from the database
-    build_s: float | None = None
-    untuned: list = field(default_factory=list)
-    winners: dict = field(default_factory=dict)  # fastdlight / stock / view / untuned -> functions
-    report: list = field(default_factory=list)  # [function, status, winner, ms, stock ms] per function
-    errors: dict = field(default_factory=dict)  # failures that did not stop the case (torch.compile, ...)
-    seconds: float | None = None
-    stage_s: dict = field(default_factory=dict)  # seconds each stage took (where a case's time goes)
-    tune_stage_s: dict = field(default_factory=dict)  # the cold tune's seconds per tuner stage (clock)
-
-
-#: lines of an error's message that say nothing of the error itself
-_NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tlparse", "Set TORCH_LOGS",
-          "For more information", "from user code", "Exception raised from")
-
-
-def one_line(e: BaseException) -> str:
-    """``Type: message``, one line: a TVM error's last line (after its traceback), else the
-    message's first line that is not a traceback or a pointer to logs."""
-    text = str(e)
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
-    line = (lines[-1] if text.lstrip().startswith("Traceback") else lines[0]) if lines else ""
-    return f"{type(e).__name__}: {line}"[:240]
 
 
 def sizes_of(spec: zoo_models.ZooModel, sizes: str) -> list[str]:
@@ -123,232 +79,7 @@ def list_models() -> str:
     return "\n".join(lines)
 
 
-# --- one case ---------------------------------------------------------------------------------
-
-
-class Case:
-    """One model at one size; :meth:`stage` saves the row as each stage begins."""
-
-    def __init__(self, name: str, size: str, save=None):
-        spec = zoo_models.MODELS[name]
-        self.spec, self.save = spec, save or (lambda row: None)
-        self.row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)])
-        self.inference_mod = None  # the for_inference module, once imported
-        self._since = time.perf_counter()
-
-    def stage(self, name: str) -> None:
-        """Begin stage ``name`` (closing the one before: its seconds go to ``stage_s``)."""
-        now = time.perf_counter()
-        if self.row.stage:
-            spent = self.row.stage_s.get(self.row.stage, 0.0) + now - self._since
-            self.row.stage_s[self.row.stage] = round(spent, 2)
-        self.row.stage, self._since = name, now
-        self.save(self.row)
-
-    def fail(self, e: BaseException) -> None:
-        row = self.row
-        row.reason = row.reason or f"{row.stage}: {one_line(e)}"
-        row.errors[row.stage] = one_line(e)
-        row.errors["where"] = traceback.extract_tb(e.__traceback__)[-1].filename if e.__traceback__ else ""
-
-    def import_model(self, target):
-        """``(torch model fp32, example inputs, prepared module, module before prepare)``."""
-        from fastdlight.relax import for_inference, prepare
-        from fastdlight.relax.pipeline import prim_funcs
-
-        row = self.row
-        self.stage("torch.export")
-        model = zoo_models.build(row.model)
-        inputs = self.spec.example_inputs(size=row.size)
-        program = zoo_models.export(row.model, row.size, model=model)
-        self.stage("import")
-        mod, params = zoo_models.to_relax(program)
-        del program
-        self.stage("for_inference")
-        mod = for_inference(mod, params, fp16_io=True)
-        self.inference_mod = mod  # what stock Dlight's pipeline compiles
-        self.stage("prepare")
-        prepared = prepare(target)(mod)
-        row.functions = len(prim_funcs(prepared))
-        row.imported = True
-        return model, inputs, prepared
-
-
-def dry_case(name: str, size: str, target: str) -> Row:
-    """The CPU part: export, import, for_inference, prepare (no build, no timing)."""
-    case, t0 = Case(name, size), time.perf_counter()
-    try:
-        case.import_model(target)
-        case.stage("done")
-    except Exception as e:  # noqa: BLE001 - a row, not a crash
-        case.fail(e)
-    case.row.seconds = round(time.perf_counter() - t0, 1)
-    return case.row
-
-
-def run_torch(case: Case, model, inputs, args):
-    """torch fp16 on the GPU: eager, in a CUDA graph, torch.compile; returns its output (fp32 numpy)."""
-    import torch
-    from bench_models import BUDGET_MS
-
-    from fastdlight.measure.graph_timing import time_torch_graph
-    from fastdlight.measure.timing import time_torch
-
-    row = case.row
-    model = model.half().cuda()
-    x = [t.half().cuda() if t.is_floating_point() else t.cuda() for t in inputs]
-    with torch.no_grad():
-        case.stage("torch eager")
-        ref = model(*x).float().cpu().numpy()
-        row.torch_eager_ms = time_torch([lambda: model(*x)], BUDGET_MS).median_ms
-        case.stage("torch graph")
-        try:
-            row.torch_graph_ms = time_torch_graph([lambda: model(*x)], BUDGET_MS, row.torch_eager_ms).median_ms
-        except Exception as e:  # noqa: BLE001
-            row.errors["torch graph"] = one_line(e)
-        if not args.skip_compile:
-            case.stage("torch.compile")
-            try:
-                compiled = torch.compile(model)
-                compiled(*x)
-                row.torch_compile_ms = time_torch_graph([lambda: compiled(*x)], BUDGET_MS,
-                                                        row.torch_eager_ms).median_ms
-            except Exception as e:  # noqa: BLE001
-                row.errors["torch.compile"] = one_line(e)
-    return ref
-
-
-def free_torch_memory() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def gpu_turn(case: Case, args):
-    """Hold the GPU (``--gpu-lock``, a file lock shared by the cases ``--jobs`` runs at once);
-    the wait is a stage of its own, so that no stage's seconds include it."""
-    if not args.gpu_lock:
-        yield
-        return
-    case.stage("GPU turn wait")
-    with open(args.gpu_lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def tune(prepared, arch, db: str, args):
-    from fastdlight.relax import ApplyFastTuning
-
-    tuning = ApplyFastTuning(topk=args.topk, target=arch, meta_database_dir=db, progress=False)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tuned = tuning(prepared)
-    return tuned, tuning, round(time.perf_counter() - t0, 2)
-
-
-def run_stock(case: Case, inputs, arch, dev, args) -> None:
-    """The ``for_inference`` module through TVM's own pipeline, stock Dlight scheduling every
-    kernel (``tvm.compile``, as ``bench_models`` builds stock), in the VM, timed as fastdlight's
-    is; a build failure is noted, not fatal."""
-    import tvm
-    from bench_models import time_vm
-    from tvm import relax
-
-    case.stage("stock dlight")
-    try:
-        with arch.target, tvm.transform.PassContext(opt_level=3):
-            vm = relax.VirtualMachine(tvm.compile(case.inference_mod, target=arch.target), dev)
-        x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
-        with gpu_turn(case, args):
-            case.row.stock_ms = time_vm(vm, x, dev, case.row)
-    except Exception as e:  # noqa: BLE001 - a row, not a crash
-        case.row.errors["stock dlight"] = one_line(e)
-
-
-def run_fastdlight(case: Case, prepared, inputs, arch, dev, args):
-    """Tune cold, tune again from the database, build, run in the VM: its output (fp32 numpy)."""
-    import numpy as np
-    import tvm
-    from bench_models import time_vm
-    from tvm import relax
-
-    from fastdlight.relax import build
-
-    row = case.row
-    db = args.db or tempfile.mkdtemp(prefix="fastdlight_zoo_")
-    with gpu_turn(case, args):
-        case.stage("tune")
-        tuned, tuning, row.tune_s = tune(prepared, arch, db, args)
-        case.stage("tune from database")
-        _, again, row.tune_db_s = tune(prepared, arch, db, args)
-    row.tune_stage_s = {k: round(v, 1) for k, v in tuning.stage_seconds.items()}
-    row.untuned = [e.function for e in tuning.report if e.status == "untuned"]
-    for e in tuning.report:
-        key = e.winner or e.status  # views and untuned functions have no winner
-        row.winners[key] = row.winners.get(key, 0) + 1
-    row.report = [[e.function, e.status, e.winner, e.latency_ms and round(e.latency_ms, 4),
-                   e.stock_ms and round(e.stock_ms, 4)] for e in tuning.report]
-    row.db_hits = sum(e.status == "database" for e in again.report)
-    case.stage("build")
-    t0 = time.perf_counter()
-    ex = build(tuned, arch.target)
-    row.build_s = round(time.perf_counter() - t0, 2)
-    vm = relax.VirtualMachine(ex, dev)
-    x = [tvm.runtime.tensor(t.half().numpy() if t.is_floating_point() else t.numpy(), dev) for t in inputs]
-    with gpu_turn(case, args):
-        case.stage("run")
-        out = vm["main"](*x)
-        out = out if hasattr(out, "numpy") else out[0]  # the exported graph returns a tuple
-        out = out.numpy().astype(np.float32)
-        case.stage("fastdlight timing")
-        row.fastdlight_ms = time_vm(vm, x, dev, row)
-    return out
-
-
-def gpu_case(name: str, size: str, args, save=None) -> Row:
-    import numpy as np
-    import tvm
-    from bench_setup import torch_fp32_accumulation
-
-    from fastdlight.arch import CUDA
-
-    case, t0 = Case(name, size, save), time.perf_counter()
-    row = case.row
-    try:
-        dev = tvm.cuda(0)
-        arch = CUDA.from_device(dev)
-        row.device = arch.device_name or arch.name
-        torch_fp32_accumulation()
-        model, inputs, prepared = case.import_model(arch.target)
-        with gpu_turn(case, args):
-            ref = run_torch(case, model, inputs, args)
-        del model  # on the GPU now (.half().cuda() moves it in place): not needed while tuning
-        free_torch_memory()
-        run_stock(case, inputs, arch, dev, args)
-        out = run_fastdlight(case, prepared, inputs, arch, dev, args)
-        row.max_rel_err = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
-        case.stage("done")
-    except Exception as e:  # noqa: BLE001 - a row, not a crash
-        case.fail(e)
-    row.seconds = round(time.perf_counter() - t0, 1)
-    case.save(row)
-    return row
-
-
 # --- the run ----------------------------------------------------------------------------------
-
-
-def row_from(data: dict) -> Row:
-    names = {f.name for f in fields(Row)}
-    return Row(**{k: v for k, v in data.items() if k in names})
 
 
 def child_case(name: str, size: str, args) -> Row:
@@ -357,18 +88,22 @@ def child_case(name: str, size: str, args) -> Row:
     fd, path = tempfile.mkstemp(prefix="bench_zoo_row_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
+           "--tune-jobs", str(args.tune_jobs),
            *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", args.gpu_lock] if args.gpu_lock else [])]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
         proc = subprocess.Popen(cmd, start_new_session=True, stderr=err)
+        LIVE_CASES.add(proc)
         try:
             rc = proc.wait(timeout=args.time_limit)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             rc = None
+        finally:
+            LIVE_CASES.discard(proc)
         err.seek(0)
         err_text = err.read()
     sys.stderr.write(err_text)
@@ -398,64 +133,6 @@ def crash_line(stderr: str) -> str:
     return " ".join(lines[-1].replace("what():", "").split())[:200] if lines else ""
 
 
-def _ms(v) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else "-"
-
-
-def _ratio(other, ours) -> str:
-    return f"{other / ours:.2f}x" if other and ours else "-"
-
-
-def markdown(rows: list[Row], dry: bool = False) -> str:
-    if dry:
-        lines = ["| model | size | imported | functions | s | reason |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r.model} | {r.size} | {'yes' if r.imported else 'no'} | {r.functions or '-'} | {r.seconds} "
-                  f"| {r.reason} |" for r in rows]
-        return "\n".join(lines) + "\n"
-    head = ("| model | size | imported | max rel err | torch eager ms | torch graph ms | torch.compile ms "
-            "| stock Dlight ms | fastdlight ms | vs eager | vs graph | vs compile | vs stock | tune s cold "
-            "| tune s db (hits) | untuned | won fastdlight/stock | reason |")
-    lines = [head, "|" + "---|" * 18]
-    for r in rows:
-        err = f"{r.max_rel_err:.1e}" if r.max_rel_err is not None else "-"
-        untuned = f"{len(r.untuned)}/{r.functions}" if r.tune_s is not None else "-"
-        won = f"{r.winners.get('fastdlight', 0)}/{r.winners.get('stock', 0)}" if r.winners else "-"
-        db = f"{r.tune_db_s} ({r.db_hits})" if r.tune_db_s is not None else "-"
-        lines.append(
-            f"| {r.model} | {r.size} | {'yes' if r.imported else 'no'} | {err} | {_ms(r.torch_eager_ms)} "
-            f"| {_ms(r.torch_graph_ms)} | {_ms(r.torch_compile_ms)} | {_ms(r.stock_ms)} | {_ms(r.fastdlight_ms)} "
-            f"| {_ratio(r.torch_eager_ms, r.fastdlight_ms)} | {_ratio(r.torch_graph_ms, r.fastdlight_ms)} "
-            f"| {_ratio(r.torch_compile_ms, r.fastdlight_ms)} | {_ratio(r.stock_ms, r.fastdlight_ms)} "
-            f"| {r.tune_s if r.tune_s is not None else '-'} | {db} "
-            f"| {untuned} | {won} | {r.reason} |")
-    return ("\n".join(lines) + "\n\n" + summary(rows) + "\n\nRatios are torch's time over fastdlight's "
-            "(> 1: fastdlight faster). max rel err: against torch fp16, relative to its largest output.\n")
-
-
-#: the columns a geometric mean is taken of, as (label, Row field)
-BASELINES = (("torch eager", "torch_eager_ms"), ("torch graph", "torch_graph_ms"),
-             ("torch.compile", "torch_compile_ms"), ("stock Dlight", "stock_ms"))
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def summary(rows: list[Row]) -> str:
-    """How many cases ran, and fastdlight's geometric-mean speedup over each baseline (over the
-    cases that have both times; the count says how many)."""
-    done = [r for r in rows if r.stage == "done"]
-    parts = [f"{len(done)} of {len(rows)} cases ran end to end"]
-    for label, name in BASELINES:
-        pairs = [getattr(r, name) / r.fastdlight_ms for r in done if getattr(r, name) and r.fastdlight_ms]
-        if pairs:
-            parts.append(f"geomean vs {label} {geomean(pairs):.2f}x ({len(pairs)})")
-    slow = [f"{r.tune_s:.0f} s {r.model}" for r in done if r.tune_s is not None and r.tune_s > 60]
-    if slow:
-        parts.append("tuned over 60 s cold: " + ", ".join(slow))
-    return "; ".join(parts) + "."
-
-
 def gpu_missing() -> str | None:
     """Why the full run cannot run here, or None."""
     from fastdlight.arch import has_gpu
@@ -476,17 +153,51 @@ def parse_args(argv):
     ap.add_argument("--time-limit", type=float, default=900.0,
                     help="seconds a case (one model at one size) may take; 0: no limit, in this process")
     ap.add_argument("--topk", type=int, default=20)
+    ap.add_argument("--tune-jobs", type=int, default=0,
+                    help="functions a model's tuning works on at once (default: ApplyFastTuning's)")
     ap.add_argument("--db", default="", help="the tuning database dir (default: a fresh one per case)")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU only: export, import, for_inference, prepare (no build, no timing)")
     ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")
+    ap.add_argument("--resume", metavar="JSONL",
+                    help="rows of an earlier run (its bench_zoo.jsonl): cases that finished there are kept, not run "
+                         "again, and the tables cover both")
     ap.add_argument("--jobs", type=int, default=1,
                     help="cases run at once (each takes its GPU turn; CPU stages overlap); needs --time-limit > 0")
     ap.add_argument("--gpu-lock", help=argparse.SUPPRESS)  # the GPU turn's lock file, set by main
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
     ap.add_argument("--row-file", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+#: the case processes running now: a run stopped from outside (SIGTERM, as ``timeout`` sends)
+#: takes them along, since each runs in a process group of its own
+LIVE_CASES: set = set()
+
+
+def stop_cases(signum, _frame) -> None:
+    """Kill the running cases and end the run at once (no case starts after): the cases that
+    finished are in the JSONL, which ``--resume`` continues."""
+    for proc in list(LIVE_CASES):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    print(f"bench_zoo: stopped by signal {signum}; finished cases are in the JSONL (--resume continues)",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def finished_rows(path: str) -> dict[tuple[str, str], Row] | None:
+    """The rows of ``path`` (a ``bench_zoo.jsonl``) whose case finished, by (model, size); None
+    when the file cannot be read as one."""
+    try:
+        with open(path) as f:
+            rows = [row_from(json.loads(line)) for line in f if line.strip()]
+    except (OSError, ValueError, TypeError):
+        return None
+    return {(r.model, r.size): r for r in rows if r.stage == "done"}
 
 
 def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
@@ -551,7 +262,14 @@ def main(argv=None) -> int:
             print("error: --jobs needs --time-limit > 0 (each case runs in a process of its own)", file=sys.stderr)
             return 2
         args.gpu_lock = os.path.join(tempfile.mkdtemp(prefix="bench_zoo_"), "gpu.lock")
-    rows = run_cases(cases, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))
+    earlier = finished_rows(args.resume) if args.resume else {}
+    if earlier is None:
+        print(f"error: --resume {args.resume}: not a bench_zoo.jsonl (one JSON row a line)", file=sys.stderr)
+        return 2
+    todo = [c for c in cases if c not in earlier]
+    signal.signal(signal.SIGTERM, stop_cases)
+    fresh = dict(zip(todo, run_cases(todo, args, os.path.join(out_dir, f"{NAME}{suffix}.jsonl"))))
+    rows = [earlier[c] if c in earlier else fresh[c] for c in cases]
     from bench_setup import write_results
 
     device = next((r.device for r in rows if r.device), "")

@@ -6,8 +6,14 @@
 # Further steps: bf16 (bf16 mma.sync correctness), models (bench_models, $MODELS), conv (bench_conv,
 # layers matching $CONV_ONLY), sustained (bench_sustained: tiles cold and hot, clusters beside),
 # attention (the fused template's GPU test, then bench_attention on $ATTENTION_CASES), zoo
-# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once), quant
-# (the FP8 template's GPU test, then bench_quant: FP8 and 4-bit weights against torch).
+# (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once, the
+# cases finished in $ZOO_RESUME, an earlier call's bench_zoo.jsonl, kept), quant
+# (the FP8 template's GPU test, then bench_quant: FP8 and 4-bit weights against torch), rpc (a
+# model tuned through a tracker and two local servers; a 4096³ fp16 GEMM tuned through a local
+# fastdlight.rpc_server, then locally, to compare), devices
+# (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES), decode
+# (bench_decode_step: a LLaMA-3-8B layer's decode step at cache lengths $DECODE_LENGTHS), backend
+# (bench_torch_backend on $BACKEND_MODELS; $BACKEND_NO_SECOND leaves out the second process).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -29,9 +35,21 @@ for s in $steps; do case $s in
              step attention "${ATTENTION_LIMIT:-300}" python3 benchmarks/bench_attention.py --topk 4 \
                --cases "${ATTENTION_CASES:-prefill_causal_4k,prefill_causal_4k_bf16,prefill_8k,prefill_causal_gpt2,prefill_gqa_2k,prefill_causal_b4_2k,prefill_tail_4097,decode_b1,decode_b16}";;
   zoo)    step zoo "${ZOO_LIMIT:-560}" python3 benchmarks/bench_zoo.py --models "${ZOO_MODELS:-gpt2_2l,bert_base_2l}" \
-            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}";;
+            --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
+            ${ZOO_TUNE_JOBS:+--tune-jobs "$ZOO_TUNE_JOBS"};;
   quant)  step quant-test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_wgmma_gpu.py -k "fp8"
           step quant "${QUANT_LIMIT:-400}" python3 benchmarks/bench_quant.py --topk "${QUANT_TOPK:-8}";;
+  rpc)    step rpc-model 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/search/test_remote_gpu.py
+          python3 -m fastdlight.rpc_server --host 127.0.0.1 --port 9090 > "$out/rpc_server.log" 2>&1 & rpc_pid=$!
+          sleep 10
+          step rpc-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16 --rpc 127.0.0.1:9090
+          step local-tune 200 python3 -m fastdlight.cli tune matmul 4096 4096 4096 --dtype float16
+          kill "$rpc_pid";;
+  backend) step backend "${BACKEND_LIMIT:-400}" python3 benchmarks/bench_torch_backend.py \
+            --models "${BACKEND_MODELS:-resnet50,bert_base_2l,llama_gqa_2l}" ${BACKEND_NO_SECOND:+--no-second};;
+  decode) step decode "${DECODE_LIMIT:-500}" python3 benchmarks/bench_decode_step.py --lengths "${DECODE_LENGTHS:-512,2048,8192}";;
+  devices) step devices-test 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/relax/test_devices.py
+           step devices "${DEVICES_LIMIT:-500}" python3 benchmarks/bench_devices.py --devices "${DEVICES:-0,1}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
 esac; done

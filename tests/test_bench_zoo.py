@@ -1,4 +1,4 @@
-"""benchmarks/bench_zoo.py: --list without torch or TVM, the CPU dry run of one small model, and
+"""benchmarks/bench_zoo.py and zoo_case.py: --list without torch or TVM, the CPU dry run of one small model, and
 the one-line exit of the full run where there is no GPU."""
 
 import json
@@ -14,8 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_zoo.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import bench_setup
 import bench_zoo
+import zoo_case
 import zoo_models
+import zoo_rows
 
 
 def test_list_prints_every_model_with_its_family_and_sizes_quickly():
@@ -52,9 +55,9 @@ def test_sizes_pick_each_models_quick_all_or_named_sizes():
 def test_an_error_is_told_in_one_line_that_says_what_went_wrong():
     torch_style = ValueError("Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!\n\nWhile executing %view\n"
                              "Original traceback:\n  File \"x.py\", line 9\nUse tlparse to see full graph.")
-    assert bench_zoo.one_line(torch_style) == "ValueError: Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!"
+    assert bench_setup.one_line(torch_style) == "ValueError: Cannot view a tensor with shape [4, 2048, 768] as (8192, 768)!"
     tvm_style = RuntimeError("Traceback (most recent call last):\n  File \"a.cc\", line 3\nInternalError: Check failed")
-    assert bench_zoo.one_line(tvm_style) == "RuntimeError: InternalError: Check failed"
+    assert bench_setup.one_line(tvm_style) == "RuntimeError: InternalError: Check failed"
 
 
 def test_the_table_shows_ratios_tuning_and_winners_and_a_failed_import_its_reason():
@@ -76,7 +79,7 @@ def test_the_geomean_takes_only_cases_with_both_times():
     rows = [bench_zoo.Row("a", "f", "1", stage="done", torch_compile_ms=2.0, fastdlight_ms=1.0),
             bench_zoo.Row("b", "f", "1", stage="done", torch_compile_ms=1.0, fastdlight_ms=2.0),
             bench_zoo.Row("c", "f", "1", stage="done", fastdlight_ms=2.0)]
-    assert "3 of 3 cases ran end to end; geomean vs torch.compile 1.00x (2)." == bench_zoo.summary(rows)
+    assert "3 of 3 cases ran end to end; geomean vs torch.compile 1.00x (2)." == zoo_rows.summary(rows)
 
 
 def test_an_unknown_model_is_refused_in_one_line(capsys):
@@ -152,8 +155,8 @@ def test_cases_run_at_once_take_the_gpu_turn_one_at_a_time(tmp_path):
     spans, lock = [], threading.Lock()
 
     def hold(name):
-        case = bench_zoo.Case("timm_resnet18", "1")
-        with bench_zoo.gpu_turn(case, args):
+        case = zoo_case.Case("timm_resnet18", "1")
+        with zoo_case.gpu_turn(case, args):
             start = time.perf_counter()
             time.sleep(0.3)
             with lock:
@@ -193,3 +196,63 @@ def test_jobs_without_a_time_limit_are_refused_in_one_line(capsys, monkeypatch):
     assert bench_zoo.main(["--models", "resnet50", "--jobs", "2", "--time-limit", "0"]) == 2
     assert capsys.readouterr().err.strip() == ("error: --jobs needs --time-limit > 0 "
                                                "(each case runs in a process of its own)")
+
+
+def test_resume_keeps_the_finished_cases_and_runs_the_rest(tmp_path, monkeypatch):
+    earlier = tmp_path / "earlier.jsonl"
+    done = bench_zoo.Row("resnet50", "torchvision", "1", stage="done", fastdlight_ms=1.0, torch_compile_ms=2.0)
+    cut = bench_zoo.Row("mobilenet_v2", "torchvision", "1", stage="tune", reason="tune: time limit")
+    earlier.write_text("".join(json.dumps(bench_zoo.asdict(r)) + "\n" for r in (done, cut)))
+    ran = []
+
+    def fake_run(cases, args, jsonl):
+        ran.extend(cases)
+        return [bench_zoo.Row(m, "torchvision", s, stage="done", fastdlight_ms=1.0) for m, s in cases]
+
+    monkeypatch.setattr(bench_zoo, "run_cases", fake_run)
+    monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert bench_zoo.main(["--models", "resnet50,mobilenet_v2", "--resume", str(earlier)]) == 0
+    assert ran == [("mobilenet_v2", "1")]  # the finished case is kept, the cut one runs again
+    rows = json.loads((tmp_path / "bench_zoo.json").read_text())["rows"]
+    assert [(r["model"], r["stage"]) for r in rows] == [("resnet50", "done"), ("mobilenet_v2", "done")]
+
+
+def test_resume_from_a_file_that_is_not_rows_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not json\n")
+    monkeypatch.setattr(bench_zoo, "gpu_missing", lambda: None)
+    assert bench_zoo.main(["--models", "resnet50", "--resume", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --resume {bad}: not a bench_zoo.jsonl (one JSON row a line)"
+
+
+def test_a_run_stopped_by_sigterm_takes_its_running_cases_along():
+    """``timeout`` stops the run with SIGTERM; each case runs in a process group of its own, so
+    without the handler its tuning processes outlived the run (holding its output open)."""
+    code = f"""
+import os, signal, subprocess, sys
+sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r})
+import bench_zoo
+child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+bench_zoo.LIVE_CASES.add(child)
+print(child.pid, flush=True)
+signal.signal(signal.SIGTERM, bench_zoo.stop_cases)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 128 + 15, done.stderr
+    assert "--resume continues" in done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)  # not our child: only the kernel's reaping is waited for
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    with open(f"/proc/{pid}/stat") as f:
+        assert f.read().split()[2] == "Z"  # killed, a zombie until its orphan is reaped

@@ -58,6 +58,8 @@ def nvcc_lacks(arch_number: int) -> bool:
     (["tune", "add", "9223372036854775808"], "does not fit in int64"),
     (["tune", "matmul", "64", "64", "64", "--batch", str(2**63)], f"--batch: {2**63} is too large"),
     (["export", "matmull", "1", "2", "3", "--out", "/tmp/fastdlight-never-written"], "unknown op 'matmull'"),
+    (["tune", "add", "64", "--devices", "0,0"], "expected distinct GPU indices"),
+    (["tune", "add", "64", "--devices", "1", "--rpc", "h:9000"], "--devices and --rpc"),
 ])  # fmt: skip
 def test_a_user_error_exits_2_before_tvm_is_imported(argv, needle):
     rc, tvm_loaded, err, seconds = cli_in_fresh_process(argv)
@@ -337,3 +339,22 @@ def test_bad_attention_arguments_are_refused_in_one_line(argv, says):
     with pytest.raises(UsageError, match=re.escape(says)) as caught:
         validate_args(build_parser().parse_args(["tune", *argv]))
     assert "\n" not in str(caught.value)
+
+
+def test_devices_make_the_first_gpu_this_process_s_own(monkeypatch):
+    """One operator is timed on one GPU: the first of --devices, counted within a
+    CUDA_VISIBLE_DEVICES the user set."""
+    from argparse import Namespace
+
+    from fastdlight.cli.args import UsageError
+    from fastdlight.cli.preflight import select_gpu
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    select_gpu((1, 0), Namespace(rpc=None))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    select_gpu((1,), Namespace(rpc=None))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
+    with pytest.raises(UsageError, match="makes 1 GPU"):
+        select_gpu((2,), Namespace(rpc=None))

@@ -20,7 +20,7 @@ FLOORS = [
     ("fastdlight.compiler",),
     ("fastdlight.search",),
     ("fastdlight.relax", "fastdlight.ops"),
-    ("fastdlight.export", "fastdlight.dlight", "fastdlight.torch_backend"),
+    ("fastdlight.export", "fastdlight.dlight", "fastdlight.torch_backend", "fastdlight.rpc_server"),
     ("fastdlight.cli",),
 ]
 

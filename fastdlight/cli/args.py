@@ -10,7 +10,7 @@ import re
 from fastdlight import __version__
 from fastdlight.analysis.dtypes import FP8_DTYPES
 from fastdlight.cli.sizes import DTYPES, LAYOUTS, MAX_DIM, OP_DTYPES, Tensor, conv_output, matmul_layout, op_tensors
-from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT
+from fastdlight.search.options import DEFAULT_BUDGET_MS, DEFAULT_SCREEN_MS, DEFAULT_TIMEOUT, RpcSpec, parse_devices
 
 
 #: op name -> (number of shape dims or None for "any rank >= 1", the dims' names for help/errors)
@@ -169,8 +169,14 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one candidate may take to build")
     p.add_argument("--budget-ms", type=_positive(float), default=DEFAULT_BUDGET_MS,
                    help="timing budget of each finalist (the fastest few, timed again)")
+    p.add_argument("--rpc", type=_rpc_address, metavar="HOST:PORT[:KEY]",
+                   help="time and verify on another machine's GPU: a 'python -m fastdlight.rpc_server' at HOST:PORT, "
+                        "or one a TVM tracker at HOST:PORT has under KEY (builds stay here)")
     p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
                    help="timing budget of the first pass over every candidate")
+    p.add_argument("--devices", type=_devices, metavar="I[,J...]",
+                   help="GPUs of this machine to time on: one operator is timed on the first of them "
+                        "(ApplyFastTuning spreads a module's functions over all, one worker per GPU)")
 
 
 def add_export_parser(sub) -> argparse.ArgumentParser:
@@ -248,6 +254,20 @@ def parse_dims(op: str, shape: list[str]) -> list[int]:
     if (rank is None and not dims) or (rank is not None and len(dims) != rank):
         raise UsageError(f"bad shape for {op}: expected {op} {names}, got {len(dims)} dimension(s)")
     return dims
+
+
+def _devices(text: str) -> tuple[int, ...]:
+    try:
+        return parse_devices(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("devices ")) from None
+
+
+def _rpc_address(text: str) -> str:
+    try:
+        return str(RpcSpec.parse(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--rpc ")) from None
 
 
 def describe_workload(args, fname) -> str:

@@ -73,18 +73,21 @@ def cmd_tune(args) -> int:
     # launches), 0.85 s of a 4096³ GEMM's first tune on the H100 machine, where the widened
     # function runs on the GPU while candidates still build.
     (fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes), arch, can_measure = _resolved(args)
-    measure = can_measure and not args.no_measure
+    measure = (can_measure or bool(args.rpc)) and not args.no_measure  # with --rpc the server's GPU times
 
     from fastdlight.search.candidates import tune_function
     from fastdlight.search.options import TuneOptions
     from fastdlight.search.report import format_table
+    from fastdlight.search.remote import RemoteError
     from fastdlight.search.runner import TuningError
 
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
-                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing)
+                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing, rpc=args.rpc)
     print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
-          f"built with {compiler_name()}" + ("" if measure else ", compile-only"))
+          f"built with {compiler_name()}" + ("" if measure else ", compile-only")
+          + (f", timed through RPC at {args.rpc}" if args.rpc and measure else "")
+          + (f", timed on GPU {args.devices[0]}" if args.devices and measure else ""))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:
@@ -93,7 +96,7 @@ def cmd_tune(args) -> int:
                               on_set=lambda c: print(_set_line(c, arch, announced)))
     except (ValueError, NotImplementedError) as e:  # the policy cannot analyze this function
         raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
-    except TuningError as e:
+    except (TuningError, RemoteError) as e:
         print(str(e), file=sys.stderr)
         print(f"fastdlight: tuning failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return 1
@@ -149,13 +152,14 @@ def _resolved(args):
 def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -> None:
     from fastdlight.search.report import perf_text
 
-    if measure:
+    if measure and best.latency_ms is not None:
         check = "NOT checked (--check none)" if best.verdict is None else \
             f"verified against the {best.verdict.reference} ({best.check_message})"
         print(f"Winner: #{best.index} {best.config!r}: {best.latency_ms:.4f} ms ({perf_text(best, *perf)}), {check}")
         return
     n_ok = sum(r.compiled for r in results)
-    why = "no GPU was found" if not can_measure else "--no-measure was given"
+    why = ("the RPC server timed nothing (see its warning)" if measure else "no GPU was found" if not can_measure
+           else "--no-measure was given")
     print(f"Nothing was timed because {why}: {n_ok} of {len(results)} candidates compiled to cubin "
           f"for {arch.arch}; ranked by the policy's predicted cost.")
     print(f"Top-ranked: #{best.index} {best.config!r} ({best.registers} registers/thread)")

@@ -9,6 +9,8 @@ memory, a --file function's sizes and index type, and the compiler for the resol
 
 from __future__ import annotations
 
+import os
+
 from fastdlight.arch.table import GPUS_BY_TAG
 from fastdlight.cli.args import UsageError, one_line, validate_args
 from fastdlight.cli.sizes import DEFAULT_TARGET, Tensor, early_memory_bound, op_tensors, too_large
@@ -33,6 +35,8 @@ def _shown(target: str | None, name: str) -> str:
 def before_work(args) -> None:
     """Everything that can be checked without TVM (UsageError: one line, exit status 2)."""
     tensors = validate_args(args)
+    if getattr(args, "devices", None):
+        select_gpu(args.devices, args)
     gpu = gpu_device_nodes()
     _refuse_too_large(args, tensors, *early_memory_bound(args.target, gpu))
     check_target_names_gpu(args.target, gpu)
@@ -43,6 +47,22 @@ def before_work(args) -> None:
         check_toolkit(GPUS_BY_TAG[DEFAULT_TARGET].arch, f"the default {DEFAULT_TARGET}")
     else:  # the live GPU's arch is known once TVM asks it: only the compiler now
         check_toolkit(None, "")
+
+
+def select_gpu(devices: tuple[int, ...], args) -> None:
+    """Make ``devices[0]`` this process's GPU 0 (``CUDA_VISIBLE_DEVICES``, counted within one
+    the user set), before anything starts CUDA: one operator is timed on one GPU. With --rpc
+    the remote GPU times, and --devices is refused."""
+    if getattr(args, "rpc", None):
+        raise UsageError("--devices and --rpc: time on this machine's GPUs or on a remote one, not both")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        parts = [p.strip() for p in visible.split(",") if p.strip()]
+        if devices[0] >= len(parts):
+            raise UsageError(f"--devices {devices[0]}: CUDA_VISIBLE_DEVICES={visible} makes {len(parts)} GPU(s) visible")
+        os.environ["CUDA_VISIBLE_DEVICES"] = parts[devices[0]]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(devices[0])
 
 
 def once_resolved(args, arch, func) -> None:

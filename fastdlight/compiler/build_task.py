@@ -174,7 +174,8 @@ def resolve_template(template):
     return apply_config
 
 
-def _runtime_has_cuda() -> bool:
+def runtime_has_cuda() -> bool:
+    """Whether this TVM can make (and load) libraries of CUDA kernels: its runtime has CUDA."""
     try:
         return bool(tvm.runtime.enabled("cuda"))
     except Exception:  # noqa: BLE001
@@ -241,7 +242,7 @@ def schedule_request(func, request: BuildRequest, target) -> tvm.IRModule:
 def export(ex, mod, request: BuildRequest) -> tuple[str | None, str | None, str | None]:
     """(so_path, mod_json, export_error): a library the probe and this process can load, or the
     scheduled module for a parent-side rebuild from the cubin when there is no host compiler."""
-    if not _runtime_has_cuda():
+    if not runtime_has_cuda():
         raise StageError("export", "no CUDA runtime in the build worker: cannot make a runnable module")
     path = os.path.join(request.out_dir, f"candidate_{request.key}.so")
     try:

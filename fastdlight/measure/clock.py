@@ -11,7 +11,11 @@ are tuned at once), so the sums may exceed the wall time: they say which stage t
     build: schedule / lower + compile (NVRTC or nvcc) / export (the library the probe and the timer load)
     build wait     a tuning thread waiting for its next build to finish
     probe          the probe process running a candidate once (GPU turn held)
-    time           timing candidates on the GPU (GPU turn held)
+    time           timing candidates on the GPU (GPU turn held), split below
+    time: queued / capture / replays / hot turns
+                   queued launches (before a run times from graphs), capturing graphs,
+                   replaying the first pass's graphs, the finalists' hot turns
+    load           loading a built library into this process
     gpu wait       waiting for the GPU turn (another function's probe or timing holds it)
     workload       making a function's random inputs on the GPU
     reference      the reference: the naive float64 module run twice (on a thread of its own,

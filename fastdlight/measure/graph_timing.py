@@ -4,12 +4,13 @@ For a kernel of a few microseconds the host's launch cost decides the measuremen
 eager launch path costs more CPU per call than a TVM packed call, so queued launches compare
 the launchers, not the kernels. Inside a CUDA graph both sides replay pre-recorded launches.
 
-:func:`time_graph` captures ``n`` back-to-back launches (cycling through the rotated input
+:class:`LaunchGraph` captures ``n`` back-to-back launches (cycling through the rotated input
 copies, so inputs stay out of L2, as in :func:`measure.time_launches`) into one graph through
 the CUDA driver API (ctypes; the tuner never imports torch), with TVM's launches sent to the
 capturing stream via ``tvm_ffi.use_raw_stream``. :func:`time_torch_graph` does the same with
 ``torch.cuda.CUDAGraph``. Both replay the graph between CUDA events and report the median of
-replay time / n over at least ``budget_ms``.
+replay time / n over at least ``budget_ms``. A tuning run keeps a finalist's graph for all of
+its hot turns: capturing costs the host as long as the replays it then times.
 """
 
 from __future__ import annotations
@@ -23,40 +24,57 @@ from fastdlight.measure.timing import Timing
 
 #: kernels faster than this (median of queued launches) are re-timed inside graphs
 GRAPH_BELOW_MS = 0.05
-#: a graph holds launches for at least this long (so one replay's host cost is negligible)...
-MIN_GRAPH_MS = 2.0
-#: ...and at most this many launches
-MAX_GRAPH_LAUNCHES = 2000
+#: a graph holds launches for at least this long (one replay's host cost, ~10 us, is then 1%)...
+MIN_GRAPH_MS = 1.0
+#: ...and at most this many launches (recording one costs the host a few microseconds)
+MAX_GRAPH_LAUNCHES = 1000
 #: CU_STREAM_NON_BLOCKING; CU_STREAM_CAPTURE_MODE_RELAXED (other threads may use CUDA meanwhile)
 _NON_BLOCKING, _CAPTURE_RELAXED = 1, 2
 
 
-def launches_per_graph(per_launch_ms: float, n_arg_sets: int) -> int:
-    """Enough launches to last MIN_GRAPH_MS, a whole number of rotations, at most the cap."""
-    n = max(1, math.ceil(MIN_GRAPH_MS / max(per_launch_ms, 1e-4)))
+def launches_per_graph(per_launch_ms: float, n_arg_sets: int, min_ms: float = MIN_GRAPH_MS) -> int:
+    """Enough launches to last ``min_ms``, a whole number of rotations, at most the cap."""
+    n = max(1, math.ceil(min_ms / max(per_launch_ms, 1e-4)))
     n = math.ceil(n / n_arg_sets) * n_arg_sets
     return max(1, min(n, MAX_GRAPH_LAUNCHES))
 
 
+#: replays a timing takes at least: each already averages a millisecond of launches
+MIN_REPLAYS = 5
+
+
 def _replays(run_once, budget_ms: float, per_replay_ms: float) -> list[float]:
-    n = max(10, int(budget_ms / max(per_replay_ms, 1e-3)))
+    n = max(MIN_REPLAYS, int(budget_ms / max(per_replay_ms, 1e-3)))
     return [run_once() for _ in range(min(n, 1000))]
 
 
-class _Graph:
-    """A captured driver-API graph on a stream of its own."""
+class LaunchGraph:
+    """``n`` back-to-back launches of one kernel (``arg_sets`` rotated), captured once into a
+    driver-API graph on a stream of its own; :meth:`time` replays it as often as asked.
+    ``per_launch_ms``: a rough estimate (from queued timing) that sizes the graph to last
+    ``min_ms``."""
 
-    def __init__(self, dev, record):
+    def __init__(self, launch, arg_sets, dev, per_launch_ms: float, min_ms: float = MIN_GRAPH_MS):
         self.lib = driver_library()
         ensure_context(dev.index)
+        arg_sets = [list(a) for a in arg_sets]
+        self.n = launches_per_graph(per_launch_ms, len(arg_sets), min_ms)
+        self.per_launch_ms = per_launch_ms
         self.dev, self.stream = dev, ctypes.c_void_p()
         check_status(self.lib, self.lib.cuStreamCreate(ctypes.byref(self.stream), _NON_BLOCKING), "cuStreamCreate")
         self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
         try:
-            self._capture(record)
+            self._capture(launch, arg_sets)
+            self._replay_ms()  # warm-up replay
         except BaseException:
             self.close()
             raise
+
+    def __enter__(self) -> LaunchGraph:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @contextlib.contextmanager
     def _on_stream(self):
@@ -65,27 +83,33 @@ class _Graph:
         with tvm_ffi.use_raw_stream(self.dev, self.stream.value):
             yield
 
-    def _capture(self, record) -> None:
+    def _capture(self, launch, arg_sets) -> None:
         lib = self.lib
         with self._on_stream():
-            record()  # warm-up outside the capture: module load, first-launch setup
+            launch(*arg_sets[0])  # outside the capture: module load, first-launch setup
             check_status(lib, lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
             check_status(lib, lib.cuStreamBeginCapture_v2(self.stream, _CAPTURE_RELAXED), "cuStreamBeginCapture")
             try:
-                record()
+                for i in range(self.n):
+                    launch(*arg_sets[i % len(arg_sets)])
             finally:
                 status = lib.cuStreamEndCapture(self.stream, ctypes.byref(self.graph))
         check_status(lib, status, "cuStreamEndCapture (did every launch go to the capturing stream?)")
         check_status(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiateWithFlags")
 
-    def replay_ms(self) -> float:
+    def _replay_ms(self) -> float:
         start, end = Event(), Event()
         start.record(self.stream)
         check_status(self.lib, self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
         end.record(self.stream)
         end.synchronize()
         return start.elapsed_ms(end)
+
+    def time(self, budget_ms: float) -> Timing:
+        """Median ms per launch over at least ``budget_ms`` of replays (:data:`MIN_REPLAYS` at least)."""
+        samples = _replays(self._replay_ms, budget_ms, self.n * self.per_launch_ms)
+        return Timing.of((s / self.n for s in samples), graph=True)
 
     def close(self) -> None:
         if self.exec:
@@ -98,22 +122,9 @@ class _Graph:
 
 
 def time_graph(launch, arg_sets, dev, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:
-    """Median ms per ``launch(*args)`` replayed from a CUDA graph (``arg_sets`` rotated);
-    ``per_launch_ms``: a rough estimate (from queued timing) that sizes the graph."""
-    arg_sets = [list(a) for a in arg_sets]
-    n = launches_per_graph(per_launch_ms, len(arg_sets))
-
-    def record():
-        for i in range(n):
-            launch(*arg_sets[i % len(arg_sets)])
-
-    graph = _Graph(dev, record)
-    try:
-        graph.replay_ms()  # warm-up replay
-        samples = _replays(graph.replay_ms, budget_ms, n * per_launch_ms)
-    finally:
-        graph.close()
-    return Timing.of((s / n for s in samples), graph=True)
+    """Median ms per ``launch(*args)`` replayed from a CUDA graph (:class:`LaunchGraph`)."""
+    with LaunchGraph(launch, arg_sets, dev, per_launch_ms) as graph:
+        return graph.time(budget_ms)
 
 
 def time_torch_graph(fns, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:

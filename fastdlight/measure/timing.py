@@ -32,6 +32,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.measure import clock, host
+from fastdlight.measure.cuda_events import Event, ensure_context
 from fastdlight.measure.inputs import index_bounds, known_input_values, random_bits_inputs
 
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
@@ -322,19 +323,10 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
 
     if dev.dlpack_device_type() != tvm.cuda(0).dlpack_device_type():
         return _time_on_host(run, dev, budget_ms)
-    from fastdlight.measure.cuda_events import Event, ensure_context
-
     dev.sync()  # also makes the device's context current on this thread for the runtime
     ensure_context(dev.index)
     run(len(arg_sets))  # warm-up: module load, clocks, every input copy touched once
-    start, end = Event(), Event()
-    per_launch = 0.0
-    for k in (1, 4):  # probe: queued launches, so launch latency shows only once
-        start.record()
-        run(k)
-        end.record()
-        end.synchronize()
-        per_launch = start.elapsed_ms(end) / k
+    per_launch = _queued_probe_ms(run)
     if dev.index not in _CLOCKS_UP:
         _CLOCKS_UP.add(dev.index)
         deadline = time.perf_counter() + CLOCK_WARMUP_MS / 1e3
@@ -354,6 +346,40 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
         batch[-1][1].synchronize()
         samples += [a.elapsed_ms(b) / number for a, b in batch]
     return Timing.of(samples)
+
+
+def _queued_probe_ms(run) -> float:
+    """ms per launch of 4 queued launches (after one), so launch latency shows only once."""
+    start, end = Event(), Event()
+    per_launch = 0.0
+    for k in (1, 4):
+        start.record()
+        run(k)
+        end.record()
+        end.synchronize()
+        per_launch = start.elapsed_ms(end) / k
+    return per_launch
+
+
+def launch_estimate_ms(launch, arg_sets: list, dev) -> float:
+    """A rough ms per ``launch`` (one warm-up launch, then a few queued ones): enough to size a
+    CUDA graph (:class:`~fastdlight.measure.graph_timing.LaunchGraph`), in well under a
+    millisecond for a short kernel where :func:`time_launches` takes its whole budget."""
+    args = list(arg_sets[0]) if arg_sets else []
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            launch(*args)
+
+    dev.sync()
+    run(1)
+    if dev.dlpack_device_type() != tvm.cuda(0).dlpack_device_type():
+        t = time.perf_counter()
+        run(1)
+        dev.sync()
+        return (time.perf_counter() - t) * 1e3
+    ensure_context(dev.index)
+    return _queued_probe_ms(run)
 
 
 #: a GPU is hot when the time per launch of a ``HEAT_BATCH_MS`` batch back to back has stopped

@@ -148,6 +148,10 @@ def default_configs(func, arch: CUDA, topk: int, memory_bound_topk: int | None =
     alternatives = ()
     if policy.info.kind == "gemv":
         alternatives = other_family(func, arch, "matmul", max(1, topk // 4))
+    elif is_column_sum(policy.info):
+        sums = other_family(func, arch, "reduction", max(1, topk // 2))
+        if sums:  # the column sums first; a few of the matmul planner's tiles compete last
+            configs, alternatives = sums, configs[:max(1, topk // 8)]
     elif policy.info.kind == "matmul" and is_decode_matmul(policy.info):
         alternatives = other_family(func, arch, "reduction", max(1, topk // 4))
     if configs and alternatives:
@@ -165,6 +169,27 @@ DECODE_ROWS = 16
 
 def is_decode_matmul(info) -> bool:
     return math.prod(a.extent for a in info.spatial_axes[:-1]) <= DECODE_ROWS
+
+
+#: a decode matmul whose weight is read [K, N] and whose K is at least this long is a column sum
+#: first: in the zoo's batch-1 CNNs (squeeze-and-excitation FCs, RegNet; H200, 2026-11-29), of 37
+#: such functions the matmul planner's tiles (one block of a few threads walking all of K) won 6,
+#: all with K <= 16, where a thread's walk is short, and none of the 23 with K >= 72, where their
+#: best was 2-8x behind stock Dlight's schedule; the reduction template's column sums won 4 and
+#: stock 27.
+COLUMN_SUM_MIN_K = 64
+
+
+def is_column_sum(info) -> bool:
+    """A decode matmul (:data:`DECODE_ROWS`) with K of at least :data:`COLUMN_SUM_MIN_K` whose
+    weight (a parameter indexed by N and K) is contiguous along N. (A packed weight dequantized
+    in the kernel, contiguous along K, is not one.)"""
+    if info.kind != "matmul" or not is_decode_matmul(info) or len(info.reduce_iters) != 1:
+        return False
+    if math.prod(a.extent for a in info.reduce_axes) < COLUMN_SUM_MIN_K:
+        return False
+    n, k = info.spatial_iters[-1], info.reduce_iters[0]
+    return any(r.is_param and r.depends_on(k) and r.innermost_axis() == n for r in info.reads)
 
 
 def other_family(func, arch: CUDA, family: str, n: int) -> tuple[Config, ...]:

@@ -41,13 +41,14 @@ from tvm.ir.transform import PassContext, module_pass
 
 from fastdlight.arch import CUDA, auto_arch
 from fastdlight.compiler.compile import route_default_pipeline, with_pass_config
-from fastdlight.config import Config
+from fastdlight.config import Config, config_from_dict
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names, unique_buffer_names
 from fastdlight.measure import clock
 from fastdlight.measure.inputs import INPUT_VALUES
+from fastdlight.relax import devices
 from fastdlight.relax.rewrites import scalar_constant
-from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
+from fastdlight.search.candidates import best_configs, measures, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from fastdlight.search.options import TuneOptions
@@ -89,6 +90,16 @@ class FunctionReport:
     dispatch: str = ""  # a symbolic function: the kernel tuned at each value ("m<=16: matmul_tc; ...")
     seeded: bool = False  # tuned from a sibling's best configs (see sibling_leaders)
     fallback: str = ""  # why an earlier candidate set failed as a whole (its first lines), if one did
+    #: candidates built for it, and the winner's place among the policy's (0: the policy's first
+    #: config; None for stock Dlight or a database hit): where a smaller top-k would have done
+    candidates: int = 0
+    rank: int | None = None
+    #: the fastest time among the policy's first 4 and first 8 configs (what a smaller top-k had won)
+    best_of_first: tuple = ()
+    #: tuned on several GPUs (``devices``): the GPU whose worker tuned it, or why none did (it was
+    #: then tuned in the pass's own process)
+    device: int | None = None
+    requeued: str = ""
 
     @property
     def winner(self) -> str | None:
@@ -117,11 +128,14 @@ class ApplyFastTuning:
     :class:`FunctionReport` per function and ``.stage_seconds`` where the time went.
     Structurally equal functions are tuned once; ``jobs``
     functions are tuned at a time, their candidates built by one shared worker pool while the
-    GPU times one candidate at a time (``stages.GPU_TURN``)."""
+    GPU times one candidate at a time (``stages.GPU_TURN``). ``devices=(0, 1, ...)`` (a
+    TuneOptions field): the functions are shared out to one worker process per GPU
+    (:mod:`fastdlight.relax.devices`). ``on_function(report, scheduled)`` is called as each
+    function is done."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
                  options: TuneOptions | None = None, progress: bool | None = None, jobs: int = DEFAULT_JOBS,
-                 opt_shapes: dict | None = None, **tune_options):
+                 opt_shapes: dict | None = None, on_function=None, **tune_options):
         if not isinstance(topk, int) or topk <= 0:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
         if not isinstance(jobs, int) or jobs <= 0:
@@ -133,10 +147,14 @@ class ApplyFastTuning:
         self.opt_shapes = dict(opt_shapes or {})
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
+        #: what tuning in this process runs with: its own GPU 0 (``devices`` go to workers)
+        self.local_options = self.options.replace(devices=None)
         self.progress = progress
         self.report: list[FunctionReport] = []
         #: where the last run's time went (:mod:`fastdlight.measure.clock`)
         self.stage_seconds: dict[str, float] = {}
+        #: called with (report, scheduled function or None) as each function is done
+        self.on_function = on_function
 
     def arch(self) -> CUDA:
         return self.target if isinstance(self.target, CUDA) else auto_arch(self.target)
@@ -158,35 +176,17 @@ class ApplyFastTuning:
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
         groups = _structural_groups(todo)
         leaders = sibling_leaders([members[0][1] for members in groups])
-        with warnings.catch_warnings(record=True) as caught, ThreadPoolExecutor(self.jobs) as pool:
+        bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            futures: dict[int, Future] = {}
-            index: dict[Future, int] = {}
-
-            def submit(i: int, seeds=()):
-                futures[i] = pool.submit(self._tune_one, groups[i][0][0].name_hint, groups[i][0][1], arch, db, seeds)
-                index[futures[i]] = i
-
-            # matmuls and convolutions first: their candidates take the longest to compile, and
-            # the quick functions fill the build workers' gaps at the end
-            for i in sorted(range(len(groups)), key=lambda i: leaders[i] != SELF):
-                if leaders[i] in (None, SELF):
-                    submit(i)
-            bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
-            pending = set(futures.values())
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    bar.update()
-                    for j in (j for j, leader in enumerate(leaders) if leader == index[future]):  # its siblings, seeded
-                        submit(j, future.result()[2])
-                        pending.add(futures[j])
-            bar.close()
+            spread = self._spread(groups, leaders, arch, bar) if devices.spreads(self.options) else None
+            results = self._tune_groups(groups, leaders, arch, db, spread, bar)
+        bar.close()
         _rewarn(caught)
         self.stage_seconds = clock.since(before)
         updated = {}
         for i, members in enumerate(groups):
-            scheduled, entry, _seeds = futures[i].result()
+            scheduled, entry, _seeds = results[i]
             (first_gv, _), *others = members
             self.report.append(entry)
             self.report.extend(dataclasses.replace(entry, function=gv.name_hint, seconds=0.0, same_as=first_gv.name_hint)
@@ -202,16 +202,79 @@ class ApplyFastTuning:
             mod[gvar] = func
         return mod
 
+    def _tune_groups(self, groups, leaders, arch: CUDA, db, spread: devices.Spread | None, bar) -> list[tuple]:
+        """Each group's (scheduled function or None, report, seeds), tuned ``jobs`` at a time;
+        a sibling after its leader, seeded with the leader's best configs. Groups a worker of
+        ``spread`` tuned take its result."""
+        with ThreadPoolExecutor(self.jobs) as pool:
+            futures: dict[int, Future] = {}
+            index: dict[Future, int] = {}
+
+            def submit(i: int, seeds=()):
+                name, func = groups[i][0][0].name_hint, groups[i][0][1]
+                if spread is not None and name in spread.done:
+                    futures[i] = Future()
+                    futures[i].set_result(_from_worker(*spread.done[name]))
+                else:
+                    requeued = spread.lost.get(name, "") if spread is not None else ""
+                    futures[i] = pool.submit(self._tune_one, name, func, arch, db, seeds, requeued)
+                index[futures[i]] = i
+
+            # matmuls and convolutions first: their candidates take the longest to compile, and
+            # the quick functions fill the build workers' gaps at the end
+            for i in sorted(range(len(groups)), key=lambda i: leaders[i] != SELF):
+                if leaders[i] in (None, SELF):
+                    submit(i)
+            pending = set(futures.values())
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    scheduled, entry, seeds = future.result()
+                    if entry.device is None:  # a worker's was counted as it came
+                        bar.update()
+                        if self.on_function is not None:
+                            self.on_function(entry, scheduled)
+                    for j in (j for j, leader in enumerate(leaders) if leader == index[future]):  # its siblings, seeded
+                        submit(j, seeds)
+                        pending.add(futures[j])
+        return [futures[i].result() for i in range(len(groups))]
+
+    def _spread(self, groups, leaders, arch: CUDA, bar) -> devices.Spread:
+        """The groups tuned by one worker process per GPU of ``options.devices``
+        (:mod:`fastdlight.relax.devices`); a family (a matmul and its siblings) goes whole to one."""
+        family = [i if leaders[i] in (None, SELF) else leaders[i] for i in range(len(groups))]
+        families = [[j for j in range(len(groups)) if family[j] == i] for i in range(len(groups)) if family[i] == i]
+        weights = [devices.weight(members[0][1], self.topk, self.options) for members in groups]
+        named = [(members[0][0].name_hint, members[0][1]) for members in groups]
+        task = {"topk": self.topk, "jobs": self.jobs, "opt_shapes": self.opt_shapes,
+                "target": self._worker_target(arch),
+                "database": None if self.meta_database_dir is None else str(self.meta_database_dir),
+                "options": devices.options_json(self.options)}
+        return devices.tune_spread(named, families, weights, self.options.devices, task,
+                                   on_done=lambda _name: bar.update())
+
+    def _worker_target(self, arch: CUDA) -> str | None:
+        """The target a worker tunes for: the one given by name, else (measuring) its live GPU,
+        else this arch's tag."""
+        if isinstance(self.target, str):
+            return self.target
+        return None if self.target is None or measures(self.local_options) else (arch.tag or str(arch.target))
+
     def _quiet(self) -> bool | None:
         return None if self.progress is None else not self.progress
 
-    def _tune_one(self, name: str, func, arch: CUDA, db, seeds=()):
-        """(the scheduled function or None, its report, its best configs: seeds for siblings)."""
+    def _tune_one(self, name: str, func, arch: CUDA, db, seeds=(), requeued: str = ""):
+        """(the scheduled function or None, its report, its best configs: seeds for siblings).
+        ``requeued``: why a worker on another GPU did not tune it (said in the report)."""
+        scheduled, entry, best = self._tune_here(name, func, arch, db, seeds)
+        return scheduled, dataclasses.replace(entry, requeued=requeued) if requeued else entry, best
+
+    def _tune_here(self, name: str, func, arch: CUDA, db, seeds=()):
         t0 = time.perf_counter()
         if is_symbolic(func):
             return (*self._dispatch_one(name, func, arch, db, t0), ())
         try:
-            tuned = tune_function(func, arch, self.topk, self.options, db=db, seeds=seeds)
+            tuned = tune_function(func, arch, self.topk, self.local_options, db=db, seeds=seeds)
             # the winner's schedule, re-applied to the function exactly as the module holds it
             # (or the kernel tuning made or the database stored for it)
             scheduled = tuned.kernel if tuned.kernel is not None else scheduled_function(func, tuned.config, arch)
@@ -224,7 +287,8 @@ class ApplyFastTuning:
             name, tuned.source, round(time.perf_counter() - t0, 3), tuned.config,
             best.latency_ms if best else None, best.verified if best else None,
             stock_ms=stock.latency_ms if stock else None, failed=failure_counts(tuned.results),
-            seeded=bool(seeds), fallback=tuned.fallback_summary), best_configs(tuned, SIBLING_SEEDS)
+            seeded=bool(seeds), fallback=tuned.fallback_summary, candidates=len(tuned.results),
+            rank=policy_rank(tuned), best_of_first=best_of_first(tuned)), best_configs(tuned, SIBLING_SEEDS)
 
 
     def _dispatch_one(self, name: str, func, arch: CUDA, db, t0: float):
@@ -232,8 +296,8 @@ class ApplyFastTuning:
         the GPU at and between the values before it replaces the function."""
         own = {k: v for k, v in self.opt_shapes.items() if k in shape_var_names(func)}
         try:
-            dispatched = tune_dispatch(func, arch, self.topk, self.options, own, db=db)
-            checks = check_dispatch(dispatched, func, arch, self.options)
+            dispatched = tune_dispatch(func, arch, self.topk, self.local_options, own, db=db)
+            checks = check_dispatch(dispatched, func, arch, self.local_options)
             wrong = [c for c in checks if not c.passed]
             if wrong:
                 at = ", ".join(f"{n}={v}" for n, v in wrong[0].point)
@@ -250,6 +314,36 @@ class ApplyFastTuning:
         return dispatched.func, FunctionReport(
             name, "tuned", round(time.perf_counter() - t0, 3), top.config, top.kernel_ms,
             all(c.passed for c in checks) if checks else None, dispatch=summary)
+
+
+def _from_worker(scheduled, row: dict) -> tuple:
+    """A worker's result (:mod:`.devices`) as :meth:`ApplyFastTuning._tune_one` returns one."""
+    row = dict(row)
+    row["config"] = config_from_dict(row["config"]) if row.get("config") else None
+    row["best_of_first"] = tuple(tuple(kv) for kv in row.get("best_of_first") or ())
+    known = {f.name for f in dataclasses.fields(FunctionReport)}
+    return scheduled, FunctionReport(**{k: v for k, v in row.items() if k in known}), ()
+
+
+def policy_rank(tuned) -> int | None:
+    """The winner's place among the policy configs tuned beside it (0: the first emitted)."""
+    best = tuned.best
+    if best is None or best.config.is_stock or tuned.source != "tuned":
+        return None
+    return sum(1 for r in tuned.results if not r.config.is_stock and r.index < best.index)
+
+
+def best_of_first(tuned, ks=(4, 8)) -> tuple:
+    """``((k, ms), ...)``: the fastest timed, not refuted policy config among the first ``k``
+    the policy emitted (None where none was), for each ``k``."""
+    if tuned.source != "tuned":
+        return ()
+    policy = sorted((r for r in tuned.results if not r.config.is_stock), key=lambda r: r.index)
+    out = []
+    for k in ks:
+        times = [r.latency_ms for r in policy[:k] if r.latency_ms is not None and r.verified is not False]
+        out.append((k, round(min(times), 5) if times else None))
+    return tuple(out)
 
 
 def scalar_constant_inputs(mod: IRModule) -> dict:

@@ -31,7 +31,7 @@ from fastdlight.analysis.prepare import shape_var_names, specialize
 from fastdlight.schedules.dispatch import dispatch_config
 from fastdlight.schedules.symbolic import Branch, bind_params, dispatch_func, generalize
 from fastdlight.compiler import build_task
-from fastdlight.compiler.compile import pre_lower
+from fastdlight.compiler.compile import build, pre_lower
 from fastdlight.search.candidates import Tuned, measures, tune_function
 from fastdlight.search.options import TuneOptions
 
@@ -183,9 +183,22 @@ def _generalized(func, probes, config: Config, arch: CUDA) -> tirx.PrimFunc | No
             except Exception:  # noqa: BLE001 - the config does not apply at this value
                 continue
             kernel = generalize(func, probe, scheduled, config, arch.sm_count) if scheduled is not None else None
-        if kernel is not None:
+        if kernel is not None and not _fails_to_build(kernel, arch):
             return kernel
     return None
+
+
+def _fails_to_build(kernel: tirx.PrimFunc, arch: CUDA) -> bool:
+    """Whether ``kernel`` (a schedule replayed on the symbolic function) fails to compile: a
+    replay can leave a whole symbolic-length intermediate to a thread ("Can only handle constant
+    size stack allocation", a decode step's transposed scores) or code TVM's CUDA generator cannot
+    print (the CUDA-core matmul's vector stores with the length symbolic). Such a schedule does
+    not replay; the next candidate, or stock Dlight, stands in."""
+    try:
+        build(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), arch.target)
+    except Exception:  # noqa: BLE001 - any failure: not this schedule
+        return True
+    return False
 
 
 def _point_of(func, static) -> list[tuple[str, int]]:
@@ -266,7 +279,6 @@ def check_dispatch(dispatched: Dispatched, func: tirx.PrimFunc, arch: CUDA, opts
                    points=None) -> list[DispatchCheck]:
     """Build the dispatcher once; on the GPU run it at every check point (see
     :func:`check_values`) against the float64 reference, timing it at the tuned values."""
-    from fastdlight.compiler.compile import build
     from fastdlight.measure.timing import Workload, function_name, time_module
     from fastdlight.search.reference import run_widened
     from fastdlight.search.runner import verify_module

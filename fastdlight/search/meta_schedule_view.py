@@ -38,13 +38,17 @@ from fastdlight.schedules.ms_record import trace_text
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+#: one lock for every view in the process: TVM's JSONDatabase is not safe to construct or
+#: commit from two threads at once even through two objects (reading the files while another
+#: object appends to them crashed the interpreter, a segfault, in a test of four writers)
+_MS_LOCK = threading.Lock()
 
 
 class MetaScheduleView:
     def __init__(self, directory):
         self.dir = os.fspath(directory)
         self._db = None
-        self._lock = threading.Lock()
+        self._lock = _MS_LOCK
         self._warned = False
 
     @property

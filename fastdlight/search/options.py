@@ -29,6 +29,37 @@ TIMINGS = ("rotate", "flush")
 
 
 @dataclass(frozen=True)
+class RpcSpec:
+    """Where the GPU is: ``host:port`` of an RPC server, or of a tracker with ``key``."""
+
+    host: str
+    port: int
+    key: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> RpcSpec:
+        parts = str(text).split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1].isdigit() or not 0 < int(parts[1]) < 65536:
+            raise ValueError(f"--rpc {text!r}: expected HOST:PORT (a server) or HOST:PORT:KEY (a tracker and a key)")
+        return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "")
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}" + (f":{self.key}" if self.key else "")
+
+
+def parse_devices(value) -> tuple[int, ...]:
+    """``"0,1"`` or ``(0, 1)`` as a tuple of distinct GPU indices; ValueError in one line."""
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    try:
+        out = tuple(int(str(v).strip()) for v in items) if items is not None else ()
+    except ValueError:
+        out = ()
+    if not out or any(d < 0 for d in out) or len(set(out)) != len(out):
+        raise ValueError(f"devices {value!r}: expected distinct GPU indices, e.g. 0,1")
+    return out
+
+
+@dataclass(frozen=True)
 class TuneOptions:
     """How to build, time and check candidates.
 
@@ -54,6 +85,11 @@ class TuneOptions:
     memory_bound_topk: at most this many of the CUDA-core policy's configs for an elementwise
         function or a reduction, whose first config is as good as the best of many
         (:func:`fastdlight.policies.select.default_configs`); None: ``topk``.
+    rpc: ``"HOST:PORT"`` (a ``python -m fastdlight.rpc_server``) or ``"HOST:PORT:KEY"`` (a TVM
+        tracker and the key its servers registered): candidates are built here and timed and
+        verified on that server's GPU (:mod:`fastdlight.search.remote`).
+    devices: GPUs of this machine (``(0, 1)`` or ``"0,1"``) to tune a module's functions on, one
+        worker process per GPU (:mod:`fastdlight.relax.devices`); None: GPU 0 only.
     """
 
     measure: bool | None = None
@@ -78,6 +114,8 @@ class TuneOptions:
     #: (see ``default_configs``), and a CNN is mostly such functions (ConvNeXtV2-atto: 50 of 69,
     #: whose timings made most of its 96 s cold tune on an H200)
     memory_bound_topk: int | None = 4
+    rpc: str | None = None
+    devices: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.check not in CHECKS:
@@ -89,6 +127,12 @@ class TuneOptions:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of {'seconds' if name == 'timeout' else 'ms'}, "
                                  f"got {value!r}")
+        if self.rpc is not None:
+            RpcSpec.parse(self.rpc)  # one line naming the expected forms
+        if self.devices is not None:
+            object.__setattr__(self, "devices", parse_devices(self.devices))
+            if self.rpc is not None and len(self.devices) > 1:
+                raise ValueError("devices and rpc: time on this machine's GPUs or on a remote one, not both")
         for name in ("max_workers", "memory_bound_topk"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):

@@ -36,9 +36,10 @@ from fastdlight.config import Config
 from fastdlight.compiler import build_task
 from fastdlight.measure import clock
 from fastdlight.compiler.artifacts import BuildRequest
-from fastdlight.search.results import CompileResult
+from fastdlight.search import remote
+from fastdlight.search.results import CompileResult, Failure
 from fastdlight.measure.timing import Workload, function_name
-from fastdlight.search.options import TuneOptions
+from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
 from fastdlight.search.stages import GPU_TURN, Built, Prober, Timer, build_stream
 from fastdlight.measure.verify import Expected, Verdict, check_outputs
@@ -82,9 +83,15 @@ def compile_cost_estimate(config: Config) -> int:
 
 
 def _wants_measure(opts: TuneOptions) -> bool:
-    gpu = has_gpu()
     if opts.measure is False:
         return False
+    if opts.rpc:  # the GPU is a server's: build its libraries (and the reference's) here, if we can
+        if not build_task.runtime_has_cuda():
+            warnings.warn("fastdlight: this TVM's runtime has no CUDA: the RPC server gets no libraries to time "
+                          "(compile-only)", stacklevel=caller_stacklevel())
+            return False
+        return True
+    gpu = has_gpu()
     if not gpu:
         warnings.warn(NO_GPU_WARNING, stacklevel=caller_stacklevel())
     return gpu
@@ -107,7 +114,8 @@ def plan(func, configs: Sequence[Config], arch, opts: TuneOptions, out_dir: str)
     # stock Dlight at sm_90; their own estimate does not cover Dlight's), then by estimate
     requests.sort(key=lambda r: (not build_task.needs_tensor_intrinsics(r.config),
                                  -compile_cost_estimate(r.config)))
-    if measure and opts.check != "none" and opts.ref is None:
+    # a numpy ``ref`` cannot travel to an RPC server: there the float64 twin verifies
+    if measure and opts.check != "none" and (opts.ref is None or opts.rpc):
         requests.insert(0, BuildRequest(REF_KEY, func_json, target, None, out_dir, True))
     return BuildPlan(func, func_json, configs, arch, measure, tuple(requests))
 
@@ -257,9 +265,15 @@ def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CU
     if parallel_build is not None:  # given: it wins over options.parallel_build (default: True)
         overrides["parallel_build"] = parallel_build
     opts = TuneOptions.of(options, **overrides)
+    if opts.devices not in (None, (0,)):
+        raise ValueError(f"devices {','.join(map(str, opts.devices))}: one function is tuned in this process, on its "
+                         "GPU 0 (choose that GPU with CUDA_VISIBLE_DEVICES); a module's functions go to one worker "
+                         "per GPU (ApplyFastTuning)")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         p = plan(func, configs, arch, opts, out_dir)
+        if opts.rpc and opts.measure is not False:
+            return _remote_run(p, opts, t_start)
         if not p.measure:
             results = [_result(p, built) for built in build_stream(p.requests, opts, None)]
             ranked = rank(results)
@@ -274,19 +288,29 @@ def _result(p: BuildPlan, built: Built, opts: TuneOptions | None = None) -> Comp
 
 
 def _measured_run(p: BuildPlan, opts: TuneOptions, t_start: float):
+    prober = Prober(opts.seed) if opts.probe else None
+    if prober is not None:
+        prober.prepare(p.func_json)
+    ranked, best, nbytes = measure_built(p, build_stream(p.requests, opts, prober), opts)
+    return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", nbytes)
+
+
+def measure_built(p: BuildPlan, builts, opts: TuneOptions) -> tuple[list[CompileResult], CompileResult | None, int]:
+    """Time, retime and verify the candidates ``builts`` yields (as their builds finish; the
+    reference's among them) on this machine's GPU: ``(ranked, best, bytes of the buffers)``.
+    A local run and the RPC server (``fastdlight.rpc_server``) both measure this way."""
     from fastdlight.search.reference import ReferenceRun
 
     wl_maker = Workload.background(p.func, opts.workload, opts.seed, device_lock=GPU_TURN)
     timer = Timer(p.arch, wl_maker.get, opts)
-    prober = Prober(opts.seed) if opts.probe else None
-    if prober is not None:
-        prober.prepare(p.func_json)
     reference = ReferenceRun(p.func, opts.ref) if opts.check != "none" else None
-    results: dict[int, CompileResult] = {}
-    for built in build_stream(p.requests, opts, prober):
+    results: dict[int, CompileResult] = {i: CompileResult(c, i, failure=Failure.of("build", "build: not built"))
+                                         for i, c in enumerate(p.configs)}
+    for built in builts:
         if built.key == REF_KEY:
-            reference.built(built)
-            reference.start_early(wl_maker.get, p.arch)
+            if reference is not None:
+                reference.built(built)
+                reference.start_early(wl_maker.get, p.arch)
             continue
         r = _result(p, built, opts)
         results[r.index] = timer.measure(r) if r.compiled and r.failure is None else r
@@ -297,7 +321,30 @@ def _measured_run(p: BuildPlan, opts: TuneOptions, t_start: float):
     expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
     with clock.stage("verify"):
         ranked, best = verify_and_pick(timed, wl, expected, opts.check, why)
-    return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", wl.bytes)
+    return ranked, best, wl.bytes
+
+
+def _remote_run(p: BuildPlan, opts: TuneOptions, t_start: float):
+    """Build here, measure on the RPC server (:mod:`fastdlight.search.remote`). A server
+    without a GPU measures nothing: the candidates are then ranked by the policy's estimate,
+    as a run without a GPU ranks them, with a warning that says so."""
+    builts = list(build_stream(p.requests, opts, None))
+    ref = next((b for b in builts if b.key == REF_KEY and b.failure is None and b.artifact is not None), None)
+    candidates = [b for b in builts if b.key != REF_KEY]
+    results = {b.key: _result(p, b, opts) for b in candidates}
+    options = {"screen_ms": opts.screen_ms, "budget_ms": opts.budget_ms, "check": opts.check, "seed": opts.seed,
+               "timing": opts.timing}
+    outcome = remote.measure_remotely(RpcSpec.parse(opts.rpc), p.func_json, p.configs, candidates,
+                                      ref.artifact.so_path if ref else None, options)
+    if outcome.error:
+        warnings.warn(f"fastdlight: {outcome.error}; nothing was timed: candidates ranked by the policy's estimate",
+                      stacklevel=caller_stacklevel())
+        ranked = rank(list(results.values()))
+        return _finish(ranked, ranked[0] if ranked[0].compiled else None, opts, t_start, "compiled")
+    ranked = rank([remote.merged(results[i], outcome.results[i]) if i in outcome.results else results[i]
+                   for i in sorted(results)])
+    best = next((r for r in ranked if r.index == outcome.best), None)
+    return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", outcome.nbytes)
 
 
 def _finish(ranked, best, opts: TuneOptions, t_start, what, nbytes=None):

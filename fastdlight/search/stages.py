@@ -17,10 +17,11 @@ from typing import Callable, Iterator, Sequence
 from fastdlight.arch import CUDA
 from fastdlight.compiler import build_task
 from fastdlight.measure import clock
-from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph
+from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, MIN_GRAPH_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import Timing, Workload, flush_bytes_for, function_name, heat, time_module
+from fastdlight.measure.timing import (Timing, Workload, flush_bytes_for, function_name, heat, launch_estimate_ms,
+                                       time_module)
 from fastdlight.search.options import TuneOptions
 from fastdlight.compiler.pool import probe_pool, shared_pool
 from fastdlight.compiler.workers import Outcome, Task, one_line
@@ -45,14 +46,16 @@ RETIME_ROUNDS = 3
 #: plain turns 64x256 timed ahead (0.294 against 0.297); with this heat, 0.276 against 0.311.
 #: Shorter kernels draw less power and would only lengthen the tuning
 OWN_HEAT_MS, OWN_HEAT_MIN_MS = 100.0, 0.1
-#: milliseconds of queued launches that size a CUDA graph once a run times from graphs (the
-#: graph's timing is the one kept). Timed at the full budget as well, the queued launches had
-#: taken half of a model's timing time
-GRAPH_SIZING_MS = 1.0
 #: a finalist's hot turns last at least ``HOT_LAUNCHES`` of its launches, at least ``HOT_MIN_MS``
 #: and at most ``budget_ms`` in all: a 5 us kernel has a steady median long before 100 ms, and at
-#: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute
-HOT_LAUNCHES, HOT_MIN_MS = 3000, 30.0
+#: 100 ms per finalist the hot turns of a 60-function CNN took about half a minute. Each round
+#: still replays its graph ``MIN_REPLAYS`` times, a millisecond each
+HOT_LAUNCHES, HOT_MIN_MS = 3000, 15.0
+#: a first-pass graph holds launches for at least this long (a hot turn's, ``MIN_GRAPH_MS``): the
+#: first pass only picks the finalists, and a graph replay's fixed host cost, spread over fewer
+#: launches, weighs on every candidate alike. Capturing is the larger part of a short kernel's
+#: first pass (a Python launch each, then the graph's instantiation)
+SCREEN_GRAPH_MS = 0.25
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
 #: held while a candidate is timed, while one is probed, and while a function's inputs, the
@@ -242,32 +245,43 @@ class Timer:
         return clock.holding(GPU_TURN, "time")
 
     def time(self, module, budget_ms: float) -> Timing:
+        """The first pass's timing of ``module`` (graphs of ``SCREEN_GRAPH_MS``)."""
         with self._turn():
-            return self._time(module, budget_ms)
+            return self._time(module, budget_ms, SCREEN_GRAPH_MS)
 
-    def _time(self, module, budget_ms: float) -> Timing:
+    def _time(self, module, budget_ms: float, graph_ms: float = MIN_GRAPH_MS) -> Timing:
         """(GPU_TURN held, the workload made.) Queued launches, then, for a short kernel
         (:meth:`_wants_graph`), a timing replayed from a CUDA graph instead, where the host's
         launch loop cannot set the pace. In a model's tuning the other functions' threads share
         the interpreter with it: LLaMA's attention matmul was reported at 66 us hot, beside stock
         Dlight's 15 us, while alone it timed 5 us and the whole tuned model ran in 135 us (H200,
-        2026-11-29)."""
+        2026-11-29). Once the run times from graphs, a few queued launches only size the graph:
+        timed at the whole budget as well, they had taken half of a model's timing time."""
         wl = self.get_workload()
         if self.arg_sets is None:
             self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
         name = function_name(module, wl.func)
-        # once the run times from graphs, the queued launches only size the graph: a short look
-        decided = self.graph and self.opts.timing == "rotate"
-        queued_ms = min(GRAPH_SIZING_MS, budget_ms) if decided else budget_ms
-        timing = time_module(module, name, self.arg_sets, wl.dev, queued_ms, self.opts.timing, self.flush)
+        if self.graph:  # only ever with "rotate"
+            try:
+                estimate = launch_estimate_ms(module[name], self.arg_sets, wl.dev)
+                return self._graph_time(module[name], wl.dev, estimate, budget_ms, graph_ms)
+            except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
+                return time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+        with clock.stage("time: queued"):
+            timing = time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
         if not self._wants_graph(timing):
             return timing
         try:
-            return time_graph(module[name], self.arg_sets, wl.dev, budget_ms, per_launch_ms=timing.min_ms)
-        except Exception:  # noqa: BLE001 - a kernel a graph cannot hold keeps a queued timing
-            if queued_ms < budget_ms:
-                return time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+            return self._graph_time(module[name], wl.dev, timing.min_ms, budget_ms, graph_ms)
+        except Exception:  # noqa: BLE001 - a kernel a graph cannot hold keeps its queued timing
             return timing
+
+    def _graph_time(self, launch, dev, per_launch_ms: float, budget_ms: float, graph_ms: float) -> Timing:
+        """A timing from a graph captured for it (its capture and replays booked apart)."""
+        with clock.stage("time: capture"):
+            graph = LaunchGraph(launch, self.arg_sets, dev, per_launch_ms, graph_ms)
+        with graph, clock.stage("time: replays"):
+            return graph.time(budget_ms)
 
     def _wants_graph(self, queued: Timing) -> bool:
         """Whether to time from a CUDA graph: always once the run has met a short kernel. Judged
@@ -286,7 +300,8 @@ class Timer:
         if self.get_workload() is None:  # no GPU inputs: the run reports why
             return r
         try:
-            module = load_module(r.artifact, self.arch)
+            with clock.stage("load"):
+                module = load_module(r.artifact, self.arch)
         except Exception as e:  # noqa: BLE001
             return r.failed("load", f"load: {one_line(e)}", traceback.format_exc())
         try:
@@ -316,25 +331,54 @@ class Timer:
         samples: dict[int, list[float]] = {r.index: [] for r in finalists}
         graphed = dict.fromkeys(samples, True)
         failed: dict[int, CompileResult] = {}
+        graphs: dict[int, LaunchGraph | None] = {}
         self.settled = True
         with self._turn():
             self._heat(finalists[0])
-            for round_ in range(RETIME_ROUNDS):
-                for r in (r for r in finalists if r.index not in failed):
-                    try:
-                        if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
-                            self._time(r.module, OWN_HEAT_MS)
-                        budget_ms = hot_budget_ms(r.latency_ms, self.opts.budget_ms)
-                        timing = self._time(r.module, budget_ms / RETIME_ROUNDS)
-                    except Exception as e:  # noqa: BLE001
-                        failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
-                        continue
-                    samples[r.index] += timing.samples_ms
-                    graphed[r.index] = graphed[r.index] and timing.graph
+            try:
+                with clock.stage("time: hot turns"):
+                    self._rounds(finalists, samples, graphed, failed, graphs)
+            finally:
+                for graph in graphs.values():
+                    if graph is not None:
+                        graph.close()
         # a graph timing only where every round was one: a round a graph could not hold is queued
         return {r.index: failed.get(r.index) or r.replace(timing=Timing.of(samples[r.index], hot=True,
                                                                             graph=graphed[r.index]))
                 for r in finalists}
+
+    def _rounds(self, finalists, samples, graphed, failed, graphs) -> None:
+        """(GPU turn held) ``RETIME_ROUNDS`` hot turns of each finalist, in turn."""
+        for round_ in range(RETIME_ROUNDS):
+            for r in (r for r in finalists if r.index not in failed):
+                try:
+                    if r.latency_ms >= OWN_HEAT_MIN_MS and not (round_ == 0 and r is finalists[0]):  # just heated
+                        self._hot_time(r, OWN_HEAT_MS, graphs)
+                    budget_ms = hot_budget_ms(r.latency_ms, self.opts.budget_ms)
+                    timing = self._hot_time(r, budget_ms / RETIME_ROUNDS, graphs)
+                except Exception as e:  # noqa: BLE001
+                    failed[r.index] = r.failed("run", f"run: {one_line(e)}", traceback.format_exc())
+                    continue
+                samples[r.index] += timing.samples_ms
+                graphed[r.index] = graphed[r.index] and timing.graph
+
+    def _hot_time(self, r: CompileResult, budget_ms: float, graphs: dict[int, LaunchGraph | None]) -> Timing:
+        """One hot turn of ``r``. In a run that times from graphs, each finalist's graph is
+        captured at its first turn (sized by its first-pass time) and replayed in the rest:
+        a capture costs the host about as long as the replays it times. ``graphs[index]`` is
+        None for a kernel a graph could not hold."""
+        if not self.graph:
+            return self._time(r.module, budget_ms)
+        if r.index not in graphs:
+            wl = self.get_workload()
+            try:
+                with clock.stage("time: capture"):
+                    graphs[r.index] = LaunchGraph(r.module[function_name(r.module, wl.func)], self.arg_sets, wl.dev,
+                                                  r.timing.min_ms)
+            except Exception:  # noqa: BLE001 - timed without a kept graph (queued, as _time falls back)
+                graphs[r.index] = None
+        graph = graphs[r.index]
+        return graph.time(budget_ms) if graph is not None else self._time(r.module, budget_ms)
 
     def _heat(self, r: CompileResult) -> None:
         wl = self.get_workload()

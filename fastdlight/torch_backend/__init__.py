@@ -27,13 +27,15 @@ What happens to each graph dynamo hands over (:mod:`.dynamo`):
   outputs cast at the edges.
 - On a CUDA device, ``compile_model`` (``prepare``, ``ApplyFastTuning``, ``build``) tunes every
   kernel; the winners are kept in a database under the user's cache directory
-  (:func:`cache_dir`; ``FASTDLIGHT_CACHE`` moves it), so another process compiles the same
-  model without tuning. On the CPU it is built with TVM's default pipeline for the host: it
-  runs, untuned.
+  (:func:`cache_dir`; ``FASTDLIGHT_CACHE`` moves it). On the CPU it is built with TVM's default
+  pipeline for the host: it runs, untuned.
+- The built program is kept there too (:mod:`.programs`), under a key of the graph, its shapes,
+  its weights' content, the target and the versions: another process (or this one after
+  ``torch._dynamo.reset()``) loads it without exporting, tuning or building.
+  ``options={"database": False}`` keeps neither.
 - Calls pass torch tensors to TVM through DLPack, without copies, and the kernels run on
-  torch's current CUDA stream. The program runs launch by launch, not as a CUDA graph: TVM's
-  graph capture is a build option (``relax.backend.use_cuda_graph``) that
-  :func:`fastdlight.relax.build` does not set.
+  torch's current CUDA stream. On a GPU a call replays the program from a CUDA graph
+  (``options={"cuda_graph": False}``: launch by launch; :mod:`.runtime`).
 - A new input shape compiles again (dynamo's guards for a static graph; one program per shape
   for a graph dynamo traced with symbolic sizes).
 - Compiled graphs run forward only: under autograd (grad mode on, a parameter that requires

@@ -26,7 +26,9 @@ from fastdlight.torch_backend.graph import (
     signature,
     to_relax,
 )
-from fastdlight.torch_backend.runtime import NoDevice, Settings, compile_program
+from fastdlight.torch_backend import programs
+from fastdlight.torch_backend.programs import program_key
+from fastdlight.torch_backend.runtime import NoDevice, Program, Settings, compile_program, device_of
 
 #: the name ``torch.compile(backend=...)`` knows it by (the ``torch_dynamo_backends`` entry point)
 NAME = "fastdlight"
@@ -127,16 +129,27 @@ class CompiledGraph:
         if len(devices) > 1:
             raise NoDevice(f"the graph's tensors are on several devices ({', '.join(sorted(map(str, devices)))})")
         device = devices.pop() if devices else torch.device("cpu")
+        dev, target = device_of(device)
+        floats = {t.dtype for t in weights + activations if t.is_floating_point()}
+        fp16 = self.settings.fp16 if self.settings.fp16 is not None else torch.float16 in floats
+        fp16_io = fp16 and floats == {torch.float16}  # a .half() model takes and returns fp16: no casts at the edges
+        key = None
+        if self.settings.database is not None:  # a persistent cache: programs are kept beside the tunings
+            key = program_key(self.gm, self.sig, args, target, {"fp16": fp16, "fp16_io": fp16_io,
+                                                                 "tuning": self.settings.tuning})
+            stored = programs.load(key, dev)
+            if stored is not None:
+                return Program(stored.main, device, stored.in_dtypes, self.out_dtypes, cuda_graph=self.settings.cuda_graph)
         if self.weights is None:
             self.weights = host_weights(weights)
         mod = to_relax(self.gm, self.sig, args, self.weights)
-        floats = {t.dtype for t in weights + activations if t.is_floating_point()}
-        fp16 = self.settings.fp16 if self.settings.fp16 is not None else torch.float16 in floats
         try:
-            # a .half() model takes and returns fp16: no casts at the edges
-            return compile_program(mod, self.weights, device, self.settings, fp16=fp16,
-                                   fp16_io=fp16 and floats == {torch.float16}, out_dtypes=self.out_dtypes)
+            program = compile_program(mod, self.weights, device, self.settings, fp16=fp16, fp16_io=fp16_io,
+                                      out_dtypes=self.out_dtypes)
         except Unsupported:
             raise
         except Exception as e:  # noqa: BLE001 - a pipeline or build error: the graph still runs, eagerly
             raise Unsupported(f"compiling for {device} failed: {first_line(e)}") from e
+        if key is not None:
+            programs.store(key, program.executable, program.in_dtypes)
+        return program

@@ -13,15 +13,19 @@ that own TVM's memory.
 On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
 runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
 captures one call on static copies of the activations. Later calls copy the activations in,
-replay, and return copies of the outputs (the graph writes the same memory every replay, and a
-caller may still hold the last call's outputs). A graph that cannot be captured runs its calls
-as launches, with one log line saying why.
+replay, and return the graph's outputs without a copy; an output the caller still holds when the
+next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
+memory every replay). A graph that cannot be captured runs its calls
+as launches, with one log line saying why. Called while torch captures a CUDA graph of its own
+(``torch.cuda.graph``, ``mode="reduce-overhead"`` around it), a program launches its kernels
+into that graph.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +90,10 @@ class Program:
     in fp32), as are outputs whose dtype is not the graph's. ``report``: the tuning report's
     rows (GPU only)."""
 
-    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=(), cuda_graph=False):
+    def __init__(self, main, device: torch.device, in_dtypes, out_dtypes=None, report=(), cuda_graph=False,
+                 executable=None):
         self.main, self.device, self.report = main, device, list(report)
+        self.executable = executable  # what a program cache stores (None: loaded from one)
         self.in_dtypes, self.out_dtypes = tuple(in_dtypes), out_dtypes
         self.replay = GraphReplay(self._run, device) if cuda_graph and device.type == "cuda" else None
 
@@ -114,8 +120,13 @@ class GraphReplay:
         self.inputs: list[torch.Tensor] = []
         self.outputs: tuple = ()
         self.why_not: str | None = None
+        self.lent = LentOutputs()
 
     def __call__(self, args) -> tuple:
+        if torch.cuda.is_current_stream_capturing():
+            # the caller captures a CUDA graph of its own: the kernels go into it as launches
+            # (a replay of ours would not), and its outputs are static buffers, as torch's are
+            return self.run(*args)
         if self.graph is None and self.why_not is None:
             try:
                 self._capture(args)
@@ -124,10 +135,11 @@ class GraphReplay:
                 log.info("fastdlight: a program runs without a CUDA graph: %s", self.why_not)
         if self.graph is None:
             return self.run(*args)
+        self.lent.reclaim()
         for static, a in zip(self.inputs, args):
             static.copy_(a)
         self.graph.replay()
-        return tuple(o.clone() for o in self.outputs)
+        return self.lent.lend(self.outputs)
 
     def _capture(self, args) -> None:
         self.inputs = [a.clone() for a in args]
@@ -144,6 +156,30 @@ class GraphReplay:
         self.graph = graph
 
 
+class LentOutputs:
+    """The graph's output buffers handed to the caller without a copy: each call returns new
+    tensors aliasing them, and before the next replay overwrites the buffers, any of those the
+    caller still holds is given storage of its own (a copy of what it holds now, in place of
+    the alias: ``Tensor.set_``). A caller that is done with an output before the next call (a
+    serving loop, a benchmark) costs no copy at all; one that keeps it sees it unchanged."""
+
+    def __init__(self):
+        self.handed: list[weakref.ref] = []
+
+    def lend(self, buffers) -> tuple:
+        out = tuple(torch.empty(0, dtype=b.dtype, device=b.device).set_(b.untyped_storage(), b.storage_offset(),
+                                                                         b.shape, b.stride()) for b in buffers)
+        self.handed = [weakref.ref(t) for t in out]
+        return out
+
+    def reclaim(self) -> None:
+        for ref in self.handed:
+            held = ref()
+            if held is not None:
+                held.set_(held.clone())
+        self.handed = []
+
+
 def as_torch(value):
     """``value`` (a tensor or a nest of them) as torch tensors, without copies. The FFI already
     returns torch tensors when it was called with torch tensors; a call without one (a graph of
@@ -157,39 +193,43 @@ def as_torch(value):
     raise TypeError(f"the compiled graph returned a {type(value).__name__}, not tensors")
 
 
+def device_of(device: torch.device):
+    """(TVM's device for torch's ``device``, the name of the target built for it); NoDevice
+    where TVM cannot run there."""
+    if device.type == "cpu":
+        return tvm.cpu(), str(_host_target())
+    if device.type != "cuda":
+        raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    dev = tvm.cuda(index)
+    if not dev.exist:
+        raise NoDevice(f"TVM sees no CUDA GPU {index} (no GPU, or a TVM built without CUDA)")
+    arch = CUDA.from_device(dev)
+    return dev, f"{arch.target} {arch.device_name}"
+
+
 def compile_program(mod: tvm.IRModule, weights, device: torch.device, settings: Settings, *, fp16: bool,
                     fp16_io: bool = False, out_dtypes=None) -> Program:
     """``mod`` (``main(*activations, *weights)``) with ``weights`` (host torch tensors) bound,
     compiled for ``device``; ``fp16``, ``fp16_io``: as ``for_inference``'s; ``out_dtypes``: the
     dtypes the outputs are handed back in."""
     start = time.perf_counter()
+    dev, _ = device_of(device)
     params = [tvm.runtime.from_dlpack(w) for w in weights]
     mod = for_inference(mod, params, fp16=fp16, fp16_io=fp16_io)
     in_dtypes = [getattr(torch, str(p.ty.dtype)) for p in mod["main"].params]
     if device.type == "cpu":
-        main, report = _cpu_main(mod), ()
-    elif device.type == "cuda":
-        main, report = _cuda_main(mod, device, settings)
+        executable, report = tvm.compile(mod, target=_host_target()), ()
     else:
-        raise NoDevice(f"fastdlight runs graphs on CUDA GPUs and the CPU, not on {device.type}")
+        tuning = ApplyFastTuning(target=CUDA.from_device(dev), meta_database_dir=settings.database, **settings.tuning)
+        executable, _tuned, report = compile_model(mod, CUDA.from_device(dev), tuning=tuning)
+    main = relax.VirtualMachine(executable, dev)["main"]
     log.info("compiled a graph for %s in %.1f s%s", device, time.perf_counter() - start, _summary(report))
-    return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph)
+    return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph, executable=executable)
 
 
-def _cpu_main(mod: tvm.IRModule):
-    target = tvm.target.Target.from_device(tvm.cpu())  # the host's own instruction set
-    return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"]
-
-
-def _cuda_main(mod: tvm.IRModule, device: torch.device, settings: Settings):
-    index = torch.cuda.current_device() if device.index is None else device.index
-    dev = tvm.cuda(index)
-    if not dev.exist:
-        raise NoDevice(f"TVM sees no CUDA GPU {index} (no GPU, or a TVM built without CUDA)")
-    arch = CUDA.from_device(dev)
-    tuning = ApplyFastTuning(target=arch, meta_database_dir=settings.database, **settings.tuning)
-    executable, _tuned, report = compile_model(mod, arch, tuning=tuning)
-    return relax.VirtualMachine(executable, dev)["main"], report
+def _host_target():
+    return tvm.target.Target.from_device(tvm.cpu())  # the host's own instruction set
 
 
 def _summary(report) -> str:

@@ -11,6 +11,8 @@ def test_a_graph_lasts_long_enough_and_covers_whole_rotations():
     assert n % 7 == 0 and n * 0.005 >= graph_timing.MIN_GRAPH_MS
     assert graph_timing.launches_per_graph(5.0, 3) == 3  # one rotation of a long kernel is enough
     assert graph_timing.launches_per_graph(1e-6, 1) == graph_timing.MAX_GRAPH_LAUNCHES
+    short = graph_timing.launches_per_graph(0.005, 7, min_ms=0.25)  # a first-pass graph
+    assert short % 7 == 0 and 0.25 <= short * 0.005 < graph_timing.MIN_GRAPH_MS
 
 
 @pytest.mark.gpu

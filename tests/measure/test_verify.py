@@ -581,3 +581,20 @@ def test_attention_is_bounded_by_its_weighted_magnitudes():
     expected = expected_from_numpy(op.reference, [q, k, v], op.func)
     assert check_outputs([_attention_like_kernel(q, k, v, True)], expected).ok
     assert not check_outputs([_attention_like_kernel(q, k, v, True, drop_tile=slice(64, 128))], expected).ok
+
+
+def test_sums_of_fp8_products_are_checked_at_the_tensor_cores_accumulation():
+    """Hopper's tensor cores keep about 14 bits of a running sum of fp8 products: every wgmma
+    tile of a 1000x520x272 e4m3 GEMM erred by 6e-5 of S at the same elements (H200), past the
+    float32 bound. fp16 products keep the float32 bound."""
+    from fastdlight.measure.check_kinds import FP8_MMA_ACC, output_kinds
+
+    fp8 = ops.matmul(64, 64, 272, "float8_e4m3fn", "float16", "NT", acc_dtype="float32").func
+    (kind,) = output_kinds(fp8)
+    assert kind.acc_dtype == FP8_MMA_ACC
+    assert output_kinds(ops.matmul_scaled(64, 64, 128).func)[0].acc_dtype == FP8_MMA_ACC
+    (fp16_kind,) = output_kinds(ops.matmul(64, 64, 272, "float16", "float16", "NT", acc_dtype="float32").func)
+    assert fp16_kind.acc_dtype == "float32"
+    ref, mag = np.array([0.0559]), np.array([68.0])  # the H200's worst element, S of 272 products
+    assert verify.allowed_error(ref, mag, kind, "float16")[0] > 0.0042 > verify.allowed_error(ref, mag, fp16_kind, "float16")[0]
+    assert verify.allowed_error(ref, mag, kind, "float16")[0] < 0.25  # a lost product of two halves is still caught

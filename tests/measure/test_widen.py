@@ -34,6 +34,30 @@ def test_plain_contractions_get_the_tiled_schedule_and_compile(op):
     assert cubin.binary and cubin.shared_bytes == 2 * widen.TILE * (widen.TILE + 1) * 8 and not cubin.spill_bytes
 
 
+def _matmul_then_batchnorm_relu6(m=128, n=96, k=16):
+    """A 1x1 convolution as a GEMM, its fp16 result through BatchNorm and ReLU6 (MobileNetV2's
+    expansion layers): the subtraction after the fp16 cast may cancel beyond the elementwise bound."""
+    from tvm import te
+
+    x, w = te.placeholder((m, k), "float16", "x"), te.placeholder((k, n), "float16", "w")
+    mean, std = te.placeholder((n,), "float32", "mean"), te.placeholder((n,), "float32", "std")
+    r = te.reduce_axis((0, k), "r")
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * w[r, j].astype("float32"), axis=r))
+    half = te.compute((m, n), lambda i, j: acc[i, j].astype("float16"))
+    norm = te.compute((m, n), lambda i, j: (half[i, j].astype("float32") - mean[j]) / std[j])
+    out = te.compute((m, n), lambda i, j: tvm.tirx.min(tvm.tirx.max(norm[i, j], 0.0), 6.0).astype("float16"))
+    return te.create_prim_func([x, w, mean, std, out])
+
+
+def test_a_tiled_twin_keeps_the_functions_own_dtype_run_where_it_cancels():
+    func = _matmul_then_batchnorm_relu6()
+    assert widen.tiled_reference_schedule(widen.widen_to_float64(func)) is not None
+    mod = widen.naive_reference_module(func, H100)
+    assert {gv.name_hint for gv in mod.functions} == {"main", widen.OWN_DTYPES}
+    src = _source(mod)
+    assert "__shared__" in src and compile_cubin(src, H100).binary
+
+
 @pytest.mark.parametrize("op", [
     ops.matmul(24, 128, 512, layout="NT"),          # rows not a multiple of TILE
     ops.gemv(4096, 512),                            # one row

@@ -346,7 +346,8 @@ def _matmul_kn(m, n=11008, k=4096):
 
 
 @pytest.mark.parametrize("m", [1, 16])
-def test_a_decode_matmul_with_a_kn_weight_also_gets_column_sum_configs_that_compile(m):
+def test_a_decode_matmul_with_a_kn_weight_is_a_column_sum_first_and_its_configs_compile(m):
+    """Along a long K the column sums rank first; a few matmul tiles compete after them."""
     from fastdlight.compiler.compile import build, cuda_source
     from fastdlight.policies.select import default_configs
     from fastdlight.schedules import dispatch_config
@@ -355,10 +356,22 @@ def test_a_decode_matmul_with_a_kn_weight_also_gets_column_sum_configs_that_comp
     func = _matmul_kn(m).with_attr("global_symbol", "main")
     configs = default_configs(func, h100, 20)
     sums = [c for c in configs if c.kind == "reduction"]
-    assert sums and configs[0].kind == "matmul"  # the alternatives rank after the planner's own
-    assert min(c.cost for c in sums) > max(c.cost for c in configs if c.kind == "matmul")
+    tiles = [c for c in configs if c.kind == "matmul"]
+    assert configs[0].kind == "reduction" and len(sums) > len(tiles) >= 1
+    assert max(c.cost for c in sums) < min(c.cost for c in tiles)  # tiles rank after the sums
     src = cuda_source(build(dispatch_config(func, sums[0]).schedule.mod, h100.target))
     assert "__global__" in src
+
+
+@pytest.mark.parametrize(("n", "k", "first"), [(48, 1152, "reduction"), (96, 8, "matmul")])
+def test_a_short_k_decode_matmul_keeps_the_matmul_tiles_first(n, k, first):
+    """A squeeze-and-excitation FC at batch 1: the column sum from K = 64 on, the tiles (one
+    thread's walk along K is short) below."""
+    from fastdlight.policies.select import COLUMN_SUM_MIN_K, default_configs
+
+    configs = default_configs(_matmul_kn(1, n, k), CUDA("nvidia/nvidia-h200"), 20)
+    assert (k >= COLUMN_SUM_MIN_K) == (first == "reduction") and configs[0].kind == first
+    assert {c.kind for c in configs} == {"matmul", "reduction"}
 
 
 def test_a_prefill_matmul_gets_no_column_sum_configs():

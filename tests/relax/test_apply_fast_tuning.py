@@ -1,6 +1,7 @@
 """ApplyFastTuning on a small Relax model: every PrimFunc scheduled, the database replayed, the
 result compiles to cubin (CPU); on a GPU, the tuned model computes the right numbers."""
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -280,3 +281,21 @@ def test_parameters_that_share_a_name_are_told_apart():
     assert [(e.function, e.status) for e in tuning.report] == [("scaled", "tuned")], tuning.report
     assert [str(p.name) for p in tuned["scaled"].params] == ["lv9", "lv9_1", "y"]
     assert "scaled_kernel" in cuda_source(fastdlight.build(tuned, H100.target))
+
+
+def test_the_report_says_where_the_winner_ranked_and_what_a_smaller_top_k_had_won():
+    from fastdlight.config import Config, StockSchedule
+    from fastdlight.measure.timing import Timing
+    from fastdlight.relax.apply_fast_tuning import best_of_first, policy_rank
+    from fastdlight.search.candidates import Tuned
+    from fastdlight.search.results import CompileResult
+
+    def row(i, ms, stock=False):
+        config = StockSchedule("sm_90a") if stock else Config("elementwise", (1, 64 * (i + 1)), (1, 1))
+        return CompileResult(config, i, artifact={}, timing=Timing(ms, (ms,)))
+
+    rows = [row(0, 0.02, stock=True)] + [row(i, 0.01 - i * 0.001) for i in range(1, 10)]
+    tuned = Tuned(rows[-1].config, "tuned", "DefaultPolicy", tuple(rows), rows[-1])
+    assert policy_rank(tuned) == 8  # the policy's ninth config (the stock row does not count)
+    assert best_of_first(tuned) == ((4, 0.006), (8, 0.002))
+    assert best_of_first(dataclasses.replace(tuned, source="database")) == ()

@@ -480,12 +480,12 @@ def test_gpu_a_short_kernel_is_timed_from_a_cuda_graph(monkeypatch):
 
     graphed = []
 
-    def time_graph(*args, **kwargs):
-        graphed.append(stages.time_graph_real(*args, **kwargs))
-        return graphed[-1]
+    class RecordedGraph(stages.LaunchGraph):
+        def time(self, budget_ms):
+            graphed.append(super().time(budget_ms))
+            return graphed[-1]
 
-    monkeypatch.setattr(stages, "time_graph_real", stages.time_graph, raising=False)
-    monkeypatch.setattr(stages, "time_graph", time_graph)
+    monkeypatch.setattr(stages, "LaunchGraph", RecordedGraph)
     op = ops.elementwise((256, 256), "float16", "add")  # a few microseconds
     configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1))]
     results, best = apply_and_build(op.func, configs, auto_arch(), ref=op.reference, budget_ms=20)

@@ -175,3 +175,30 @@ def test_decode_matmul_dispatches_correctly_on_gpu():
     assert [c.passed for c in checks] == [True] * 5, [c.message for c in checks]
     timed = [c for c in checks if c.latency_ms is not None]
     assert len(timed) == 2 and all(np.isfinite(c.latency_ms) for c in timed)  # M = 1 and 128 were tuned
+
+
+@T.prim_func(s_tir=True)
+def transposed_scores(a: T.handle, b: T.handle):
+    """A decode step's scores (cache length L symbolic), transposed, scaled and widened."""
+    T.func_attr({"global_symbol": "transposed_scores"})
+    L = T.int64()
+    A = T.match_buffer(a, (1, 2, L, 4), "float16")
+    B = T.match_buffer(b, (1, 2, 4, L), "float32")
+    t = T.sblock_alloc_buffer((1, 2, 4, L), "float16")
+    for i, j, k, m in T.grid(1, 2, 4, L):
+        with T.sblock("T_transpose"):
+            v0, v1, v2, v3 = T.axis.remap("SSSS", [i, j, k, m])
+            t[v0, v1, v2, v3] = A[v0, v1, v3, v2]
+    for i, j, k, m in T.grid(1, 2, 4, L):
+        with T.sblock("compute"):
+            v0, v1, v2, v3 = T.axis.remap("SSSS", [i, j, k, m])
+            B[v0, v1, v2, v3] = T.Cast("float32", t[v0, v1, v2, v3] * T.float16(0.1767578125))
+
+
+def test_a_replay_that_does_not_compile_gives_way_to_one_that_does():
+    """The transpose template's winner, replayed with L symbolic, left the whole transposed row to
+    a thread ("Can only handle constant size stack allocation"): the dispatcher takes a candidate
+    whose replay compiles, and builds."""
+    d = tune_dispatch(transposed_scores, H100, 4, COMPILE_ONLY, {"L": [64, 512]})
+    source, cubin = compile_mod_to_cubin(tvm.IRModule({"transposed_scores": d.func}), H100.target)
+    assert [b.point for b in d.buckets] == [(("L", 64),), (("L", 512),)] and cubin.binary

@@ -10,6 +10,7 @@ import pytest
 
 from fastdlight.arch import CUDA
 from fastdlight.config import Config, StockSchedule
+from fastdlight.measure import graph_timing
 from fastdlight.measure.timing import Timing
 from fastdlight.relax import apply_fast_tuning
 from fastdlight.search import stages
@@ -28,6 +29,16 @@ class FakeGPU:
 
     def __init__(self, true_ms: dict[str, float]):
         self.true_ms, self.busy = true_ms, False
+        self.uncapturable: set[str] = set()
+        self.captures: list[str] = []
+        self.graph_ms: list[float] = []
+        self.graph_budgets: dict[str, list[float]] = {}
+        self.closed: list[str] = []
+        self.estimates = 0
+
+    def launch_estimate_ms(self, launch, arg_sets, dev):
+        self.estimates += 1
+        return self.true_ms[launch]
 
     def time_module(self, module, name, arg_sets, dev, budget_ms, method, flush):
         ms = self.true_ms[module[name]]
@@ -35,8 +46,32 @@ class FakeGPU:
             return Timing.of([max(ms, BUSY_HOST_MS)] * 5)
         return Timing.of([ms + 0.002] * 5)  # the launch cost a queued sample carries
 
-    def time_graph(self, launch, arg_sets, dev, budget_ms, per_launch_ms):
-        return Timing.of([self.true_ms[launch]] * 5, graph=True)
+    def graph(self, launch, arg_sets, dev, per_launch_ms, min_ms=graph_timing.MIN_GRAPH_MS):
+        """Stands in for ``stages.LaunchGraph``: records each capture (with the length asked of
+        its graph) and each timing's budget."""
+        if launch in self.uncapturable:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captures.append(launch)
+        self.graph_ms.append(min_ms)
+        return FakeGraph(self, launch)
+
+
+class FakeGraph:
+    def __init__(self, gpu: FakeGPU, launch: str):
+        self.gpu, self.launch = gpu, launch
+
+    def time(self, budget_ms):
+        self.gpu.graph_budgets.setdefault(self.launch, []).append(budget_ms)
+        return Timing.of([self.gpu.true_ms[self.launch]] * 5, graph=True)
+
+    def close(self):
+        self.gpu.closed.append(self.launch)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class FakeWorkload:
@@ -51,7 +86,8 @@ def gpu(monkeypatch):
     def install(true_ms):
         fake = FakeGPU(true_ms)
         monkeypatch.setattr(stages, "time_module", fake.time_module)
-        monkeypatch.setattr(stages, "time_graph", fake.time_graph)
+        monkeypatch.setattr(stages, "LaunchGraph", fake.graph)
+        monkeypatch.setattr(stages, "launch_estimate_ms", fake.launch_estimate_ms)
         monkeypatch.setattr(stages, "function_name", lambda module, func: "main")
         monkeypatch.setattr(stages, "load_module", lambda art, arch: art)  # the "artifact" is the module
         monkeypatch.setattr(stages, "heat", lambda *args, **kwargs: 0.0)
@@ -137,47 +173,62 @@ def queued_budgets(fake: FakeGPU, monkeypatch) -> list[float]:
     return budgets
 
 
-def test_once_timing_from_graphs_the_queued_launches_only_size_the_graph(gpu, monkeypatch):
-    """The graph's timing is the one kept: the queued launches before it take the sizing
-    budget, not the whole budget a second time (they had taken half of a model's timing)."""
+def test_once_timing_from_graphs_no_queued_launches_are_timed(gpu, monkeypatch):
+    """The graph's timing is the one kept: once the run times from graphs, a few queued launches
+    (:func:`launch_estimate_ms`) only size the graph; timed at the whole budget as well, they
+    had taken half of a model's timing."""
     fake = gpu({"ours0": 0.006, "ours1": 0.007})
     budgets = queued_budgets(fake, monkeypatch)
     timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
     timer.measure(ours(0))  # short: from here on the run times from graphs
-    timer.measure(ours(1))
-    assert budgets == [10, stages.GRAPH_SIZING_MS]
+    second = timer.measure(ours(1))
+    assert budgets == [10] and fake.estimates == 1
+    assert second.timing.graph and fake.graph_budgets["ours1"] == [10]
+    assert fake.closed == ["ours0", "ours1"]  # a screening graph is freed at once
 
 
 def test_a_kernel_a_graph_cannot_hold_gets_a_whole_queued_timing(gpu, monkeypatch):
     fake = gpu({"ours0": 0.006, "ours1": 0.007})
     budgets = queued_budgets(fake, monkeypatch)
-
-    def time_graph(launch, arg_sets, dev, budget_ms, per_launch_ms):
-        if launch == "ours1":
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return Timing.of([fake.true_ms[launch]] * 5, graph=True)
-
-    monkeypatch.setattr(stages, "time_graph", time_graph)
+    fake.uncapturable.add("ours1")
     timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
     timer.measure(ours(0))
     second = timer.measure(ours(1))
-    assert budgets == [10, stages.GRAPH_SIZING_MS, 10]
+    assert budgets == [10, 10]
     assert not second.timing.graph and second.latency_ms == pytest.approx(0.009)
 
 
 def test_hot_turns_of_a_short_kernel_are_short_and_a_long_ones_take_the_budget(gpu, monkeypatch):
     fake = gpu({"ours0": 0.005, "ours1": 0.2})
-    budgets = {}
-
-    def time_graph(launch, arg_sets, dev, budget_ms, per_launch_ms):
-        budgets.setdefault(launch, []).append(budget_ms)
-        return Timing.of([fake.true_ms[launch]] * 5, graph=True)
-
-    monkeypatch.setattr(stages, "time_graph", time_graph)
     timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
     measured = [timer.measure(ours(0)), timer.measure(ours(1))]
-    budgets.clear()
+    fake.graph_budgets.clear()
     timer.retime_fastest(measured)
     rounds = stages.RETIME_ROUNDS
+    budgets = fake.graph_budgets
     assert budgets["ours0"] == [stages.HOT_MIN_MS / rounds] * rounds  # 3000 launches: 15 ms, under the floor
     assert [b for b in budgets["ours1"] if b != stages.OWN_HEAT_MS] == [90 / rounds] * rounds
+
+
+def test_each_finalist_is_captured_once_for_all_its_hot_turns(gpu, monkeypatch):
+    """A capture costs the host about as long as the replays it times: a finalist's graph is
+    kept for its rounds (and its own heat), and freed when the turns end."""
+    fake = gpu({"ours0": 0.005, "ours1": 0.2, "ours2": 0.006})
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
+    measured = [timer.measure(ours(i)) for i in range(3)]
+    # the first pass only picks finalists: its graphs are shorter than a hot turn's
+    assert fake.graph_ms == [stages.SCREEN_GRAPH_MS] * 3 and stages.SCREEN_GRAPH_MS < graph_timing.MIN_GRAPH_MS
+    fake.captures.clear(), fake.closed.clear(), fake.graph_ms.clear()
+    hot = timer.retime_fastest(measured)
+    assert sorted(fake.captures) == ["ours0", "ours1", "ours2"] and fake.graph_ms == [graph_timing.MIN_GRAPH_MS] * 3
+    assert sorted(fake.closed) == sorted(fake.captures)
+    assert all(r.timing.hot and r.timing.graph and len(r.timing.samples_ms) == 5 * stages.RETIME_ROUNDS for r in hot)
+
+
+def test_a_finalist_a_graph_cannot_hold_is_timed_queued_in_its_turns(gpu, monkeypatch):
+    fake = gpu({"ours0": 0.005, "ours1": 0.006})
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
+    measured = [timer.measure(ours(0)), timer.measure(ours(1))]
+    fake.uncapturable.add("ours1")
+    hot = {r.index: r for r in timer.retime_fastest(measured)}
+    assert hot[0].timing.graph and not hot[1].timing.graph and hot[1].timing.hot

@@ -296,5 +296,44 @@ def test_cuda_fp16_cnn_matches_eager_and_replays_from_the_database(tmp_path):
         (out_x,) = compiled(*example_inputs)
         torch.testing.assert_close(out_y, model(y), rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(out_x, expected, rtol=2e-2, atol=2e-2)
+        # inside the caller's own CUDA graph: the kernels are captured into it
+        static_x, outer = example_inputs[compiled.sig.activations[0]].clone(), torch.cuda.CUDAGraph()
+        captured = list(example_inputs)
+        captured[compiled.sig.activations[0]] = static_x
+        with torch.cuda.graph(outer):
+            (graph_out,) = compiled(*captured)
+        static_x.copy_(y)
+        outer.replay()
+        torch.testing.assert_close(graph_out, model(y), rtol=2e-2, atol=2e-2)
     again, _ = _through_backend(model, x, options=options)  # as another process would: no tuning
     assert [row.status for row in again.static.report if row.status == "tuned"] == []
+
+
+def test_a_program_called_while_torch_captures_a_graph_launches_into_it(monkeypatch):
+    """Under the caller's own capture a replay of the program's graph would not be recorded:
+    the program runs its kernels (and captures no graph of its own then)."""
+    from fastdlight.torch_backend.runtime import GraphReplay
+
+    calls = []
+    replay = GraphReplay(lambda *args: calls.append(args) or ("out",), torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert replay(["x"]) == ("out",) and calls == [("x",)]
+    assert replay.graph is None and replay.why_not is None
+
+
+def test_lent_outputs_cost_no_copy_and_a_held_one_keeps_its_values():
+    """A CUDA graph writes the same output memory every replay: outputs are handed out without a
+    copy, and one still held when the next replay comes gets storage of its own first."""
+    from fastdlight.torch_backend.runtime import LentOutputs
+
+    buffer, lent = torch.arange(6.0).reshape(2, 3), LentOutputs()
+    (first,) = lent.lend([buffer])
+    assert first.data_ptr() == buffer.data_ptr()
+    lent.reclaim()  # "before the next replay": first is still held
+    buffer.zero_()  # the replay
+    assert first.data_ptr() != buffer.data_ptr() and first.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    (second,) = lent.lend([buffer])
+    ptr = second.data_ptr()
+    del second  # the caller is done with it: nothing to copy
+    lent.reclaim()
+    assert ptr == buffer.data_ptr() and lent.handed == []

@@ -1,0 +1,124 @@
+"""A GPU machine's RPC server for fastdlight: candidates built elsewhere are timed and verified
+here, on this machine's GPU, with fastdlight's own measurement.
+
+    python -m fastdlight.rpc_server [--host 0.0.0.0] [--port 9090] [--tracker HOST:PORT --key KEY]
+
+It is TVM's RPC server (``tvm.rpc.Server``: uploads go to its work directory) with one more
+remote function, ``fastdlight.rpc.measure`` (:data:`fastdlight.search.remote.MEASURE_FUNC`):
+given a function, its configs and the uploaded library of each candidate and of the float64
+reference, it makes the inputs on this GPU, times, retimes and verifies the candidates as a local
+run does (:func:`fastdlight.search.runner.measure_built`) and answers with each one's timing and
+verdict. With ``--tracker`` it registers with a TVM tracker under ``--key``; tuners then ask the
+tracker for it (``--rpc HOST:PORT:KEY``). A machine without a GPU answers that it has none
+(tuners then rank by the policy's estimate): a compile-only setup still checks the whole path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+
+import tvm
+from tvm.rpc.server import PopenRPCServerState
+
+from fastdlight.arch import CUDA, has_gpu
+from fastdlight.compiler.artifacts import BuildArtifact
+from fastdlight.config import config_from_dict
+from fastdlight.search.remote import MEASURE_FUNC, result_fields
+from fastdlight.search.runner import REF_KEY, BuildPlan, measure_built
+from fastdlight.search.options import RpcSpec, TuneOptions
+from fastdlight.search.stages import Built
+
+
+def measure(request: str) -> str:
+    """:data:`MEASURE_FUNC`: a JSON request (``fastdlight.search.remote.request_json``) in, the
+    JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error`` where
+    nothing could be timed, ``failed`` where the measurement itself failed)."""
+    req = json.loads(request)
+    if not has_gpu():
+        received = len(req["artifacts"]) + (1 if req.get("reference") else 0)
+        return json.dumps({"error": f"the RPC server on {socket.gethostname()} has no GPU "
+                                    f"(it received {received} libraries)", "received": received})
+    workpath = tvm.get_global_func("tvm.rpc.server.workpath")
+    func = tvm.ir.load_json(req["func"])
+    configs = tuple(config_from_dict(c) for c in req["configs"])
+    arch = CUDA.from_device(tvm.cuda(0))
+    plan = BuildPlan(func, req["func"], configs, arch, True, ())
+    builts = [Built(int(key), _artifact(int(key), workpath(name)), None, 0.0) for key, name in req["artifacts"].items()]
+    if req.get("reference"):
+        builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, workpath(req["reference"])), None, 0.0))
+    opts = TuneOptions(probe=False, **req["options"])
+    try:
+        ranked, best, nbytes = measure_built(plan, builts, opts)
+    except Exception as e:  # noqa: BLE001 - the tuner is told why, in one line, and does not retry
+        return json.dumps({"failed": " ".join(str(e).split())[:500] or type(e).__name__})
+    return json.dumps({"results": {str(r.index): result_fields(r) for r in ranked},
+                       "best": best.index if best is not None else None,
+                       "device": arch.device_name or arch.name, "nbytes": nbytes})
+
+
+def _artifact(key, so_path: str) -> BuildArtifact:
+    """An uploaded library as the measurement loads it (its source and ptxas numbers stay with
+    the tuner that built it)."""
+    return BuildArtifact(key, source="", registers=0, spill_bytes=0, shared_bytes=0, cubin=b"", so_path=so_path)
+
+
+def register() -> None:
+    """Adds :data:`MEASURE_FUNC` to this process (before it serves)."""
+    tvm.register_global_func(MEASURE_FUNC, measure, override=True)
+
+
+def gpu_line() -> str:
+    """Whether the connections will find a GPU, asked in a process of its own: each connection
+    is served by a child forked from this process, and CUDA is unusable in the forked child of a
+    process that had initialized it (with ``has_gpu`` called here, a tune through a server on an
+    H200 waited two minutes for an answer that never came)."""
+    probe = "from fastdlight.arch import has_gpu; print(has_gpu())"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (the check did not finish)"
+    return "yes" if done.stdout.strip() == "True" else "none (compile-only)"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m fastdlight.rpc_server", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    ap.add_argument("--port", type=int, default=9090, help="first port to try (up to 100 more)")
+    ap.add_argument("--tracker", help="HOST:PORT of a TVM tracker to register with")
+    ap.add_argument("--key", default="", help="the key to register under (with --tracker)")
+    args = ap.parse_args(argv)
+    if args.tracker:
+        try:
+            spec = RpcSpec.parse(args.tracker)
+        except ValueError:
+            ap.error(f"--tracker {args.tracker!r}: expected HOST:PORT")
+        if not args.key:
+            ap.error("--tracker needs --key (the key tuners ask the tracker for)")
+        args.tracker = (spec.host, spec.port)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    register()
+    # TVM's listening loop in this process (rpc.Server would start it in a worker process through
+    # cloudpickle, which TVM does not depend on); each connection is served by a forked child, which has
+    # the function registered above
+    server = PopenRPCServerState(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
+                                 silent=True)
+    print(f"fastdlight RPC server on {args.host}:{server.port}"
+          + (f", registered with the tracker {args.tracker[0]}:{args.tracker[1]} as {args.key!r}" if args.tracker
+             else "") + f"; GPU: {gpu_line()}", flush=True)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
