@@ -68,9 +68,31 @@ class AttentionPlan:
     def q_tiles(self) -> int:
         return -(-self.shape.seq_q // self.bm)
 
+    #: SMs the persistent grid covers (set from the GPU by the template)
+    num_sms: int = 132
+
+    @property
+    def tiles(self) -> int:
+        """Query tiles of the whole problem: one per (batch, head, block of ``bm`` rows)."""
+        return self.q_tiles * self.bh
+
     @property
     def ctas(self) -> int:
-        return self.q_tiles * self.bh
+        """The persistent grid: a CTA per SM (one fits: the ring takes most of its shared
+        memory), or per tile where there are fewer."""
+        return min(self.tiles, self.num_sms)
+
+    @property
+    def tiles_per_cta(self) -> int:
+        return -(-self.tiles // self.ctas)
+
+    def query_tile(self, tile):
+        """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
+        return self.q_tiles - 1 - tile // self.bh
+
+    def head_of(self, tile):
+        """The (batch * heads) row of tile ``tile``."""
+        return tile % self.bh
 
     def kv_head(self, bh):
         """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""

@@ -1,9 +1,11 @@
 """Fused attention on Hopper: one TIRx kernel (``kernel.tvmscript``, built with the TIRx
 pipeline) for an :func:`~fastdlight.analysis.attention.attention_func`.
 
-Per CTA, ``bm`` query rows of one (batch, head), heaviest (causal) tiles launched first:
+A persistent grid (a CTA per SM) walks the query tiles (``bm`` rows of one batch and head),
+heaviest (causal) first; in each CTA:
 
-* warpgroup 0 is the producer: one thread loads the Q tile once and streams ``bn``-key tiles of
+* warpgroup 0 is the producer: one thread loads each tile's Q (once the consumers are done
+  with the previous one) and streams ``bn``-key tiles of
   K and V through a ``stages``-deep ring of 128-byte-swizzled shared memory (TMA, mbarriers;
   K and V complete on barriers of their own, so scores start before V lands);
 * each consumer warpgroup owns 64 query rows: scores ``S = Q Kᵀ`` with ``wgmma m64n{bn}k16``
@@ -29,6 +31,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from fastdlight.analysis.attention import match_attention
+from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.attention.plan import AttentionPlan
 from fastdlight.schedules.base import ScheduleTemplate
@@ -38,14 +41,15 @@ from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
 
 
-def plan_for(func: tirx.PrimFunc, config: Config) -> AttentionPlan | None:
-    """The plan of ``config`` for ``func``, or None where the template does not take them."""
+def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132) -> AttentionPlan | None:
+    """The plan of ``config`` for ``func`` on a GPU of ``num_sms`` SMs, or None where the
+    template does not take them."""
     shape = match_attention(func)
     if shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16"):
         return None
     (bm, bn) = config.block
     try:
-        return AttentionPlan(shape, bm, bn, config.pipeline_stages)
+        return AttentionPlan(shape, bm, bn, config.pipeline_stages, num_sms)
     except ValueError:
         return None
 
@@ -56,7 +60,8 @@ class AttentionTemplate(ScheduleTemplate):
     sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("plan.py"))
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
-        plan = plan_for(func, config)
+        target = tvm.target.Target.current(allow_none=True)
+        plan = plan_for(func, config, CUDA(target).sm_count if target is not None else 132)
         return None if plan is None else build_kernel(func, plan)
 
 
