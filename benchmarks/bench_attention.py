@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -80,6 +80,8 @@ class Row:
     config: str = ""
     verified: bool | None = None
     tune_s: float | None = None
+    #: where the tune's seconds went (``fastdlight.measure.clock`` stages)
+    tune_stage_s: dict = field(default_factory=dict)
     error: str = ""
 
 
@@ -95,6 +97,7 @@ def run_case(name: str, case: Case, args) -> Row:
     import fastdlight
     from fastdlight import ops
     from fastdlight.arch import auto_arch
+    from fastdlight.measure import clock
     from fastdlight.measure.graph_timing import time_graph, time_torch_graph
     from fastdlight.measure.timing import Workload, function_name
 
@@ -102,11 +105,12 @@ def run_case(name: str, case: Case, args) -> Row:
     op = ops.attention(case.batch, case.heads, case.seq_q, case.seq_kv, case.head_dim,
                        kv_heads=case.kv_heads, causal=case.causal, dtype=case.dtype)
     arch = auto_arch()
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), clock.snapshot()
     # verified against the function's float64 twin on the GPU: numpy's would hold B*H*TQ*TKV
     # float64 scores on the host (17 GB at 32 heads of 8192)
     _, best = fastdlight.tune(op.func, arch, topk=args.topk, progress=False)
     row.tune_s, row.config, row.verified = round(time.perf_counter() - t0, 1), str(best.config), best.verified
+    row.tune_stage_s = {k: round(v, 2) for k, v in clock.since(before).items()}
     wl = Workload(op.func, seed=1)
     arg_sets = wl.timing_arg_sets(arch.l2_bytes)
     fn = best.module[function_name(best.module, op.func)]

@@ -74,6 +74,8 @@ class Config:
     #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A
     cluster: int = 1
     cluster_axis: str = "m"
+    #: attention_wgmma only: a CTA per SM walks the query tiles (instead of a CTA per tile)
+    persistent: bool = False
     #: the policy's predicted cost (lower is better); not part of the config's identity
     cost: float = field(default=0.0, compare=False)
 
@@ -159,6 +161,8 @@ class Config:
             raise ValueError(f"cluster must be 1, or 2 for matmul_wgmma configs (got {self.cluster})")
         if self.cluster_axis not in ("m", "n") or (self.cluster_axis == "n" and self.cluster == 1):
             raise ValueError(f"cluster_axis must be 'm', or 'n' for a cluster (got {self.cluster_axis!r})")
+        if self.persistent:
+            raise ValueError("persistent is an attention_wgmma config's knob only")
         if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
             raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
         for name, width in self.vectorize:
@@ -168,6 +172,8 @@ class Config:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["vectorize"] = dict(self.vectorize)
+        if not self.persistent:  # records written before the field read the same
+            del d["persistent"]
         return d
 
     @classmethod
@@ -204,6 +210,8 @@ class Config:
             parts.append(f"{'group_m' if self.kind == 'matmul_wgmma' else 'raster'}={self.rasterization}")
         if self.cluster > 1:
             parts.append(f"cluster{'_n' if self.cluster_axis == 'n' else ''}={self.cluster}")
+        if self.persistent:
+            parts.append("persistent")
         return f"Config[{self.kind}]({', '.join(parts)})"
 
 

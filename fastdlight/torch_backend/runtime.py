@@ -12,7 +12,8 @@ that own TVM's memory.
 
 On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
 runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
-captures one call on static copies of the activations. Later calls copy the activations in,
+captures one call on static copies of the activations, then runs it once more (the pool then
+has free blocks for a call inside a graph the caller captures). Later calls copy the activations in,
 replay, and return the graph's outputs without a copy; an output the caller still holds when the
 next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
 memory every replay). A graph that cannot be captured runs its calls
@@ -154,6 +155,13 @@ class GraphReplay:
         with torch.cuda.graph(graph, capture_error_mode="relaxed"):
             self.outputs = self.run(*self.inputs)
         self.graph = graph
+        # one more call, its outputs dropped: the pool then holds a free block of each size a
+        # call takes besides the graph's own outputs, so that a call inside the caller's capture
+        # allocates nothing (CUDA refuses cudaMalloc while a stream captures: BERT and LLaMA
+        # failed so in torch.cuda.graph on the H200)
+        with torch.cuda.stream(side):
+            self.run(*self.inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
 
 
 class LentOutputs:

@@ -17,7 +17,7 @@ from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
 from fastdlight.policies.select import candidate_sets
 from fastdlight.schedules import apply_config
-from fastdlight.schedules.attention.template import AttentionTemplate
+from fastdlight.schedules.attention.template import AttentionTemplate, plan_for
 
 H100 = CUDA("nvidia/nvidia-h100")
 A100 = CUDA("nvidia/nvidia-a100")
@@ -101,3 +101,22 @@ def test_configs_the_template_does_not_take_are_refused():
         assert AttentionTemplate().apply_config(func, Config("attention_wgmma", block=(128, 72))) is None
         assert AttentionTemplate().apply_config(ops.softmax(4, 8).func, Config("attention_wgmma", block=(128, 64))) \
             is None
+
+
+def test_where_tiles_outnumber_the_sms_each_tile_also_comes_on_a_persistent_grid():
+    """GPT-2's causal shape (768 tiles of 128 rows on 132 SMs): each tile twice, a CTA per tile
+    and a CTA per SM walking the tiles; the persistent kernel compiles without spills and
+    launches one CTA per SM. A batch-1 short prompt (fewer tiles than SMs) gets no twins."""
+    func = ops.attention(8, 12, 1024, 1024, 64, causal=True).func
+    configs = attention_configs(match_attention(func), H100, 4)
+    assert [c.persistent for c in configs] == [False, True, False, True]
+    assert configs[0].block == configs[1].block and "persistent" in repr(configs[1])
+    assert Config.from_dict(configs[1].to_dict()) == configs[1] and "persistent" not in configs[0].to_dict()
+    kernel, src, cubin = compile_kernel(func, configs[1])
+    assert cubin.spill_bytes == 0
+    persistent, per_tile = (plan_for(func, c, H100.sm_count) for c in configs[1::-1])
+    assert (persistent.ctas, per_tile.ctas) == (H100.sm_count, per_tile.tiles) and persistent.tiles_per_cta == 6
+    few = ops.attention(1, 8, 1000, 1000, 128, causal=True).func
+    assert not any(c.persistent for c in attention_configs(match_attention(few), H100, 8))
+    with pytest.raises(ValueError, match="persistent"):
+        Config("matmul", block=(64, 64), thread=(8, 8), persistent=True).validate()

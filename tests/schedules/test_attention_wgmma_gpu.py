@@ -1,6 +1,7 @@
 """Fused attention template on the GPU: every config the attention policy emits is correct
 (against the float64 reference) on ragged sequence ends, causal masks aligned to the bottom
-right, GQA, head dims 64 and 128, fp16 and bf16. Needs an sm_90a GPU (skipped elsewhere)."""
+right, GQA, head dims 64 and 128, fp16 and bf16, a CTA per tile and persistent grids. Needs an
+sm_90a GPU (skipped elsewhere)."""
 
 import pytest
 
@@ -16,6 +17,8 @@ CASES = {
     "causal_d64_bottom_right": ((2, 3, 200, 777, 64), dict(causal=True)),
     "gqa_bf16_tail": ((1, 8, 333, 4097, 128), dict(kv_heads=2, dtype="bfloat16")),
     "one_query": ((2, 4, 1, 300, 128), dict(causal=True)),
+    # more tiles than SMs: each tile also on a persistent grid, its CTAs walking several tiles
+    "persistent_d64_tail": ((4, 12, 1000, 1000, 64), dict(causal=True)),
 }
 
 

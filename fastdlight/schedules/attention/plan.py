@@ -24,14 +24,16 @@ def _strides(dims: tuple[int, ...], elem_bytes: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """One CTA computes ``bm`` query rows of one (batch, head): ``bm / 64`` consumer warpgroups
-    of 64 rows each, and a producer warpgroup streaming ``bn``-key tiles of K and V through a
-    ``stages``-deep ring."""
+    """A CTA computes ``bm`` query rows of one (batch, head) at a time: ``bm / 64`` consumer
+    warpgroups of 64 rows each, and a producer warpgroup streaming ``bn``-key tiles of K and V
+    through a ``stages``-deep ring. ``max_ctas``: the grid's size at most (a persistent grid, a
+    CTA per SM, walks the tiles; None: a CTA per tile)."""
 
     shape: AttentionShape
     bm: int
     bn: int
     stages: int
+    max_ctas: int | None = None
 
     # --- the grid ---------------------------------------------------------------------------
 
@@ -68,9 +70,6 @@ class AttentionPlan:
     def q_tiles(self) -> int:
         return -(-self.shape.seq_q // self.bm)
 
-    #: SMs the persistent grid covers (set from the GPU by the template)
-    num_sms: int = 132
-
     @property
     def tiles(self) -> int:
         """Query tiles of the whole problem: one per (batch, head, block of ``bm`` rows)."""
@@ -78,9 +77,9 @@ class AttentionPlan:
 
     @property
     def ctas(self) -> int:
-        """The persistent grid: a CTA per SM (one fits: the ring takes most of its shared
-        memory), or per tile where there are fewer."""
-        return min(self.tiles, self.num_sms)
+        """A CTA per tile, or a persistent grid of ``max_ctas`` (a CTA per SM: one fits, the
+        ring takes most of its shared memory) where there are more tiles."""
+        return min(self.tiles, self.max_ctas or self.tiles)
 
     @property
     def tiles_per_cta(self) -> int:
