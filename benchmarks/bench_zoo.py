@@ -4,7 +4,7 @@ against torch on one GPU.
 
     python benchmarks/bench_zoo.py --list
     python benchmarks/bench_zoo.py [--models resnet50,gpt2_2l] [--sizes quick|all|1,16,1x512,4x2048]
-                                   [--time-limit 900] [--topk 20] [--db DIR] [--skip-compile]
+                                   [--time-limit 900] [--topk 20] [--db DIR] [--skip-compile] [--skip-stock]
     python benchmarks/bench_zoo.py --dry-run [--models timm_resnet18]   # CPU: export .. prepare
 
 One row per model and size: imported (``torch.export`` -> Relax) or the one-line reason it was
@@ -89,7 +89,8 @@ def child_case(name: str, size: str, args) -> Row:
     os.close(fd)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
            "--tune-jobs", str(args.tune_jobs),
-           *(["--skip-compile"] if args.skip_compile else []), *(["--db", args.db] if args.db else []),
+           *(["--skip-compile"] if args.skip_compile else []), *(["--skip-stock"] if args.skip_stock else []),
+           *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", args.gpu_lock] if args.gpu_lock else [])]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
@@ -157,6 +158,7 @@ def parse_args(argv):
                     help="functions a model's tuning works on at once (default: ApplyFastTuning's)")
     ap.add_argument("--db", default="", help="the tuning database dir (default: a fresh one per case)")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--skip-stock", action="store_true", help="leave stock Dlight's build and timing out")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU only: export, import, for_inference, prepare (no build, no timing)")
     ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")

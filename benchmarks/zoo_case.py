@@ -265,7 +265,7 @@ def gpu_case(name: str, size: str, args, save=None) -> Row:
         # every timing, the tuning and the tuned build: the case waits for the GPU once. The
         # build holds the turn too: a case that let it go after tuning waited behind every
         # other case's tuning for its last timing, and ran out of time there.
-        stock = build_stock(case, arch, dev)
+        stock = None if args.skip_stock else build_stock(case, arch, dev)
         model, x, compiled = torch_on_gpu(case, model, inputs, args)
         with gpu_turn(case, args):
             ref = time_torch_side(case, model, x, compiled)

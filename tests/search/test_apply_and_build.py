@@ -278,7 +278,7 @@ def test_long_finalists_run_alone_before_each_turn():
     from fastdlight.search.options import TuneOptions
     from fastdlight.search.stages import OWN_HEAT_MIN_MS, OWN_HEAT_MS, RETIME_ROUNDS, Timer
 
-    results = [_row(i, ms).replace(module=i) for i, ms in enumerate([OWN_HEAT_MIN_MS * 3, OWN_HEAT_MIN_MS / 2])]
+    results = [_row(i, ms).replace(module=i) for i, ms in enumerate([OWN_HEAT_MIN_MS * 1.1, OWN_HEAT_MIN_MS * 0.95])]
     timer = Timer(H100, lambda: None, TuneOptions(budget_ms=90))
     calls = []
     timer._time = lambda module, budget_ms: calls.append((module, budget_ms)) or Timing(1.0, (1.0,))
@@ -286,6 +286,29 @@ def test_long_finalists_run_alone_before_each_turn():
     timer.retime_fastest(results)
     turn = [(0, OWN_HEAT_MS), (0, 30), (1, 30)]
     assert calls == turn[1:] + turn * (RETIME_ROUNDS - 1)
+
+
+def test_candidates_far_behind_the_fastest_are_not_retimed():
+    """Only candidates whose first timing is within ``RETIME_WITHIN`` of the fastest's are timed
+    hot (the retime reorders by up to 13%); stock Dlight's fastest always is, as the baseline."""
+    import dataclasses
+
+    from fastdlight.config import StockSchedule
+    from fastdlight.search.stages import RETIME_WITHIN, pick_finalists
+
+    results = [_row(0, 1.0), _row(1, 1.0 + RETIME_WITHIN / 2), _row(2, 1.0 + 2 * RETIME_WITHIN)]
+    stock = dataclasses.replace(_row(3, 3.0), config=StockSchedule("sm_90a"))
+    assert {r.index for r in pick_finalists(results + [stock])} == {0, 1, 3}
+
+
+def test_light_kernels_are_not_heated():
+    from fastdlight.search import stages
+    from fastdlight.search.options import TuneOptions
+
+    heated = []
+    timer = stages.Timer(H100, lambda: heated.append("workload"), TuneOptions())
+    timer._heat(_row(0, stages.HEAT_LIGHT_MS / 2))
+    assert heated == []  # returned before it even asked for the workload
 
 
 def test_a_first_pass_time_never_beats_the_finalists_hot_times():
