@@ -12,14 +12,14 @@ that own TVM's memory.
 
 On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
 runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
-captures one call on static copies of the activations, then runs it once more (the pool then
-has free blocks for a call inside a graph the caller captures). Later calls copy the activations in,
+captures one call on static copies of the activations (a driver-API graph:
+:mod:`.driver_graph`). Later calls copy the activations in,
 replay, and return the graph's outputs without a copy; an output the caller still holds when the
 next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
 memory every replay). A graph that cannot be captured runs its calls
 as launches, with one log line saying why. Called while torch captures a CUDA graph of its own
-(``torch.cuda.graph``, ``mode="reduce-overhead"`` around it), a program launches its kernels
-into that graph.
+(``torch.cuda.graph``, ``mode="reduce-overhead"`` around it), a program adds its graph to that
+one as a node (the activations' copies in and the outputs' aliases as in a replay).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from tvm import relax
 
 from fastdlight.arch import CUDA
 from fastdlight.relax import ApplyFastTuning, compile_model, for_inference
+from fastdlight.measure.cuda_events import ensure_context
 from fastdlight.torch_backend.cache import database_dir
+from fastdlight.torch_backend.driver_graph import DriverGraph
 from fastdlight.torch_backend.graph import Unsupported, first_line
 
 log = logging.getLogger("fastdlight.torch_backend")
@@ -117,18 +119,15 @@ class GraphReplay:
 
     def __init__(self, run, device: torch.device):
         self.run, self.device = run, device
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph: DriverGraph | None = None
         self.inputs: list[torch.Tensor] = []
         self.outputs: tuple = ()
         self.why_not: str | None = None
         self.lent = LentOutputs()
 
     def __call__(self, args) -> tuple:
-        if torch.cuda.is_current_stream_capturing():
-            # the caller captures a CUDA graph of its own: the kernels go into it as launches
-            # (a replay of ours would not), and its outputs are static buffers, as torch's are
-            return self.run(*args)
-        if self.graph is None and self.why_not is None:
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.graph is None and self.why_not is None and not capturing:
             try:
                 self._capture(args)
             except Exception as e:  # noqa: BLE001 - launches still give the right result
@@ -139,7 +138,11 @@ class GraphReplay:
         self.lent.reclaim()
         for static, a in zip(self.inputs, args):
             static.copy_(a)
-        self.graph.replay()
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        if capturing:  # the caller captures a graph of its own: ours goes into it whole
+            self.graph.add_to_capture(stream)
+        else:
+            self.graph.launch(stream)
         return self.lent.lend(self.outputs)
 
     def _capture(self, args) -> None:
@@ -149,18 +152,12 @@ class GraphReplay:
         with torch.cuda.stream(side):
             for _ in range(2):  # TVM's pool then holds every buffer a call allocates
                 self.run(*self.inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # relaxed: the VM's allocator is TVM's, outside torch's capture bookkeeping
-        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
-            self.outputs = self.run(*self.inputs)
-        self.graph = graph
-        # one more call, its outputs dropped: the pool then holds a free block of each size a
-        # call takes besides the graph's own outputs, so that a call inside the caller's capture
-        # allocates nothing (CUDA refuses cudaMalloc while a stream captures: BERT and LLaMA
-        # failed so in torch.cuda.graph on the H200)
-        with torch.cuda.stream(side):
-            self.run(*self.inputs)
+            ensure_context(self.device.index or 0)
+
+            def call():
+                self.outputs = self.run(*self.inputs)
+
+            self.graph = DriverGraph(call, side.cuda_stream)
         torch.cuda.current_stream(self.device).wait_stream(side)
 
 

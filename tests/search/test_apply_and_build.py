@@ -290,15 +290,18 @@ def test_long_finalists_run_alone_before_each_turn():
 
 def test_candidates_far_behind_the_fastest_are_not_retimed():
     """Only candidates whose first timing is within ``RETIME_WITHIN`` of the fastest's are timed
-    hot (the retime reorders by up to 13%); stock Dlight's fastest always is, as the baseline."""
+    hot (the retime reorders by up to 13%); stock Dlight's fastest is, as the baseline, unless it
+    is ``STOCK_FINALIST_BEHIND`` times behind."""
     import dataclasses
 
     from fastdlight.config import StockSchedule
     from fastdlight.search.stages import RETIME_WITHIN, pick_finalists
 
     results = [_row(0, 1.0), _row(1, 1.0 + RETIME_WITHIN / 2), _row(2, 1.0 + 2 * RETIME_WITHIN)]
-    stock = dataclasses.replace(_row(3, 3.0), config=StockSchedule("sm_90a"))
+    stock = dataclasses.replace(_row(3, 3.5), config=StockSchedule("sm_90a"))
     assert {r.index for r in pick_finalists(results + [stock])} == {0, 1, 3}
+    hopeless = dataclasses.replace(_row(3, 4.5), config=StockSchedule("sm_90a"))  # cannot win: not retimed
+    assert {r.index for r in pick_finalists(results + [hopeless])} == {0, 1}
 
 
 def test_light_kernels_are_not_heated():

@@ -309,16 +309,39 @@ def test_cuda_fp16_cnn_matches_eager_and_replays_from_the_database(tmp_path):
     assert [row.status for row in again.static.report if row.status == "tuned"] == []
 
 
-def test_a_program_called_while_torch_captures_a_graph_launches_into_it(monkeypatch):
-    """Under the caller's own capture a replay of the program's graph would not be recorded:
-    the program runs its kernels (and captures no graph of its own then)."""
+def test_a_program_called_while_torch_captures_a_graph_adds_its_own_graph_to_it(monkeypatch):
+    """Under the caller's own capture the program's graph goes into the caller's as a node (its
+    kernels run there would allocate under capture); before it has a graph of its own, it runs
+    its kernels and captures none then."""
     from fastdlight.torch_backend.runtime import GraphReplay
 
     calls = []
     replay = GraphReplay(lambda *args: calls.append(args) or ("out",), torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert replay(["x"]) == ("out",) and calls == [("x",)]
-    assert replay.graph is None and replay.why_not is None
+    assert replay(["x"]) == ("out",) and calls == [("x",)] and replay.graph is None
+
+    class FakeGraph:
+        def __init__(self):
+            self.used = []
+
+        def add_to_capture(self, stream):
+            self.used.append(("node", stream))
+
+        def launch(self, stream):
+            self.used.append(("launch", stream))
+
+    class FakeStream:
+        cuda_stream = 7
+
+    graph, static_in, static_out = FakeGraph(), torch.zeros(2), torch.arange(3.0)
+    replay.graph, replay.inputs, replay.outputs = graph, [static_in], (static_out,)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    (out,) = replay([torch.ones(2)])
+    assert graph.used == [("node", 7)] and calls == [("x",)]  # no kernels run: the graph is the node
+    assert torch.equal(static_in, torch.ones(2)) and out.data_ptr() == static_out.data_ptr()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    replay([torch.ones(2)])
+    assert graph.used[-1] == ("launch", 7)
 
 
 def test_lent_outputs_cost_no_copy_and_a_held_one_keeps_its_values():
