@@ -6,7 +6,7 @@ the launchers, not the kernels. Inside a CUDA graph both sides replay pre-record
 
 :class:`LaunchGraph` captures ``n`` back-to-back launches (cycling through the rotated input
 copies, so inputs stay out of L2, as in :func:`measure.time_launches`) into one graph through
-the CUDA driver API (ctypes; the tuner never imports torch), with TVM's launches sent to the
+the CUDA driver API (:class:`~fastdlight.measure.driver_graph.DriverGraph`), with TVM's launches sent to the
 capturing stream via ``tvm_ffi.use_raw_stream``. :func:`time_torch_graph` does the same with
 ``torch.cuda.CUDAGraph``. Both replay the graph between CUDA events and report the median of
 replay time / n over at least ``budget_ms``. A tuning run keeps a finalist's graph for all of
@@ -20,6 +20,7 @@ import ctypes
 import math
 
 from fastdlight.measure.cuda_events import Event, check_status, driver_library, ensure_context
+from fastdlight.measure.driver_graph import DriverGraph
 from fastdlight.measure.timing import Timing
 
 #: kernels faster than this (median of queued launches) are re-timed inside graphs
@@ -28,8 +29,8 @@ GRAPH_BELOW_MS = 0.05
 MIN_GRAPH_MS = 1.0
 #: ...and at most this many launches (recording one costs the host a few microseconds)
 MAX_GRAPH_LAUNCHES = 1000
-#: CU_STREAM_NON_BLOCKING; CU_STREAM_CAPTURE_MODE_RELAXED (other threads may use CUDA meanwhile)
-_NON_BLOCKING, _CAPTURE_RELAXED = 1, 2
+#: CU_STREAM_NON_BLOCKING
+_NON_BLOCKING = 1
 
 
 def launches_per_graph(per_launch_ms: float, n_arg_sets: int, min_ms: float = MIN_GRAPH_MS) -> int:
@@ -62,7 +63,7 @@ class LaunchGraph:
         self.per_launch_ms = per_launch_ms
         self.dev, self.stream = dev, ctypes.c_void_p()
         check_status(self.lib, self.lib.cuStreamCreate(ctypes.byref(self.stream), _NON_BLOCKING), "cuStreamCreate")
-        self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+        self.graph: DriverGraph | None = None
         try:
             self._capture(launch, arg_sets)
             self._replay_ms()  # warm-up replay
@@ -84,24 +85,20 @@ class LaunchGraph:
             yield
 
     def _capture(self, launch, arg_sets) -> None:
-        lib = self.lib
         with self._on_stream():
             launch(*arg_sets[0])  # outside the capture: module load, first-launch setup
-            check_status(lib, lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-            check_status(lib, lib.cuStreamBeginCapture_v2(self.stream, _CAPTURE_RELAXED), "cuStreamBeginCapture")
-            try:
+            check_status(self.lib, self.lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+            def launches():
                 for i in range(self.n):
                     launch(*arg_sets[i % len(arg_sets)])
-            finally:
-                status = lib.cuStreamEndCapture(self.stream, ctypes.byref(self.graph))
-        check_status(lib, status, "cuStreamEndCapture (did every launch go to the capturing stream?)")
-        check_status(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
-               "cuGraphInstantiateWithFlags")
+
+            self.graph = DriverGraph(launches, self.stream.value)
 
     def _replay_ms(self) -> float:
         start, end = Event(), Event()
         start.record(self.stream)
-        check_status(self.lib, self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+        self.graph.launch(self.stream.value)
         end.record(self.stream)
         end.synchronize()
         return start.elapsed_ms(end)
@@ -112,13 +109,11 @@ class LaunchGraph:
         return Timing.of((s / self.n for s in samples), graph=True)
 
     def close(self) -> None:
-        if self.exec:
-            self.lib.cuGraphExecDestroy(self.exec)
-        if self.graph:
-            self.lib.cuGraphDestroy(self.graph)
+        if self.graph is not None:
+            self.graph.close()
         if self.stream:
             self.lib.cuStreamDestroy_v2(self.stream)
-        self.exec = self.graph = self.stream = ctypes.c_void_p()
+        self.graph, self.stream = None, ctypes.c_void_p()
 
 
 def time_graph(launch, arg_sets, dev, budget_ms: float = 100.0, per_launch_ms: float = 0.01) -> Timing:

@@ -13,7 +13,7 @@ that own TVM's memory.
 On a GPU a program replays from a CUDA graph (``cuda_graph``, the default): the first call
 runs it twice on a side stream, so that TVM's memory pool holds every buffer a call takes, then
 captures one call on static copies of the activations (a driver-API graph:
-:mod:`.driver_graph`). Later calls copy the activations in,
+:mod:`fastdlight.measure.driver_graph`). Later calls copy the activations in,
 replay, and return the graph's outputs without a copy; an output the caller still holds when the
 next call comes gets a copy of its own then (:class:`LentOutputs`: the graph writes the same
 memory every replay). A graph that cannot be captured runs its calls
@@ -38,8 +38,8 @@ from tvm import relax
 from fastdlight.arch import CUDA
 from fastdlight.relax import ApplyFastTuning, compile_model, for_inference
 from fastdlight.measure.cuda_events import ensure_context
+from fastdlight.measure.driver_graph import DriverGraph
 from fastdlight.torch_backend.cache import database_dir
-from fastdlight.torch_backend.driver_graph import DriverGraph
 from fastdlight.torch_backend.graph import Unsupported, first_line
 
 log = logging.getLogger("fastdlight.torch_backend")

@@ -1,11 +1,13 @@
-"""A program's CUDA graph, held through the driver API: replayed on a stream, or added whole to
-a graph the caller is capturing.
+"""A CUDA graph held through the driver API (ctypes; the tuner never imports torch): whatever
+``fn()`` launches on a stream, captured once and instantiated, then replayed on a stream, or
+added whole to a graph another caller is capturing.
 
-Inside a graph the caller captures, running the program's kernels had TVM's memory pool
-allocate under capture, which CUDA refuses (BERT and LLaMA failed so in ``torch.cuda.graph`` on
-the H200). Held as a driver-API graph, the program's own graph goes into the caller's as one
-child-graph node instead (``cuGraphAddChildGraphNode`` on the capture's current dependencies),
-with the static buffers a replay uses: nothing is allocated.
+The tuner's timing graphs (:class:`~fastdlight.measure.graph_timing.LaunchGraph`) are held so,
+and so is a torch backend program's own graph. Inside a graph the caller captures, running that
+program's kernels had TVM's memory pool allocate under capture, which CUDA refuses (BERT and
+LLaMA failed so in ``torch.cuda.graph`` on the H200); the program's graph goes into the
+caller's as one child-graph node instead (``cuGraphAddChildGraphNode`` on the capture's current
+dependencies), with the static buffers a replay uses: nothing is allocated.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import ctypes
 
 from fastdlight.measure.cuda_events import check_status, driver_library
 
-#: CU_STREAM_CAPTURE_MODE_RELAXED: TVM's pool may allocate while the program's call is captured
+#: CU_STREAM_CAPTURE_MODE_RELAXED: other threads may use CUDA meanwhile, and TVM's pool may
+#: allocate while a program's call is captured
 _CAPTURE_RELAXED = 2
 #: CU_STREAM_CAPTURE_STATUS_ACTIVE; CU_STREAM_SET_CAPTURE_DEPENDENCIES
 _CAPTURE_ACTIVE, _SET_DEPENDENCIES = 1, 1
@@ -32,7 +35,7 @@ class DriverGraph:
             fn()
         finally:
             status = lib.cuStreamEndCapture(s, ctypes.byref(self.graph))
-        check_status(lib, status, "cuStreamEndCapture")
+        check_status(lib, status, "cuStreamEndCapture (did every launch go to the capturing stream?)")
         try:
             check_status(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph,
                                                               ctypes.c_ulonglong(0)), "cuGraphInstantiateWithFlags")
