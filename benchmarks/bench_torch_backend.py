@@ -10,8 +10,8 @@ Per model and size, in a process of its own with a fresh ``FASTDLIGHT_CACHE``:
   import, tuning into the cache's database, build, CUDA graph capture), on the fp16 model;
 * ``max_rel_err``: that output against torch eager fp16, relative to the largest element;
 * ``backend_ms``: a call of the compiled model in steady state, captured in a CUDA graph as
-  ``bench_zoo`` times torch.compile's (the program's kernels, launched into that graph; dynamo's
-  guards and the Python of a call are not in it); ``relax_ms``: the same model through
+  ``bench_zoo`` times torch.compile's (the program's own graph, added to that one as a node;
+  dynamo's guards and the Python of a call are not in it); ``relax_ms``: the same model through
   ``for_inference`` -> ``compile_model`` (every function a hit in the database the compile
   filled) -> VM in a CUDA graph, as ``bench_zoo`` times it; ``vs relax`` is their ratio (1.0:
   the backend costs nothing);

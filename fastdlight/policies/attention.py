@@ -32,14 +32,17 @@ def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_
     return fragments + OVERHEAD_REGS <= 65536 // threads and smem_bytes <= smem
 
 
+def query_tiles(shape: AttentionShape, bm: int) -> int:
+    """Tiles of ``bm`` query rows over every (batch, head): a CTA each, or a persistent grid's work."""
+    return -(-shape.seq_q // bm) * shape.batch * shape.heads
+
+
 def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) -> float:
     """Waves of CTAs, weighted by how much of each step is useful: a narrow key tile pays the
     softmax's fixed costs (max, exp, shuffles) and a barrier round trip per fewer keys, and a
     shallow ring exposes load latency."""
-    q_tiles = -(-shape.seq_q // bm)
-    ctas = q_tiles * shape.batch * shape.heads
-    waves = -(-ctas // sm_count)
-    padding = q_tiles * bm / shape.seq_q  # rows computed for nothing at the tail
+    waves = -(-query_tiles(shape, bm) // sm_count)
+    padding = -(-shape.seq_q // bm) * bm / shape.seq_q  # rows computed for nothing at the tail
     per_step = 1.0 + 16.0 / bn + (0.1 if stages < 3 else 0.0)
     # one consumer warpgroup has no other's GEMMs to hide its softmax behind
     alone = 1.4 if bm == 64 else 1.0
@@ -63,6 +66,6 @@ def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[
         configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c))
         # where the tiles outnumber the SMs, the same tile on a persistent grid: measured either
         # way round by shape (H200: 18% faster on GPT-2's d64 causal shape, 2-9% slower at d128)
-        if -(-shape.seq_q // bm) * shape.batch * shape.heads > arch.sm_count:
+        if query_tiles(shape, bm) > arch.sm_count:
             configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, persistent=True, cost=c))
     return configs[:topk]
