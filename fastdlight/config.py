@@ -34,6 +34,7 @@ KINDS = (
     "reduction",  # one reduction block (+ optional elementwise around it)
     "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
+    "gemv_int4",  # decode rows against 4-bit weights, dequantized in registers: block=(rows,), thread=(rows a warp,)
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)

@@ -15,6 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
+from fastdlight.analysis.int4 import INT4_PER_WORD, Int4MatmulShape, int4_matmul_func, int4_matmul_te  # noqa: F401 - re-exported
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 from fastdlight.measure.inputs import RANDOM_BITS
@@ -419,10 +420,6 @@ def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_d
     return Op("conv2d_nhwc", _prim_func([I, W, O], "conv2d_nhwc"), ref, flops, nbytes)
 
 
-#: 4-bit values a uint32 word of packed weights holds (the lowest nibble is the first along K)
-INT4_PER_WORD = 8
-
-
 def matmul_int4(m, n, k, group_size=128, dtype="float16", zero_point=False) -> Op:
     """Weight-only 4-bit matmul, as a linear layer quantized for serving holds it:
     Y[m, n] = sum_k X[m, k] * W[n, k], with W[n, k] = (q[n, k] - z) * S[n, k // group_size]
@@ -431,7 +428,8 @@ def matmul_int4(m, n, k, group_size=128, dtype="float16", zero_point=False) -> O
     group's ``Z[n, k // group_size]``. fp32 sums, the result in ``dtype``."""
     _check_shape(m, n, k, group_size)
     _check_dtype(dtype, ("float16", "bfloat16"))
-    func = int4_matmul_func((m,), n, k, group_size, dtype, dtype, zero_point)
+    func = int4_matmul_func(Int4MatmulShape((m,), n, k, group_size, dtype, dtype, zero_point)).with_attr(
+        RANDOM_BITS, ["Q"])
 
     def ref(x, q, s, z=None):
         return x.astype(np.float64) @ dequantize_int4(q, s, z, group_size, dtype).T
@@ -439,43 +437,6 @@ def matmul_int4(m, n, k, group_size=128, dtype="float16", zero_point=False) -> O
     groups = k // group_size
     nbytes = (m * k + (2 if zero_point else 1) * n * groups + m * n) * NBYTES[dtype] + n * k // 2
     return Op("matmul_int4", func, ref, 2.0 * m * n * k, nbytes)
-
-
-def int4_matmul_func(lead, n, k, group_size: int, dtype: str, out_dtype: str, zero_point: bool,
-                     name: str = "matmul_int4") -> tirx.PrimFunc:
-    """The PrimFunc of :func:`matmul_int4` for activations ``X[*lead, k]`` and an ``out_dtype``
-    result: parameters X, Q, S, (Z,) Y."""
-    if group_size % INT4_PER_WORD or k % group_size:
-        raise ValueError(f"group size {group_size} must be a multiple of {INT4_PER_WORD} dividing K={k}")
-    groups = k // group_size
-    X = te.placeholder(tuple(lead) + (k,), dtype, name="X")
-    Q = te.placeholder((n, k // INT4_PER_WORD), "uint32", name="Q")
-    S = te.placeholder((n, groups), dtype, name="S")
-    Z = te.placeholder((n, groups), dtype, name="Z") if zero_point else None
-    Y = int4_matmul_te(X, Q, S, Z, group_size, out_dtype)
-    tensors = [X, Q, S] + ([Z] if zero_point else []) + [Y]
-    return _prim_func(tensors, name).with_attr(RANDOM_BITS, ["Q"])
-
-
-def int4_matmul_te(X, Q, S, Z, group_size: int, out_dtype: str):
-    """``Y[..., n] = sum_k X[..., k] * W[n, k]`` over the 4-bit weights ``Q`` (``[N, K / 8]``
-    uint32), scales ``S`` and zeros ``Z`` (None: 8) dequantized elementwise (a block the
-    schedules inline into the product's loads); fp32 sums, the result in ``out_dtype``."""
-    dtype = S.dtype
-
-    def weight(j, kk):
-        word = Q[j, kk // INT4_PER_WORD]
-        q = ((word >> (kk % INT4_PER_WORD * 4).astype("uint32")) & tirx.const(15, "uint32")).astype(dtype)
-        zero = Z[j, kk // group_size] if Z is not None else tirx.const(8, dtype)
-        return (q - zero) * S[j, kk // group_size]
-
-    n, k = Q.shape[0], X.shape[-1]
-    W = te.compute((n, k), weight, name="W")
-    r = te.reduce_axis((0, k), name="k")
-    lead = tuple(X.shape[:-1])
-    acc = te.compute(lead + (n,), lambda *ax: te.sum(X[ax[:-1] + (r,)].astype("float32")
-                                                     * W[ax[-1], r].astype("float32"), axis=r), name="Y_acc")
-    return te.compute(lead + (n,), lambda *ax: acc[ax].astype(out_dtype), name="Y")
 
 
 def dequantize_int4(q, s, z, group_size: int, dtype: str = "float16") -> np.ndarray:

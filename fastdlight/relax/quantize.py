@@ -22,7 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from fastdlight.ops import INT4_PER_WORD, int4_matmul_te
+from fastdlight.analysis.int4 import ATTR as INT4_ATTR
+from fastdlight.analysis.int4 import INT4_PER_WORD, Int4MatmulShape, int4_matmul_te
 from fastdlight.relax.rewrites import calls_pass, constant_value, static_shape
 
 #: activation dtypes the 4-bit matmul takes (the scales are stored in the activations' dtype)
@@ -79,7 +80,11 @@ def quantize_weights(bits: int = 4, group_size: int = 128, zero_point: bool = Fa
         def product(x_, q_, s_, z_=None):
             return int4_matmul_te(x_, q_, s_, z_, group_size, out_dtype)
 
-        return mutator.builder_.call_te(product, *args, primfunc_name_hint="matmul_int4")
+        sx = static_shape(x)
+        # static shapes: the function says what it is, for the dequantizing GEMV template
+        attrs = {} if sx is None else {"primfunc_attrs": {INT4_ATTR: Int4MatmulShape(
+            tuple(sx[:-1]), sw[1], sw[0], group_size, dtype, out_dtype, zero_point).to_attr()}}
+        return mutator.builder_.call_te(product, *args, primfunc_name_hint="matmul_int4", **attrs)
 
     # the float weights' bindings (a transpose or a cast of the constant) are dead now: dropped
     return calls_pass("fastdlight.QuantizeWeights", "relax.matmul", rewrite,

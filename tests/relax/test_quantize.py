@@ -10,6 +10,7 @@ from tvm import relax
 
 import fastdlight
 from fastdlight import ops
+from fastdlight.analysis.int4 import Int4MatmulShape, match_int4_matmul
 from fastdlight.compiler.compile import cuda_source
 from fastdlight.relax import prepare
 from fastdlight.relax.pipeline import prim_funcs
@@ -58,6 +59,9 @@ def test_a_linear_layer_runs_on_its_dequantized_weights(zero_point):
     quantized = quantize_weights(bits=4, group_size=64, zero_point=zero_point)(mod)
     calls = [f for f in prim_funcs(quantized) if f.startswith("matmul_int4")]
     assert len(calls) == 1
+    # the function says what it is, for the dequantizing GEMV template
+    func = quantized[calls[0]]
+    assert match_int4_matmul(func) == Int4MatmulShape((1, T), N, K, 64, "float16", "float16", zero_point)
     consts = _tensor_constants(quantized["main"])
     assert [a.shape for a in consts if a.dtype == np.uint32] == [(N, K // 8)]  # the packed weight
     assert not any(a.shape in ((N, K), (K, N)) for a in consts)  # and no copy of W

@@ -1,0 +1,69 @@
+"""The dequantizing 4-bit GEMV (CPU): which functions it recognizes (the shape attribute, checked
+against the buffers), which shapes its policy takes, and that every config compiles to a cubin
+for Hopper without spilling."""
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.analysis.int4 import ATTR, Int4MatmulShape, match_int4_matmul
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import compile_mod_to_cubin
+from fastdlight.policies.gemv_int4 import dequant_gemv_configs
+from fastdlight.policies.select import candidate_sets
+from fastdlight.schedules.gemv_int4 import GemvInt4Template
+
+H100 = CUDA(tvm.target.Target("nvidia/nvidia-h100"))
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def test_the_op_is_recognized_with_its_shape():
+    op = ops.matmul_int4(3, 4100, 2048, group_size=64, zero_point=True)
+    assert match_int4_matmul(op.func) == Int4MatmulShape((3,), 4100, 2048, 64, "float16", "float16", True)
+
+
+def test_an_attribute_the_buffers_disagree_with_is_not_trusted():
+    op = ops.matmul_int4(1, 512, 1024)
+    lying = Int4MatmulShape((1,), 512, 2048, 128).to_attr()  # another K
+    assert match_int4_matmul(op.func.with_attr(ATTR, lying)) is None
+    assert match_int4_matmul(op.func.without_attr(ATTR)) is None
+
+
+@pytest.mark.parametrize("m, n, k, dtype, takes", [
+    (1, 11008, 4096, "float16", True),
+    (16, 4096, 2048, "float16", True),
+    (17, 4096, 2048, "float16", False),  # prefill rows: the tensor-core templates
+    (1, 4096, 4096, "bfloat16", False),
+    (1, 4096, 4080, "float16", False),  # K not in whole 32-weight lane steps
+    (8, 4096, 11008, "float16", False),  # the activations would not fit in shared memory
+])  # fmt: skip
+def test_the_policy_takes_decode_shapes_only(m, n, k, dtype, takes):
+    group = 16 if k % 128 else 128
+    shape = Int4MatmulShape((m,), n, k, group, dtype, dtype)
+    configs = dequant_gemv_configs(shape, H100)
+    assert bool(configs) == takes
+    assert all(c.kind == "gemv_int4" and c.num_threads in (128, 256) for c in configs)
+
+
+def test_a_decode_function_gets_the_template_and_stock_only():
+    op = ops.matmul_int4(1, 4096, 4096)
+    sets = list(candidate_sets(op.func, H100, 20))
+    assert [s.policy for s in sets] == ["DequantGemvPolicy"]
+    assert {c.kind for c in sets[0].configs} == {"gemv_int4"}
+
+
+@pytest.mark.parametrize("m, n, k, group, zero_point", [
+    (1, 4100, 4096, 128, False),  # N not a multiple of a CTA's rows
+    (3, 1000, 11008, 64, True),  # K / 32 not a multiple of a warp's 32 lanes: a partial last step
+])  # fmt: skip
+def test_every_config_compiles_to_a_cubin(m, n, k, group, zero_point):
+    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point)
+    configs = dequant_gemv_configs(match_int4_matmul(op.func), H100)
+    assert len(configs) == 6
+    for config in configs[:3] if zero_point else configs:
+        kernel = GemvInt4Template().apply_config(op.func, config)
+        assert kernel is not None, config
+        assert [str(p.name) for p in kernel.params] == [str(p.name) for p in op.func.params]
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
+        assert "fma.rn.f16x2" not in src and "__hfma2" in src  # the paired fp16 arithmetic, not per element

@@ -1,0 +1,30 @@
+"""The dequantizing 4-bit GEMV on the GPU: every config its policy emits is correct against the
+float64 dequantized reference, on odd shapes (N not a multiple of a CTA's rows, a partial last
+lane step along K, several activation rows, zero points, groups of 32). Needs an sm_90 GPU."""
+
+import pytest
+
+from fastdlight import ops
+from fastdlight.analysis.int4 import match_int4_matmul
+from fastdlight.policies.gemv_int4 import dequant_gemv_configs
+from fastdlight.search.runner import apply_and_build
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "decode_n_tail": (1, 4100, 4096, 128, False),
+    "rows3_k_tail_zeros": (3, 1000, 11008, 64, True),
+    "rows16_group32": (16, 520, 2048, 32, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_dequant_gemv_config_is_correct(name, hopper_arch):
+    m, n, k, group, zero_point = CASES[name]
+    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point)
+    configs = dequant_gemv_configs(match_int4_matmul(op.func), hopper_arch)
+    results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
+                                    progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
+    assert best.config.kind == "gemv_int4"
