@@ -5,8 +5,9 @@ process per GPU) against the same model tuned on one GPU: candidates per second 
 
 Per model (``torch_models``, as ``bench_models`` prepares it): the prepared module tuned from a
 fresh database on GPU 0 alone, then on ``--devices``. A row: seconds, candidates built (the
-reports' sum), candidates per second of each and their ratio, and the functions whose winners
-differ: another config kind, or a time more than 3 % apart (each time was taken on the GPU that
+reports' sum), candidates per second of each and their ratio, where the one-GPU run's time went
+(its stages: builds, the GPU's turn, ...), each GPU's share of the spread run, and the functions
+whose winners differ: another config kind, or a time more than 3 % apart (each time was taken on the GPU that
 tuned the function). Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
 
@@ -51,8 +52,17 @@ def tune(mod, arch, devices, topk: int) -> dict:
         tuning(mod)
     seconds = time.perf_counter() - t0
     report = {e.function: e for e in tuning.report if e.status in ("tuned", "database")}
+    per_device = {}
+    for e in report.values():
+        d = per_device.setdefault(str(e.device if e.device is not None else "here"), [0, 0, 0.0])
+        d[0], d[1], d[2] = d[0] + 1, d[1] + e.candidates, d[2] + e.seconds
+    stages = {k: round(v, 1) for k, v in sorted(tuning.stage_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.5}
     return {"seconds": round(seconds, 2), "candidates": sum(e.candidates for e in report.values()),
-            "report": report, "requeued": sorted(e.function for e in tuning.report if e.requeued)}
+            "report": report, "requeued": sorted(e.function for e in tuning.report if e.requeued),
+            # functions, candidates and summed tuning seconds each GPU's worker had; where this
+            # process's time went (a spread run's is mostly waiting for the workers)
+            "shares": {k: {"functions": f, "candidates": c, "seconds": round(t, 1)} for k, (f, c, t) in per_device.items()},
+            "stages": stages}
 
 
 def differing(one: dict, many: dict) -> list[str]:
@@ -76,7 +86,8 @@ def bench(name: str, devices, topk: int, arch) -> dict:
             "one_candidates": one["candidates"], "many_candidates": many["candidates"],
             "one_per_s": rate[0] and round(rate[0], 2), "many_per_s": rate[1] and round(rate[1], 2),
             "speedup": round(rate[1] / rate[0], 2) if all(rate) else None,
-            "differing": differing(one["report"], many["report"]), "requeued": many["requeued"]}
+            "differing": differing(one["report"], many["report"]), "requeued": many["requeued"],
+            "one_stages": one["stages"], "many_shares": many["shares"]}
 
 
 def markdown(rows: list[dict]) -> str:

@@ -123,9 +123,12 @@ def test_gpu_the_winner_is_never_slower_than_stock_dlight():
     arch = CUDA.from_device(tvm.cuda(0))
     f = ops.reduce((4096, 1024), "float16", "max").func  # Dlight is far behind here
     tuned = candidates.tune_function(f, arch, 4, TuneOptions(budget_ms=50))
-    stock = tuned.stock
-    assert stock is not None and stock.config.is_stock
-    assert tuned.best.verified and tuned.best.latency_ms <= stock.latency_ms
+    # stock Dlight was timed; far behind at the first pass, it was not timed again with the
+    # finalists (so its time is a first pass's, the winner's a hot one's)
+    stock = [r for r in tuned.results if r.config.is_stock and r.latency_ms is not None]
+    assert stock
+    assert tuned.best.verified and not tuned.best.config.is_stock
+    assert tuned.best.latency_ms <= min(r.latency_ms for r in stock)
 
 
 def test_a_tensor_core_matmul_gets_both_stock_configs_without_importing_intrinsics_here():
