@@ -133,6 +133,11 @@ def specs() -> dict[str, ModelSpec]:
                   lambda: MLP(4096, 11008), (2048, 4096)),
         ModelSpec("mlp_silu", "gated MLP 2048 tokens, 4096 -> 2x11008 -> 4096, SiLU",
                   lambda: GatedMLP(4096, 11008), (2048, 4096)),
+        # one token: every weight read once for one row, a step at the bandwidth limit
+        ModelSpec("decode_mlp_gelu", "decode MLP, 1 token, 4096 -> 11008 -> 4096, bias, GELU",
+                  lambda: MLP(4096, 11008), (1, 4096)),
+        ModelSpec("decode_mlp_silu", "decode gated MLP, 1 token, 4096 -> 2x11008 -> 4096, SiLU",
+                  lambda: GatedMLP(4096, 11008), (1, 4096)),
         ModelSpec("decoder_ln", "decoder layer b4 s512 d2048 16 heads ff5632, LayerNorm, GELU, no mask",
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=False), (4, 512, 2048)),
         ModelSpec("llama_b1_s512", "LLaMA layer b1 s512 d2048 16 heads ff5632, RMSNorm, causal, SiLU",

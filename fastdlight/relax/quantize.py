@@ -23,7 +23,10 @@ import tvm
 from tvm import relax
 
 from fastdlight.analysis.int4 import ATTR as INT4_ATTR
-from fastdlight.analysis.int4 import INT4_PER_WORD, Int4MatmulShape, int4_matmul_te
+from fastdlight.analysis.int4 import INT4_PER_WORD, Int4MatmulShape, dequant_gemv_fits, int4_matmul_te
+
+#: relax's op pattern kind of a function FuseOps leaves alone (kOpaque)
+OPAQUE_PATTERN = 8
 from fastdlight.relax.rewrites import calls_pass, constant_value, static_shape
 
 #: activation dtypes the 4-bit matmul takes (the scales are stored in the activations' dtype)
@@ -82,8 +85,13 @@ def quantize_weights(bits: int = 4, group_size: int = 128, zero_point: bool = Fa
 
         sx = static_shape(x)
         # static shapes: the function says what it is, for the dequantizing GEMV template
-        attrs = {} if sx is None else {"primfunc_attrs": {INT4_ATTR: Int4MatmulShape(
-            tuple(sx[:-1]), sw[1], sw[0], group_size, dtype, out_dtype, zero_point).to_attr()}}
+        shape = None if sx is None else Int4MatmulShape(tuple(sx[:-1]), sw[1], sw[0], group_size, dtype, out_dtype,
+                                                          zero_point)
+        attrs = {} if shape is None else {"primfunc_attrs": {INT4_ATTR: shape.to_attr()}}
+        if shape is not None and dequant_gemv_fits(shape):
+            # decode rows: kept out of fusion (an epilogue stays a kernel of its own), so the
+            # dequantizing GEMV template, which has no epilogue, takes the product
+            attrs["primfunc_attrs"]["op_pattern"] = OPAQUE_PATTERN
         return mutator.builder_.call_te(product, *args, primfunc_name_hint="matmul_int4", **attrs)
 
     # the float weights' bindings (a transpose or a cast of the constant) are dead now: dropped
