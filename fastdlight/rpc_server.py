@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -51,10 +52,14 @@ def measure(request: str) -> str:
     if req.get("reference"):
         builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, workpath(req["reference"])), None, 0.0))
     opts = TuneOptions(probe=False, **req["options"])
+    log = logging.getLogger("fastdlight.rpc_server")
+    log.info("measuring %d libraries on %s", len(builts), arch.device_name or arch.name)
     try:
         ranked, best, nbytes = measure_built(plan, builts, opts)
     except Exception as e:  # noqa: BLE001 - the tuner is told why, in one line, and does not retry
+        log.exception("the measurement failed")
         return json.dumps({"failed": " ".join(str(e).split())[:500] or type(e).__name__})
+    log.info("measured: the fastest is candidate %s", best.index if best is not None else None)
     return json.dumps({"results": {str(r.index): result_fields(r) for r in ranked},
                        "best": best.index if best is not None else None,
                        "device": arch.device_name or arch.name, "nbytes": nbytes})
@@ -90,6 +95,7 @@ def parse_args(argv):
     ap.add_argument("--port", type=int, default=9090, help="first port to try (up to 100 more)")
     ap.add_argument("--tracker", help="HOST:PORT of a TVM tracker to register with")
     ap.add_argument("--key", default="", help="the key to register under (with --tracker)")
+    ap.add_argument("--verbose", action="store_true", help="log each connection (TVM's RPC server log) to stderr")
     args = ap.parse_args(argv)
     if args.tracker:
         try:
@@ -104,12 +110,14 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     register()
     # TVM's listening loop in this process (rpc.Server would start it in a worker process through
     # cloudpickle, which TVM does not depend on); each connection is served by a forked child, which has
     # the function registered above
     server = PopenRPCServerState(args.host, args.port, args.port + 100, tracker_addr=args.tracker, key=args.key,
-                                 silent=True)
+                                 silent=not args.verbose)
     print(f"fastdlight RPC server on {args.host}:{server.port}"
           + (f", registered with the tracker {args.tracker[0]}:{args.tracker[1]} as {args.key!r}" if args.tracker
              else "") + f"; GPU: {gpu_line()}", flush=True)

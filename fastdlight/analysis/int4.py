@@ -124,7 +124,15 @@ def match_int4_matmul(func: tirx.PrimFunc) -> Int4MatmulShape | None:
 
 
 def dequant_gemv_fits(shape: Int4MatmulShape) -> bool:
-    """Whether the dequantizing GEMV template takes ``shape``: fp16, decode rows, K in whole lane
-    steps, the activations in shared memory."""
+    """Whether the dequantizing GEMV template takes ``shape``: fp16, decode rows, K and the groups
+    in whole lane steps (one scale a step), the activations in shared memory."""
     return (shape.dtype == "float16" and shape.m <= GEMV_MAX_ROWS and shape.k % LANE_WEIGHTS == 0
-            and shape.m * shape.k * 2 <= GEMV_MAX_X_BYTES)
+            and shape.group_size % LANE_WEIGHTS == 0 and shape.m * shape.k * 2 <= GEMV_MAX_X_BYTES)
+
+
+def resident_ctas(shape: Int4MatmulShape, warps: int, arch=None) -> int:
+    """CTAs of ``warps`` warps that fit on one SM at once beside the staged activations (an H100's
+    limits where ``arch`` is None: 2048 threads, 228 KB of shared memory)."""
+    threads = arch.max_threads_per_sm if arch is not None else 2048
+    smem = arch.smem_per_sm if arch is not None else 228 * 1024
+    return max(1, min(threads // (32 * warps), smem // max(1, shape.m * shape.k * 2)))

@@ -1,16 +1,18 @@
 """Dequantizing GEMV for 4-bit weights: which CTA shapes the ``gemv_int4`` template should try.
 
 A config is ``block = (rows a CTA,)``, ``thread = (rows a warp,)``: 4 or 8 warps, each owning
-1, 2 or 4 weight rows. Every shape reads the same bytes; what differs is how the last wave of
-CTAs fills the SMs and how often a warp re-reads the activations from shared memory (once per
-row it owns), so the prediction is coarse and the tuner times them all (six at most).
+1, 2 or 4 weight rows, and ``persistent`` (the CTAs the SMs hold at once walk the row blocks).
+Every shape reads the same weight bytes; what differs is how the last wave of CTAs fills the
+SMs, how often the activations are staged (once a CTA: 22 KB of L2 reads for K = 11008 against
+a block's 44 KB of weights) and re-read from shared memory (once a row), so the prediction is
+coarse and the tuner times the top few.
 """
 
 from __future__ import annotations
 
 import math
 
-from fastdlight.analysis.int4 import LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits
+from fastdlight.analysis.int4 import LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits, resident_ctas
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
@@ -18,22 +20,27 @@ WARPS = (4, 8)
 ROWS_PER_WARP = (1, 2, 4)
 
 
-def dequant_gemv_configs(shape: Int4MatmulShape, arch: CUDA, topk: int = 6) -> list[Config]:
+def dequant_gemv_configs(shape: Int4MatmulShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template does
-    not take the shape (:func:`~fastdlight.analysis.int4.dequant_gemv_fits`)."""
+    not take the shape (:func:`~fastdlight.analysis.int4.dequant_gemv_fits`). Where the row blocks
+    outnumber the CTAs the SMs hold at once, each shape also comes persistent (those CTAs walk
+    the blocks, staging the activations once each instead of once a block)."""
     if not dequant_gemv_fits(shape):
         return []
-    x_bytes = shape.m * shape.k * 2
-    max_warps = arch.max_threads_per_sm // 32
     out = []
     for warps in WARPS:
         for per_warp in ROWS_PER_WARP:
             rows = warps * per_warp
-            ctas = -(-shape.n // rows)
-            resident = max(1, min(max_warps // warps, arch.smem_per_sm // x_bytes))
-            waves = ctas / (arch.sm_count * resident)
+            blocks = -(-shape.n // rows)
+            slots = arch.sm_count * resident_ctas(shape, warps, arch)
+            waves = blocks / slots
             tail = math.ceil(waves) / waves
-            cost = tail * (1.0 + 0.1 / per_warp)
+            # staging X costs a CTA about what reading its rows does when they are few
+            staging = shape.m * shape.k * 2 / (rows * shape.k / 2)
+            cost = tail * (1.0 + 0.1 / per_warp) + 0.2 * min(staging, 2.0)
             out.append(Config("gemv_int4", block=(rows,), thread=(per_warp,), rstep=(32 * LANE_WEIGHTS,),
                               reduce_thread=(32,), cost=cost))
+            if blocks > slots:
+                out.append(Config("gemv_int4", block=(rows,), thread=(per_warp,), rstep=(32 * LANE_WEIGHTS,),
+                                  reduce_thread=(32,), persistent=True, cost=1.0 + 0.1 / per_warp))
     return sorted(out, key=lambda c: c.cost)[:topk]

@@ -22,67 +22,94 @@ dequantized weight.
 
 from __future__ import annotations
 
+import tvm
 from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
-from fastdlight.analysis.int4 import INT4_PER_WORD, LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits, match_int4_matmul
+from fastdlight.analysis.int4 import LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits, match_int4_matmul, resident_ctas
+from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
 
-_DOT8 = r"""
-__forceinline__ __device__ float fdl_w4_dot8(unsigned w, unsigned x0, unsigned x1, unsigned x2, unsigned x3,
-                                             half z) {
-  // nibbles t and t + 4 of w as the fp16 pair (1024 + q): OR-ed into the mantissa of 1024
-  const half2 off = __half2half2(__hadd(__ushort_as_half((unsigned short)0x6400), z));
-  unsigned v0 = (w & 0x000F000Fu) | 0x64006400u, v1 = ((w >> 4) & 0x000F000Fu) | 0x64006400u;
-  unsigned v2 = ((w >> 8) & 0x000F000Fu) | 0x64006400u, v3 = ((w >> 12) & 0x000F000Fu) | 0x64006400u;
-  half2 p = __hmul2(*reinterpret_cast<half2*>(&x0), __hsub2(*reinterpret_cast<half2*>(&v0), off));
-  p = __hfma2(*reinterpret_cast<half2*>(&x1), __hsub2(*reinterpret_cast<half2*>(&v1), off), p);
-  p = __hfma2(*reinterpret_cast<half2*>(&x2), __hsub2(*reinterpret_cast<half2*>(&v2), off), p);
-  p = __hfma2(*reinterpret_cast<half2*>(&x3), __hsub2(*reinterpret_cast<half2*>(&v3), off), p);
-  float2 f = __half22float2(p);
+_DOT32 = r"""
+__forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
+                                      int stride, half z) {
+  // per word: nibbles (t, t + 4) as fp16 pairs. The low nibble of each half OR-ed into the
+  // mantissa of 1024 gives 1024 + q; the next nibble, masked in place, gives 1024 + 16 q
+  const half2 k1024 = __half2half2(__ushort_as_half((unsigned short)0x6400));
+  const half2 k64 = __half2half2(__ushort_as_half((unsigned short)0x5400));
+  const half2 k16th = __half2half2(__ushort_as_half((unsigned short)0x2C00));
+  const half2 zz = __half2half2(z);
+  const unsigned q[4] = {q0, q1, q2, q3};
+  half2 p = __float2half2_rn(0.f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(x + 4 * i * stride);
+    const unsigned w = q[i], w8 = w >> 8;
+    unsigned a = (w & 0x000F000Fu) | 0x64006400u, b = (w & 0x00F000F0u) | 0x64006400u;
+    unsigned c = (w8 & 0x000F000Fu) | 0x64006400u, d = (w8 & 0x00F000F0u) | 0x64006400u;
+    const half2 ha = *reinterpret_cast<half2*>(&a), hb = *reinterpret_cast<half2*>(&b);
+    const half2 hc = *reinterpret_cast<half2*>(&c), hd = *reinterpret_cast<half2*>(&d);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), LOW(ha), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), HIGH(hb), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.z), LOW(hc), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.w), HIGH(hd), p);
+  }
+  const float2 f = __half22float2(p);
   return f.x + f.y;
 }
 """
-_DOT8_ZERO = _DOT8.replace("fdl_w4_dot8", "fdl_w4z_dot8").replace(
-    "const half2 off = __half2half2(__hadd(__ushort_as_half((unsigned short)0x6400), z));",
-    "const half2 off = __half2half2(__ushort_as_half((unsigned short)0x6400)), zz = __half2half2(z);").replace(
-    "__hsub2(*reinterpret_cast<half2*>(&v0), off)", "__hsub2(__hsub2(*reinterpret_cast<half2*>(&v0), off), zz)").replace(
-    "__hsub2(*reinterpret_cast<half2*>(&v1), off)", "__hsub2(__hsub2(*reinterpret_cast<half2*>(&v1), off), zz)").replace(
-    "__hsub2(*reinterpret_cast<half2*>(&v2), off)", "__hsub2(__hsub2(*reinterpret_cast<half2*>(&v2), off), zz)").replace(
-    "__hsub2(*reinterpret_cast<half2*>(&v3), off)", "__hsub2(__hsub2(*reinterpret_cast<half2*>(&v3), off), zz)")
+#: q - z from 1024 + q (LOW) and 1024 + 16 q (HIGH). Without a zero point z is 8: one operation
+#: a pair (1024 + 8 and 64 + 8 are exact); a zero point is subtracted on its own, as the
+#: reference rounds q - z
+_SYMMETRIC = {"NAME": "fdl_w4_dot32", "LOW(ha)": "__hsub2(ha, __hadd2(k1024, zz))",
+              "LOW(hc)": "__hsub2(hc, __hadd2(k1024, zz))",
+              "HIGH(hb)": "__hfma2(hb, k16th, __hneg2(__hadd2(k64, zz)))",
+              "HIGH(hd)": "__hfma2(hd, k16th, __hneg2(__hadd2(k64, zz)))"}
+_ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW(ha)": "__hsub2(__hsub2(ha, k1024), zz)",
+               "LOW(hc)": "__hsub2(__hsub2(hc, k1024), zz)",
+               "HIGH(hb)": "__hsub2(__hfma2(hb, k16th, __hneg2(k64)), zz)",
+               "HIGH(hd)": "__hsub2(__hfma2(hd, k16th, __hneg2(k64)), zz)"}
 
 
-def _dot8(zero_point: bool):
-    """``sum_{e<8} x_e * (q_e - z)`` of one packed word against its eight (paired) activations:
-    fp16 products and sums, the total as fp32. Without a zero point z is 8: 1024 + 8 is exact."""
-    name, source = ("fdl_w4z_dot8", _DOT8_ZERO) if zero_point else ("fdl_w4_dot8", _DOT8)
+def _dot32(zero_point: bool):
+    """``sum_{e<32} x_e * (q_e - z)`` of one lane step (four packed words) against its paired
+    activations in shared memory (``x``: the first word's four pairs; each next word's ``stride``
+    uint4 further): fp16 products and sums, the total as fp32."""
+    parts = _ZERO_POINT if zero_point else _SYMMETRIC
+    source = _DOT32
+    for key, value in parts.items():
+        source = source.replace(key, value)
 
-    def call(w, x0, x1, x2, x3, z):
-        return cuda_func_call(name, w, x0, x1, x2, x3, z, source_code=source, return_type="float32")
+    def call(q4, x, stride, z):
+        words = [T.Shuffle([q4], [i]) for i in range(4)]
+        return cuda_func_call(parts["NAME"], *words, x, stride, z, source_code=source, return_type="float32")
 
     return call
 
 
-def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_per_warp: int) -> tirx.PrimFunc:
+def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_per_warp: int,
+                 ctas_launched: int | None = None) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (an int4 matmul of ``shape``): ``warps`` warps a CTA, each
-    owning ``rows_per_warp`` weight rows. Same parameters, same result."""
+    owning ``rows_per_warp`` weight rows; ``ctas_launched`` (persistent): that many CTAs walk
+    the row blocks, staging X once each. Same parameters, same result."""
     M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
     C = K // LANE_WEIGHTS  # lane steps along K (chunks of 32 weights)
     steps = -(-C // 32)
     threads, rows = warps * 32, warps * rows_per_warp
-    ctas = -(-N // rows)
+    blocks = -(-N // rows)
+    ctas = min(blocks, ctas_launched or blocks)
     x_words = M * C * 4  # groups of eight activations
     loads = -(-x_words // threads)
     R, out_dtype = rows_per_warp, shape.out_dtype
     # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp),
     # within the registers a thread has
     unroll = min(steps, max(1, IN_FLIGHT_ROWS // R))
-    dot8 = _dot8(shape.zero_point)
+    dot32 = _dot32(shape.zero_point)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
@@ -102,7 +129,8 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
         xv = T.alloc_buffer((4,), "uint32", scope="local")
         acc = T.alloc_buffer((R * M,), "float32", scope="local")
-        # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4)
+        # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the words
+        # of a lane step a chunk apart (lanes read consecutive 16 bytes)
         for it in T.serial(loads):
             e = T.meta_var(it * threads + tid)  # (m, chunk, word of the chunk)
             if e < x_words:
@@ -117,32 +145,31 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
                 xs[base + 3] = T.bitwise_or(T.shift_right(xv[1], T.uint32(16)), T.bitwise_and(xv[3], T.uint32(0xFFFF0000)))
         T.cuda.cta_sync()
         lane = T.meta_var(tid % 32)
-        for a in T.unroll(R * M):
-            acc[a] = T.float32(0)
-        for so in T.serial(-(-steps // unroll)):
-            for si in T.unroll(unroll):
-                c = T.meta_var((so * unroll + si) * 32 + lane)
-                for r in T.unroll(R):
-                    j = T.meta_var(bid * rows + (tid // 32) * R + r)
-                    if j < N and c < C:
-                        q4 = Qv[j * C + c]
-                        for i in T.unroll(4):
-                            g = T.meta_var((c * 4 + i) // (G // INT4_PER_WORD))
-                            z = T.meta_var(zero(Z, j, g))
+        for turn in T.serial(-(-blocks // ctas)):
+            block = T.meta_var(turn * ctas + bid)
+            for a in T.unroll(R * M):
+                acc[a] = T.float32(0)
+            for so in T.serial(-(-steps // unroll)):
+                for si in T.unroll(unroll):
+                    c = T.meta_var((so * unroll + si) * 32 + lane)
+                    for r in T.unroll(R):
+                        j = T.meta_var(block * rows + (tid // 32) * R + r)
+                        if j < N and c < C:
+                            q4 = Qv[j * C + c]
+                            g = T.meta_var(c * LANE_WEIGHTS // G)
                             for m in T.unroll(M):
-                                x = T.meta_var(((m * 4 + i) * C + c) * 4)
-                                acc[r * M + m] = acc[r * M + m] + dot8(
-                                    T.Shuffle([q4], [i]), xs[x], xs[x + 1], xs[x + 2], xs[x + 3], z,
+                                acc[r * M + m] = acc[r * M + m] + dot32(
+                                    q4, T.address_of(xs[(m * 4 * C + c) * 4]), C, zero(Z, j, g),
                                 ) * T.Cast("float32", S[j, g])
-        for a in T.unroll(R * M):
-            for o in T.unroll(5):
-                acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
-        if lane == 0:
-            for r in T.unroll(R):
-                j = T.meta_var(bid * rows + (tid // 32) * R + r)
-                if j < N:
-                    for m in T.unroll(M):
-                        Yf[m * N + j] = T.Cast(out_dtype, acc[r * M + m])
+            for a in T.unroll(R * M):
+                for o in T.unroll(5):
+                    acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
+            if lane == 0:
+                for r in T.unroll(R):
+                    j = T.meta_var(block * rows + (tid // 32) * R + r)
+                    if j < N:
+                        for m in T.unroll(M):
+                            Yf[m * N + j] = T.Cast(out_dtype, acc[r * M + m])
 
     @T.prim_func
     def with_zeros(X: T.Buffer(x_shape, x_dtype), Q: T.Buffer(q_shape, "uint32"), S: T.Buffer(s_shape, s_dtype),
@@ -173,4 +200,9 @@ class GemvInt4Template(ScheduleTemplate):
         warps = rows // per_warp
         if not dequant_gemv_fits(shape) or rows % per_warp or not 1 <= warps <= 32:
             return None
-        return build_kernel(func, shape, warps, per_warp)
+        launched = None
+        if config.persistent:
+            target = tvm.target.Target.current(allow_none=True)
+            arch = CUDA(target) if target is not None else None
+            launched = resident_ctas(shape, warps, arch) * (arch.sm_count if arch is not None else 132)
+        return build_kernel(func, shape, warps, per_warp, launched)

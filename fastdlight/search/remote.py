@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass
 
 from tvm import rpc
@@ -110,6 +111,9 @@ def measure_remotely(spec: RpcSpec, func_json: str, configs, builts, reference_p
             raise RemoteError(f"the RPC server at {spec} could not use the candidates: {e}") from None
         except Exception as e:  # noqa: BLE001 - a dead or unreachable server: try another connection
             last = " ".join(str(e).split())[:300] or type(e).__name__
+            if _attempt + 1 < ATTEMPTS:
+                warnings.warn(f"fastdlight: the RPC server at {spec} did not measure (try {_attempt + 1} of "
+                              f"{ATTEMPTS}): {last}; trying again", stacklevel=2)
     raise RemoteError(f"the RPC server at {spec} did not measure ({ATTEMPTS} tries): {last}")
 
 

@@ -106,4 +106,4 @@ def test_the_quantized_model_tunes_and_builds_for_hopper():
     kinds = {e.function: e.config.kind for e in tuning.report if e.config is not None}
     assert kinds["matmul_int4"] == "gemv_int4" and len(kinds) == 2, kinds
     src = cuda_source(fastdlight.build(tuned, H100))
-    assert "uint" in src and ">>" in src and "fdl_w4_dot8" in src
+    assert "uint" in src and ">>" in src and "fdl_w4_dot32" in src
