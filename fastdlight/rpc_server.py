@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+import time
 
 import tvm
 from tvm.rpc.server import PopenRPCServerState
@@ -37,20 +39,43 @@ from fastdlight.search.stages import Built
 def measure(request: str) -> str:
     """:data:`MEASURE_FUNC`: a JSON request (``fastdlight.search.remote.request_json``) in, the
     JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error`` where
-    nothing could be timed, ``failed`` where the measurement itself failed)."""
+    nothing could be timed, ``failed`` where the measurement itself failed).
+
+    It runs in the child TVM forks for each connection, and measures in a process of its own
+    (:func:`measure_here`, ``--measure``): CUDA cannot be initialized in a forked child of a
+    process that loaded it (on an H200 every measurement failed with
+    ``cudaErrorInitializationError``). The process costs a TVM import per function."""
+    workpath = tvm.get_global_func("tvm.rpc.server.workpath")
     req = json.loads(request)
+    req["artifacts"] = {key: workpath(name) for key, name in req["artifacts"].items()}
+    if req.get("reference"):
+        req["reference"] = workpath(req["reference"])
+    path = workpath(f"request_{os.getpid()}_{time.monotonic_ns()}.json")
+    with open(path, "w") as f:
+        json.dump(req, f)
+    done = subprocess.run([sys.executable, "-m", "fastdlight.rpc_server", "--measure", path],
+                          capture_output=True, text=True, check=False)
+    answer = next((line for line in reversed(done.stdout.splitlines()) if line.startswith("{")), None)
+    if done.returncode != 0 or answer is None:
+        tail = next((line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), "")
+        why = f"exited with {done.returncode}" if done.returncode > 0 else f"died of signal {-done.returncode}"
+        return json.dumps({"failed": f"the measuring process {why}: {tail[:400]}"})
+    return answer
+
+
+def measure_here(req: dict) -> dict:
+    """The measurement of :func:`measure`'s request (libraries by path), in this process."""
     if not has_gpu():
         received = len(req["artifacts"]) + (1 if req.get("reference") else 0)
-        return json.dumps({"error": f"the RPC server on {socket.gethostname()} has no GPU "
-                                    f"(it received {received} libraries)", "received": received})
-    workpath = tvm.get_global_func("tvm.rpc.server.workpath")
+        return {"error": f"the RPC server on {socket.gethostname()} has no GPU (it received {received} libraries)",
+                "received": received}
     func = tvm.ir.load_json(req["func"])
     configs = tuple(config_from_dict(c) for c in req["configs"])
     arch = CUDA.from_device(tvm.cuda(0))
     plan = BuildPlan(func, req["func"], configs, arch, True, ())
-    builts = [Built(int(key), _artifact(int(key), workpath(name)), None, 0.0) for key, name in req["artifacts"].items()]
+    builts = [Built(int(key), _artifact(int(key), path), None, 0.0) for key, path in req["artifacts"].items()]
     if req.get("reference"):
-        builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, workpath(req["reference"])), None, 0.0))
+        builts.insert(0, Built(REF_KEY, _artifact(REF_KEY, req["reference"]), None, 0.0))
     opts = TuneOptions(probe=False, **req["options"])
     log = logging.getLogger("fastdlight.rpc_server")
     log.info("measuring %d libraries on %s", len(builts), arch.device_name or arch.name)
@@ -58,11 +83,11 @@ def measure(request: str) -> str:
         ranked, best, nbytes = measure_built(plan, builts, opts)
     except Exception as e:  # noqa: BLE001 - the tuner is told why, in one line, and does not retry
         log.exception("the measurement failed")
-        return json.dumps({"failed": " ".join(str(e).split())[:500] or type(e).__name__})
+        return {"failed": " ".join(str(e).split())[:500] or type(e).__name__}
     log.info("measured: the fastest is candidate %s", best.index if best is not None else None)
-    return json.dumps({"results": {str(r.index): result_fields(r) for r in ranked},
-                       "best": best.index if best is not None else None,
-                       "device": arch.device_name or arch.name, "nbytes": nbytes})
+    return {"results": {str(r.index): result_fields(r) for r in ranked},
+            "best": best.index if best is not None else None,
+            "device": arch.device_name or arch.name, "nbytes": nbytes}
 
 
 def _artifact(key, so_path: str) -> BuildArtifact:
@@ -96,6 +121,7 @@ def parse_args(argv):
     ap.add_argument("--tracker", help="HOST:PORT of a TVM tracker to register with")
     ap.add_argument("--key", default="", help="the key to register under (with --tracker)")
     ap.add_argument("--verbose", action="store_true", help="log each connection (TVM's RPC server log) to stderr")
+    ap.add_argument("--measure", metavar="REQUEST", help=argparse.SUPPRESS)  # one measurement (the server runs it)
     args = ap.parse_args(argv)
     if args.tracker:
         try:
@@ -112,6 +138,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.measure:
+        with open(args.measure) as f:
+            print(json.dumps(measure_here(json.load(f))), flush=True)
+        return 0
     register()
     # TVM's listening loop in this process (rpc.Server would start it in a worker process through
     # cloudpickle, which TVM does not depend on); each connection is served by a forked child, which has
