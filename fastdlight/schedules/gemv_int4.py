@@ -109,12 +109,31 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
     # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp),
     # within the registers a thread has
     unroll = min(steps, max(1, IN_FLIGHT_ROWS // R))
+    groups, turns = -(-steps // unroll), -(-blocks // ctas)
     dot32 = _dot32(shape.zero_point)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
     def zero(Z, j, g):  # the group's zero point, or 8
         return Z[j, g] if Z is not None else tirx.const(8, "float16")
+
+    def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
+        return qpre[si * R + r] if pre else Qv[j * C + c]
+
+    @T.macro
+    def group(Qv, qpre, xs, S, Z, acc, block, so, tid, pre):
+        """Steps ``so * unroll ..`` of ``block``'s rows, their loads unrolled together."""
+        for si in T.unroll(unroll):
+            c = T.meta_var((so * unroll + si) * 32 + tid % 32)
+            for r in T.unroll(R):
+                j = T.meta_var(block * rows + (tid // 32) * R + r)
+                if j < N and c < C:
+                    q4 = T.meta_var(weights(pre, qpre, Qv, si, r, j, c))
+                    g = T.meta_var(c * LANE_WEIGHTS // G)
+                    for m in T.unroll(M):
+                        acc[r * M + m] = acc[r * M + m] + dot32(
+                            q4, T.address_of(xs[(m * 4 * C + c) * 4]), C, zero(Z, j, g),
+                        ) * T.Cast("float32", S[j, g])
 
     @T.macro
     def body(X, Q, S, Z, Y):
@@ -129,6 +148,14 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
         xv = T.alloc_buffer((4,), "uint32", scope="local")
         acc = T.alloc_buffer((R * M,), "float32", scope="local")
+        # the first group of steps' weights (the first block's), in flight while X is staged
+        qpre = T.alloc_buffer((unroll * R,), "uint32x4", scope="local")
+        for si in T.unroll(unroll):
+            for r in T.unroll(R):
+                j = T.meta_var(bid * rows + (tid // 32) * R + r)
+                c = T.meta_var(si * 32 + tid % 32)
+                if j < N and c < C:
+                    qpre[si * R + r] = Qv[j * C + c]
         # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the words
         # of a lane step a chunk apart (lanes read consecutive 16 bytes)
         for it in T.serial(loads):
@@ -145,22 +172,16 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
                 xs[base + 3] = T.bitwise_or(T.shift_right(xv[1], T.uint32(16)), T.bitwise_and(xv[3], T.uint32(0xFFFF0000)))
         T.cuda.cta_sync()
         lane = T.meta_var(tid % 32)
-        for turn in T.serial(-(-blocks // ctas)):
+        for turn in T.serial(turns):
             block = T.meta_var(turn * ctas + bid)
             for a in T.unroll(R * M):
                 acc[a] = T.float32(0)
-            for so in T.serial(-(-steps // unroll)):
-                for si in T.unroll(unroll):
-                    c = T.meta_var((so * unroll + si) * 32 + lane)
-                    for r in T.unroll(R):
-                        j = T.meta_var(block * rows + (tid // 32) * R + r)
-                        if j < N and c < C:
-                            q4 = Qv[j * C + c]
-                            g = T.meta_var(c * LANE_WEIGHTS // G)
-                            for m in T.unroll(M):
-                                acc[r * M + m] = acc[r * M + m] + dot32(
-                                    q4, T.address_of(xs[(m * 4 * C + c) * 4]), C, zero(Z, j, g),
-                                ) * T.Cast("float32", S[j, g])
+            if turn == 0:
+                group(Qv, qpre, xs, S, Z, acc, block, 0, tid, True)
+            else:
+                group(Qv, qpre, xs, S, Z, acc, block, 0, tid, False)
+            for so in T.serial(1, groups):
+                group(Qv, qpre, xs, S, Z, acc, block, so, tid, False)
             for a in T.unroll(R * M):
                 for o in T.unroll(5):
                     acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
