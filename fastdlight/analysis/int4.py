@@ -124,9 +124,9 @@ def match_int4_matmul(func: tirx.PrimFunc) -> Int4MatmulShape | None:
 
 
 def dequant_gemv_fits(shape: Int4MatmulShape) -> bool:
-    """Whether the dequantizing GEMV template takes ``shape``: fp16, decode rows, K and the groups
+    """Whether the dequantizing GEMV template takes ``shape``: decode rows, K and the groups
     in whole lane steps (one scale a step), the activations in shared memory."""
-    return (shape.dtype == "float16" and shape.m <= GEMV_MAX_ROWS and shape.k % LANE_WEIGHTS == 0
+    return (shape.dtype in ACTIVATION_DTYPES and shape.m <= GEMV_MAX_ROWS and shape.k % LANE_WEIGHTS == 0
             and shape.group_size % LANE_WEIGHTS == 0 and shape.m * shape.k * 2 <= GEMV_MAX_X_BYTES)
 
 

@@ -4,20 +4,26 @@ packed bytes.
 
 A 4-bit weight costs a quarter of an fp16 weight's bytes, so decode runs 4x faster only if the
 dequantization keeps up with HBM: converting each nibble to a float (an I2F and a few integer
-operations per weight) leaves the kernel instruction-bound at about a third of the bandwidth.
-Here two nibbles become two fp16 values with one masked OR: ``(w >> 4t) & 0x000F000F`` puts
-nibbles ``t`` and ``t + 4`` in the low bits of the two halves of a word, and OR-ing
-``0x6400`` into each half makes the fp16 ``1024 + q`` exactly; one ``sub.f16x2`` of ``1024 + z``
-gives ``q - z`` (the reference's own fp16 rounding). The products with X are ``fma.f16x2`` over
-one word's eight weights, whose sum is added to an fp32 accumulator times the group scale.
+operations per weight) leaves the kernel instruction-bound at about a third of the bandwidth
+(stock Dlight's schedule ran 1x11008x4096 at 1.3 TB/s of packed bytes on an H200). Here a masked
+OR makes two nibbles two fp16 values: ``w & 0x000F000F`` puts nibbles 0 and 4 in the low bits of
+the two halves of a word, and OR-ing ``0x6400`` into each half makes the fp16 ``1024 + q``
+exactly; ``w & 0x00F000F0`` gives nibbles 1 and 5 as ``1024 + 16 q``, scaled by 1/16 in the same
+f16x2 operation that subtracts the zero, so a word takes one shift (``w >> 8``) for its other
+four. ``q - 8`` is one f16x2 operation a pair (a zero point: two, rounded as the reference rounds
+``q - z``). Products and a lane step's sum (32 weights) are f16x2; the step's sum is added to an
+fp32 accumulator times the group scale (groups are whole steps). bf16 activations (7 mantissa
+bits) take each nibble shifted down into the mantissa of 128 and sum a word's products in bf16
+before the fp32 add.
 
 The layout that makes the pairs line up: X is copied once per CTA to shared memory with each
 eight values stored as ``(x0, x4), (x1, x5), (x2, x6), (x3, x7)``, chunk-major so that the 32
 lanes of a warp read consecutive 16 bytes (no bank conflicts). A warp owns ``rows_per_warp``
 rows of the weight; per step every lane loads 16 bytes (4 words, 32 weights) of each row with one
-128-bit load, a warp 512 contiguous bytes; the steps are unrolled so the loads of several are in
-flight. Lanes' partial sums are combined with shuffles. The M activation rows share each
-dequantized weight.
+128-bit load, a warp 512 contiguous bytes; steps are unrolled in groups so the loads of several
+are in flight, and the first group's are issued before X is staged (its L2 reads overlap them).
+Lanes' partial sums are combined with shuffles; the M activation rows share each weight.
+A persistent config launches the CTAs the SMs hold at once, each walking row blocks.
 """
 
 from __future__ import annotations
@@ -76,12 +82,45 @@ _ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW(ha)": "__hsub2(__hsub2(ha, k1024), 
                "HIGH(hd)": "__hsub2(__hfma2(hd, k16th, __hneg2(k64)), zz)"}
 
 
-def _dot32(zero_point: bool):
+_DOT32_BF16 = r"""
+__forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
+                                      int stride, __nv_bfloat16 z) {
+  // bf16 has 7 mantissa bits: each nibble shifted down and OR-ed into the mantissa of 128
+  // (128 + q); a word's products summed in bf16, then in fp32
+  const __nv_bfloat162 k128 = __bfloat162bfloat162(__ushort_as_bfloat16((unsigned short)0x4300));
+  const __nv_bfloat162 zz = __bfloat162bfloat162(z);
+  const unsigned q[4] = {q0, q1, q2, q3};
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(x + 4 * i * stride);
+    const unsigned xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    __nv_bfloat162 p = __float2bfloat162_rn(0.f);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      unsigned v = ((q[i] >> (4 * t)) & 0x000F000Fu) | 0x43004300u;
+      const __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162*>(&v);
+      p = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[t]), DEQ(hv), p);
+    }
+    const float2 f = __bfloat1622float2(p);
+    acc += f.x + f.y;
+  }
+  return acc;
+}
+"""
+#: bf16: q - z from 128 + q; 128 + 8 is exact
+_BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ(hv)": "__hsub2(hv, __hadd2(k128, zz))"}
+_BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ(hv)": "__hsub2(__hsub2(hv, k128), zz)"}
+
+
+def _dot32(zero_point: bool, dtype: str = "float16"):
     """``sum_{e<32} x_e * (q_e - z)`` of one lane step (four packed words) against its paired
     activations in shared memory (``x``: the first word's four pairs; each next word's ``stride``
-    uint4 further): fp16 products and sums, the total as fp32."""
-    parts = _ZERO_POINT if zero_point else _SYMMETRIC
-    source = _DOT32
+    uint4 further): 16-bit products and sums (fp16: a step's; bf16: a word's), the total as fp32."""
+    if dtype == "bfloat16":
+        parts, source = (_BF16_ZERO_POINT if zero_point else _BF16_SYMMETRIC), _DOT32_BF16
+    else:
+        parts, source = (_ZERO_POINT if zero_point else _SYMMETRIC), _DOT32
     for key, value in parts.items():
         source = source.replace(key, value)
 
@@ -110,12 +149,12 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
     # within the registers a thread has
     unroll = min(steps, max(1, IN_FLIGHT_ROWS // R))
     groups, turns = -(-steps // unroll), -(-blocks // ctas)
-    dot32 = _dot32(shape.zero_point)
+    dot32 = _dot32(shape.zero_point, shape.dtype)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
     def zero(Z, j, g):  # the group's zero point, or 8
-        return Z[j, g] if Z is not None else tirx.const(8, "float16")
+        return Z[j, g] if Z is not None else tirx.const(8, shape.dtype)
 
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
         return qpre[si * R + r] if pre else Qv[j * C + c]

@@ -33,7 +33,7 @@ def test_an_attribute_the_buffers_disagree_with_is_not_trusted():
     (1, 11008, 4096, "float16", True),
     (16, 4096, 2048, "float16", True),
     (17, 4096, 2048, "float16", False),  # prefill rows: the tensor-core templates
-    (1, 4096, 4096, "bfloat16", False),
+    (1, 4096, 4096, "bfloat16", True),
     (1, 4096, 4080, "float16", False),  # K not in whole 32-weight lane steps
     (8, 4096, 11008, "float16", False),  # the activations would not fit in shared memory
 ])  # fmt: skip
@@ -52,12 +52,13 @@ def test_a_decode_function_gets_the_template_and_stock_only():
     assert {c.kind for c in sets[0].configs} == {"gemv_int4"}
 
 
-@pytest.mark.parametrize("m, n, k, group, zero_point", [
-    (1, 4100, 4096, 128, False),  # N not a multiple of a CTA's rows
-    (3, 1000, 11008, 64, True),  # K / 32 not a multiple of a warp's 32 lanes: a partial last step
+@pytest.mark.parametrize("m, n, k, group, zero_point, dtype", [
+    (1, 4100, 4096, 128, False, "float16"),  # N not a multiple of a CTA's rows
+    (3, 1000, 11008, 64, True, "float16"),  # K / 32 not a multiple of a warp's 32 lanes: a partial last step
+    (2, 1000, 2048, 64, True, "bfloat16"),
 ])  # fmt: skip
-def test_every_config_compiles_to_a_cubin(m, n, k, group, zero_point):
-    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point)
+def test_every_config_compiles_to_a_cubin(m, n, k, group, zero_point, dtype):
+    op = ops.matmul_int4(m, n, k, group_size=group, dtype=dtype, zero_point=zero_point)
     configs = dequant_gemv_configs(match_int4_matmul(op.func), H100)
     assert len(configs) >= 6
     for config in configs[:3] if zero_point else configs:
@@ -66,7 +67,8 @@ def test_every_config_compiles_to_a_cubin(m, n, k, group, zero_point):
         assert [str(p.name) for p in kernel.params] == [str(p.name) for p in op.func.params]
         src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
         assert cubin.spill_bytes == 0, (config, cubin.log)
-        assert "fma.rn.f16x2" not in src and "__hfma2" in src  # the paired fp16 arithmetic, not per element
+        assert "__hfma2" in src  # the paired 16-bit arithmetic, not per element
+        assert ("fdl_w4b" in src) == (dtype == "bfloat16")
 
 
 def test_persistent_configs_come_where_the_row_blocks_outnumber_the_ctas_and_compile():

@@ -1,7 +1,7 @@
 """The dequantizing 4-bit GEMV on the GPU: every config its policy emits is correct against the
 float64 dequantized reference, on odd shapes (N not a multiple of a CTA's rows, a partial last
 lane step along K, several activation rows, zero points, groups of 32, persistent CTAs walking
-the row blocks). Needs an sm_90 GPU."""
+the row blocks, bf16 activations). Needs an sm_90 GPU."""
 
 import pytest
 
@@ -17,13 +17,15 @@ CASES = {
     "rows3_k_tail_zeros": (3, 1000, 11008, 64, True),
     "rows16_group32": (16, 520, 2048, 32, False),
     "persistent_walk": (1, 11008, 4096, 128, False),  # more row blocks than CTAs at once: persistent twins
+    "bf16_rows2_zeros": (2, 1000, 4096, 64, True, "bfloat16"),
+    "bf16_decode": (1, 4100, 11008, 128, False, "bfloat16"),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_dequant_gemv_config_is_correct(name, hopper_arch):
-    m, n, k, group, zero_point = CASES[name]
-    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point)
+    m, n, k, group, zero_point, *dtype = CASES[name]
+    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point, dtype=(dtype or ["float16"])[0])
     configs = dequant_gemv_configs(match_int4_matmul(op.func), hopper_arch)
     results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
                                     progress=False)
