@@ -8,11 +8,13 @@ operations per weight) leaves the kernel instruction-bound at about a third of t
 (stock Dlight's schedule ran 1x11008x4096 at 1.3 TB/s of packed bytes on an H200). Here a masked
 OR makes two nibbles two fp16 values: ``w & 0x000F000F`` puts nibbles 0 and 4 in the low bits of
 the two halves of a word, and OR-ing ``0x6400`` into each half makes the fp16 ``1024 + q``
-exactly; ``w & 0x00F000F0`` gives nibbles 1 and 5 as ``1024 + 16 q``, scaled by 1/16 in the same
-f16x2 operation that subtracts the zero, so a word takes one shift (``w >> 8``) for its other
-four. ``q - 8`` is one f16x2 operation a pair (a zero point: two, rounded as the reference rounds
-``q - z``). Products and a lane step's sum (32 weights) are f16x2; the step's sum is added to an
-fp32 accumulator times the group scale (groups are whole steps). bf16 activations (7 mantissa
+exactly; ``w & 0x00F000F0`` gives nibbles 1 and 5 as ``1024 + 16 q``, scaled in the same f16x2
+fma that subtracts the zero, so a word takes one shift (``w >> 8``) for its other four. Each
+pair becomes ``(q - 8) / 8`` in one fma (a zero point: two, rounded as the reference rounds
+``q - z``): the power of two is exact and keeps a lane step's 32 products below fp16's 65504 for
+activations up to 2047 (unscaled, outliers of a few hundred would overflow). Products and the
+step's sum are f16x2; the sum is added to an fp32 accumulator times 8 and the group scale
+(groups are whole steps). bf16 activations (7 mantissa
 bits) take each nibble shifted down into the mantissa of 128 and sum a word's products in bf16
 before the fp32 add.
 
@@ -45,11 +47,14 @@ _DOT32 = r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, half z) {
   // per word: nibbles (t, t + 4) as fp16 pairs. The low nibble of each half OR-ed into the
-  // mantissa of 1024 gives 1024 + q; the next nibble, masked in place, gives 1024 + 16 q
-  const half2 k1024 = __half2half2(__ushort_as_half((unsigned short)0x6400));
-  const half2 k64 = __half2half2(__ushort_as_half((unsigned short)0x5400));
-  const half2 k16th = __half2half2(__ushort_as_half((unsigned short)0x2C00));
-  const half2 zz = __half2half2(z);
+  // mantissa of 1024 gives 1024 + q; the next nibble, masked in place, gives 1024 + 16 q. Both
+  // become (q - z) / 8 (exact: a power of two), so that 32 products stay below fp16's 65504
+  // for activations up to 2047; the sum is scaled back in fp32
+  const half2 k8 = __half2half2(__ushort_as_half((unsigned short)0x4800));
+  const half2 k128 = __half2half2(__ushort_as_half((unsigned short)0x5800));
+  const half2 k8th = __half2half2(__ushort_as_half((unsigned short)0x3000));
+  const half2 k128th = __half2half2(__ushort_as_half((unsigned short)0x2000));
+  const half2 z8 = __hmul2(__half2half2(z), k8th);
   const unsigned q[4] = {q0, q1, q2, q3};
   half2 p = __float2half2_rn(0.f);
 #pragma unroll
@@ -66,20 +71,20 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.w), HIGH(hd), p);
   }
   const float2 f = __half22float2(p);
-  return f.x + f.y;
+  return (f.x + f.y) * 8.f;
 }
 """
-#: q - z from 1024 + q (LOW) and 1024 + 16 q (HIGH). Without a zero point z is 8: one operation
-#: a pair (1024 + 8 and 64 + 8 are exact); a zero point is subtracted on its own, as the
-#: reference rounds q - z
-_SYMMETRIC = {"NAME": "fdl_w4_dot32", "LOW(ha)": "__hsub2(ha, __hadd2(k1024, zz))",
-              "LOW(hc)": "__hsub2(hc, __hadd2(k1024, zz))",
-              "HIGH(hb)": "__hfma2(hb, k16th, __hneg2(__hadd2(k64, zz)))",
-              "HIGH(hd)": "__hfma2(hd, k16th, __hneg2(__hadd2(k64, zz)))"}
-_ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW(ha)": "__hsub2(__hsub2(ha, k1024), zz)",
-               "LOW(hc)": "__hsub2(__hsub2(hc, k1024), zz)",
-               "HIGH(hb)": "__hsub2(__hfma2(hb, k16th, __hneg2(k64)), zz)",
-               "HIGH(hd)": "__hsub2(__hfma2(hd, k16th, __hneg2(k64)), zz)"}
+#: (q - z) / 8 from 1024 + q (LOW: / 8 gives 128 + q / 8) and 1024 + 16 q (HIGH: / 128 gives
+#: 8 + q / 8). Without a zero point z is 8: one fma a pair (128 + 1 and 8 + 1 are exact); a
+#: zero point is subtracted on its own, as the reference rounds q - z
+_SYMMETRIC = {"NAME": "fdl_w4_dot32", "LOW(ha)": "__hfma2(ha, k8th, __hneg2(__hadd2(k128, z8)))",
+              "LOW(hc)": "__hfma2(hc, k8th, __hneg2(__hadd2(k128, z8)))",
+              "HIGH(hb)": "__hfma2(hb, k128th, __hneg2(__hadd2(k8, z8)))",
+              "HIGH(hd)": "__hfma2(hd, k128th, __hneg2(__hadd2(k8, z8)))"}
+_ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW(ha)": "__hsub2(__hfma2(ha, k8th, __hneg2(k128)), z8)",
+               "LOW(hc)": "__hsub2(__hfma2(hc, k8th, __hneg2(k128)), z8)",
+               "HIGH(hb)": "__hsub2(__hfma2(hb, k128th, __hneg2(k8)), z8)",
+               "HIGH(hd)": "__hsub2(__hfma2(hd, k128th, __hneg2(k8)), z8)"}
 
 
 _DOT32_BF16 = r"""
