@@ -34,7 +34,7 @@ KINDS = (
     "reduction",  # one reduction block (+ optional elementwise around it)
     "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
-    "gemv_int4",  # decode rows against 4-bit weights, dequantized in registers: block=(rows,), thread=(rows a warp,)
+    "gemv_dequant",  # decode rows against 4- or 8-bit weights, dequantized in registers: block=(rows,), thread=(rows a warp,)
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
@@ -76,7 +76,7 @@ class Config:
     cluster: int = 1
     cluster_axis: str = "m"
     #: attention_wgmma: a CTA per SM walks the query tiles (instead of a CTA per tile);
-    #: gemv_int4: as many CTAs as the SMs hold at once walk the row blocks
+    #: gemv_dequant: as many CTAs as the SMs hold at once walk the row blocks
     persistent: bool = False
     #: the policy's predicted cost (lower is better); not part of the config's identity
     cost: float = field(default=0.0, compare=False)
@@ -163,8 +163,8 @@ class Config:
             raise ValueError(f"cluster must be 1, or 2 for matmul_wgmma configs (got {self.cluster})")
         if self.cluster_axis not in ("m", "n") or (self.cluster_axis == "n" and self.cluster == 1):
             raise ValueError(f"cluster_axis must be 'm', or 'n' for a cluster (got {self.cluster_axis!r})")
-        if self.persistent and self.kind != "gemv_int4":
-            raise ValueError("persistent is an attention_wgmma or gemv_int4 config's knob only")
+        if self.persistent and self.kind != "gemv_dequant":
+            raise ValueError("persistent is an attention_wgmma or gemv_dequant config's knob only")
         if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
             raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
         for name, width in self.vectorize:

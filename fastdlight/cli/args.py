@@ -144,10 +144,11 @@ def add_workload_arguments(p: argparse.ArgumentParser, verb: str, example: str) 
     p.add_argument("--layout", help=f"matmul layout: {', '.join(LAYOUTS)} (T: stored transposed; default NN, "
                                     "NT for float8 inputs)")
     p.add_argument("--batch", type=_positive(int), help="matmul: batch size (batched matmul)")
-    p.add_argument("--weight-dtype", choices=("int4",),
+    p.add_argument("--weight-dtype", choices=("int4", "int8"),
                    help="matmul: weights quantized to this (packed, dequantized in the kernel; A is M×K, B is N×K)")
     p.add_argument("--group-size", type=_positive(int), default=128, help="--weight-dtype: weights per scale along K")
-    p.add_argument("--zero-point", action="store_true", help="--weight-dtype: a zero per group (default: 8)")
+    p.add_argument("--zero-point", action="store_true",
+                   help="--weight-dtype: a zero per group (default: the middle of the range, 8 or 128)")
     p.add_argument("--scales", choices=("tensor", "row"),
                    help="float8 matmul: scale the result by float32 scales of A and B, one each or one per row")
     p.add_argument("--m", type=_positive(int), default=1, help="gemv: rows of X (<= 16 is the low-batch case)")
@@ -312,7 +313,7 @@ def validate_args(args) -> list[Tensor] | None:
 def _check_weight_quantization(args, op: str, dims: list[int]) -> None:
     if args.weight_dtype is None:
         if args.zero_point:
-            raise UsageError("--zero-point applies to a matmul with --weight-dtype int4")
+            raise UsageError("--zero-point applies to a matmul with --weight-dtype int4 or int8")
         return
     if op != "matmul":
         raise UsageError(f"--weight-dtype applies to matmul, not {op}")
@@ -322,10 +323,10 @@ def _check_weight_quantization(args, op: str, dims: list[int]) -> None:
     if args.batch or args.out_dtype or matmul_layout(args) != "NN":
         raise UsageError(f"matmul --weight-dtype {args.weight_dtype} takes no --batch, --out-dtype or --layout "
                          "(A is M×K, the weights N×K, the result in --dtype)")
-    k = dims[2]
-    if args.group_size % 8 or k % args.group_size:
-        raise UsageError(f"matmul --weight-dtype int4: --group-size {args.group_size} must be a multiple of 8 "
-                         f"dividing K ({k})")
+    k, per_word = dims[2], 32 // int(args.weight_dtype[3:])
+    if args.group_size % per_word or k % args.group_size:
+        raise UsageError(f"matmul --weight-dtype {args.weight_dtype}: --group-size {args.group_size} must be a "
+                         f"multiple of {per_word} dividing K ({k})")
 
 
 def _op_tensors(args) -> list[Tensor]:

@@ -73,10 +73,10 @@ def op_tensors(op: str, dims: list[int], args) -> list[Tensor]:
     (``dtype``, ``out_dtype``, ``layout``, ``batch``, ``m``, ``axis``, ``kernel``, ``stride``,
     ``pad``, ``kv_heads``), in order, the output last."""
     dt, out = args.dtype, args.out_dtype or default_out_dtype(args.dtype)
-    if op == "matmul" and getattr(args, "weight_dtype", None) == "int4":
+    if op == "matmul" and getattr(args, "weight_dtype", None) in ("int4", "int8"):
         m, n, k = dims
-        groups = (n, k // args.group_size)
-        return [Tensor("X", (m, k), dt), Tensor("Q", (n, k // 8), "uint32"), Tensor("S", groups, dt),
+        groups, per_word = (n, k // args.group_size), 32 // int(args.weight_dtype[3:])
+        return [Tensor("X", (m, k), dt), Tensor("Q", (n, k // per_word), "uint32"), Tensor("S", groups, dt),
                 *([Tensor("Z", groups, dt)] if args.zero_point else []), Tensor("Y", (m, n), dt)]
     if op == "matmul" and getattr(args, "scales", None):
         m, n, k = dims

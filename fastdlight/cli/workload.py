@@ -19,8 +19,9 @@ def make_op(args):
 
     d = parse_dims(args.op, args.shape)
     try:
-        if args.op == "matmul" and args.weight_dtype == "int4":
-            return ops.matmul_int4(*d, group_size=args.group_size, dtype=args.dtype, zero_point=args.zero_point)
+        if args.op == "matmul" and args.weight_dtype:
+            make = ops.matmul_int8 if args.weight_dtype == "int8" else ops.matmul_int4
+            return make(*d, group_size=args.group_size, dtype=args.dtype, zero_point=args.zero_point)
         if args.op == "matmul" and args.scales:
             return ops.matmul_scaled(*d, dtype=args.dtype, out_dtype=args.out_dtype or "float16", scales=args.scales)
         if args.op == "matmul":

@@ -1,7 +1,7 @@
 """The policy choice: which policies emit configs for a function, in which order.
 
     fused attention?       -> the attention policy's tiles first (sm_90a)
-    4-bit weights, decode? -> the dequantizing GEMV's CTA shapes first
+    packed weights, decode? -> the dequantizing GEMV's CTA shapes first
     tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a)
     always                 -> DefaultPolicy (CUDA cores), with the transpose/gather tiles first
                               on a layout change or a gather, and matmul tiles beside a GEMV
@@ -22,13 +22,13 @@ from typing import Iterator
 from tvm import tirx
 
 from fastdlight.analysis.attention import match_attention
-from fastdlight.analysis.int4 import match_int4_matmul
+from fastdlight.analysis.weight_only import match_weight_only
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
 from fastdlight.policies.default import DefaultPolicy
 from fastdlight.policies.gather import gather_configs
-from fastdlight.policies.gemv_int4 import dequant_gemv_configs
+from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.policies.transpose import transpose_configs
 
@@ -82,8 +82,8 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
     if fused:
         sets.append(CandidateSet("AttentionPolicy", func, fused))
-    int4 = match_int4_matmul(func)
-    dequant = tuple(dequant_gemv_configs(int4, arch, topk)) if int4 is not None else ()
+    packed = match_weight_only(func)
+    dequant = tuple(dequant_gemv_configs(packed, arch, topk)) if packed is not None else ()
     if dequant:
         sets.append(CandidateSet("DequantGemvPolicy", func, dequant))
     match = match if match is not None else match_tensor_core(func, arch)
@@ -94,7 +94,7 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     try:
         # a fused attention has its template, or stock Dlight: the seven-block naive form as
         # general reductions runs three orders of magnitude slower and takes minutes to tune;
-        # a 4-bit decode GEMV has its template and stock Dlight (CUDA-core tiles lost to both)
+        # a 4- or 8-bit decode GEMV has its template and stock Dlight (CUDA-core tiles lost to both)
         if not (fused or dequant):
             sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
     except ValueError as e:

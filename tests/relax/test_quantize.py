@@ -10,11 +10,11 @@ from tvm import relax
 
 import fastdlight
 from fastdlight import ops
-from fastdlight.analysis.int4 import Int4MatmulShape, match_int4_matmul
+from fastdlight.analysis.weight_only import WeightOnlyShape, match_weight_only
 from fastdlight.compiler.compile import cuda_source
 from fastdlight.relax import prepare
 from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.relax.quantize import quantize_int4, quantize_weights
+from fastdlight.relax.quantize import quantize_packed, quantize_weights
 
 H100 = "nvidia/nvidia-h100"
 T, K, N = 4, 256, 64
@@ -38,36 +38,39 @@ def run_llvm(mod, x):
     return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("zero_point", [False, True])
-def test_quantized_weights_round_trip_within_half_a_step(zero_point):
+def test_quantized_weights_round_trip_within_half_a_step(zero_point, bits):
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.05, size=(N, K)).astype(np.float32)
     w[3, :64] += 0.3  # one group offset: the zero point's case
-    q, s, z = quantize_int4(w, 64, zero_point)
-    assert q.shape == (N, K // 8) and q.dtype == np.uint32 and s.shape == (N, K // 64)
-    back = ops.dequantize_int4(q, s.astype(np.float16), None if z is None else z.astype(np.float16), 64)
+    q, s, z = quantize_packed(w, 64, zero_point, bits)
+    assert q.shape == (N, K * bits // 32) and q.dtype == np.uint32 and s.shape == (N, K // 64)
+    back = ops.dequantize_weights(q, s.astype(np.float16), None if z is None else z.astype(np.float16), 64,
+                                  bits=bits)
     step = np.repeat(s, 64, axis=1)
     assert np.all(np.abs(back - w) <= 0.5 * step + 2e-3 * np.abs(w) + 1e-4)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("zero_point", [False, True])
-def test_a_linear_layer_runs_on_its_dequantized_weights(zero_point):
+def test_a_linear_layer_runs_on_its_dequantized_weights(zero_point, bits):
     rng = np.random.default_rng(1)
     w = rng.normal(0, 0.05, size=(N, K)).astype(np.float16)
     b = rng.normal(0, 0.1, size=(N,)).astype(np.float16)
     mod = linear_model(w, b)
-    quantized = quantize_weights(bits=4, group_size=64, zero_point=zero_point)(mod)
-    calls = [f for f in prim_funcs(quantized) if f.startswith("matmul_int4")]
+    quantized = quantize_weights(bits=bits, group_size=64, zero_point=zero_point)(mod)
+    calls = [f for f in prim_funcs(quantized) if f.startswith(f"matmul_int{bits}")]
     assert len(calls) == 1
     # the function says what it is, for the dequantizing GEMV template
     func = quantized[calls[0]]
-    assert match_int4_matmul(func) == Int4MatmulShape((1, T), N, K, 64, "float16", "float16", zero_point)
+    assert match_weight_only(func) == WeightOnlyShape((1, T), N, K, 64, "float16", "float16", zero_point, bits)
     consts = _tensor_constants(quantized["main"])
-    assert [a.shape for a in consts if a.dtype == np.uint32] == [(N, K // 8)]  # the packed weight
+    assert [a.shape for a in consts if a.dtype == np.uint32] == [(N, K * bits // 32)]  # the packed weight
     assert not any(a.shape in ((N, K), (K, N)) for a in consts)  # and no copy of W
     x = rng.normal(0, 1, size=(1, T, K)).astype(np.float16)
-    q, s, z = quantize_int4(w.astype(np.float32), 64, zero_point)
-    deq = ops.dequantize_int4(q, s.astype(np.float16), None if z is None else z.astype(np.float16), 64)
+    q, s, z = quantize_packed(w.astype(np.float32), 64, zero_point, bits)
+    deq = ops.dequantize_weights(q, s.astype(np.float16), None if z is None else z.astype(np.float16), 64, bits=bits)
     want = x.astype(np.float64) @ deq.T + b
     np.testing.assert_allclose(run_llvm(quantized, x), want, atol=2e-2, rtol=2e-2)
 
@@ -87,8 +90,8 @@ def test_weights_that_do_not_fit_the_groups_and_other_bits_are_left_or_refused()
     mod = linear_model(np.zeros((N, K), np.float16), np.zeros((N,), np.float16))
     kept = quantize_weights(group_size=96)(mod)  # 256 is not a multiple of 96
     assert not [f for f in prim_funcs(kept) if f.startswith("matmul_int4")]
-    with pytest.raises(ValueError, match="bits=8 is not supported"):
-        quantize_weights(bits=8)
+    with pytest.raises(ValueError, match="bits=3 is not supported"):
+        quantize_weights(bits=3)
     with pytest.raises(ValueError, match="positive multiple of 8"):
         quantize_weights(group_size=12)
 
@@ -104,6 +107,6 @@ def test_the_quantized_model_tunes_and_builds_for_hopper():
     assert all(e.status in ("tuned", "view") for e in tuning.report), tuning.report
     # decode rows (4): the product kept out of fusion with the bias, for the dequantizing GEMV
     kinds = {e.function: e.config.kind for e in tuning.report if e.config is not None}
-    assert kinds["matmul_int4"] == "gemv_int4" and len(kinds) == 2, kinds
+    assert kinds["matmul_int4"] == "gemv_dequant" and len(kinds) == 2, kinds
     src = cuda_source(fastdlight.build(tuned, H100))
     assert "uint" in src and ">>" in src and "fdl_w4_dot32" in src

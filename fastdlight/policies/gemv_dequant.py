@@ -1,4 +1,5 @@
-"""Dequantizing GEMV for 4-bit weights: which CTA shapes the ``gemv_int4`` template should try.
+"""Dequantizing GEMV for 4- and 8-bit weights: which CTA shapes the ``gemv_dequant`` template
+should try.
 
 A config is ``block = (rows a CTA,)``, ``thread = (rows a warp,)``: 4 or 8 warps, each owning
 1, 2 or 4 weight rows, and ``persistent`` (the CTAs the SMs hold at once walk the row blocks).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from fastdlight.analysis.int4 import LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits, resident_ctas
+from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, resident_ctas
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
@@ -22,9 +23,9 @@ PERSISTENT_PENALTY = 1.05
 ROWS_PER_WARP = (1, 2, 4)
 
 
-def dequant_gemv_configs(shape: Int4MatmulShape, arch: CUDA, topk: int = 8) -> list[Config]:
+def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template does
-    not take the shape (:func:`~fastdlight.analysis.int4.dequant_gemv_fits`). Where the row blocks
+    not take the shape (:func:`~fastdlight.analysis.weight_only.dequant_gemv_fits`). Where the row blocks
     outnumber the CTAs the SMs hold at once, each shape also comes persistent (those CTAs walk
     the blocks, staging the activations once each instead of once a block)."""
     if not dequant_gemv_fits(shape):
@@ -40,11 +41,11 @@ def dequant_gemv_configs(shape: Int4MatmulShape, arch: CUDA, topk: int = 8) -> l
             # staging X costs a CTA about what reading its rows does when they are few
             staging = shape.m * shape.k * 2 / (rows * shape.k / 2)
             cost = tail * (1.0 + 0.1 / per_warp) + 0.2 * min(staging, 2.0)
-            out.append(Config("gemv_int4", block=(rows,), thread=(per_warp,), rstep=(32 * LANE_WEIGHTS,),
+            out.append(Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
                               reduce_thread=(32,), cost=cost))
             if blocks > slots:
                 # ranked after its plain twin: on an H200 neither 4-bit decode GEMV of a LLaMA
                 # layer was won by a persistent config (2026-11-29)
-                out.append(Config("gemv_int4", block=(rows,), thread=(per_warp,), rstep=(32 * LANE_WEIGHTS,),
+                out.append(Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
                                   reduce_thread=(32,), persistent=True, cost=cost * PERSISTENT_PENALTY))
     return sorted(out, key=lambda c: c.cost)[:topk]

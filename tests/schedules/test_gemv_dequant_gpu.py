@@ -1,13 +1,13 @@
-"""The dequantizing 4-bit GEMV on the GPU: every config its policy emits is correct against the
-float64 dequantized reference, on odd shapes (N not a multiple of a CTA's rows, a partial last
+"""The dequantizing GEMV (4- and 8-bit weights) on the GPU: every config its policy emits is
+correct against the float64 dequantized reference, on odd shapes (N not a multiple of a CTA's rows, a partial last
 lane step along K, several activation rows, zero points, groups of 32, persistent CTAs walking
-the row blocks, bf16 activations). Needs an sm_90 GPU."""
+the row blocks, bf16 activations, 8-bit weights). Needs an sm_90 GPU."""
 
 import pytest
 
 from fastdlight import ops
-from fastdlight.analysis.int4 import match_int4_matmul
-from fastdlight.policies.gemv_int4 import dequant_gemv_configs
+from fastdlight.analysis.weight_only import match_weight_only
+from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 from fastdlight.search.runner import apply_and_build
 
 pytestmark = pytest.mark.gpu
@@ -19,16 +19,20 @@ CASES = {
     "persistent_walk": (1, 11008, 4096, 128, False),  # more row blocks than CTAs at once: persistent twins
     "bf16_rows2_zeros": (2, 1000, 4096, 64, True, "bfloat16"),
     "bf16_decode": (1, 4100, 11008, 128, False, "bfloat16"),
+    "int8_decode": (1, 4100, 4096, 128, False, "float16", 8),
+    "int8_rows3_zeros": (3, 1000, 11008, 64, True, "float16", 8),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_dequant_gemv_config_is_correct(name, hopper_arch):
-    m, n, k, group, zero_point, *dtype = CASES[name]
-    op = ops.matmul_int4(m, n, k, group_size=group, zero_point=zero_point, dtype=(dtype or ["float16"])[0])
-    configs = dequant_gemv_configs(match_int4_matmul(op.func), hopper_arch)
+    m, n, k, group, zero_point, *rest = CASES[name]
+    dtype, bits = (rest + ["float16", 4][len(rest):])[:2]
+    make = ops.matmul_int8 if bits == 8 else ops.matmul_int4
+    op = make(m, n, k, group_size=group, zero_point=zero_point, dtype=dtype)
+    configs = dequant_gemv_configs(match_weight_only(op.func), hopper_arch)
     results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
                                     progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
-    assert best.config.kind == "gemv_int4"
+    assert best.config.kind == "gemv_dequant"

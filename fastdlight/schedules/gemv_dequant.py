@@ -1,6 +1,6 @@
-"""Dequantizing GEMV for 4-bit weights (``kind == "gemv_int4"``): the decode rows (M <= 16) of an
-:func:`~fastdlight.analysis.int4.int4_matmul_func`, one TIRx kernel at the bandwidth of the
-packed bytes.
+"""Dequantizing GEMV for 4- and 8-bit weights (``kind == "gemv_dequant"``): the decode rows
+(M <= 16) of a :func:`~fastdlight.analysis.weight_only.weight_only_func`, one TIRx kernel at the
+bandwidth of the packed bytes.
 
 A 4-bit weight costs a quarter of an fp16 weight's bytes, so decode runs 4x faster only if the
 dequantization keeps up with HBM: converting each nibble to a float (an I2F and a few integer
@@ -26,6 +26,11 @@ rows of the weight; per step every lane loads 16 bytes (4 words, 32 weights) of 
 are in flight, and the first group's are issued before X is staged (its L2 reads overlap them).
 Lanes' partial sums are combined with shuffles; the M activation rows share each weight.
 A persistent config launches the CTAs the SMs hold at once, each walking row blocks.
+
+8-bit weights (fp16 activations) work the same way with bytes: ``w & 0x00FF00FF`` gives bytes 0
+and 2 as ``1024 + b``, ``(w >> 8) & 0x00FF00FF`` bytes 1 and 3; a pair becomes ``(b - z) / 128``
+in one fma; the activations are staged as the pairs ``(x0, x2), (x1, x3)`` of each word's four,
+and a lane step is 16 weights.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
-from fastdlight.analysis.int4 import LANE_WEIGHTS, Int4MatmulShape, dequant_gemv_fits, match_int4_matmul, resident_ctas
+from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, match_weight_only, resident_ctas
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
@@ -118,14 +123,47 @@ _BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ(hv)": "__hsub2(hv, __hadd2(k128
 _BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ(hv)": "__hsub2(__hsub2(hv, k128), zz)"}
 
 
-def _dot32(zero_point: bool, dtype: str = "float16"):
-    """``sum_{e<32} x_e * (q_e - z)`` of one lane step (four packed words) against its paired
-    activations in shared memory (``x``: the first word's four pairs; each next word's ``stride``
-    uint4 further): 16-bit products and sums (fp16: a step's; bf16: a word's), the total as fp32."""
-    if dtype == "bfloat16":
-        parts, source = (_BF16_ZERO_POINT if zero_point else _BF16_SYMMETRIC), _DOT32_BF16
+_DOT16_INT8 = r"""
+__forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
+                                      int stride, half z) {
+  // 8-bit weights: bytes 0 and 2 of a word OR-ed into the mantissa of 1024 give 1024 + b, bytes
+  // 1 and 3 the same after one shift; both become (b - z) / 128 (exact: a power of two), so that
+  // a step's 16 products stay below fp16's 65504 for activations up to 4095
+  const half2 k8 = __half2half2(__ushort_as_half((unsigned short)0x4800));
+  const half2 k128th = __half2half2(__ushort_as_half((unsigned short)0x2000));
+  const half2 z128 = __hmul2(__half2half2(z), k128th);
+  const unsigned q[4] = {q0, q1, q2, q3};
+  half2 p = __float2half2_rn(0.f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint2 xv = *reinterpret_cast<const uint2*>(x + 2 * i * stride);
+    unsigned a = (q[i] & 0x00FF00FFu) | 0x64006400u, c = ((q[i] >> 8) & 0x00FF00FFu) | 0x64006400u;
+    const half2 ha = *reinterpret_cast<half2*>(&a), hc = *reinterpret_cast<half2*>(&c);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), DEQ(ha), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), DEQ(hc), p);
+  }
+  const float2 f = __half22float2(p);
+  return (f.x + f.y) * 128.f;
+}
+"""
+#: 8-bit: (b - z) / 128 from 1024 + b (/ 128 gives 8 + b / 128); z 128 symmetric: 8 + 1 is exact
+_INT8_SYMMETRIC = {"NAME": "fdl_w8_dot16", "DEQ(ha)": "__hfma2(ha, k128th, __hneg2(__hadd2(k8, z128)))",
+                   "DEQ(hc)": "__hfma2(hc, k128th, __hneg2(__hadd2(k8, z128)))"}
+_INT8_ZERO_POINT = {"NAME": "fdl_w8z_dot16", "DEQ(ha)": "__hsub2(__hfma2(ha, k128th, __hneg2(k8)), z128)",
+                    "DEQ(hc)": "__hsub2(__hfma2(hc, k128th, __hneg2(k8)), z128)"}
+
+
+def _dot(shape: WeightOnlyShape):
+    """``sum x_e * (q_e - z)`` of one lane step (four packed words: 32 weights of 4 bits, 16 of
+    8) against its paired activations in shared memory (``x``: the first word's pairs; each next
+    word's a chunk further, ``stride`` chunks): 16-bit products and sums (fp16: a step's; bf16: a
+    word's), the total as fp32."""
+    if shape.bits == 8:
+        parts, source = (_INT8_ZERO_POINT if shape.zero_point else _INT8_SYMMETRIC), _DOT16_INT8
+    elif shape.dtype == "bfloat16":
+        parts, source = (_BF16_ZERO_POINT if shape.zero_point else _BF16_SYMMETRIC), _DOT32_BF16
     else:
-        parts, source = (_ZERO_POINT if zero_point else _SYMMETRIC), _DOT32
+        parts, source = (_ZERO_POINT if shape.zero_point else _SYMMETRIC), _DOT32
     for key, value in parts.items():
         source = source.replace(key, value)
 
@@ -136,30 +174,34 @@ def _dot32(zero_point: bool, dtype: str = "float16"):
     return call
 
 
-def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_per_warp: int,
+def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_per_warp: int,
                  ctas_launched: int | None = None) -> tirx.PrimFunc:
-    """The TIRx kernel for ``func`` (an int4 matmul of ``shape``): ``warps`` warps a CTA, each
+    """The TIRx kernel for ``func`` (a weight-only matmul of ``shape``): ``warps`` warps a CTA, each
     owning ``rows_per_warp`` weight rows; ``ctas_launched`` (persistent): that many CTAs walk
     the row blocks, staging X once each. Same parameters, same result."""
     M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
-    C = K // LANE_WEIGHTS  # lane steps along K (chunks of 32 weights)
+    C = K // shape.lane_weights  # lane steps along K (chunks of 32 4-bit or 16 8-bit weights)
+    pairs = shape.per_word // 2  # activation pairs (uint32 words of X) a packed word meets
     steps = -(-C // 32)
     threads, rows = warps * 32, warps * rows_per_warp
     blocks = -(-N // rows)
     ctas = min(blocks, ctas_launched or blocks)
-    x_words = M * C * 4  # groups of eight activations
+    x_words = M * C * 4  # groups of a packed word's activations (8 or 4)
     loads = -(-x_words // threads)
     R, out_dtype = rows_per_warp, shape.out_dtype
     # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp),
     # within the registers a thread has
     unroll = min(steps, max(1, IN_FLIGHT_ROWS // R))
     groups, turns = -(-steps // unroll), -(-blocks // ctas)
-    dot32 = _dot32(shape.zero_point, shape.dtype)
+    dot = _dot(shape)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
-    def zero(Z, j, g):  # the group's zero point, or 8
-        return Z[j, g] if Z is not None else tirx.const(8, shape.dtype)
+    def half_of(xv, i):  # activation i of a group (16 bits of its word i // 2), low bits
+        return T.bitwise_and(T.shift_right(xv[i // 2], T.Cast("uint32", (i % 2) * 16)), T.uint32(0xFFFF))
+
+    def zero(Z, j, g):  # the group's zero point, or the middle of the range
+        return Z[j, g] if Z is not None else tirx.const(1 << (shape.bits - 1), shape.dtype)
 
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
         return qpre[si * R + r] if pre else Qv[j * C + c]
@@ -173,10 +215,10 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
                 j = T.meta_var(block * rows + (tid // 32) * R + r)
                 if j < N and c < C:
                     q4 = T.meta_var(weights(pre, qpre, Qv, si, r, j, c))
-                    g = T.meta_var(c * LANE_WEIGHTS // G)
+                    g = T.meta_var(c * shape.lane_weights // G)
                     for m in T.unroll(M):
-                        acc[r * M + m] = acc[r * M + m] + dot32(
-                            q4, T.address_of(xs[(m * 4 * C + c) * 4]), C, zero(Z, j, g),
+                        acc[r * M + m] = acc[r * M + m] + dot(
+                            q4, T.address_of(xs[(m * 4 * C + c) * pairs]), C, zero(Z, j, g),
                         ) * T.Cast("float32", S[j, g])
 
     @T.macro
@@ -185,12 +227,12 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
         bid = T.cta_id([ctas])
         tid = T.thread_id([threads])
         pool = T.SMEMPool()
-        xs = pool.alloc((x_words * 4,), "uint32", align=16)
+        xs = pool.alloc((x_words * pairs,), "uint32", align=16)
         pool.commit()
         Xw = T.decl_buffer((M * K // 2,), "uint32", data=X.data)
         Qv = T.decl_buffer((N * C,), "uint32x4", data=Q.data)
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
-        xv = T.alloc_buffer((4,), "uint32", scope="local")
+        xv = T.alloc_buffer((pairs,), "uint32", scope="local")
         acc = T.alloc_buffer((R * M,), "float32", scope="local")
         # the first group of steps' weights (the first block's), in flight while X is staged
         qpre = T.alloc_buffer((unroll * R,), "uint32x4", scope="local")
@@ -205,15 +247,13 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
         for it in T.serial(loads):
             e = T.meta_var(it * threads + tid)  # (m, chunk, word of the chunk)
             if e < x_words:
-                for w in T.vectorized(4):
-                    xv[w] = Xw[e * 4 + w]
+                for w in T.vectorized(pairs):
+                    xv[w] = Xw[e * pairs + w]
                 m = T.meta_var(e // (C * 4))
                 ci = T.meta_var(e % (C * 4))
-                base = T.meta_var(((m * 4 + ci % 4) * C + ci // 4) * 4)
-                xs[base + 0] = T.bitwise_or(T.bitwise_and(xv[0], T.uint32(0xFFFF)), T.shift_left(xv[2], T.uint32(16)))
-                xs[base + 1] = T.bitwise_or(T.shift_right(xv[0], T.uint32(16)), T.bitwise_and(xv[2], T.uint32(0xFFFF0000)))
-                xs[base + 2] = T.bitwise_or(T.bitwise_and(xv[1], T.uint32(0xFFFF)), T.shift_left(xv[3], T.uint32(16)))
-                xs[base + 3] = T.bitwise_or(T.shift_right(xv[1], T.uint32(16)), T.bitwise_and(xv[3], T.uint32(0xFFFF0000)))
+                base = T.meta_var(((m * 4 + ci % 4) * C + ci // 4) * pairs)
+                for t in T.unroll(pairs):
+                    xs[base + t] = T.bitwise_or(half_of(xv, t), T.shift_left(half_of(xv, t + pairs), T.uint32(16)))
         T.cuda.cta_sync()
         lane = T.meta_var(tid % 32)
         for turn in T.serial(turns):
@@ -253,13 +293,13 @@ def build_kernel(func: tirx.PrimFunc, shape: Int4MatmulShape, warps: int, rows_p
     return kernel.with_attrs(attrs)
 
 
-class GemvInt4Template(ScheduleTemplate):
-    kinds = ("gemv_int4",)
-    name = "gemv_int4"
+class DequantGemvTemplate(ScheduleTemplate):
+    kinds = ("gemv_dequant",)
+    name = "gemv_dequant"
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
-        shape = match_int4_matmul(func)
-        if shape is None or config.kind != "gemv_int4" or len(config.block) != 1 or len(config.thread) != 1:
+        shape = match_weight_only(func)
+        if shape is None or config.kind != "gemv_dequant" or len(config.block) != 1 or len(config.thread) != 1:
             return None
         rows, per_warp = config.block[0], config.thread[0]
         warps = rows // per_warp

@@ -1,6 +1,7 @@
-"""fastdlight.ops.matmul_int4 (CPU): the packed 4-bit weights mean what the docstring says (an
-independent per-element dequantization), the PrimFunc computes its reference, random inputs vary
-every nibble, and both the decode (M = 1) and the prefill form compile to CUDA for Hopper."""
+"""fastdlight.ops.matmul_int4 and matmul_int8 (CPU): the packed 4-bit weights mean what the
+docstring says (an independent per-element dequantization), the PrimFuncs compute their
+reference, random inputs vary every nibble, and both the decode (M = 1) and the prefill form
+compile to CUDA for Hopper."""
 
 import re
 import warnings
@@ -36,9 +37,10 @@ def test_the_reference_dequantizes_each_nibble_as_documented(zero_point):
     np.testing.assert_allclose(got, element_weights(q, s, z, 16), rtol=2e-3)  # fp16 rounding of the product
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("zero_point", [False, True])
-def test_the_primfunc_computes_the_reference_on_the_cpu(zero_point):
-    op = ops.matmul_int4(3, 32, 256, group_size=64, zero_point=zero_point)
+def test_the_primfunc_computes_the_reference_on_the_cpu(zero_point, bits):
+    op = (ops.matmul_int8 if bits == 8 else ops.matmul_int4)(3, 32, 256, group_size=64, zero_point=zero_point)
     args = host_inputs(op.func, seed=3)
     q = args[1]
     assert q.dtype == np.uint32 and len({(int(w) >> 28) for w in q.flat}) > 8  # the top nibble varies too
@@ -67,7 +69,7 @@ def test_decode_and_prefill_compile_for_hopper(m):
         warnings.simplefilter("ignore")
         results, best = fastdlight.tune(op.func, "nvidia/nvidia-h100", topk=2, measure=False, max_workers=2)
     assert best.artifact.cubin and all(r.failure is None for r in results)
-    assert best.config.kind == ("matmul_tc" if m > 16 else "gemv_int4"), best.config
+    assert best.config.kind == ("matmul_tc" if m > 16 else "gemv_dequant"), best.config
     src = best.artifact.source
     kernels = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", src))
     assert kernels == {"matmul_int4_kernel"} and "Q_ptr" in src and ">>" in src

@@ -1,0 +1,160 @@
+"""Weight-only quantized matmul (4- or 8-bit weights) as one PrimFunc: what it computes
+(:class:`WeightOnlyShape`), its TIR (:func:`weight_only_func`), and how a template recognizes it
+again (:func:`match_weight_only`).
+
+``Y[..., n] = sum_k X[..., k] * W[n, k]`` with ``W[n, k] = (q[n, k] - z) * S[n, k // group]``:
+``q`` packed along K into uint32 words, eight 4-bit or four 8-bit values a word (``Q[n, k //
+per_word]``, the lowest bits first), ``S`` the group scales, ``z`` the middle of the range (8 or
+128: symmetric) or the group's ``Z[n, k // group]``; fp32 sums. The function carries its shape
+as the attribute ``fastdlight.weight_only_matmul`` (the dequantizing GEMV template reads it
+instead of re-deriving the bit arithmetic from the blocks); a function that fusion rebuilt
+around it (an epilogue) carries none and is scheduled as any other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from tvm import te, tirx
+
+ATTR = "fastdlight.weight_only_matmul"
+#: bits a weight -> values a uint32 word holds
+PER_WORD = {4: 8, 8: 4}
+#: 4-bit values a uint32 word of packed weights holds (the lowest nibble is the first along K)
+INT4_PER_WORD = PER_WORD[4]
+ACTIVATION_DTYPES = ("float16", "bfloat16")
+#: uint32 words one lane of the dequantizing GEMV loads a step: one 128-bit load
+LANE_WORDS = 4
+#: most activation rows (decode batch) that GEMV takes; more go to the tensor-core templates
+GEMV_MAX_ROWS = 16
+#: shared memory the GEMV's copy of the activations may take
+GEMV_MAX_X_BYTES = 96 * 1024
+
+
+@dataclass(frozen=True)
+class WeightOnlyShape:
+    lead: tuple[int, ...]  # the activations' leading dims (rows: their product)
+    n: int
+    k: int
+    group_size: int
+    dtype: str = "float16"  # activations and scales
+    out_dtype: str = "float16"
+    zero_point: bool = False
+    bits: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "lead", tuple(int(d) for d in self.lead))
+        if self.bits not in PER_WORD:
+            raise ValueError(f"weight-only matmul: {self.bits}-bit weights are not supported (4 or 8)")
+        if self.group_size <= 0 or self.group_size % self.per_word or self.k % self.group_size:
+            raise ValueError(f"group size {self.group_size} must be a multiple of {self.per_word} dividing K={self.k}")
+        if self.dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"weight-only matmul activations must be one of {ACTIVATION_DTYPES}, got {self.dtype!r}")
+
+    @property
+    def m(self) -> int:
+        return math.prod(self.lead)
+
+    @property
+    def per_word(self) -> int:
+        return PER_WORD[self.bits]
+
+    @property
+    def groups(self) -> int:
+        return self.k // self.group_size
+
+    @property
+    def lane_weights(self) -> int:
+        """Weights one lane of the dequantizing GEMV takes a step (32 at 4 bits, 16 at 8)."""
+        return LANE_WORDS * self.per_word
+
+    def param_shapes(self) -> list[tuple[tuple[int, ...], str]]:
+        """(shape, dtype) of X, Q, S, (Z,) Y, in parameter order."""
+        scales = [((self.n, self.groups), self.dtype)] * (2 if self.zero_point else 1)
+        return [(self.lead + (self.k,), self.dtype), ((self.n, self.k // self.per_word), "uint32"), *scales,
+                (self.lead + (self.n,), self.out_dtype)]
+
+    def to_attr(self) -> dict:
+        d = asdict(self)
+        d["lead"] = list(self.lead)
+        return d
+
+
+def weight_only_te(X, Q, S, Z, group_size: int, out_dtype: str, bits: int = 4):
+    """``Y[..., n] = sum_k X[..., k] * W[n, k]`` over the packed weights ``Q`` (``[N, K / per
+    word]`` uint32), scales ``S`` and zeros ``Z`` (None: the middle of the range) dequantized
+    elementwise (a block the schedules inline into the product's loads); fp32 sums, the result in
+    ``out_dtype``."""
+    dtype, per_word = S.dtype, PER_WORD[bits]
+
+    def weight(j, kk):
+        word = Q[j, kk // per_word]
+        shift = (kk % per_word * bits).astype("uint32")
+        q = ((word >> shift) & tirx.const((1 << bits) - 1, "uint32")).astype(dtype)
+        zero = Z[j, kk // group_size] if Z is not None else tirx.const(1 << (bits - 1), dtype)
+        return (q - zero) * S[j, kk // group_size]
+
+    n, k = Q.shape[0], X.shape[-1]
+    W = te.compute((n, k), weight, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    lead = tuple(X.shape[:-1])
+    acc = te.compute(lead + (n,), lambda *ax: te.sum(X[ax[:-1] + (r,)].astype("float32")
+                                                     * W[ax[-1], r].astype("float32"), axis=r), name="Y_acc")
+    return te.compute(lead + (n,), lambda *ax: acc[ax].astype(out_dtype), name="Y")
+
+
+def weight_only_func(shape: WeightOnlyShape, name: str | None = None) -> tirx.PrimFunc:
+    """The PrimFunc of ``shape`` (named ``matmul_int4`` / ``matmul_int8`` unless ``name``):
+    parameters X, Q, S, (Z,) Y; it carries :data:`ATTR`."""
+    X = te.placeholder(shape.lead + (shape.k,), shape.dtype, name="X")
+    Q = te.placeholder((shape.n, shape.k // shape.per_word), "uint32", name="Q")
+    S = te.placeholder((shape.n, shape.groups), shape.dtype, name="S")
+    Z = te.placeholder((shape.n, shape.groups), shape.dtype, name="Z") if shape.zero_point else None
+    Y = weight_only_te(X, Q, S, Z, shape.group_size, shape.out_dtype, shape.bits)
+    tensors = [X, Q, S] + ([Z] if Z is not None else []) + [Y]
+    return (te.create_prim_func(tensors).with_attr("global_symbol", name or f"matmul_int{shape.bits}")
+            .with_attr(ATTR, shape.to_attr()))
+
+
+def match_weight_only(func: tirx.PrimFunc) -> WeightOnlyShape | None:
+    """The shape ``func`` computes if it is a :func:`weight_only_func` (its attribute, with
+    buffers that still agree with it), else None."""
+    attrs = func.attrs
+    if attrs is None or ATTR not in attrs:
+        return None
+    raw = attrs[ATTR]
+    try:
+        shape = WeightOnlyShape(
+            lead=tuple(int(d) for d in raw["lead"]), n=int(raw["n"]), k=int(raw["k"]),
+            group_size=int(raw["group_size"]), dtype=str(raw["dtype"]), out_dtype=str(raw["out_dtype"]),
+            zero_point=bool(raw["zero_point"]), bits=int(raw["bits"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    want = shape.param_shapes()
+    if len(func.params) != len(want):
+        return None
+    for param, (dims, dtype) in zip(func.params, want):
+        buf = param  # TIRx parameters are the buffers themselves
+        if getattr(buf, "shape", None) is None or str(buf.dtype) != dtype:
+            return None
+        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
+            return None
+    return shape
+
+
+def dequant_gemv_fits(shape: WeightOnlyShape) -> bool:
+    """Whether the dequantizing GEMV template takes ``shape``: decode rows, K and the groups
+    in whole lane steps (one scale a step), the activations in shared memory."""
+    # 8-bit values do not fit bf16's 7 mantissa bits (the template's conversion)
+    return (shape.dtype in (ACTIVATION_DTYPES if shape.bits == 4 else ("float16",))
+            and shape.m <= GEMV_MAX_ROWS and shape.k % shape.lane_weights == 0
+            and shape.group_size % shape.lane_weights == 0 and shape.m * shape.k * 2 <= GEMV_MAX_X_BYTES)
+
+
+def resident_ctas(shape: WeightOnlyShape, warps: int, arch=None) -> int:
+    """CTAs of ``warps`` warps that fit on one SM at once beside the staged activations (an H100's
+    limits where ``arch`` is None: 2048 threads, 228 KB of shared memory)."""
+    threads = arch.max_threads_per_sm if arch is not None else 2048
+    smem = arch.smem_per_sm if arch is not None else 228 * 1024
+    return max(1, min(threads // (32 * warps), smem // max(1, shape.m * shape.k * 2)))
