@@ -34,13 +34,16 @@ LLAMA = {"qkv": (12288, 4096), "o": (4096, 4096), "up": (11008, 4096), "down": (
 @dataclass(frozen=True)
 class Case:
     """``kind``: "fp8" (ours: ``matmul_scaled``; baseline ``torch._scaled_mm``), "w4_decode"
-    (ours: ``matmul_int4``; baseline: our tuned fp16 GEMV of the layer), "w4_prefill" (baseline:
-    cuBLAS fp16). N×K is the weight, M the rows of activations."""
+    (ours: ``matmul_int4`` or, ``bits`` 8, ``matmul_int8``; baseline: our tuned 16-bit GEMV of
+    the layer), "w4_prefill" (baseline: cuBLAS fp16). N×K is the weight, M the rows of
+    activations."""
 
     kind: str
     m: int
     n: int
     k: int
+    bits: int = 4  # the decode and prefill cases' weights
+    dtype: str = "float16"  # their activations (and the baseline GEMV's)
 
 
 CASES = {
@@ -49,6 +52,9 @@ CASES = {
     **{f"fp8 llama {p} 2048×{n}×{k}": Case("fp8", 2048, n, k) for p, (n, k) in LLAMA.items()},
     "w4a16 decode 1×11008×4096": Case("w4_decode", 1, 11008, 4096),
     "w4a16 decode 1×4096×11008": Case("w4_decode", 1, 4096, 11008),
+    "w4a16 bf16 decode 1×11008×4096": Case("w4_decode", 1, 11008, 4096, dtype="bfloat16"),
+    "w8a16 decode 1×11008×4096": Case("w4_decode", 1, 11008, 4096, bits=8),
+    "w8a16 decode 1×4096×11008": Case("w4_decode", 1, 4096, 11008, bits=8),
     "w4a16 prefill 2048×11008×4096": Case("w4_prefill", 2048, 11008, 4096),
 }
 GROUP = 128
@@ -138,11 +144,12 @@ def run_case(name: str, case: Case, arch, topk: int) -> Row:
         best, tune_s = tuned(op, arch, topk)
         theirs, label = torch_timer(scaled_mm(m, n, k), (m + n) * k, arch, best.latency_ms), "torch._scaled_mm"
     elif case.kind == "w4_decode":
-        op = ops.matmul_int4(m, n, k, GROUP)
+        op = (ops.matmul_int8 if case.bits == 8 else ops.matmul_int4)(m, n, k, GROUP, dtype=case.dtype)
         best, tune_s = tuned(op, arch, topk)
-        fp16 = ops.gemv(n, k, m=m, dtype="float16")
+        fp16 = ops.gemv(n, k, m=m, dtype=case.dtype)
         fp16_best, _ = tuned(fp16, arch, topk)
-        theirs, label = graph_timer(fp16_best, arch), "fastdlight fp16 GEMV"
+        label = f"fastdlight {'bf16' if case.dtype == 'bfloat16' else 'fp16'} GEMV"
+        theirs = graph_timer(fp16_best, arch)
     else:
         op = ops.matmul_int4(m, n, k, GROUP)
         best, tune_s = tuned(op, arch, topk)
