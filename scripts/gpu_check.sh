@@ -8,7 +8,8 @@
 # attention (the fused template's GPU test, then bench_attention on $ATTENTION_CASES), zoo
 # (bench_zoo on $ZOO_MODELS, each case under $ZOO_CASE_LIMIT seconds, $ZOO_JOBS cases at once, the
 # cases finished in $ZOO_RESUME, an earlier call's bench_zoo.jsonl, kept), quant
-# (the FP8 template's GPU test, then bench_quant: FP8 and 4-bit weights against torch), rpc (a
+# (the FP8 template's and the dequantizing GEMV's GPU tests, then bench_quant: FP8 against torch,
+# 4- and 8-bit weights against our 16-bit kernels), rpc (a
 # model tuned through a tracker and two local servers; a 4096³ fp16 GEMM tuned through a local
 # fastdlight.rpc_server, then locally, to compare), devices
 # (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES), decode
@@ -38,6 +39,7 @@ for s in $steps; do case $s in
             --time-limit "${ZOO_CASE_LIMIT:-130}" --jobs "${ZOO_JOBS:-1}" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
             ${ZOO_TUNE_JOBS:+--tune-jobs "$ZOO_TUNE_JOBS"};;
   quant)  step quant-test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_wgmma_gpu.py -k "fp8"
+          step dequant-test 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_gemv_dequant_gpu.py
           step quant "${QUANT_LIMIT:-400}" python3 benchmarks/bench_quant.py --topk "${QUANT_TOPK:-8}";;
   rpc)    step rpc-model 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/search/test_remote_gpu.py
           python3 -m fastdlight.rpc_server --host 127.0.0.1 --port 9090 > "$out/rpc_server.log" 2>&1 & rpc_pid=$!
