@@ -8,8 +8,9 @@ remote function, ``fastdlight.rpc.measure`` (:data:`fastdlight.search.remote.MEA
 given a function, its configs and the uploaded library of each candidate and of the float64
 reference, it makes the inputs on this GPU, times, retimes and verifies the candidates as a local
 run does (:func:`fastdlight.search.runner.measure_built`) and answers with each one's timing and
-verdict. With ``--tracker`` it registers with a TVM tracker under ``--key``; tuners then ask the
-tracker for it (``--rpc HOST:PORT:KEY``). A machine without a GPU answers that it has none
+verdict. The measuring runs in one process the server starts (see :func:`measure`). With
+``--tracker`` it registers with a TVM tracker under ``--key``; tuners then ask the tracker for it
+(``--rpc HOST:PORT:KEY``). A machine without a GPU answers that it has none
 (tuners then rank by the policy's estimate): a compile-only setup still checks the whole path.
 """
 
@@ -36,31 +37,73 @@ from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.stages import Built
 
 
+#: the measuring process this server started (its pipes are inherited by the connections' forked
+#: children; TVM serves one connection at a time, so one child at a time writes to it)
+_MEASURER: subprocess.Popen | None = None
+#: what the measuring process puts before each answer (anything else it prints is not one)
+ANSWER_PREFIX = "fastdlight-answer "
+
+
 def measure(request: str) -> str:
     """:data:`MEASURE_FUNC`: a JSON request (``fastdlight.search.remote.request_json``) in, the
     JSON answer out (``results`` by index, ``best``, ``device``, ``nbytes``; or ``error`` where
     nothing could be timed, ``failed`` where the measurement itself failed).
 
-    It runs in the child TVM forks for each connection, and measures in a process of its own
-    (:func:`measure_here`, ``--measure``): CUDA cannot be initialized in a forked child of a
-    process that loaded it (on an H200 every measurement failed with
-    ``cudaErrorInitializationError``). The process costs a TVM import per function."""
+    It runs in the child TVM forks for each connection, and measures in another process
+    (:func:`measure_here`): CUDA cannot be initialized in a forked child of a process that loaded
+    it (on an H200 every measurement failed with ``cudaErrorInitializationError``). That process is
+    the server's own long-lived one (``--measure-loop``: one TVM import and one CUDA context for
+    all requests); where it is gone (a kernel that faulted took it down), a process of its own for
+    this request (``--measure``, a TVM import each)."""
     workpath = tvm.get_global_func("tvm.rpc.server.workpath")
     req = json.loads(request)
     req["artifacts"] = {key: workpath(name) for key, name in req["artifacts"].items()}
     if req.get("reference"):
         req["reference"] = workpath(req["reference"])
+    answer = _ask_measurer(req)
+    if answer is not None:
+        return answer
     path = workpath(f"request_{os.getpid()}_{time.monotonic_ns()}.json")
     with open(path, "w") as f:
         json.dump(req, f)
     done = subprocess.run([sys.executable, "-m", "fastdlight.rpc_server", "--measure", path],
                           capture_output=True, text=True, check=False)
-    answer = next((line for line in reversed(done.stdout.splitlines()) if line.startswith("{")), None)
+    answer = next((line[len(ANSWER_PREFIX):] for line in reversed(done.stdout.splitlines())
+                   if line.startswith(ANSWER_PREFIX)), None)
     if done.returncode != 0 or answer is None:
         tail = next((line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), "")
         why = f"exited with {done.returncode}" if done.returncode > 0 else f"died of signal {-done.returncode}"
         return json.dumps({"failed": f"the measuring process {why}: {tail[:400]}"})
     return answer
+
+
+def _ask_measurer(req: dict) -> str | None:
+    """The long-lived measuring process's answer to ``req``, or None where there is none (never
+    started, or it died: then the next request does not try it again either)."""
+    proc = _MEASURER
+    if proc is None or proc.poll() is not None:
+        return None
+    # an answer to an earlier request whose connection ended before reading it is skipped
+    ticket = f"{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        proc.stdin.write(json.dumps({**req, "ticket": ticket}) + "\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith(f"{ANSWER_PREFIX}{ticket} "):
+                return line[len(ANSWER_PREFIX) + len(ticket) + 1:].strip()
+    except (OSError, ValueError):  # a broken pipe: it died
+        pass
+    return None
+
+
+def _measure_loop() -> int:
+    """``--measure-loop``: one request a line on stdin, one answer a line on stdout (after the
+    prefix and the request's ticket)."""
+    for line in sys.stdin:
+        if line.strip():
+            req = json.loads(line)
+            print(f"{ANSWER_PREFIX}{req.pop('ticket', '')} " + json.dumps(measure_here(req)), flush=True)
+    return 0
 
 
 def measure_here(req: dict) -> dict:
@@ -122,6 +165,7 @@ def parse_args(argv):
     ap.add_argument("--key", default="", help="the key to register under (with --tracker)")
     ap.add_argument("--verbose", action="store_true", help="log each connection (TVM's RPC server log) to stderr")
     ap.add_argument("--measure", metavar="REQUEST", help=argparse.SUPPRESS)  # one measurement (the server runs it)
+    ap.add_argument("--measure-loop", action="store_true", help=argparse.SUPPRESS)  # the server's measuring process
     args = ap.parse_args(argv)
     if args.tracker:
         try:
@@ -140,8 +184,14 @@ def main(argv=None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.measure:
         with open(args.measure) as f:
-            print(json.dumps(measure_here(json.load(f))), flush=True)
+            print(ANSWER_PREFIX + json.dumps(measure_here(json.load(f))), flush=True)
         return 0
+    if args.measure_loop:
+        return _measure_loop()
+    global _MEASURER
+    _MEASURER = subprocess.Popen([sys.executable, "-m", "fastdlight.rpc_server", "--measure-loop"]
+                                 + (["--verbose"] if args.verbose else []),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     register()
     # TVM's listening loop in this process (rpc.Server would start it in a worker process through
     # cloudpickle, which TVM does not depend on); each connection is served by a forked child, which has
@@ -155,6 +205,8 @@ def main(argv=None) -> int:
         server.thread.join()
     except KeyboardInterrupt:
         pass
+    finally:
+        _MEASURER.kill()
     return 0
 
 

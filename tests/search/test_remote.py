@@ -80,6 +80,25 @@ def test_the_server_answers_what_it_received(server):
     assert answer["received"] == 1 and "has no GPU" in answer["error"]
 
 
+def test_the_server_measures_in_its_own_long_lived_process(server):
+    """Requests go to one measuring process the server started (one TVM import and CUDA context
+    for all of them), not to the child that serves the connection."""
+    import subprocess
+
+    proc, port = server
+    children = subprocess.run(["ps", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+    assert "fastdlight.rpc_server --measure-loop" in children
+    from tvm import rpc
+
+    conn = rpc.connect("127.0.0.1", port)
+    for _ in range(2):  # the same process answers again
+        answer = json.loads(conn.get_function(remote.MEASURE_FUNC)(json.dumps(
+            {"func": "", "configs": [], "artifacts": {}, "reference": None, "options": {}})))
+        assert "has no GPU" in answer["error"]
+    after = subprocess.run(["ps", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+    assert after.count("--measure-loop") == 1
+
+
 def test_a_server_that_is_gone_fails_in_one_line_after_the_retries():
     port = free_port()  # nothing listens there
     op = ops.matmul(128, 128, 128, "float16", "float16", "NT", acc_dtype="float32")
