@@ -96,10 +96,11 @@ def test_weights_that_do_not_fit_the_groups_and_other_bits_are_left_or_refused()
         quantize_weights(group_size=12)
 
 
-def test_the_quantized_model_tunes_and_builds_for_hopper():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_quantized_model_tunes_and_builds_for_hopper(bits):
     rng = np.random.default_rng(2)
     mod = linear_model(rng.normal(0, 0.05, (N, K)).astype(np.float16), np.zeros((N,), np.float16))
-    prepared = prepare(H100)(quantize_weights(group_size=128)(mod))
+    prepared = prepare(H100)(quantize_weights(bits=bits, group_size=128)(mod))
     tuning = fastdlight.ApplyFastTuning(topk=1, target=H100, measure=False, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,6 +108,6 @@ def test_the_quantized_model_tunes_and_builds_for_hopper():
     assert all(e.status in ("tuned", "view") for e in tuning.report), tuning.report
     # decode rows (4): the product kept out of fusion with the bias, for the dequantizing GEMV
     kinds = {e.function: e.config.kind for e in tuning.report if e.config is not None}
-    assert kinds["matmul_int4"] == "gemv_dequant" and len(kinds) == 2, kinds
+    assert kinds[f"matmul_int{bits}"] == "gemv_dequant" and len(kinds) == 2, kinds
     src = cuda_source(fastdlight.build(tuned, H100))
-    assert "uint" in src and ">>" in src and "fdl_w4_dot32" in src
+    assert "uint" in src and ">>" in src and ("fdl_w8_dot16" if bits == 8 else "fdl_w4_dot32") in src
