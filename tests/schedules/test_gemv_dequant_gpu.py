@@ -1,7 +1,7 @@
 """The dequantizing GEMV (4- and 8-bit weights) on the GPU: every config its policy emits is
-correct against the float64 dequantized reference, on odd shapes (N not a multiple of a CTA's rows, a partial last
-lane step along K, several activation rows, zero points, groups of 32, persistent CTAs walking
-the row blocks, bf16 activations, 8-bit weights). Needs an sm_90 GPU."""
+correct against the float64 dequantized reference, on odd shapes (N not a multiple of a CTA's
+rows, a partial last lane step along K, several activation rows, zero points, groups of 32,
+persistent CTAs walking the row blocks, bf16 activations, 8-bit weights). Needs an sm_90 GPU."""
 
 import pytest
 
@@ -16,7 +16,7 @@ CASES = {
     "decode_n_tail": (1, 4100, 4096, 128, False),
     "rows3_k_tail_zeros": (3, 1000, 11008, 64, True),
     "rows16_group32": (16, 520, 2048, 32, False),
-    "persistent_walk": (1, 11008, 4096, 128, False),  # more row blocks than CTAs at once: persistent twins
+    "persistent_walk": (1, 11008, 4096, 128, False),  # more row blocks than CTAs at once: persistent
     "bf16_rows2_zeros": (2, 1000, 4096, 64, True, "bfloat16"),
     "bf16_decode": (1, 4100, 11008, 128, False, "bfloat16"),
     "int8_decode": (1, 4100, 4096, 128, False, "float16", 8),
