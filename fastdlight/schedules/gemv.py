@@ -7,7 +7,9 @@ threads (``threadIdx.x``) split ``k``, and per loop step every thread loads 128-
 each W row it owns and of each X row into registers, then does the ``m × n × vec``
 multiply-adds from registers. Partial sums are combined across ``threadIdx.x`` (warp shuffles).
 The accumulation dtype is the op's: for float32 accumulation define the op as a float32
-reduction followed by a cast; the cast epilogue is fused into the same kernel.
+reduction followed by a cast; the cast epilogue is fused into the same kernel. An epilogue over
+other elements than the product's (LLaMA's gate and up projections as one GEMM, the product
+reading two columns for each of its outputs) runs as a kernel of its own after the GEMV.
 A weight layout ``W[k, n]`` (``n`` contiguous) takes the outer-reduction layout instead.
 """
 
@@ -42,8 +44,15 @@ class GemvTemplate(ScheduleTemplate):
             return None
         inline_injective(sch, blocks, keep=[anchor])
         epilogue = output_epilogue(sch, blocks, anchor, spatial)  # e.g. float32 acc -> fp16
+        apart = []
         if epilogue is False:
-            return None
+            # an epilogue over other elements than the product's (a gated pair reads two columns
+            # of it for each of its own): the product goes to global memory and each epilogue
+            # block runs as a kernel of its own after it
+            apart = [b for b in blocks if not b.block_rv.same_as(anchor.block_rv)]
+            if not blocks[0].block_rv.same_as(anchor.block_rv) or not all(b.is_injective() for b in apart):
+                return None
+            epilogue = None
         if not config_fits_axes(config, spatial, reduce):
             return None
         if math.prod(config.threads_per_axis) * math.prod(config.reduce_thread or (1,)) > MAX_THREADS:
@@ -52,8 +61,25 @@ class GemvTemplate(ScheduleTemplate):
         if stmt.init is None or len(stmt.reads) < 2 or not _is_gemv(stmt, anchor, spatial):
             return None
         if dominant_read_is_contiguous_in(sch, anchor, "R"):
-            return schedule_inner_reduction(sch, anchor, spatial, reduce, config, epilogue)
-        return schedule_outer_reduction(sch, anchor, spatial, reduce, config, epilogue)
+            schedule_inner_reduction(sch, anchor, spatial, reduce, config, epilogue)
+        else:
+            schedule_outer_reduction(sch, anchor, spatial, reduce, config, epilogue)
+        for info in apart:
+            _schedule_elementwise_kernel(sch, info.block_rv)
+        return sch
+
+
+#: threads a block of an epilogue that runs as a kernel of its own
+EPILOGUE_THREADS = 256
+
+
+def _schedule_elementwise_kernel(sch: s_tir.Schedule, block) -> None:
+    """``block`` (injective) as one kernel: its loops fused, ``EPILOGUE_THREADS`` a CTA."""
+    loops = sch.get_loops(block)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    bx, tx = sch.split(fused, [None, EPILOGUE_THREADS], preserve_unit_iters=True)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
 
 
 def _is_gemv(stmt: tirx.SBlock, anchor, spatial) -> bool:

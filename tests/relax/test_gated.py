@@ -109,3 +109,25 @@ def test_only_the_wgmma_template_takes_the_pairs_and_its_kernel_compiles():
     src = cuda_source(build(tvm.IRModule({"main": kernel}), H100.target))
     assert "wgmma.mma_async" in src and "hexp" in src  # the SiLU in the epilogue
     assert compile_cubin(src, H100.target).spill_bytes == 0
+
+
+def test_at_one_row_the_pair_s_gemm_is_a_gemv_and_its_epilogue_a_kernel_of_its_own():
+    """A decode specialization of the pair (rows symbolic in a served model: the pair is formed,
+    then tuned at one row): the GEMV template takes it, the product going to global memory and
+    the gated epilogue, which reads two of its columns per output, running after it."""
+    from tvm import te
+
+    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+    from fastdlight.relax.gated import gated_product
+    from fastdlight.schedules import apply_config
+
+    x = te.placeholder((1, 512), "float16", name="x")
+    w = te.placeholder((2 * 1024, 512), "float16", name="w")
+    func = te.create_prim_func([x, w, gated_product(x, w, "float32", "float16", "float16")])
+    gemv = [c for s in candidate_sets(func, H100, 4) for c in s.configs if c.kind == "gemv"]
+    assert gemv
+    with H100.target:
+        sch = apply_config(func, gemv[0], allow_fallback=False)
+    src = cuda_source(build(tvm.IRModule({"main": sch.mod["main"]}), H100.target))
+    assert src.count("extern \"C\" __global__") == 4  # two kernels, each declared and defined
+    assert compile_cubin(src, H100.target).spill_bytes == 0
