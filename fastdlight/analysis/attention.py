@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 
 from tvm import te, tirx
 
+from fastdlight.analysis.prepare import params_agree
+
 ATTR = "fastdlight.attention"
 DTYPES = ("float16", "bfloat16", "float32")
 LAYOUTS = ("bhtd", "bthd", "packed")
@@ -171,16 +173,8 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
             scale=float(raw["scale"]), dtype=str(raw["dtype"]), layout=str(raw.get("layout", "bhtd")))
     except (KeyError, TypeError, ValueError):
         return None
-    want = (*shape.input_shapes, shape.out_shape)
-    if len(func.params) != len(want):
-        return None
-    for param, dims in zip(func.params, want):
-        buf = param  # TIRx parameters are the buffers themselves
-        if getattr(buf, "shape", None) is None or buf.dtype != shape.dtype:
-            return None
-        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
-            return None
-    return shape
+    want = [(dims, shape.dtype) for dims in (*shape.input_shapes, shape.out_shape)]
+    return shape if params_agree(func, want) else None
 
 
 #: head dims the fused Hopper template covers (a 128-byte swizzled row is 64 fp16 columns)

@@ -75,6 +75,19 @@ def param_shape(p):
         return None
 
 
+def params_agree(func: tirx.PrimFunc, want) -> bool:
+    """Whether ``func``'s parameters are, in order, static buffers of ``want``'s ``(dims, dtype)``
+    (what a function's shape attribute says of them)."""
+    if len(func.params) != len(want):
+        return False
+    for buf, (dims, dtype) in zip(func.params, want):  # TIRx parameters are the buffers themselves
+        if getattr(buf, "shape", None) is None or str(buf.dtype) != dtype:
+            return False
+        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != tuple(dims):
+            return False
+    return True
+
+
 def func_name(func: tirx.PrimFunc) -> str:
     attrs = func.attrs
     if attrs is not None and "global_symbol" in attrs:

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 
 from tvm import te, tirx
 
+from fastdlight.analysis.prepare import params_agree
+
 ATTR = "fastdlight.weight_only_matmul"
 #: bits a weight -> values a uint32 word holds
 PER_WORD = {4: 8, 8: 4}
@@ -131,16 +133,7 @@ def match_weight_only(func: tirx.PrimFunc) -> WeightOnlyShape | None:
             zero_point=bool(raw["zero_point"]), bits=int(raw["bits"]))
     except (KeyError, TypeError, ValueError):
         return None
-    want = shape.param_shapes()
-    if len(func.params) != len(want):
-        return None
-    for param, (dims, dtype) in zip(func.params, want):
-        buf = param  # TIRx parameters are the buffers themselves
-        if getattr(buf, "shape", None) is None or str(buf.dtype) != dtype:
-            return None
-        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != dims:
-            return None
-    return shape
+    return shape if params_agree(func, shape.param_shapes()) else None
 
 
 def dequant_gemv_fits(shape: WeightOnlyShape) -> bool:
