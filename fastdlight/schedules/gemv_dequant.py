@@ -60,6 +60,8 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   const half2 k8th = __half2half2(__ushort_as_half((unsigned short)0x3000));
   const half2 k128th = __half2half2(__ushort_as_half((unsigned short)0x2000));
   const half2 z8 = __hmul2(__half2half2(z), k8th);
+  const auto low = [&](half2 h) { return LOW; };
+  const auto high = [&](half2 h) { return HIGH; };
   const unsigned q[4] = {q0, q1, q2, q3};
   half2 p = __float2half2_rn(0.f);
 #pragma unroll
@@ -68,12 +70,10 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
     const unsigned w = q[i], w8 = w >> 8;
     unsigned a = (w & 0x000F000Fu) | 0x64006400u, b = (w & 0x00F000F0u) | 0x64006400u;
     unsigned c = (w8 & 0x000F000Fu) | 0x64006400u, d = (w8 & 0x00F000F0u) | 0x64006400u;
-    const half2 ha = *reinterpret_cast<half2*>(&a), hb = *reinterpret_cast<half2*>(&b);
-    const half2 hc = *reinterpret_cast<half2*>(&c), hd = *reinterpret_cast<half2*>(&d);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), LOW(ha), p);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), HIGH(hb), p);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.z), LOW(hc), p);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.w), HIGH(hd), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), low(*reinterpret_cast<half2*>(&a)), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), high(*reinterpret_cast<half2*>(&b)), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.z), low(*reinterpret_cast<half2*>(&c)), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.w), high(*reinterpret_cast<half2*>(&d)), p);
   }
   const float2 f = __half22float2(p);
   return (f.x + f.y) * 8.f;
@@ -82,14 +82,10 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
 #: (q - z) / 8 from 1024 + q (LOW: / 8 gives 128 + q / 8) and 1024 + 16 q (HIGH: / 128 gives
 #: 8 + q / 8). Without a zero point z is 8: one fma a pair (128 + 1 and 8 + 1 are exact); a
 #: zero point is subtracted on its own, as the reference rounds q - z
-_SYMMETRIC = {"NAME": "fdl_w4_dot32", "LOW(ha)": "__hfma2(ha, k8th, __hneg2(__hadd2(k128, z8)))",
-              "LOW(hc)": "__hfma2(hc, k8th, __hneg2(__hadd2(k128, z8)))",
-              "HIGH(hb)": "__hfma2(hb, k128th, __hneg2(__hadd2(k8, z8)))",
-              "HIGH(hd)": "__hfma2(hd, k128th, __hneg2(__hadd2(k8, z8)))"}
-_ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW(ha)": "__hsub2(__hfma2(ha, k8th, __hneg2(k128)), z8)",
-               "LOW(hc)": "__hsub2(__hfma2(hc, k8th, __hneg2(k128)), z8)",
-               "HIGH(hb)": "__hsub2(__hfma2(hb, k128th, __hneg2(k8)), z8)",
-               "HIGH(hd)": "__hsub2(__hfma2(hd, k128th, __hneg2(k8)), z8)"}
+_SYMMETRIC = {"NAME": "fdl_w4_dot32", "LOW": "__hfma2(h, k8th, __hneg2(__hadd2(k128, z8)))",
+              "HIGH": "__hfma2(h, k128th, __hneg2(__hadd2(k8, z8)))"}
+_ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW": "__hsub2(__hfma2(h, k8th, __hneg2(k128)), z8)",
+               "HIGH": "__hsub2(__hfma2(h, k128th, __hneg2(k8)), z8)"}
 
 
 _DOT32_BF16 = r"""
@@ -99,6 +95,7 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   // (128 + q); a word's products summed in bf16, then in fp32
   const __nv_bfloat162 k128 = __bfloat162bfloat162(__ushort_as_bfloat16((unsigned short)0x4300));
   const __nv_bfloat162 zz = __bfloat162bfloat162(z);
+  const auto deq = [&](__nv_bfloat162 h) { return DEQ; };
   const unsigned q[4] = {q0, q1, q2, q3};
   float acc = 0.f;
 #pragma unroll
@@ -109,8 +106,7 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       unsigned v = ((q[i] >> (4 * t)) & 0x000F000Fu) | 0x43004300u;
-      const __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162*>(&v);
-      p = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[t]), DEQ(hv), p);
+      p = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[t]), deq(*reinterpret_cast<__nv_bfloat162*>(&v)), p);
     }
     const float2 f = __bfloat1622float2(p);
     acc += f.x + f.y;
@@ -119,8 +115,8 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
 }
 """
 #: bf16: q - z from 128 + q; 128 + 8 is exact
-_BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ(hv)": "__hsub2(hv, __hadd2(k128, zz))"}
-_BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ(hv)": "__hsub2(__hsub2(hv, k128), zz)"}
+_BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ": "__hsub2(h, __hadd2(k128, zz))"}
+_BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ": "__hsub2(__hsub2(h, k128), zz)"}
 
 
 _DOT16_INT8 = r"""
@@ -132,25 +128,23 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   const half2 k8 = __half2half2(__ushort_as_half((unsigned short)0x4800));
   const half2 k128th = __half2half2(__ushort_as_half((unsigned short)0x2000));
   const half2 z128 = __hmul2(__half2half2(z), k128th);
+  const auto deq = [&](half2 h) { return DEQ; };
   const unsigned q[4] = {q0, q1, q2, q3};
   half2 p = __float2half2_rn(0.f);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint2 xv = *reinterpret_cast<const uint2*>(x + 2 * i * stride);
     unsigned a = (q[i] & 0x00FF00FFu) | 0x64006400u, c = ((q[i] >> 8) & 0x00FF00FFu) | 0x64006400u;
-    const half2 ha = *reinterpret_cast<half2*>(&a), hc = *reinterpret_cast<half2*>(&c);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), DEQ(ha), p);
-    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), DEQ(hc), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), deq(*reinterpret_cast<half2*>(&a)), p);
+    p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), deq(*reinterpret_cast<half2*>(&c)), p);
   }
   const float2 f = __half22float2(p);
   return (f.x + f.y) * 128.f;
 }
 """
 #: 8-bit: (b - z) / 128 from 1024 + b (/ 128 gives 8 + b / 128); z 128 symmetric: 8 + 1 is exact
-_INT8_SYMMETRIC = {"NAME": "fdl_w8_dot16", "DEQ(ha)": "__hfma2(ha, k128th, __hneg2(__hadd2(k8, z128)))",
-                   "DEQ(hc)": "__hfma2(hc, k128th, __hneg2(__hadd2(k8, z128)))"}
-_INT8_ZERO_POINT = {"NAME": "fdl_w8z_dot16", "DEQ(ha)": "__hsub2(__hfma2(ha, k128th, __hneg2(k8)), z128)",
-                    "DEQ(hc)": "__hsub2(__hfma2(hc, k128th, __hneg2(k8)), z128)"}
+_INT8_SYMMETRIC = {"NAME": "fdl_w8_dot16", "DEQ": "__hfma2(h, k128th, __hneg2(__hadd2(k8, z128)))"}
+_INT8_ZERO_POINT = {"NAME": "fdl_w8z_dot16", "DEQ": "__hsub2(__hfma2(h, k128th, __hneg2(k8)), z128)"}
 
 
 def _dot(shape: WeightOnlyShape):
