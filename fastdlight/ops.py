@@ -15,7 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
-from fastdlight.analysis.weight_only import INT4_PER_WORD, PER_WORD, WeightOnlyShape, weight_only_func, weight_only_te  # noqa: F401 - re-exported
+from fastdlight.analysis.weight_only import PER_WORD, WeightOnlyShape, weight_only_func
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 from fastdlight.measure.inputs import RANDOM_BITS
@@ -462,7 +462,3 @@ def dequantize_weights(q, s, z, group_size: int, dtype: str = "float16", bits: i
     low = np.float32 if dtype == "bfloat16" else np.float16  # bf16 stand-in: exact for these values
     return (((values - zero).astype(low)).astype(np.float64) * scale).astype(low).astype(np.float64)
 
-
-def dequantize_int4(q, s, z, group_size: int, dtype: str = "float16") -> np.ndarray:
-    """:func:`dequantize_weights` of 4-bit weights."""
-    return dequantize_weights(q, s, z, group_size, dtype, 4)

@@ -33,7 +33,7 @@ def test_the_reference_dequantizes_each_nibble_as_documented(zero_point):
     q = rng.integers(0, 2**32, size=(3, 4), dtype=np.int64).astype(np.uint32)
     s = rng.uniform(0.5, 2, size=(3, 2)).astype(np.float16)
     z = rng.integers(0, 16, size=(3, 2)).astype(np.float16) if zero_point else None
-    got = ops.dequantize_int4(q, s, z, 16)
+    got = ops.dequantize_weights(q, s, z, 16)
     np.testing.assert_allclose(got, element_weights(q, s, z, 16), rtol=2e-3)  # fp16 rounding of the product
 
 

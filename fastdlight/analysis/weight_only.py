@@ -23,8 +23,6 @@ from fastdlight.analysis.prepare import params_agree
 ATTR = "fastdlight.weight_only_matmul"
 #: bits a weight -> values a uint32 word holds
 PER_WORD = {4: 8, 8: 4}
-#: 4-bit values a uint32 word of packed weights holds (the lowest nibble is the first along K)
-INT4_PER_WORD = PER_WORD[4]
 ACTIVATION_DTYPES = ("float16", "bfloat16")
 #: uint32 words one lane of the dequantizing GEMV loads a step: one 128-bit load
 LANE_WORDS = 4
@@ -65,6 +63,11 @@ class WeightOnlyShape:
     @property
     def groups(self) -> int:
         return self.k // self.group_size
+
+    @property
+    def x_bytes(self) -> int:
+        """Bytes of the 16-bit activations (what the dequantizing GEMV stages in shared memory)."""
+        return self.m * self.k * 2
 
     @property
     def lane_weights(self) -> int:
@@ -142,7 +145,7 @@ def dequant_gemv_fits(shape: WeightOnlyShape) -> bool:
     # 8-bit values do not fit bf16's 7 mantissa bits (the template's conversion)
     return (shape.dtype in (ACTIVATION_DTYPES if shape.bits == 4 else ("float16",))
             and shape.m <= GEMV_MAX_ROWS and shape.k % shape.lane_weights == 0
-            and shape.group_size % shape.lane_weights == 0 and shape.m * shape.k * 2 <= GEMV_MAX_X_BYTES)
+            and shape.group_size % shape.lane_weights == 0 and shape.x_bytes <= GEMV_MAX_X_BYTES)
 
 
 def resident_ctas(shape: WeightOnlyShape, warps: int, arch=None) -> int:
@@ -150,4 +153,4 @@ def resident_ctas(shape: WeightOnlyShape, warps: int, arch=None) -> int:
     limits where ``arch`` is None: 2048 threads, 228 KB of shared memory)."""
     threads = arch.max_threads_per_sm if arch is not None else 2048
     smem = arch.smem_per_sm if arch is not None else 228 * 1024
-    return max(1, min(threads // (32 * warps), smem // max(1, shape.m * shape.k * 2)))
+    return max(1, min(threads // (32 * warps), smem // max(1, shape.x_bytes)))

@@ -11,6 +11,7 @@ coarse and the tuner times the top few.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, resident_ctas
@@ -39,13 +40,13 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> l
             waves = blocks / slots
             tail = math.ceil(waves) / waves
             # staging X costs a CTA about what reading its rows does when they are few
-            staging = shape.m * shape.k * 2 / (rows * shape.k / 2)
+            staging = shape.x_bytes / (rows * shape.k / 2)
             cost = tail * (1.0 + 0.1 / per_warp) + 0.2 * min(staging, 2.0)
-            out.append(Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
-                              reduce_thread=(32,), cost=cost))
+            plain = Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
+                           reduce_thread=(32,), cost=cost)
+            out.append(plain)
             if blocks > slots:
                 # ranked after its plain twin: on an H200 neither 4-bit decode GEMV of a LLaMA
                 # layer was won by a persistent config (2026-11-29)
-                out.append(Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
-                                  reduce_thread=(32,), persistent=True, cost=cost * PERSISTENT_PENALTY))
+                out.append(dataclasses.replace(plain, persistent=True, cost=cost * PERSISTENT_PENALTY))
     return sorted(out, key=lambda c: c.cost)[:topk]

@@ -59,11 +59,6 @@ def quantize_packed(w: np.ndarray, group_size: int, zero_point: bool = False, bi
     return packed, scale.astype(np.float32), (zero.astype(np.float32) if zero_point else None)
 
 
-def quantize_int4(w: np.ndarray, group_size: int, zero_point: bool = False):
-    """:func:`quantize_packed` to 4 bits."""
-    return quantize_packed(w, group_size, zero_point, 4)
-
-
 def quantize_weights(bits: int = 4, group_size: int = 128, zero_point: bool = False) -> tvm.transform.Pass:
     """Every matmul over a bound 2-D weight (fp16/bf16 activations, K a multiple of
     ``group_size``) as a ``bits``-bit (4 or 8) weight-only matmul (see the module docstring)."""
