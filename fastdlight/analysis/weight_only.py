@@ -70,6 +70,11 @@ class WeightOnlyShape:
         return self.m * self.k * 2
 
     @property
+    def row_bytes(self) -> int:
+        """Bytes of one packed weight row."""
+        return self.k * self.bits // 8
+
+    @property
     def lane_weights(self) -> int:
         """Weights one lane of the dequantizing GEMV takes a step (32 at 4 bits, 16 at 8)."""
         return LANE_WORDS * self.per_word

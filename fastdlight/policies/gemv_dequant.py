@@ -40,7 +40,7 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> l
             waves = blocks / slots
             tail = math.ceil(waves) / waves
             # staging X costs a CTA about what reading its rows does when they are few
-            staging = shape.x_bytes / (rows * shape.k / 2)
+            staging = shape.x_bytes / (rows * shape.row_bytes)
             cost = tail * (1.0 + 0.1 / per_warp) + 0.2 * min(staging, 2.0)
             plain = Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(32 * shape.lane_weights,),
                            reduce_thread=(32,), cost=cost)
