@@ -3,11 +3,9 @@
 length), and :class:`StaticCacheStep`, the same math as torch users serve it (a preallocated
 cache written in place, ``scaled_dot_product_attention`` over its filled part).
 
-DecodeStep's attention never copies the cache: the scores against the ``L`` cached keys (``K qᵀ``,
-the cache read as stored) and the new key's score share one softmax without being joined: the
-output is the cached values weighted by their exponentials plus the new value weighted by its
-own, over the sum of all of them.
-It returns the new key and value for the caller to append. GQA: ``heads`` query heads share
+DecodeStep's attention runs over the cache and the new token joined (``torch.cat``, as Hugging
+Face's dynamic cache does); fastdlight's rewrite reads the two without joining them. It returns
+the new key and value for the caller to append. GQA: ``heads`` query heads share
 each of ``kv_heads`` key/value heads, as groups of ``heads // kv_heads`` rows of one matmul.
 """
 
@@ -88,17 +86,12 @@ class DecodeStep(Projections):
 
     def forward(self, x, k_cache, v_cache, cos, sin):
         q, k, v = self.qkv_heads(x, cos, sin)
-        scale = 1.0 / math.sqrt(self.s.head_dim)
-        # K·qᵀ, not q·Kᵀ: the cache is read as stored; TVM's import would copy a transposed cache
-        past = (torch.matmul(k_cache, q.transpose(-1, -2)).transpose(-1, -2) * scale).float()  # [B, G, H/G, L]
-        new = ((q * k).sum(-1, keepdim=True) * scale).float()  # [B, G, H/G, 1]
-        # the softmax over the L cached scores and the new one, without joining them: no slice
-        # at the symbolic L (TVM's import loses the shape of one), no copy of the scores
-        top = torch.maximum(past.max(dim=-1, keepdim=True).values, new)
-        e_past, e_new = torch.exp(past - top), torch.exp(new - top)
-        total = e_past.sum(-1, keepdim=True) + e_new
-        attn = (torch.matmul(e_past.to(q.dtype), v_cache).float() + e_new * v.float()) / total
-        return self.finish(x, attn.to(q.dtype)), k, v
+        # attention over the cache and the new token, joined as Hugging Face's dynamic cache
+        # joins them (fastdlight reads both without the copy)
+        keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * (1.0 / math.sqrt(self.s.head_dim))
+        attn = torch.matmul(scores.float().softmax(dim=-1).to(q.dtype), values)  # [B, G, H/G, D]
+        return self.finish(x, attn), k, v
 
 
 class StaticCacheStep(Projections):

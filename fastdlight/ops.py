@@ -15,6 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
+from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, chunk_of, decode_split_func
 from fastdlight.analysis.weight_only import PER_WORD, WeightOnlyShape, weight_only_func
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
@@ -370,6 +371,37 @@ def attention(batch, heads, seq_q, seq_kv, head_dim, kv_heads=None, causal=False
 
     nbytes = (2 * batch * heads * seq_q + 2 * batch * shape.kv_heads * seq_kv) * head_dim * NBYTES[dtype]
     return Op("attention", attention_func(shape), ref, shape.flops, nbytes)
+
+
+def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appended=True, dtype="float16") -> Op:
+    """The chunk step of split-KV decode attention
+    (:func:`~fastdlight.analysis.decode_attention.decode_split_func`): ``rows`` query rows per
+    K/V head against a cache of ``seq_kv`` keys (and, ``appended``, the new token's key and
+    value), cut into ``splits`` chunks; per chunk and row the largest scaled score ``m``, the
+    sum of exponentials ``l`` and the weighted values ``o`` (fp32)."""
+    _check_shape(batch, kv_heads, rows, seq_kv, head_dim, splits)
+    _check_dtype(dtype, ("float16", "bfloat16"))
+    shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype)
+    chunk = chunk_of(seq_kv, splits, appended)
+
+    def ref(q, k, v, kn=None, vn=None):
+        if appended:
+            k, v = np.concatenate([k, kn], axis=2), np.concatenate([v, vn], axis=2)
+        o = np.zeros(shape.partial_shapes[0])
+        m, l = np.full(shape.partial_shapes[1], EMPTY_MAX), np.zeros(shape.partial_shapes[2])
+        for p in range(splits):
+            keys = slice(p * chunk, min((p + 1) * chunk, k.shape[2]))
+            if keys.start >= keys.stop:
+                continue
+            sc = q @ np.swapaxes(k[:, :, keys], -1, -2) * shape.scale
+            m[:, :, p] = sc.max(axis=-1)
+            e = np.exp(sc - m[:, :, p][..., None])
+            l[:, :, p], o[:, :, p] = e.sum(axis=-1), e @ v[:, :, keys]
+        return o, m, l
+
+    keys = seq_kv + int(appended)
+    flops = 4.0 * batch * kv_heads * rows * keys * head_dim
+    return Op("decode_attention", decode_split_func(shape, seq_kv), ref, flops, shape.cache_bytes(seq_kv))
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:

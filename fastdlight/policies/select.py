@@ -1,6 +1,7 @@
 """The policy choice: which policies emit configs for a function, in which order.
 
     fused attention?       -> the attention policy's tiles first (sm_90a)
+    decode attention?      -> the split-KV template's layouts
     packed weights, decode? -> the dequantizing GEMV's CTA shapes first
     tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a)
     always                 -> DefaultPolicy (CUDA cores), with the transpose/gather tiles first
@@ -22,10 +23,12 @@ from typing import Iterator
 from tvm import tirx
 
 from fastdlight.analysis.attention import match_attention
+from fastdlight.analysis.decode_attention import match_decode_split
 from fastdlight.analysis.weight_only import match_weight_only
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
+from fastdlight.policies.decode_attention import decode_attention_configs
 from fastdlight.policies.default import DefaultPolicy
 from fastdlight.policies.gather import gather_configs
 from fastdlight.policies.gemv_dequant import dequant_gemv_configs
@@ -82,6 +85,11 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
     if fused:
         sets.append(CandidateSet("AttentionPolicy", func, fused))
+    chunked = match_decode_split(func)
+    split = tuple(decode_attention_configs(chunked, arch, topk)) if chunked is not None else ()
+    if split:
+        fused += split
+        sets.append(CandidateSet("DecodeAttentionPolicy", func, split))
     packed = match_weight_only(func)
     dequant = tuple(dequant_gemv_configs(packed, arch, topk)) if packed is not None else ()
     if dequant:

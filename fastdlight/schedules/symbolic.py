@@ -27,6 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from fastdlight.analysis.prepare import scalar_dtype
+from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
 
 
 
@@ -39,6 +40,8 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config
     kernel (TIRx, no trace) is rebuilt for a symbolic M by its template (``config``,
     ``num_sms``: its persistent grid)."""
     trace = getattr(scheduled, "trace", None)
+    if config is not None and config.kind == "decode_attention":
+        return DecodeAttentionTemplate().apply_config(symbolic, config)  # reads the length at run time
     if trace is None:
         if config is not None and config.kind == "matmul_wgmma":
             from fastdlight.schedules.wgmma.template import symbolic_kernel

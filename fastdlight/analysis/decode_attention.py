@@ -1,0 +1,211 @@
+"""Decode attention (flash-decoding): a few query rows against a long KV cache as two PrimFuncs,
+what they compute (:class:`DecodeAttentionShape`), their TIR, and how a template recognizes
+the first again.
+
+A decode step has one query token per sequence: with GQA, the ``R = heads // kv_heads`` query
+heads that share a K/V head are ``R`` rows against one cache of ``L`` keys. ``B * G`` such
+problems leave most SMs idle at batch 1 (LLaMA-3-8B: 8 K/V heads), so the keys are cut into
+``splits`` chunks, each scored by a CTA of its own (:func:`decode_split_func`), and a second
+function merges the chunks (:func:`decode_combine_func`):
+
+- split: Q ``[B, G, R, D]``, K and V caches ``[B, G, L, D]`` (``L`` may be symbolic) and, where
+  ``appended``, the new token's K and V ``[B, G, 1, D]`` (key ``L``: attention over the cache
+  and the token without copying the cache to join them). Keys are ``n = L (+ 1)``; chunk ``s``
+  holds keys ``s * c .. min((s + 1) * c, n)`` with ``c = ceil(n / splits)``. Per chunk and row:
+  ``m`` the largest scaled score (``scale * q . k``; at least :data:`EMPTY_MAX`, which an empty
+  chunk keeps), ``l = sum exp(score - m)`` and ``o = sum exp(score - m) v`` (fp32).
+- combine: ``M = max_s m_s``, ``out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s``.
+
+Both carry their shape as an attribute (:data:`SPLIT_ATTR`, :data:`COMBINE_ATTR`), the split's
+template reads it instead of re-deriving attention from the blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from tvm import te, tirx
+
+SPLIT_ATTR = "fastdlight.decode_attention"
+COMBINE_ATTR = "fastdlight.decode_combine"
+DTYPES = ("float16", "bfloat16")
+#: the floor of a chunk's max (an empty chunk's): exp(EMPTY_MAX - M) is 0 for any real M
+EMPTY_MAX = -1.0e30
+#: most query rows a K/V head serves (GQA group times query tokens) the split template takes:
+#: a thread holds q and the output in fp32 for each row (16 registers a row at 8 values a lane)
+MAX_ROWS = 8
+HEAD_DIMS = (32, 64, 128, 256)
+#: elements of one vector load of the split template (16 bytes of fp16/bf16)
+VECTOR = 8
+#: shared memory the split template's warps' partial results may take
+MAX_MERGE_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class DecodeAttentionShape:
+    batch: int
+    kv_heads: int
+    rows: int  # query rows per K/V head
+    head_dim: int
+    splits: int
+    appended: bool = True  # the new token's K and V come as inputs of their own
+    scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        dims = (self.batch, self.kv_heads, self.rows, self.head_dim, self.splits)
+        if any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 for d in dims):
+            raise ValueError(f"decode attention dimensions must be positive integers, got {dims}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unsupported decode attention dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
+        if self.scale == 0.0:
+            object.__setattr__(self, "scale", 1.0 / math.sqrt(self.head_dim))
+
+    def input_shapes(self, seq_kv) -> tuple[tuple, ...]:
+        """Q, the K and V caches of ``seq_kv`` keys (an int or a shape variable) and, where
+        appended, the new token's K and V."""
+        b, g, d = self.batch, self.kv_heads, self.head_dim
+        cache = (b, g, seq_kv, d)
+        return ((b, g, self.rows, d), cache, cache) + (((b, g, 1, d),) * 2 if self.appended else ())
+
+    @property
+    def partial_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The split's outputs, the combine's inputs: ``o``, ``m`` and ``l`` per chunk."""
+        b, g, s, r = self.batch, self.kv_heads, self.splits, self.rows
+        return ((b, g, s, r, self.head_dim), (b, g, s, r), (b, g, s, r))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.kv_heads, self.rows, self.head_dim)
+
+    def cache_bytes(self, seq_kv: int) -> int:
+        """Bytes of K and V a step reads (the caches and the token)."""
+        return 2 * self.batch * self.kv_heads * (seq_kv + int(self.appended)) * self.head_dim * 2
+
+
+#: most chunks a (batch, K/V head) is cut into
+MAX_SPLITS = 64
+
+
+def default_splits(batch: int, kv_heads: int, sm_count: int) -> int:
+    """Chunks per (batch, K/V head): two CTAs an SM over all of them (a short cache leaves
+    chunks of a few keys, which cost little: the step is launch-bound there)."""
+    return max(1, min(MAX_SPLITS, -(-2 * sm_count // (batch * kv_heads))))
+
+
+def keys(seq_kv, appended: bool):
+    """Keys scored: the cache's and the appended token's."""
+    return seq_kv + 1 if appended else seq_kv
+
+
+def chunk_of(seq_kv, splits: int, appended: bool):
+    """Keys a chunk holds (the last may hold fewer, trailing chunks none)."""
+    return (keys(seq_kv, appended) + splits - 1) // splits
+
+
+def decode_split_func(shape: DecodeAttentionShape, seq_kv, name: str = "decode_attention") -> tirx.PrimFunc:
+    """The naive TIR of the per-chunk step (see the module docstring); ``seq_kv`` an int or a
+    ``tirx.Var`` (int64 for a model's symbolic length)."""
+    s = shape
+    ins = [te.placeholder(dims, s.dtype, name=n) for dims, n in zip(s.input_shapes(seq_kv), ("Q", "K", "V", "KN", "VN"))]
+    q, kc, vc = ins[:3]
+    n, c = keys(seq_kv, s.appended), chunk_of(seq_kv, s.splits, s.appended)
+    last = tirx.max(seq_kv - 1, 0)
+
+    def at(cache, new, b, g, j, e):
+        """Key ``j``'s vector element: the cache's, the appended token's at ``j = L`` (past the
+        keys: a valid element never used)."""
+        cached = cache[b, g, tirx.min(j, last), e]
+        return tirx.if_then_else(j < seq_kv, cached, new[b, g, 0, e]) if s.appended else cached
+
+    kn, vn = (ins[3], ins[4]) if s.appended else (None, None)
+    d = te.reduce_axis((0, s.head_dim), name="d")
+    scale = tirx.const(s.scale, "float32")
+
+    lead = (s.batch, s.kv_heads, s.splits, s.rows)
+    dot = te.compute(lead + (c,), lambda b, g, p, r, t: te.sum(
+        q[b, g, r, d].astype("float32") * at(kc, kn, b, g, p * c + t, d).astype("float32"), axis=d), name="dots")
+    sc = te.compute(dot.shape, lambda b, g, p, r, t: tirx.Select(
+        p * c + t < n, dot[b, g, p, r, t] * scale, tirx.const(EMPTY_MAX, "float32")), name="scores")
+    t1, t2, t3 = (te.reduce_axis((0, c), name=f"t{i}") for i in (1, 2, 3))
+    mx = te.compute(lead, lambda b, g, p, r: te.max(sc[b, g, p, r, t1], axis=t1), name="chunk_max")
+
+    def weight(b, g, p, r, t):
+        return tirx.Select(p * c + t < n, te.exp(sc[b, g, p, r, t] - mx[b, g, p, r]), tirx.const(0.0, "float32"))
+
+    ex = te.compute(lead + (c,), weight, name="chunk_exp")
+    total = te.compute(lead, lambda b, g, p, r: te.sum(ex[b, g, p, r, t2], axis=t2), name="chunk_sum")
+    acc = te.compute(lead + (s.head_dim,), lambda b, g, p, r, e: te.sum(
+        ex[b, g, p, r, t3] * at(vc, vn, b, g, p * c + t3, e).astype("float32"), axis=t3), name="chunk_out")
+    func = te.create_prim_func([*ins, acc, mx, total])
+    attrs = {k: v for k, v in asdict(s).items()}
+    return func.with_attr("global_symbol", name).with_attr(SPLIT_ATTR, attrs)
+
+
+def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine") -> tirx.PrimFunc:
+    """The naive TIR that merges the chunks (see the module docstring), out in ``shape.dtype``."""
+    o, m, l = (te.placeholder(dims, "float32", name=n) for dims, n in zip(shape.partial_shapes, ("O", "M", "L")))
+    s1, s2, s3 = (te.reduce_axis((0, shape.splits), name=f"s{i}") for i in (1, 2, 3))
+    lead = (shape.batch, shape.kv_heads, shape.rows)
+    top = te.compute(lead, lambda b, g, r: te.max(m[b, g, s1, r], axis=s1), name="top")
+    den = te.compute(lead, lambda b, g, r: te.sum(te.exp(m[b, g, s2, r] - top[b, g, r]) * l[b, g, s2, r], axis=s2),
+                     name="denominator")
+    num = te.compute(shape.out_shape, lambda b, g, r, e: te.sum(
+        te.exp(m[b, g, s3, r] - top[b, g, r]) * o[b, g, s3, r, e], axis=s3), name="numerator")
+    out = te.compute(shape.out_shape, lambda b, g, r, e: (num[b, g, r, e] / den[b, g, r]).astype(shape.dtype),
+                     name="out")
+    func = te.create_prim_func([o, m, l, out])
+    return func.with_attr("global_symbol", name).with_attr(COMBINE_ATTR, {k: v for k, v in asdict(shape).items()})
+
+
+def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, object] | None:
+    """``(shape, seq_kv)`` if ``func`` is a :func:`decode_split_func` whose buffers still agree
+    with its attribute (``seq_kv`` an int or the function's variable), else None."""
+    attrs = func.attrs
+    if attrs is None or SPLIT_ATTR not in attrs:
+        return None
+    raw = attrs[SPLIT_ATTR]
+    try:
+        shape = DecodeAttentionShape(
+            batch=int(raw["batch"]), kv_heads=int(raw["kv_heads"]), rows=int(raw["rows"]),
+            head_dim=int(raw["head_dim"]), splits=int(raw["splits"]), appended=bool(raw["appended"]),
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    params = list(func.params)
+    if len(params) != 3 + 2 * shape.appended + 3 or getattr(params[1], "shape", None) is None \
+            or len(params[1].shape) != 4:
+        return None
+    seq_kv = params[1].shape[2]
+    seq_kv = int(seq_kv) if isinstance(seq_kv, tirx.IntImm) else seq_kv
+    dtypes = [shape.dtype] * (len(params) - 3) + ["float32"] * 3
+    wanted = (*shape.input_shapes(seq_kv), *shape.partial_shapes)
+    for buf, dims, dtype in zip(params, wanted, dtypes):
+        if str(buf.dtype) != dtype or len(buf.shape) != len(dims) \
+                or not all(_same(x, y) for x, y in zip(buf.shape, dims)):
+            return None
+    return shape, seq_kv
+
+
+def _same(dim, want) -> bool:
+    if isinstance(want, int):
+        return isinstance(dim, tirx.IntImm) and int(dim) == want
+    return dim.same_as(want)
+
+
+def split_fits(shape: DecodeAttentionShape) -> bool:
+    """Whether the split template takes ``shape``."""
+    return shape.rows <= MAX_ROWS and shape.head_dim in HEAD_DIMS
+
+
+def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warps: int) -> bool:
+    """Whether ``(tile, dims_per_lane, warps)`` lays out: whole 16-byte loads, a key's lanes
+    within a warp, the tile a whole number of loads a thread, the merge in shared memory."""
+    if dims_per_lane % VECTOR or shape.head_dim % dims_per_lane:
+        return False
+    lanes = shape.head_dim // dims_per_lane
+    if lanes > 32 or 32 % lanes or not 1 <= warps <= 8:
+        return False
+    slots = warps * (32 // lanes)
+    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_MERGE_BYTES

@@ -1,0 +1,63 @@
+"""Split-KV decode attention: which layouts the ``decode_attention`` template should try.
+
+A config is ``block = (tile,)`` keys a CTA loads a step, ``thread = (values a lane,)`` of each
+key (16 or 32 bytes), ``warp = (warps,)``. The kernel is a stream: what it needs is enough
+loads in flight per SM (HBM's latency times its bandwidth: about 30 KB an SM on an H100 or
+H200) without spilling registers, and few keys loaded past a chunk's end. The cost ranks by
+the bytes a thread has in flight, capped where the SM's resident CTAs cover the latency, and by
+the chunk's padding to whole tiles.
+"""
+
+from __future__ import annotations
+
+from fastdlight.analysis.decode_attention import DecodeAttentionShape, chunk_of, layout_fits, split_fits
+from fastdlight.arch import CUDA
+from fastdlight.config import Config
+
+#: registers a thread may hold in fragments (q, K, V, scores, the output rows) beside addresses
+MAX_FRAGMENT_REGS = 160
+#: bytes in flight an SM needs to cover HBM's latency
+SM_BYTES_IN_FLIGHT = 32 * 1024
+#: a cache length to rank by when the function's is symbolic
+TYPICAL_LENGTH = 4096
+
+
+def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
+    """32-bit registers of a thread's fragments: q and the output rows in fp32, ``loads`` keys'
+    K and V values (16-bit pairs), their scores."""
+    return 2 * shape.rows * per_lane + loads * per_lane + loads * shape.rows
+
+
+def cost(shape: DecodeAttentionShape, seq_kv: int, tile: int, per_lane: int, warps: int, arch: CUDA) -> float:
+    loads = tile // (warps * (32 // (shape.head_dim // per_lane)))
+    in_flight = loads * per_lane * 2 * 2 * warps * 32  # K and V bytes a CTA has requested at once
+    regs = fragment_regs(shape, loads, per_lane) + 40
+    resident = max(1, min(arch.max_threads_per_sm // (warps * 32), 65536 // (regs * warps * 32)))
+    chunk = chunk_of(seq_kv, shape.splits, shape.appended)
+    padding = -(-chunk // tile) * tile / chunk
+    ctas = shape.batch * shape.kv_heads * shape.splits
+    per_sm = min(resident, -(-ctas // arch.sm_count))
+    starved = max(1.0, SM_BYTES_IN_FLIGHT / (in_flight * per_sm))
+    return padding * starved
+
+
+def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: CUDA, topk: int = 8) -> list[Config]:
+    """Configs for the chunk step ``found`` (``(shape, seq_kv)`` of
+    :func:`~fastdlight.analysis.decode_attention.match_decode_split`), cheapest predicted first."""
+    shape, seq_kv = found
+    if not split_fits(shape):
+        return []
+    length = seq_kv if isinstance(seq_kv, int) else TYPICAL_LENGTH
+    options = []
+    for warps in (4, 2, 8):
+        for per_lane in (8, 16):
+            for loads in (2, 4, 8):
+                lanes = shape.head_dim // per_lane
+                if lanes > 32 or fragment_regs(shape, loads, per_lane) > MAX_FRAGMENT_REGS:
+                    continue
+                tile = loads * warps * (32 // lanes)
+                if layout_fits(shape, tile, per_lane, warps):
+                    options.append((cost(shape, length, tile, per_lane, warps, arch), tile, per_lane, warps))
+    options.sort(key=lambda o: o[0])
+    return [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
+            for c, tile, per_lane, warps in options[:topk]]

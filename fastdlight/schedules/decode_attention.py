@@ -1,0 +1,209 @@
+"""Split-KV decode attention (``kind == "decode_attention"``): the chunk step of a
+:func:`~fastdlight.analysis.decode_attention.decode_split_func` as one TIRx kernel on CUDA cores,
+for any cache length (the function's own, symbolic or not: the kernel reads it at run time).
+
+Decode reads every cached key and value once for a few query rows: 2 to 16 multiply-adds a
+loaded element, far below what the CUDA cores sustain, so the kernel is a stream at HBM's
+bandwidth and tensor cores would only add data movement. A CTA takes one (batch, K/V head,
+chunk). Each key vector is split over ``head_dim / dims_per_lane`` lanes, 16 bytes (8 values) a
+load; the CTA's lanes cover ``slots`` keys at once, and each thread issues the K and V loads of
+``tile / slots`` keys before it uses any (the bytes in flight that keep HBM busy). Every slot
+(a lane group) runs an online softmax of its own, in the exp2 domain with the scale folded into
+Q: the lanes of a group add their partial dot products with shuffles, so all of them hold each
+score and need no further exchange; no synchronization until the chunk ends. Then the groups of
+a warp merge by shuffles, the warps through shared memory, and the chunk's ``o``, ``m`` and
+``l`` are written for the combine function.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from fastdlight.analysis.decode_attention import (
+    EMPTY_MAX,
+    VECTOR,
+    DecodeAttentionShape,
+    layout_fits,
+    match_decode_split,
+    split_fits,
+)
+from fastdlight.config import Config
+from fastdlight.schedules.base import ScheduleTemplate
+
+LOG2E = 1.0 / math.log(2.0)
+def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile: int, dims_per_lane: int,
+                 warps: int) -> tirx.PrimFunc:
+    """The TIRx kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys):
+    ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step.
+    Same parameters, same result."""
+    B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
+    lanes = D // dims_per_lane  # lanes a key
+    per_warp = 32 // lanes  # keys a warp loads at once
+    slots = warps * per_warp
+    U, E, V8 = tile // slots, dims_per_lane, dims_per_lane // VECTOR
+    threads, appended, dtype = warps * 32, shape.appended, shape.dtype
+    q_scale = tirx.const(shape.scale * LOG2E, "float32")
+    reduce_steps = lanes.bit_length() - 1
+    merge_steps = per_warp.bit_length() - 1
+
+    n_cache = tirx.const(seq_kv, "int64") if isinstance(seq_kv, int) else tirx.Cast("int64", seq_kv)
+    n_keys = n_cache + 1 if appended else n_cache
+
+    @T.macro
+    def load(dst, base, cache, new, bg, key, end, e0):
+        """Values ``e0 ..`` of key ``key`` of K/V head ``bg``: the cache's, the appended token's,
+        or zeros past the chunk (another CTA's keys are not read twice)."""
+        for v in T.unroll(V8):
+            if key < T.min(end, n_cache):
+                for e in T.vectorized(VECTOR):
+                    dst[base + v * VECTOR + e] = cache[(T.Cast("int64", bg) * n_cache + key) * D + e0 + v * VECTOR + e]
+            elif key < end:  # the appended token (never without one)
+                for e in T.vectorized(VECTOR):
+                    dst[base + v * VECTOR + e] = new[bg * D + e0 + v * VECTOR + e]
+            else:
+                for e in T.vectorized(VECTOR):
+                    dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
+
+    @T.macro
+    def body(Q, Kc, Vc, Kn, Vn, O, M, L):
+        T.device_entry()
+        bid = T.cta_id([B * G * S])
+        tid = T.thread_id([threads])
+        pool = T.SMEMPool()
+        m_s = pool.alloc((warps * R,), "float32", align=16)
+        l_s = pool.alloc((warps * R,), "float32", align=16)
+        o_s = pool.alloc((warps * R * D,), "float32", align=16)
+        pool.commit()
+        Kf = T.decl_buffer((B * G * n_cache * D,), dtype, data=Kc.data)
+        Vf = T.decl_buffer((B * G * n_cache * D,), dtype, data=Vc.data)
+        Qf = T.decl_buffer((B * G * R * D,), dtype, data=Q.data)
+        Knf = T.decl_buffer((B * G * D,), dtype, data=Kn.data)
+        Vnf = T.decl_buffer((B * G * D,), dtype, data=Vn.data)
+        qr = T.alloc_buffer((R * E,), "float32", scope="local")
+        kr = T.alloc_buffer((U * E,), dtype, scope="local")
+        vr = T.alloc_buffer((U * E,), dtype, scope="local")
+        sc = T.alloc_buffer((U * R,), "float32", scope="local")
+        mr = T.alloc_buffer((R,), "float32", scope="local")
+        lr = T.alloc_buffer((R,), "float32", scope="local")
+        acc = T.alloc_buffer((R * E,), "float32", scope="local")
+        top = T.alloc_buffer((1,), "float32", scope="local")
+        other = T.alloc_buffer((2,), "float32", scope="local")
+        merged = T.alloc_buffer((3,), "float32", scope="local")
+        part = T.meta_var(bid % S)
+        bg = T.meta_var(bid // S)
+        lane = T.meta_var(tid % 32)
+        warp = T.meta_var(tid // 32)
+        slot = T.meta_var(warp * per_warp + lane // lanes)
+        e0 = T.meta_var((lane % lanes) * E)
+        chunk = T.meta_var((n_keys + T.int64(S - 1)) // T.int64(S))
+        start = T.meta_var(T.Cast("int64", part) * chunk)
+        end = T.meta_var(T.min(start + chunk, n_keys))
+        for r in T.unroll(R):
+            for e in T.unroll(E):
+                qr[r * E + e] = T.Cast("float32", Qf[(bg * R + r) * D + e0 + e]) * q_scale
+            mr[r] = T.float32(EMPTY_MAX)
+            lr[r] = T.float32(0)
+            for e in T.unroll(E):
+                acc[r * E + e] = T.float32(0)
+        for step in T.serial((chunk + T.int64(tile - 1)) // T.int64(tile)):
+            for u in T.unroll(U):
+                key = T.meta_var(start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot))
+                load(kr, u * E, Kf, Knf, bg, key, end, e0)
+                load(vr, u * E, Vf, Vnf, bg, key, end, e0)
+            for u in T.unroll(U):
+                key = T.meta_var(start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot))
+                for r in T.unroll(R):
+                    sc[u * R + r] = T.float32(0)
+                    for e in T.unroll(E):
+                        sc[u * R + r] = sc[u * R + r] + qr[r * E + e] * T.Cast("float32", kr[u * E + e])
+                    for o in T.unroll(reduce_steps):
+                        sc[u * R + r] = sc[u * R + r] + T.tvm_warp_shuffle_xor(
+                            T.uint32(0xFFFFFFFF), sc[u * R + r], 1 << o, 32, 32)
+                    if key >= end:
+                        sc[u * R + r] = T.float32(-math.inf)
+            for r in T.unroll(R):
+                top[0] = mr[r]
+                for u in T.unroll(U):
+                    top[0] = T.max(top[0], sc[u * R + r])
+                alpha = T.meta_var(T.exp2(mr[r] - top[0]))
+                lr[r] = lr[r] * alpha
+                for e in T.unroll(E):
+                    acc[r * E + e] = acc[r * E + e] * alpha
+                mr[r] = top[0]
+                for u in T.unroll(U):
+                    sc[u * R + r] = T.exp2(sc[u * R + r] - top[0])
+                    lr[r] = lr[r] + sc[u * R + r]
+                    for e in T.unroll(E):
+                        acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[u * E + e])
+        # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
+        for o in T.unroll(merge_steps):
+            for r in T.unroll(R):
+                other[0] = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), mr[r], lanes << o, 32, 32)
+                other[1] = T.max(mr[r], other[0])
+                mine = T.meta_var(T.exp2(mr[r] - other[1]))
+                theirs = T.meta_var(T.exp2(other[0] - other[1]))
+                lr[r] = lr[r] * mine + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), lr[r], lanes << o, 32, 32) * theirs
+                for e in T.unroll(E):
+                    acc[r * E + e] = acc[r * E + e] * mine + T.tvm_warp_shuffle_xor(
+                        T.uint32(0xFFFFFFFF), acc[r * E + e], lanes << o, 32, 32) * theirs
+                mr[r] = other[1]
+        if lane < lanes:
+            for r in T.unroll(R):
+                if lane == 0:
+                    m_s[warp * R + r] = mr[r]
+                    l_s[warp * R + r] = lr[r]
+                for e in T.unroll(E):
+                    o_s[(warp * R + r) * D + e0 + e] = acc[r * E + e]
+        T.cuda.cta_sync()
+        Of = T.decl_buffer((B * G * S * R * D,), "float32", data=O.data)
+        Mf = T.decl_buffer((B * G * S * R,), "float32", data=M.data)
+        Lf = T.decl_buffer((B * G * S * R,), "float32", data=L.data)
+        for it in T.serial((R * D + threads - 1) // threads):
+            idx = T.meta_var(it * threads + tid)
+            if idx < R * D:
+                r = T.meta_var(idx // D)
+                merged[0] = m_s[r]
+                for w in T.serial(1, warps):
+                    merged[0] = T.max(merged[0], m_s[w * R + r])
+                merged[1] = T.float32(0)
+                merged[2] = T.float32(0)
+                for w in T.serial(warps):
+                    merged[1] = merged[1] + T.exp2(m_s[w * R + r] - merged[0]) * o_s[w * R * D + idx]
+                    merged[2] = merged[2] + T.exp2(m_s[w * R + r] - merged[0]) * l_s[w * R + r]
+                Of[(bid * R) * D + idx] = merged[1]
+                if idx % D == 0:
+                    # m in natural units; a chunk without keys keeps the floor
+                    Mf[bid * R + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
+                                                     T.float32(EMPTY_MAX))
+                    Lf[bid * R + r] = merged[2]
+
+    # the body reads the function's own parameters (symbolic ones included): the kernel takes
+    # its place with the same signature, in a dispatcher's branch as well
+    params = list(func.params)
+    q, k, v, o, m, l = (*params[:3], *params[-3:])
+    kn, vn = params[3:5] if appended else (k, v)  # (no token: its branch is never taken)
+
+    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
+    def kernel():
+        body(q, k, v, kn, vn, o, m, l)
+
+    return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
+
+
+class DecodeAttentionTemplate(ScheduleTemplate):
+    kinds = ("decode_attention",)
+    name = "decode_attention"
+
+    def apply_config(self, func: tirx.PrimFunc, config: Config):
+        found = match_decode_split(func)
+        if found is None or config.kind != "decode_attention" or len(config.block) != 1 \
+                or len(config.thread) != 1 or len(config.warp) != 1:
+            return None
+        shape, seq_kv = found
+        tile, per_lane, warps = config.block[0], config.thread[0], config.warp[0]
+        if not split_fits(shape) or not layout_fits(shape, tile, per_lane, warps):
+            return None
+        return build_kernel(func, shape, seq_kv, tile, per_lane, warps)

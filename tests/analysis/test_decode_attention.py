@@ -1,0 +1,72 @@
+"""Split-KV decode attention's PrimFuncs (CPU): the chunk step's TIR against the numpy
+reference (caches with and without the appended token, chunks left empty by a short cache), the
+merge giving attention over every key, and the attribute that marks the step."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import tirx
+
+from fastdlight import ops
+from fastdlight.analysis.decode_attention import (
+    EMPTY_MAX,
+    DecodeAttentionShape,
+    decode_combine_func,
+    decode_split_func,
+    default_splits,
+    match_decode_split,
+)
+
+
+def run(func, *arrays, outs, dtype="float32"):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [tvm.runtime.tensor(np.zeros(s, dtype), dev)
+                                                          for s in outs]
+    lib["main"](*args)
+    return [a.numpy() for a in args[len(arrays):]]
+
+
+def attention(q, k, v, scale):
+    sc = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) * scale
+    e = np.exp(sc - sc.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize("seq_kv, splits, appended", [(37, 4, True), (37, 4, False), (3, 8, True)])
+def test_the_chunk_step_and_the_merge_compute_attention(seq_kv, splits, appended):
+    op = ops.decode_attention(2, 2, 3, seq_kv, 32, splits=splits, appended=appended)
+    shape = match_decode_split(op.func)[0]
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal([int(x) for x in p.shape]).astype("float16") for p in op.func.params[:-3]]
+    o, m, l = run(op.func, *ins, outs=shape.partial_shapes)
+    ref = op.reference(*(a.astype(np.float64) for a in ins))
+    for got, want in zip((o, m, l), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if seq_kv + appended < splits:
+        assert (m == np.float32(EMPTY_MAX)).any()  # a chunk without keys keeps the floor
+    (out,) = run(decode_combine_func(shape), o, m, l, outs=[shape.out_shape], dtype="float16")
+    k, v = ins[1], ins[2]
+    if appended:
+        k, v = np.concatenate([k, ins[3]], axis=2), np.concatenate([v, ins[4]], axis=2)
+    np.testing.assert_allclose(out, attention(ins[0], k, v, shape.scale), rtol=2e-3, atol=2e-3)
+
+
+def test_the_attribute_marks_the_step_static_or_symbolic():
+    shape = DecodeAttentionShape(1, 8, 4, 128, 33)
+    assert match_decode_split(decode_split_func(shape, 512)) == (shape, 512)
+    length = tirx.Var("n", "int64")
+    found = match_decode_split(decode_split_func(shape, length))
+    assert found[0] == shape and found[1].same_as(length)
+    other = decode_split_func(DecodeAttentionShape(1, 8, 2, 128, 33), 512)
+    assert match_decode_split(other.with_attr("fastdlight.decode_attention", {**dict(
+        decode_split_func(shape, 512).attrs["fastdlight.decode_attention"])})) is None  # its buffers disagree
+    assert match_decode_split(decode_combine_func(shape)) is None
+
+
+def test_bad_shapes_are_refused_and_splits_fill_the_sms():
+    with pytest.raises(ValueError, match="positive integers"):
+        DecodeAttentionShape(1, 8, 0, 128, 4)
+    with pytest.raises(ValueError, match="dtype"):
+        DecodeAttentionShape(1, 8, 4, 128, 4, dtype="float32")
+    assert default_splits(1, 8, 132) == 33 and default_splits(16, 32, 132) == 1 and default_splits(1, 1, 132) == 64

@@ -1,0 +1,86 @@
+"""Decode attention with a symbolic cache length as the split-KV pair (CPU): the form a decode
+step's export and ``for_inference`` leave (the cache and the new token joined by a concat, GQA
+rows, ToMixedPrecision's casts) becomes one chunk step and one merge, the caches read where
+they lie; the values agree with the unfused graph on LLVM at several lengths, chunks left empty
+included; attention whose scores something else reads is left alone."""
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from fastdlight.analysis.decode_attention import COMBINE_ATTR, SPLIT_ATTR
+from fastdlight.relax import prepare
+from fastdlight.relax.decode_attention import decode_attention
+
+B, G, R, D = 1, 2, 4, 32
+
+
+def decode_module(appended: bool = True, scores_out: bool = False) -> tvm.IRModule:
+    """``softmax(q Kᵀ * scale) V`` over ``concat(cache, new)`` (or the cache alone), as
+    ``for_inference`` leaves a decode step's attention."""
+    n = tirx.Var("n", "int64")
+    q = relax.Var("q", relax.TensorType((B, G, R, D), "float16"))
+    kc, vc = (relax.Var(x, relax.TensorType((B, G, n, D), "float16")) for x in ("k_cache", "v_cache"))
+    kn, vn = (relax.Var(x, relax.TensorType((B, G, 1, D), "float16")) for x in ("k_new", "v_new"))
+    keys = n + 1 if appended else n
+    bb = relax.BlockBuilder()
+    params = [q, kc, vc, kn, vn] if appended else [q, kc, vc]
+    with bb.function("main", params):
+        with bb.dataflow():
+            k = bb.emit(relax.op.concat([kc, kn], axis=2)) if appended else kc
+            v = bb.emit(relax.op.concat([vc, vn], axis=2)) if appended else vc
+            kt = bb.emit(relax.op.reshape(relax.op.permute_dims(k, [0, 1, 3, 2]), (B * G, D, keys)))
+            q3 = bb.emit(relax.op.reshape(q, (B * G, R, D)))
+            product = bb.emit(relax.op.matmul(q3, kt, "float32"))
+            scaled = bb.emit(relax.op.multiply(relax.op.astype(product, "float16"),
+                                               relax.const(1 / math.sqrt(D), "float16")))
+            probs = bb.emit(relax.op.nn.softmax(relax.op.astype(scaled, "float32"), axis=-1))
+            out = bb.emit(relax.op.matmul(relax.op.astype(probs, "float16"), relax.op.reshape(v, (B * G, keys, D)),
+                                          "float32"))
+            out = bb.emit(relax.op.astype(out, "float16"))
+            result = bb.emit_output(relax.Tuple([out, scaled]) if scores_out else out)
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def calls(mod: tvm.IRModule) -> list[str]:
+    names = []
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: names.append(
+                e.args[0].name_hint if isinstance(e, relax.Call) and e.op.name == "relax.call_tir"
+                else e.op.name if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None))
+    return [n for n in names if n]
+
+
+def run(mod, *arrays):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*(tvm.runtime.tensor(a) for a in arrays)).numpy().astype("float32")
+
+
+@pytest.mark.parametrize("appended", [True, False])
+def test_the_decode_form_becomes_the_split_pair_with_the_same_values(appended):
+    mod = decode_module(appended)
+    fused = decode_attention("nvidia/nvidia-h100")(mod)
+    names = calls(fused)
+    assert names.count("decode_attention") == 1 and names.count("decode_combine") == 1
+    assert not {"relax.concat", "relax.nn.softmax", "relax.matmul"} & set(names)
+    rng = np.random.default_rng(0)
+    for n in (3, 70):  # 3: most of the 33 chunks get no key
+        arrays = [rng.standard_normal(s).astype("float16") for s in
+                  [(B, G, R, D), (B, G, n, D), (B, G, n, D)] + [(B, G, 1, D)] * (2 * appended)]
+        np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
+
+
+def test_scores_read_elsewhere_are_left_alone():
+    mod = decode_module(scores_out=True)
+    assert "decode_attention" not in calls(decode_attention("nvidia/nvidia-h100")(mod))
+
+
+def test_prepare_keeps_the_pair_whole_with_their_attributes():
+    mod = prepare("nvidia/nvidia-h100")(decode_module())
+    attrs = [dict(f.attrs) for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and f.attrs is not None]
+    assert sum(SPLIT_ATTR in a for a in attrs) == 1 and sum(COMBINE_ATTR in a for a in attrs) == 1

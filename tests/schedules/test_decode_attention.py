@@ -1,0 +1,65 @@
+"""The split-KV decode attention template (CPU): its policy's layouts for the chunk step, each
+compiled to a cubin without spills, for static and symbolic cache lengths, head dims 32-256,
+1-8 query rows, bf16, with and without the appended token; a symbolic length's dispatcher
+runs the template's kernel at every length."""
+
+import pytest
+import tvm
+from tvm import tirx
+
+from fastdlight import ops
+from fastdlight.analysis.decode_attention import DecodeAttentionShape, decode_split_func, match_decode_split
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import compile_mod_to_cubin
+from fastdlight.policies.decode_attention import decode_attention_configs
+from fastdlight.policies.select import candidate_sets
+from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
+from fastdlight.schedules.symbolic import generalize
+
+H100 = CUDA(tvm.target.Target("nvidia/nvidia-h100"))
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def kernels(func, configs):
+    for config in configs:
+        with SM90A:
+            kernel = DecodeAttentionTemplate().apply_config(func, config)
+        assert kernel is not None, config
+        assert [str(p.name) for p in kernel.params] == [str(p.name) for p in func.params]
+        yield config, kernel
+
+
+@pytest.mark.parametrize("batch, kv_heads, rows, head_dim, splits, appended, dtype, symbolic", [
+    (1, 8, 4, 128, 33, True, "float16", True),  # LLaMA-3-8B's decode step
+    (16, 32, 1, 128, 1, False, "float16", False),  # no GQA, a batch of 16: one chunk each
+    (2, 4, 8, 64, 16, True, "bfloat16", True),
+    (1, 2, 8, 256, 8, False, "float16", False),
+    (1, 2, 4, 32, 64, True, "float16", True),
+])  # fmt: skip
+def test_every_config_compiles_to_a_cubin(batch, kv_heads, rows, head_dim, splits, appended, dtype, symbolic):
+    shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype)
+    func = decode_split_func(shape, tirx.Var("n", "int64") if symbolic else 1000)
+    configs = decode_attention_configs(match_decode_split(func), H100)
+    assert len(configs) >= 2
+    for config, kernel in kernels(func, configs):
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
+        assert "uint4" in src  # 16-byte loads of the cache
+
+
+def test_the_step_gets_the_template_and_stock_only():
+    op = ops.decode_attention(1, 8, 4, 2048, 128, splits=33)
+    sets = list(candidate_sets(op.func, H100, 20))
+    assert [s.policy for s in sets] == ["DecodeAttentionPolicy"]
+    assert {c.kind for c in sets[0].configs} == {"decode_attention"}
+
+
+def test_a_symbolic_length_keeps_the_kernel_that_reads_it_at_run_time():
+    shape = DecodeAttentionShape(1, 8, 4, 128, 33)
+    length = tirx.Var("n", "int64")
+    symbolic, static = decode_split_func(shape, length), decode_split_func(shape, 512)
+    config = decode_attention_configs(match_decode_split(static), H100)[0]
+    with SM90A:
+        kernel = generalize(symbolic, static, DecodeAttentionTemplate().apply_config(static, config), config)
+    assert kernel is not None and kernel.params[1].shape[2].same_as(length)
+    compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)

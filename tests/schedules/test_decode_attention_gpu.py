@@ -1,0 +1,32 @@
+"""The split-KV decode attention template on the GPU: every layout its policy emits is correct
+against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
+left empty, no appended token, bf16, head dims 64 and 256, eight query rows). Needs an sm_90 GPU."""
+
+import pytest
+
+from fastdlight import ops
+from fastdlight.analysis.decode_attention import match_decode_split
+from fastdlight.policies.decode_attention import decode_attention_configs
+from fastdlight.search.runner import apply_and_build
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "llama3_odd_length": (1, 8, 4, 1000, 128, 33, True),
+    "empty_chunks": (1, 8, 4, 5, 128, 33, True),
+    "batch16_no_token": (16, 32, 1, 4096, 128, 1, False),
+    "bf16_rows8_d64": (2, 4, 8, 777, 64, 16, True, "bfloat16"),
+    "d256": (1, 2, 8, 300, 256, 8, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_decode_attention_config_is_correct(name, hopper_arch):
+    batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *dtype = CASES[name]
+    op = ops.decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *dtype)
+    configs = decode_attention_configs(match_decode_split(op.func), hopper_arch)
+    results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
+                                    progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
+    assert best.config.kind == "decode_attention"
