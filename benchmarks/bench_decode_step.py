@@ -104,6 +104,7 @@ class TvmSide:
                                            meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_decode_"))
         meta["tune_s"] = round(time.perf_counter() - t0, 1)
         meta["winners"] = {w: sum(1 for e in report if e.winner == w) for w in ("fastdlight", "stock")}
+        meta["stock_won"] = sorted(e.function for e in report if e.winner == "stock")
         meta["untuned"] = {e.function: e.error for e in report if e.status == "untuned"}
         meta["dispatch"] = {e.function: e.dispatch for e in report if e.dispatch}
         self.vm = relax.VirtualMachine(ex, self.dev)

@@ -1,0 +1,172 @@
+"""Decode attention (one query token per sequence against a KV cache) through the model path,
+against torch's ``scaled_dot_product_attention`` (its flash decoding), both in CUDA graphs.
+
+    python benchmarks/bench_decode_attention.py [--cases b1_h32,b16_h32] [--topk 8]
+    python benchmarks/bench_decode_attention.py --list
+
+Per case, ``CacheAttention`` (``softmax(q Kᵀ * scale) V`` with the query heads of a K/V head as
+the rows of one matmul, the cache length symbolic) is exported with ``torch.export``, prepared by
+``for_inference`` (fp16 in and out), tuned at the case's length by ``compile_model`` (the
+rewrite makes it the split-KV pair: chunk step and merge) and run by the VM; torch runs SDPA on
+``[B, H, 1, D]`` queries over the ``[B, G, L, D]`` cache (``enable_gqa`` where G < H). TB/s: the
+cache's bytes over the time. ``max_rel_err``: fastdlight against SDPA, relative to its largest
+element. Writes ``$OUT/bench_decode_attention.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_setup import write_results  # noqa: E402
+
+NAME = "bench_decode_attention"
+#: name -> (batch, query heads, K/V heads, cache length, head dim)
+CASES = {
+    "b1_h32": (1, 32, 32, 4096, 128),
+    "b16_h32": (16, 32, 32, 4096, 128),
+    "b64_h32_2k": (64, 32, 32, 2048, 128),
+    "b1_gqa_8k": (1, 32, 8, 8192, 128),
+}
+
+
+def cache_attention_module():
+    import torch
+    from torch import nn
+
+    class CacheAttention(nn.Module):
+        """``q [B, G, R, D]`` (R query heads a K/V head) over ``k, v [B, G, L, D]``."""
+
+        def forward(self, q, k, v):
+            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+            return torch.matmul(scores.float().softmax(dim=-1).to(q.dtype), v)
+
+    return CacheAttention().eval()
+
+
+def relax_module(model, example):
+    """The module exported with the cache length symbolic, through ``for_inference``; and the
+    length's variable name."""
+    import torch
+    from torch.export import Dim
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from fastdlight.relax import for_inference
+
+    length = Dim("cache_len", min=2, max=1 << 20)
+    with torch.no_grad():
+        program = torch.export.export(model, example, dynamic_shapes=({}, {2: length}, {2: length}))
+    mod, params = relax.frontend.detach_params(from_exported_program(program, keep_params_as_input=True))
+    return for_inference(mod, params.get("main", []), fp16_io=True), str(mod["main"].params[1].ty.shape[2])
+
+
+def run_case(name: str, arch, topk: int) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import tvm
+    from bench_models import BUDGET_MS, time_vm
+    from tvm import relax
+
+    from fastdlight.measure.graph_timing import time_torch_graph
+    from fastdlight.measure.timing import time_torch
+    from fastdlight.relax import compile_model
+
+    b, h, g, length, d = CASES[name]
+    row = {"case": name, "batch": b, "heads": h, "kv_heads": g, "length": length, "head_dim": d, "errors": {}}
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in
+               ((b, g, h // g, d), (b, g, length, d), (b, g, length, d)))
+    mod, dim = relax_module(cache_attention_module(), (q, k, v))
+    t0 = time.perf_counter()
+    ex, _tuned, report = compile_model(mod, arch, topk=topk, progress=False, opt_shapes={dim: [length]},
+                                       meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_decode_attn_"))
+    row["tune_s"] = round(time.perf_counter() - t0, 1)
+    row["winners"] = {e.function: e.winner for e in report}
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(t.half().numpy(), dev) for t in (q, k, v)]
+    out = vm["main"](*args).numpy().astype("float32")
+    row["fastdlight_ms"] = time_vm(vm, args, dev)
+    qt, kt, vt = (t.half().cuda() for t in (q, k, v))
+    q4 = qt.reshape(b, h, 1, d)
+    with torch.no_grad():
+        sdpa = lambda: F.scaled_dot_product_attention(q4, kt, vt, enable_gqa=g < h)  # noqa: E731
+        ref = sdpa().reshape(b, g, h // g, d).float().cpu().numpy()
+        eager = time_torch([sdpa], BUDGET_MS).median_ms
+        row["torch_graph_ms"] = time_torch_graph([sdpa], BUDGET_MS, eager).median_ms
+    row["max_rel_err"] = float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-6))
+    cache_bytes = 2 * b * g * length * d * 2
+    row["fastdlight_tbs"] = cache_bytes / row["fastdlight_ms"] / 1e9
+    row["torch_tbs"] = cache_bytes / row["torch_graph_ms"] / 1e9
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | shape | max rel err | torch SDPA ms | fastdlight ms | vs torch | TB/s (ours / torch) | tune s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = f"B{r['batch']} H{r['heads']}/G{r['kv_heads']} L{r['length']} d{r['head_dim']}"
+        if r.get("fastdlight_ms") is None or r.get("torch_graph_ms") is None:
+            lines.append(f"| {r['case']} | {shape} | - | - | - | - | - | {'; '.join(r['errors'].values())} |")
+            continue
+        lines.append(f"| {r['case']} | {shape} | {r['max_rel_err']:.1e} | {r['torch_graph_ms']:.4f} "
+                     f"| {r['fastdlight_ms']:.4f} | {r['torch_graph_ms'] / r['fastdlight_ms']:.2f}x "
+                     f"| {r['fastdlight_tbs']:.2f} / {r['torch_tbs']:.2f} | {r['tune_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of --list")
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args(argv)
+    names = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in names if c not in CASES]
+    if unknown or not names:
+        ap.error(f"unknown case(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(CASES)}")
+    if args.list:
+        for c in names:
+            print(c, "B{} H{} G{} L{} d{}".format(*CASES[c]))
+        return 0
+    try:
+        import torch  # noqa: F401
+        import tvm
+
+        from fastdlight.arch import CUDA, has_gpu
+    except ImportError as e:
+        print(f"error: {NAME} needs torch ({e})", file=sys.stderr)
+        return 2
+    if not has_gpu():
+        print(f"error: {NAME} needs a CUDA GPU", file=sys.stderr)
+        return 2
+    arch = CUDA.from_device(tvm.cuda(0))
+    rows = []
+    for c in names:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rows.append(run_case(c, arch, args.topk))
+        except Exception as e:  # noqa: BLE001 - a row, not a crash
+            b, h, g, length, d = CASES[c]
+            rows.append({"case": c, "batch": b, "heads": h, "kv_heads": g, "length": length, "head_dim": d,
+                         "errors": {"case": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"}})
+        print(rows[-1], flush=True)
+    data = {"benchmark": NAME, "device": arch.device_name, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    write_results(NAME, data, f"{NAME}, {data['device']}, {data['date']}\n\n" + markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
