@@ -93,10 +93,13 @@ def run_case(name: str, arch, topk: int) -> dict:
                                        meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_decode_attn_"))
     row["tune_s"] = round(time.perf_counter() - t0, 1)
     row["winners"] = {e.function: e.winner for e in report}
+    row["kernels"] = {e.function: (f"{e.config} warps={e.config.warp}" if e.config is not None else None,
+                                   e.latency_ms) for e in report}
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(t.half().numpy(), dev) for t in (q, k, v)]
-    out = vm["main"](*args).numpy().astype("float32")
+    out = vm["main"](*args)
+    out = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float32")  # an exported graph's tuple
     row["fastdlight_ms"] = time_vm(vm, args, dev)
     qt, kt, vt = (t.half().cuda() for t in (q, k, v))
     q4 = qt.reshape(b, h, 1, d)

@@ -15,7 +15,7 @@ from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
 #: registers a thread may hold in fragments (q, K, V, scores, the output rows) beside addresses
-MAX_FRAGMENT_REGS = 160
+MAX_FRAGMENT_REGS = 176
 #: bytes in flight an SM needs to cover HBM's latency
 SM_BYTES_IN_FLIGHT = 32 * 1024
 #: a cache length to rank by when the function's is symbolic
@@ -23,14 +23,15 @@ TYPICAL_LENGTH = 4096
 
 
 def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
-    """32-bit registers of a thread's fragments: q and the output rows in fp32, ``loads`` keys'
-    K and V values (16-bit pairs), their scores."""
-    return 2 * shape.rows * per_lane + loads * per_lane + loads * shape.rows
+    """32-bit registers of a thread's fragments: q and the output rows in fp32, two sets of
+    ``loads`` keys' K and V values (16-bit pairs: the next tile's arrive while one is used),
+    their scores."""
+    return 2 * shape.rows * per_lane + 2 * loads * per_lane + loads * shape.rows
 
 
 def cost(shape: DecodeAttentionShape, seq_kv: int, tile: int, per_lane: int, warps: int, arch: CUDA) -> float:
     loads = tile // (warps * (32 // (shape.head_dim // per_lane)))
-    in_flight = loads * per_lane * 2 * 2 * warps * 32  # K and V bytes a CTA has requested at once
+    in_flight = loads * per_lane * 2 * 2 * warps * 32  # K and V bytes of a tile a CTA has requested
     regs = fragment_regs(shape, loads, per_lane) + 40
     resident = max(1, min(arch.max_threads_per_sm // (warps * 32), 65536 // (regs * warps * 32)))
     chunk = chunk_of(seq_kv, shape.splits, shape.appended)
@@ -51,7 +52,7 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     options = []
     for warps in (4, 2, 8):
         for per_lane in (8, 16):
-            for loads in (2, 4, 8):
+            for loads in (1, 2, 4, 8):
                 lanes = shape.head_dim // per_lane
                 if lanes > 32 or fragment_regs(shape, loads, per_lane) > MAX_FRAGMENT_REGS:
                     continue

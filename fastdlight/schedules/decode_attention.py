@@ -7,7 +7,8 @@ loaded element, far below what the CUDA cores sustain, so the kernel is a stream
 bandwidth and tensor cores would only add data movement. A CTA takes one (batch, K/V head,
 chunk). Each key vector is split over ``head_dim / dims_per_lane`` lanes, 16 bytes (8 values) a
 load; the CTA's lanes cover ``slots`` keys at once, and each thread issues the K and V loads of
-``tile / slots`` keys before it uses any (the bytes in flight that keep HBM busy). Every slot
+``tile / slots`` keys before it uses any, into one of two register sets: the next tile's loads
+are in flight while the current one is scored (the bytes in flight that keep HBM busy). Every slot
 (a lane group) runs an online softmax of its own, in the exp2 domain with the scale folded into
 Q: the lanes of a group add their partial dot products with shuffles, so all of them hold each
 score and need no further exchange; no synchronization until the chunk ends. Then the groups of
@@ -67,6 +68,46 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.vectorized(VECTOR):
                     dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
 
+    def key_of(start, step, u, slot):
+        return start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot)
+
+    @T.macro
+    def fetch(kr, vr, buf, step, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0):
+        """Tile ``step``'s K and V values into register set ``buf`` (zeros past the chunk)."""
+        for u in T.unroll(U):
+            key = T.meta_var(key_of(start, step, u, slot))
+            load(kr, (buf * U + u) * E, Kf, Knf, bg, key, end, e0)
+            load(vr, (buf * U + u) * E, Vf, Vnf, bg, key, end, e0)
+
+    @T.macro
+    def consume(kr, vr, buf, step, qr, sc, mr, lr, acc, top, start, end, slot):
+        """Tile ``step`` (in register set ``buf``) into the slot's online softmax."""
+        for u in T.unroll(U):
+            key = T.meta_var(key_of(start, step, u, slot))
+            for r in T.unroll(R):
+                sc[u * R + r] = T.float32(0)
+                for e in T.unroll(E):
+                    sc[u * R + r] = sc[u * R + r] + qr[r * E + e] * T.Cast("float32", kr[(buf * U + u) * E + e])
+                for o in T.unroll(reduce_steps):
+                    sc[u * R + r] = sc[u * R + r] + T.tvm_warp_shuffle_xor(
+                        T.uint32(0xFFFFFFFF), sc[u * R + r], 1 << o, 32, 32)
+                if key >= end:
+                    sc[u * R + r] = T.float32(-math.inf)
+        for r in T.unroll(R):
+            top[0] = mr[r]
+            for u in T.unroll(U):
+                top[0] = T.max(top[0], sc[u * R + r])
+            alpha = T.meta_var(T.exp2(mr[r] - top[0]))
+            lr[r] = lr[r] * alpha
+            for e in T.unroll(E):
+                acc[r * E + e] = acc[r * E + e] * alpha
+            mr[r] = top[0]
+            for u in T.unroll(U):
+                sc[u * R + r] = T.exp2(sc[u * R + r] - top[0])
+                lr[r] = lr[r] + sc[u * R + r]
+                for e in T.unroll(E):
+                    acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
+
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, O, M, L):
         T.device_entry()
@@ -83,8 +124,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         Knf = T.decl_buffer((B * G * D,), dtype, data=Kn.data)
         Vnf = T.decl_buffer((B * G * D,), dtype, data=Vn.data)
         qr = T.alloc_buffer((R * E,), "float32", scope="local")
-        kr = T.alloc_buffer((U * E,), dtype, scope="local")
-        vr = T.alloc_buffer((U * E,), dtype, scope="local")
+        kr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
+        vr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
         sc = T.alloc_buffer((U * R,), "float32", scope="local")
         mr = T.alloc_buffer((R,), "float32", scope="local")
         lr = T.alloc_buffer((R,), "float32", scope="local")
@@ -108,36 +149,13 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             lr[r] = T.float32(0)
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
-        for step in T.serial((chunk + T.int64(tile - 1)) // T.int64(tile)):
-            for u in T.unroll(U):
-                key = T.meta_var(start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot))
-                load(kr, u * E, Kf, Knf, bg, key, end, e0)
-                load(vr, u * E, Vf, Vnf, bg, key, end, e0)
-            for u in T.unroll(U):
-                key = T.meta_var(start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot))
-                for r in T.unroll(R):
-                    sc[u * R + r] = T.float32(0)
-                    for e in T.unroll(E):
-                        sc[u * R + r] = sc[u * R + r] + qr[r * E + e] * T.Cast("float32", kr[u * E + e])
-                    for o in T.unroll(reduce_steps):
-                        sc[u * R + r] = sc[u * R + r] + T.tvm_warp_shuffle_xor(
-                            T.uint32(0xFFFFFFFF), sc[u * R + r], 1 << o, 32, 32)
-                    if key >= end:
-                        sc[u * R + r] = T.float32(-math.inf)
-            for r in T.unroll(R):
-                top[0] = mr[r]
-                for u in T.unroll(U):
-                    top[0] = T.max(top[0], sc[u * R + r])
-                alpha = T.meta_var(T.exp2(mr[r] - top[0]))
-                lr[r] = lr[r] * alpha
-                for e in T.unroll(E):
-                    acc[r * E + e] = acc[r * E + e] * alpha
-                mr[r] = top[0]
-                for u in T.unroll(U):
-                    sc[u * R + r] = T.exp2(sc[u * R + r] - top[0])
-                    lr[r] = lr[r] + sc[u * R + r]
-                    for e in T.unroll(E):
-                        acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[u * E + e])
+        # two register sets: tile t + 1's loads are issued before tile t is used
+        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+        for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
+            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+            consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
+            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+            consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
             for r in T.unroll(R):
