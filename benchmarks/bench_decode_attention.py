@@ -93,8 +93,7 @@ def run_case(name: str, arch, topk: int) -> dict:
                                        meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_decode_attn_"))
     row["tune_s"] = round(time.perf_counter() - t0, 1)
     row["winners"] = {e.function: e.winner for e in report}
-    row["kernels"] = {e.function: (f"{e.config} warps={e.config.warp}" if e.config is not None else None,
-                                   e.latency_ms) for e in report}
+    row["kernels"] = {e.function: (str(e.config), getattr(e.config, "warp", None), e.latency_ms) for e in report}
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(t.half().numpy(), dev) for t in (q, k, v)]

@@ -40,6 +40,7 @@ KINDS = (
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
     "attention_wgmma",  # fused attention on Hopper: block = (query rows, keys a step); sm_90a
     "decode_attention",  # split-KV decode attention: block=(keys a step,), thread=(values of a key a lane,), warp=(warps,)
+    "decode_combine",  # the merge of its chunks: block=(head dim,), thread=(values a lane,), warp=(warps,)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
     "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
     "ms_record",  # a MetaSchedule tuning record's schedule (its trace, as JSON, in ``trace``)
@@ -112,7 +113,7 @@ class Config:
             return 128 * (1 + self.block[0] // 64)  # a producer and a warpgroup per 64 query rows
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
-        if self.kind == "decode_attention":
+        if self.kind in ("decode_attention", "decode_combine"):
             return 32 * self.warp[0]
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
 
@@ -142,10 +143,10 @@ class Config:
             if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
                 raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
             return
-        if self.kind == "decode_attention":
+        if self.kind in ("decode_attention", "decode_combine"):
             if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \
                     or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
-                raise ValueError("a decode attention config is block=(keys a step,), thread=(values a lane,), "
+                raise ValueError("a decode attention or combine config is block=(...,), thread=(values a lane,), "
                                  "warp=(warps,) only")
             return
         if self.kind in TENSOR_CORE_KINDS:

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 
 from tvm import te, tirx
 
+from fastdlight.analysis.prepare import params_agree
+
 SPLIT_ATTR = "fastdlight.decode_attention"
 COMBINE_ATTR = "fastdlight.decode_combine"
 DTYPES = ("float16", "bfloat16")
@@ -85,13 +87,16 @@ class DecodeAttentionShape:
 
 
 #: most chunks a (batch, K/V head) is cut into
-MAX_SPLITS = 64
+MAX_SPLITS = 128
+#: CTAs an SM gets over all chunks: a CTA streams its chunk a tile at a time at about 11 GB/s
+#: (H200, one tile's loads in flight while the last is scored), so HBM needs several an SM
+CTAS_PER_SM = 4
 
 
 def default_splits(batch: int, kv_heads: int, sm_count: int) -> int:
-    """Chunks per (batch, K/V head): two CTAs an SM over all of them (a short cache leaves
-    chunks of a few keys, which cost little: the step is launch-bound there)."""
-    return max(1, min(MAX_SPLITS, -(-2 * sm_count // (batch * kv_heads))))
+    """Chunks per (batch, K/V head): :data:`CTAS_PER_SM` CTAs an SM over all of them (a short
+    cache leaves chunks of a few keys, which cost little: the step is launch-bound there)."""
+    return max(1, min(MAX_SPLITS, -(-CTAS_PER_SM * sm_count // (batch * kv_heads))))
 
 
 def keys(seq_kv, appended: bool):
@@ -162,16 +167,8 @@ def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine
 def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, object] | None:
     """``(shape, seq_kv)`` if ``func`` is a :func:`decode_split_func` whose buffers still agree
     with its attribute (``seq_kv`` an int or the function's variable), else None."""
-    attrs = func.attrs
-    if attrs is None or SPLIT_ATTR not in attrs:
-        return None
-    raw = attrs[SPLIT_ATTR]
-    try:
-        shape = DecodeAttentionShape(
-            batch=int(raw["batch"]), kv_heads=int(raw["kv_heads"]), rows=int(raw["rows"]),
-            head_dim=int(raw["head_dim"]), splits=int(raw["splits"]), appended=bool(raw["appended"]),
-            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
-    except (KeyError, TypeError, ValueError):
+    shape = _attribute(func, SPLIT_ATTR)
+    if shape is None:
         return None
     params = list(func.params)
     if len(params) != 3 + 2 * shape.appended + 3 or getattr(params[1], "shape", None) is None \
@@ -186,6 +183,30 @@ def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, objec
                 or not all(_same(x, y) for x, y in zip(buf.shape, dims)):
             return None
     return shape, seq_kv
+
+
+def match_decode_combine(func: tirx.PrimFunc) -> DecodeAttentionShape | None:
+    """The shape whose chunks ``func`` merges if it is a :func:`decode_combine_func` whose
+    buffers still agree with its attribute, else None."""
+    shape = _attribute(func, COMBINE_ATTR)
+    if shape is None:
+        return None
+    want = [(dims, "float32") for dims in shape.partial_shapes] + [(shape.out_shape, shape.dtype)]
+    return shape if params_agree(func, want) else None
+
+
+def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
+    attrs = func.attrs
+    if attrs is None or key not in attrs:
+        return None
+    raw = attrs[key]
+    try:
+        return DecodeAttentionShape(
+            batch=int(raw["batch"]), kv_heads=int(raw["kv_heads"]), rows=int(raw["rows"]),
+            head_dim=int(raw["head_dim"]), splits=int(raw["splits"]), appended=bool(raw["appended"]),
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _same(dim, want) -> bool:
@@ -209,3 +230,8 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
         return False
     slots = warps * (32 // lanes)
     return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_MERGE_BYTES
+
+
+def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
+    """Whether the merge kernel lays out: the head dim over a warp's lanes, at most 8 warps."""
+    return shape.head_dim % 32 == 0 and 1 <= warps <= 8

@@ -1,4 +1,5 @@
-"""Split-KV decode attention: which layouts the ``decode_attention`` template should try.
+"""Split-KV decode attention: which layouts the ``decode_attention`` template should try for the
+chunk step, and which warps a CTA for the merge (``decode_combine``).
 
 A config is ``block = (tile,)`` keys a CTA loads a step, ``thread = (values a lane,)`` of each
 key (16 or 32 bytes), ``warp = (warps,)``. The kernel is a stream: what it needs is enough
@@ -10,7 +11,13 @@ the chunk's padding to whole tiles.
 
 from __future__ import annotations
 
-from fastdlight.analysis.decode_attention import DecodeAttentionShape, chunk_of, layout_fits, split_fits
+from fastdlight.analysis.decode_attention import (
+    DecodeAttentionShape,
+    chunk_of,
+    combine_fits,
+    layout_fits,
+    split_fits,
+)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
@@ -62,3 +69,12 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     options.sort(key=lambda o: o[0])
     return [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
             for c, tile, per_lane, warps in options[:topk]]
+
+
+def decode_combine_configs(shape: DecodeAttentionShape, topk: int = 4) -> list[Config]:
+    """Configs of the merge of ``shape``'s chunks: warps sharing the chunks of one output row,
+    enough that each folds a few (the chunks are L2 hits: latency, not bandwidth)."""
+    options = [w for w in (1, 2, 4, 8) if combine_fits(shape, w)]
+    options.sort(key=lambda w: abs(-(-shape.splits // w) - 8))
+    return [Config("decode_combine", block=(shape.head_dim,), thread=(shape.head_dim // 32,), warp=(w,), cost=float(i))
+            for i, w in enumerate(options[:topk])]

@@ -23,12 +23,12 @@ from typing import Iterator
 from tvm import tirx
 
 from fastdlight.analysis.attention import match_attention
-from fastdlight.analysis.decode_attention import match_decode_split
+from fastdlight.analysis.decode_attention import match_decode_combine, match_decode_split
 from fastdlight.analysis.weight_only import match_weight_only
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
-from fastdlight.policies.decode_attention import decode_attention_configs
+from fastdlight.policies.decode_attention import decode_attention_configs, decode_combine_configs
 from fastdlight.policies.default import DefaultPolicy
 from fastdlight.policies.gather import gather_configs
 from fastdlight.policies.gemv_dequant import dequant_gemv_configs
@@ -85,8 +85,9 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
     if fused:
         sets.append(CandidateSet("AttentionPolicy", func, fused))
-    chunked = match_decode_split(func)
+    chunked, merged = match_decode_split(func), match_decode_combine(func)
     split = tuple(decode_attention_configs(chunked, arch, topk)) if chunked is not None else ()
+    split += tuple(decode_combine_configs(merged, topk)) if merged is not None else ()
     if split:
         fused += split
         sets.append(CandidateSet("DecodeAttentionPolicy", func, split))

@@ -69,7 +69,7 @@ def test_the_decode_form_becomes_the_split_pair_with_the_same_values(appended):
     assert names.count("decode_attention") == 1 and names.count("decode_combine") == 1
     assert not {"relax.concat", "relax.nn.softmax", "relax.matmul"} & set(names)
     rng = np.random.default_rng(0)
-    for n in (3, 70):  # 3: most of the 33 chunks get no key
+    for n in (3, 70):  # 3: most chunks get no key
         arrays = [rng.standard_normal(s).astype("float16") for s in
                   [(B, G, R, D), (B, G, n, D), (B, G, n, D)] + [(B, G, 1, D)] * (2 * appended)]
         np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)

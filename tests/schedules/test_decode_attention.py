@@ -8,7 +8,12 @@ import tvm
 from tvm import tirx
 
 from fastdlight import ops
-from fastdlight.analysis.decode_attention import DecodeAttentionShape, decode_split_func, match_decode_split
+from fastdlight.analysis.decode_attention import (
+    DecodeAttentionShape,
+    decode_combine_func,
+    decode_split_func,
+    match_decode_split,
+)
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import compile_mod_to_cubin
 from fastdlight.policies.decode_attention import decode_attention_configs
@@ -63,3 +68,14 @@ def test_a_symbolic_length_keeps_the_kernel_that_reads_it_at_run_time():
         kernel = generalize(symbolic, static, DecodeAttentionTemplate().apply_config(static, config), config)
     assert kernel is not None and kernel.params[1].shape[2].same_as(length)
     compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+
+
+@pytest.mark.parametrize("head_dim, splits", [(128, 66), (64, 3), (256, 128)])
+def test_the_merge_gets_its_kernel_and_compiles(head_dim, splits):
+    shape = DecodeAttentionShape(2, 4, 4, head_dim, splits)
+    func = decode_combine_func(shape)
+    sets = list(candidate_sets(func, H100, 20))
+    assert [s.policy for s in sets] == ["DecodeAttentionPolicy"]
+    for config, kernel in kernels(func, sets[0].configs):
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
