@@ -25,8 +25,6 @@ from fastdlight.config import Config
 MAX_FRAGMENT_REGS = 176
 #: bytes in flight an SM needs to cover HBM's latency
 SM_BYTES_IN_FLIGHT = 32 * 1024
-#: tiles ahead of the one loaded that a prefetching config asks L2 for
-PREFETCH_AHEAD = 4
 #: a cache length to rank by when the function's is symbolic
 TYPICAL_LENGTH = 4096
 
@@ -69,11 +67,8 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
                 if layout_fits(shape, tile, per_lane, warps):
                     options.append((cost(shape, length, tile, per_lane, warps, arch), tile, per_lane, warps))
     options.sort(key=lambda o: o[0])
-    # each layout also with the tiles PREFETCH_AHEAD steps ahead prefetched into L2: more bytes in
-    # flight than the registers hold (measured against the plain form)
-    return [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), pipeline_stages=stages,
-                   cost=c * (1.0 if stages > 1 else 1.01))
-            for c, tile, per_lane, warps in options for stages in (PREFETCH_AHEAD + 1, 1)][:topk]
+    return [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
+            for c, tile, per_lane, warps in options[:topk]]
 
 
 def decode_combine_configs(shape: DecodeAttentionShape, topk: int = 4) -> list[Config]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 from tvm import tirx
-from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
 from fastdlight.analysis.decode_attention import (
@@ -38,17 +37,11 @@ from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
 
 LOG2E = 1.0 / math.log(2.0)
-_PREFETCH_L2 = r"""
-__forceinline__ __device__ void fdl_prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-"""
 def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile: int, dims_per_lane: int,
-                 warps: int, ahead: int = 0) -> tirx.PrimFunc:
+                 warps: int) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys):
-    ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step;
-    ``ahead``: tiles that far ahead are prefetched into L2 (no registers held: the later loads
-    find them there). Same parameters, same result."""
+    ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step.
+    Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
     lanes = D // dims_per_lane  # lanes a key
     per_warp = 32 // lanes  # keys a warp loads at once
@@ -81,24 +74,12 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         return start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot)
 
     @T.macro
-    def prefetch(step, Kf, Vf, bg, start, end, slot, e0):
-        """Tile ``step``'s cached K and V bytes of this lane towards L2."""
-        for u in T.unroll(U):
-            key = T.meta_var(key_of(start, step, u, slot))
-            if key < T.min(end, n_cache):
-                at = T.meta_var((T.Cast("int64", bg) * n_cache + key) * D + e0)
-                T.evaluate(cuda_func_call("fdl_prefetch_l2", T.address_of(Kf[at]), source_code=_PREFETCH_L2))
-                T.evaluate(cuda_func_call("fdl_prefetch_l2", T.address_of(Vf[at]), source_code=_PREFETCH_L2))
-
-    @T.macro
     def fetch(kr, vr, buf, step, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0):
         """Tile ``step``'s K and V values into register set ``buf`` (zeros past the chunk)."""
         for u in T.unroll(U):
             key = T.meta_var(key_of(start, step, u, slot))
             load(kr, (buf * U + u) * E, Kf, Knf, bg, key, end, e0)
             load(vr, (buf * U + u) * E, Vf, Vnf, bg, key, end, e0)
-        if ahead > 0:
-            prefetch(step + ahead, Kf, Vf, bg, start, end, slot, e0)
 
     @T.macro
     def consume(kr, vr, buf, step, qr, sc, mr, lr, acc, top, start, end, slot):
@@ -171,9 +152,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
         # two register sets: tile t + 1's loads are issued before tile t is used
-        if ahead > 0:
-            for t in T.unroll(1, ahead):
-                prefetch(t, Kf, Vf, bg, start, end, slot, e0)
         fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
         for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
             fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
@@ -329,4 +307,4 @@ class DecodeAttentionTemplate(ScheduleTemplate):
         tile, per_lane, warps = config.block[0], config.thread[0], config.warp[0]
         if not split_fits(shape) or not layout_fits(shape, tile, per_lane, warps):
             return None
-        return build_kernel(func, shape, seq_kv, tile, per_lane, warps, config.pipeline_stages - 1)
+        return build_kernel(func, shape, seq_kv, tile, per_lane, warps)
