@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_setup import write_results  # noqa: E402
+from bench_setup import write_results
 
 NAME = "bench_decode_attention"
 #: name -> (batch, query heads, K/V heads, cache length, head dim)
@@ -103,7 +103,7 @@ def run_case(name: str, arch, topk: int) -> dict:
     qt, kt, vt = (t.half().cuda() for t in (q, k, v))
     q4 = qt.reshape(b, h, 1, d)
     with torch.no_grad():
-        sdpa = lambda: F.scaled_dot_product_attention(q4, kt, vt, enable_gqa=g < h)  # noqa: E731
+        sdpa = lambda: F.scaled_dot_product_attention(q4, kt, vt, enable_gqa=g < h)
         ref = sdpa().reshape(b, g, h // g, d).float().cpu().numpy()
         eager = time_torch([sdpa], BUDGET_MS).median_ms
         row["torch_graph_ms"] = time_torch_graph([sdpa], BUDGET_MS, eager).median_ms

@@ -39,7 +39,7 @@ from fastdlight.analysis.decode_attention import (
 from fastdlight.arch import CUDA
 from fastdlight.relax.attention_masks import Graph, scaled_by
 from fastdlight.relax.fuse_attention import OPAQUE, SCALE_ROUNDING, Matcher
-from fastdlight.relax.rewrites import call_to
+from fastdlight.relax.rewrites import call_to, matches_pass
 
 DTYPES = ("float16", "bfloat16")
 _ANALYZER = sym.Analyzer()
@@ -164,7 +164,7 @@ def match_decode(graph: Graph, root: relax.Var, pv: relax.Call, sm_count: int) -
     if not isinstance(rows, int) or not all(isinstance(x, int) for x in qs[:-2]) or math.prod(qs[:-2]) != b * g \
             or not same_dims(out[-2:], [rows, d]) or math.prod(out[:-2]) != b * g:
         return None
-    if not (isinstance(seq_kv, int) or isinstance(seq_kv, tirx.Var)) or not matcher.exclusive(root):
+    if not isinstance(seq_kv, (int, tirx.Var)) or not matcher.exclusive(root):
         return None
     dtype = str(kc.ty.dtype)
     if dtype not in DTYPES or str(vc.ty.dtype) != dtype or rows > MAX_ROWS or scale <= 0:
@@ -244,17 +244,4 @@ def decode_attention(target=None) -> tvm.transform.Pass:
     """Decode attention (see the module docstring) as the split-KV pair of PrimFuncs, the
     chunks from ``target``'s SM count; a module with none is returned as it is."""
     sm_count = CUDA(target).sm_count if target is not None else 132
-
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.DecodeAttention")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        found = {gvar: find_decode(func, sm_count) for gvar, func in mod.functions_items()
-                 if isinstance(func, relax.Function)}
-        if not any(found.values()):
-            return mod
-        rewriter = DecodeRewriter(mod, {call: m for matches in found.values() for call, m in matches.items()})
-        for gvar, matches in found.items():
-            if matches:
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-    return run
+    return matches_pass("fastdlight.DecodeAttention", lambda func: find_decode(func, sm_count), DecodeRewriter)

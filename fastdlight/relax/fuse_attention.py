@@ -54,7 +54,7 @@ from fastdlight.relax.attention_masks import (
     masked_by,
     scaled_by,
 )
-from fastdlight.relax.rewrites import call_to, static_shape
+from fastdlight.relax.rewrites import call_to, matches_pass, static_shape
 
 #: relax's OpPatternKind.kOpaque: AnnotateTIROpPattern keeps it, FuseOps fuses nothing with it
 OPAQUE = 8
@@ -417,17 +417,4 @@ def fused_attention(target=None) -> tvm.transform.Pass:
     where the fused template takes its shape on ``target``; a module with none is returned as
     it is."""
     fits = _fits(target)
-
-    @tvm.transform.module_pass(opt_level=0, name="fastdlight.FusedAttention")
-    def run(mod: IRModule, _ctx) -> IRModule:
-        found = {gvar: find_matches(func, fits) for gvar, func in mod.functions_items()
-                 if isinstance(func, relax.Function)}
-        if not any(found.values()):
-            return mod
-        rewriter = Rewriter(mod, {call: m for matches in found.values() for call, m in matches.items()})
-        for gvar, matches in found.items():
-            if matches:
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-    return run
+    return matches_pass("fastdlight.FusedAttention", lambda func: find_matches(func, fits), Rewriter)

@@ -116,6 +116,25 @@ def mutator_pass(name: str, mutator_class, finish=lambda mod: mod) -> tvm.transf
 INTEGER_POWERS = (2, 3, 4)
 
 
+def matches_pass(name: str, find, rewriter_class) -> tvm.transform.Pass:
+    """A module pass replacing what ``find(function)`` (``{call: match}``) finds in each Relax
+    function with ``rewriter_class(mod, matches)`` (a mutator that knows each match's
+    replacement); a module with nothing found is returned as it is."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod: IRModule, _ctx) -> IRModule:
+        found = {gvar: find(func) for gvar, func in mod.functions_items() if isinstance(func, relax.Function)}
+        if not any(found.values()):
+            return mod
+        rewriter = rewriter_class(mod, {call: m for matches in found.values() for call, m in matches.items()})
+        for gvar, matches in found.items():
+            if matches:
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+    return run
+
+
 def exact_integer_powers() -> tvm.transform.Pass:
     """``power(x, 2.0)`` (RMSNorm's ``x.pow(2)``, GELU's ``x**3``) as ``x * x [* x ...]``: the
     CUDA build uses fast math, whose ``powf`` is ``exp2(y * log2(x))``, NaN for every negative

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.script import tirx as T
 
 from fastdlight.analysis.prepare import scalar_dtype
 from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
-
+from fastdlight.schedules.wgmma.template import symbolic_kernel
 
 
 def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config=None,
@@ -44,8 +45,6 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config
         return DecodeAttentionTemplate().apply_config(symbolic, config)  # reads the length at run time
     if trace is None:
         if config is not None and config.kind == "matmul_wgmma":
-            from fastdlight.schedules.wgmma.template import symbolic_kernel
-
             return symbolic_kernel(symbolic, static, config, num_sms)
         return None
     try:
@@ -70,8 +69,6 @@ def bind_params(symbolic: tirx.PrimFunc, kernel: tirx.PrimFunc) -> tirx.PrimFunc
     can hold: right only at those values. Its TVMScript is parsed again with the names bound to
     the symbolic parameters; None when the kernel does not print as parseable TVMScript (TVM
     0.27 prints some tensor-core intrinsics in a form its parser refuses)."""
-    from tvm.script import tirx as T
-
     lines = kernel.script().splitlines()
     if any("metadata[" in ln for ln in lines):
         return None

@@ -77,5 +77,5 @@ def test_the_merge_gets_its_kernel_and_compiles(head_dim, splits):
     sets = list(candidate_sets(func, H100, 20))
     assert [s.policy for s in sets] == ["DecodeAttentionPolicy"]
     for config, kernel in kernels(func, sets[0].configs):
-        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        _src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
         assert cubin.spill_bytes == 0, (config, cubin.log)
