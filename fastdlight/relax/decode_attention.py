@@ -31,15 +31,14 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from fastdlight.analysis.decode_attention import (
     MAX_ROWS,
     DecodeAttentionShape,
-    decode_combine_func,
-    decode_split_func,
     default_splits,
     split_fits,
 )
 from fastdlight.arch import CUDA
 from fastdlight.relax.attention_masks import Graph, scaled_by
-from fastdlight.relax.fuse_attention import OPAQUE, SCALE_ROUNDING, Matcher
+from fastdlight.relax.fuse_attention import SCALE_ROUNDING, Matcher
 from fastdlight.relax.rewrites import call_to, matches_pass
+from fastdlight.relax.split_kv import SplitKvCalls
 
 DTYPES = ("float16", "bfloat16")
 _ANALYZER = sym.Analyzer()
@@ -204,40 +203,16 @@ class DecodeRewriter(PyExprMutator):
     def __init__(self, mod: IRModule, matches: dict[relax.Call, DecodeMatch]):
         super().__init__(mod)
         self.matches = matches
-        self.funcs: dict[tuple, tuple[relax.GlobalVar, relax.GlobalVar]] = {}
+        self.calls = SplitKvCalls(self)
 
     def visit_call_(self, call):
-        match = self.matches.get(call)
-        return super().visit_call_(call) if match is None else self.decode(match)
-
-    def add(self, func: tirx.PrimFunc, name: str) -> relax.GlobalVar:
-        gvar = self.builder_.add_func(func.with_attr("op_pattern", OPAQUE), name)
-        self.builder_.update_func(gvar, func.with_attr("op_pattern", OPAQUE).with_attr("global_symbol", gvar.name_hint))
-        return gvar
-
-    def functions(self, m: DecodeMatch) -> tuple[relax.GlobalVar, relax.GlobalVar]:
-        length = m.seq_kv if isinstance(m.seq_kv, int) else str(m.seq_kv.name)
-        key = (m.shape, length)
-        if key not in self.funcs:
-            seq_kv = m.seq_kv if isinstance(m.seq_kv, int) else tirx.Var(length, "int64")
-            self.funcs[key] = (self.add(decode_split_func(m.shape, seq_kv), "decode_attention"),
-                               self.add(decode_combine_func(m.shape), "decode_combine"))
-        return self.funcs[key]
-
-    def decode(self, m: DecodeMatch) -> relax.Expr:
-        s = m.shape
-        split, combine = self.functions(m)
-        q = self.visit_expr(m.q)
-        if str(q.ty.dtype) != s.dtype:
-            q = self.builder_.emit(relax.op.astype(q, s.dtype))
-        q = self.builder_.emit(relax.op.reshape(q, s.input_shapes(1)[0]))
-        args = [q, *(self.visit_expr(e) for e in m.caches), *(self.visit_expr(e) for e in m.new or ())]
-        parts = self.builder_.emit(relax.call_tir(split, args, [relax.TensorType(p, "float32")
-                                                                for p in s.partial_shapes]))
-        merged = [self.builder_.emit(relax.TupleGetItem(parts, i)) for i in range(3)]
-        out = self.builder_.emit(relax.call_tir(combine, merged, relax.TensorType(s.out_shape, s.dtype)))
+        m = self.matches.get(call)
+        if m is None:
+            return super().visit_call_(call)
+        out = self.calls.emit(m.shape, m.seq_kv, self.visit_expr(m.q), [self.visit_expr(e) for e in m.caches],
+                              [self.visit_expr(e) for e in m.new or ()])
         out = relax.op.reshape(out, m.out_shape)
-        return out if m.out_dtype == s.dtype else relax.op.astype(self.builder_.emit(out), m.out_dtype)
+        return out if m.out_dtype == m.shape.dtype else relax.op.astype(self.builder_.emit(out), m.out_dtype)
 
 
 def decode_attention(target=None) -> tvm.transform.Pass:

@@ -13,6 +13,10 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
+#: relax's OpPatternKind.kOpaque: AnnotateTIROpPattern keeps it, FuseOps fuses nothing with it
+OPAQUE = 8
+
+
 def call_to(value, *ops):
     """``value`` when it is a call of one of the operators ``ops``, else None."""
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:

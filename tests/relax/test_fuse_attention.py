@@ -190,6 +190,22 @@ def test_sdpa_as_one_attention_call_with_the_same_values(heads, kv_heads, tq, ma
     np.testing.assert_allclose(run(fused, q, k, v), want, atol=2e-3, rtol=1e-2)
 
 
+@pytest.mark.parametrize("heads, kv_heads, tq, mask", [
+    (4, 2, 1, additive(causal_keep(1, S))),  # a decode step's one query: causal keeps every key
+    (8, 2, 2, None),  # two queries of a 4-head group: 8 rows a K/V head
+])
+def test_decode_sized_attention_becomes_the_split_kv_pair(heads, kv_heads, tq, mask):
+    fused = fused_attention(H100)(sdpa(heads, kv_heads, tq, S, mask))
+    assert not attention_calls(fused)
+    calls = set()
+    relax.analysis.post_order_visit(fused["main"], lambda e: calls.add(e.args[0].name_hint) if isinstance(
+        e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
+    assert calls == {"decode_attention", "decode_combine"}
+    assert not {"relax.nn.softmax", "relax.matmul"} & op_names(fused)
+    q, k, v = inputs((1, heads, tq, D), (1, kv_heads, S, D), (1, kv_heads, S, D))
+    np.testing.assert_allclose(run(fused, q, k, v), reference(q, k, v, None), atol=2e-3, rtol=1e-2)
+
+
 def test_the_unfused_form_computes_the_reference():
     q, k, v = inputs((1, 4, S, D), (1, 2, S, D), (1, 2, S, D))
     got = run(sdpa(4, 2, mask=additive(causal_keep(S, S))), q, k, v)
