@@ -13,7 +13,10 @@ are in flight while the current one is scored (the bytes in flight that keep HBM
 Q: the lanes of a group add their partial dot products with shuffles, so all of them hold each
 score and need no further exchange; no synchronization until the chunk ends. Then the groups of
 a warp merge by shuffles, the warps through shared memory, and the chunk's ``o``, ``m`` and
-``l`` are written for the combine function.
+``l`` are written for the merge.
+
+The merge (``kind == "decode_combine"``, :func:`build_combine`) has a kernel of its own: a CTA per
+output row whose warps fold the chunks into a running max, sum and weighted row.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
 
 LOG2E = 1.0 / math.log(2.0)
+
+
 def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile: int, dims_per_lane: int,
                  warps: int) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys):
