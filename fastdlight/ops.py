@@ -15,11 +15,17 @@ import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
-from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, chunk_of, decode_split_func
+from fastdlight.analysis.decode_attention import (
+    EMPTY_MAX,
+    DecodeAttentionShape,
+    chunk_of,
+    decode_paged_func,
+    decode_split_func,
+)
 from fastdlight.analysis.weight_only import PER_WORD, WeightOnlyShape, weight_only_func
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
-from fastdlight.measure.inputs import RANDOM_BITS
+from fastdlight.measure.inputs import INPUT_VALUES, RANDOM_BITS
 
 
 @dataclass
@@ -373,20 +379,26 @@ def attention(batch, heads, seq_q, seq_kv, head_dim, kv_heads=None, causal=False
     return Op("attention", attention_func(shape), ref, shape.flops, nbytes)
 
 
-def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appended=True, dtype="float16") -> Op:
+def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appended=True, dtype="float16",
+                     page_size=0) -> Op:
     """The chunk step of split-KV decode attention
     (:func:`~fastdlight.analysis.decode_attention.decode_split_func`): ``rows`` query rows per
     K/V head against a cache of ``seq_kv`` keys (and, ``appended``, the new token's key and
     value), cut into ``splits`` chunks; per chunk and row the largest scaled score ``m``, the
-    sum of exponentials ``l`` and the weighted values ``o`` (fp32)."""
+    sum of exponentials ``l`` and the weighted values ``o`` (fp32). ``page_size``: the cache in
+    pages of a pool (:func:`~fastdlight.analysis.decode_attention.decode_paged_func`), a page
+    table of ``ceil(seq_kv / page_size)`` pages a sequence, every sequence ``seq_kv`` long (the
+    pages random)."""
     _check_shape(batch, kv_heads, rows, seq_kv, head_dim, splits)
     _check_dtype(dtype, ("float16", "bfloat16"))
-    shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype)
-    chunk = chunk_of(seq_kv, splits, appended)
+    paged = page_size > 0
+    shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended and not paged, dtype=dtype,
+                                 page_size=page_size)
+    width = -(-seq_kv // page_size) if paged else 0
 
-    def ref(q, k, v, kn=None, vn=None):
-        if appended:
-            k, v = np.concatenate([k, kn], axis=2), np.concatenate([v, vn], axis=2)
+    def chunks(q, k, v):
+        """``(o, m, l)`` of ``q`` over each sequence's contiguous ``k``, ``v``."""
+        chunk = chunk_of(k.shape[2], splits, False)
         o = np.zeros(shape.partial_shapes[0])
         m, l = np.full(shape.partial_shapes[1], EMPTY_MAX), np.zeros(shape.partial_shapes[2])
         for p in range(splits):
@@ -399,9 +411,22 @@ def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appende
             l[:, :, p], o[:, :, p] = e.sum(axis=-1), e @ v[:, :, keys]
         return o, m, l
 
-    keys = seq_kv + int(appended)
+    def ref(q, k, v, *rest):
+        if paged:  # gather each sequence's pages, in order, cut at its length
+            table = rest[0].astype(np.int64)
+            k, v = (pool[table].transpose(0, 2, 1, 3, 4).reshape(batch, kv_heads, -1, head_dim)[:, :, :seq_kv]
+                    for pool in (k, v))
+        elif appended:
+            k, v = np.concatenate([k, rest[0]], axis=2), np.concatenate([v, rest[1]], axis=2)
+        return chunks(q, k, v)
+
+    keys = seq_kv + int(shape.appended)
     flops = 4.0 * batch * kv_heads * rows * keys * head_dim
-    return Op("decode_attention", decode_split_func(shape, seq_kv), ref, flops, shape.cache_bytes(seq_kv))
+    if paged:
+        func = decode_paged_func(shape, batch * width + 3, width).with_attr(INPUT_VALUES, {"lengths": float(seq_kv)})
+    else:
+        func = decode_split_func(shape, seq_kv)
+    return Op("decode_attention", func, ref, flops, shape.cache_bytes(seq_kv))
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:

@@ -38,6 +38,8 @@ EMPTY_MAX = -1.0e30
 #: a thread holds q and the output in fp32 for each row (16 registers a row at 8 values a lane)
 MAX_ROWS = 8
 HEAD_DIMS = (32, 64, 128, 256)
+#: tokens a page of a paged cache may hold (powers of two: a key's page and slot are shifts)
+PAGE_SIZES = (8, 16, 32, 64, 128, 256)
 #: elements of one vector load of the split template (16 bytes of fp16/bf16)
 VECTOR = 8
 #: shared memory the split template's warps' partial results may take
@@ -54,6 +56,7 @@ class DecodeAttentionShape:
     appended: bool = True  # the new token's K and V come as inputs of their own
     scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     dtype: str = "float16"
+    page_size: int = 0  # > 0: K and V in pages of a pool, a page table and a length per sequence
 
     def __post_init__(self):
         dims = (self.batch, self.kv_heads, self.rows, self.head_dim, self.splits)
@@ -61,8 +64,19 @@ class DecodeAttentionShape:
             raise ValueError(f"decode attention dimensions must be positive integers, got {dims}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unsupported decode attention dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
+        if self.page_size and (self.page_size not in PAGE_SIZES or self.appended):
+            raise ValueError(f"a paged cache has pages of {', '.join(map(str, PAGE_SIZES))} tokens and no appended "
+                             f"token (its token is in its page), got page_size={self.page_size}, "
+                             f"appended={self.appended}")
         if self.scale == 0.0:
             object.__setattr__(self, "scale", 1.0 / math.sqrt(self.head_dim))
+
+    def paged_input_shapes(self, pages, width) -> tuple[tuple, ...]:
+        """Q, the K and V page pools (``pages`` pages), the page table (``width`` pages a
+        sequence, int32) and the lengths (int32)."""
+        b, g, d = self.batch, self.kv_heads, self.head_dim
+        pool = (pages, g, self.page_size, d)
+        return ((b, g, self.rows, d), pool, pool, (b, width), (b,))
 
     def input_shapes(self, seq_kv) -> tuple[tuple, ...]:
         """Q, the K and V caches of ``seq_kv`` keys (an int or a shape variable) and, where
@@ -114,38 +128,77 @@ def decode_split_func(shape: DecodeAttentionShape, seq_kv, name: str = "decode_a
     ``tirx.Var`` (int64 for a model's symbolic length)."""
     s = shape
     ins = [te.placeholder(dims, s.dtype, name=n) for dims, n in zip(s.input_shapes(seq_kv), ("Q", "K", "V", "KN", "VN"))]
-    q, kc, vc = ins[:3]
-    n, c = keys(seq_kv, s.appended), chunk_of(seq_kv, s.splits, s.appended)
     last = tirx.max(seq_kv - 1, 0)
 
-    def at(cache, new, b, g, j, e):
+    def at(cache, new):
         """Key ``j``'s vector element: the cache's, the appended token's at ``j = L`` (past the
         keys: a valid element never used)."""
-        cached = cache[b, g, tirx.min(j, last), e]
-        return tirx.if_then_else(j < seq_kv, cached, new[b, g, 0, e]) if s.appended else cached
+        def element(b, g, j, e):
+            cached = cache[b, g, tirx.min(j, last), e]
+            return tirx.if_then_else(j < seq_kv, cached, new[b, g, 0, e]) if s.appended else cached
+        return element
 
     kn, vn = (ins[3], ins[4]) if s.appended else (None, None)
+    n, c = keys(seq_kv, s.appended), chunk_of(seq_kv, s.splits, s.appended)
+    outs = _chunk_step(s, ins[0], at(ins[1], kn), at(ins[2], vn), lambda b: n, lambda b: c, c)
+    return _with_attrs(te.create_prim_func([*ins, *outs]), s, name)
+
+
+def decode_paged_func(shape: DecodeAttentionShape, pages, width, name: str = "decode_attention") -> tirx.PrimFunc:
+    """The per-chunk step over a paged cache: key ``j`` of sequence ``b`` is slot ``j % page`` of
+    page ``table[b, j // page]`` of the pools; the sequence's ``lengths[b]`` keys are cut into
+    ``splits`` chunks of ``ceil(lengths[b] / splits)``."""
+    s, page = shape, shape.page_size
+    ins = [te.placeholder(dims, dt, name=n) for dims, dt, n in zip(
+        s.paged_input_shapes(pages, width), [s.dtype] * 3 + ["int32"] * 2, ("Q", "K", "V", "pages", "lengths"))]
+    table, lengths = ins[3], ins[4]
+
+    def at(pool):
+        def element(b, g, j, e):  # (a key past the sequence reads a valid element, never used)
+            slot = tirx.min(j // page, width - 1)
+            return pool[tirx.min(tirx.max(table[b, slot], 0), pages - 1), g, j % page, e]
+        return element
+
+    def n_of(b):
+        return lengths[b].astype("int64")
+
+    def c_of(b):
+        return (n_of(b) + s.splits - 1) // s.splits
+
+    extent = (width * page + s.splits - 1) // s.splits
+    outs = _chunk_step(s, ins[0], at(ins[1]), at(ins[2]), n_of, c_of, extent)
+    return _with_attrs(te.create_prim_func([*ins, *outs]), s, name)
+
+
+def _chunk_step(s: DecodeAttentionShape, q, k_at, v_at, n_of, c_of, extent):
+    """``(o, m, l)`` per chunk: key ``t`` of chunk ``p`` of sequence ``b`` is ``p * c_of(b) + t``,
+    scored where ``t < c_of(b)`` and the key is below ``n_of(b)``; ``extent`` bounds ``c_of``."""
     d = te.reduce_axis((0, s.head_dim), name="d")
     scale = tirx.const(s.scale, "float32")
-
     lead = (s.batch, s.kv_heads, s.splits, s.rows)
-    dot = te.compute(lead + (c,), lambda b, g, p, r, t: te.sum(
-        q[b, g, r, d].astype("float32") * at(kc, kn, b, g, p * c + t, d).astype("float32"), axis=d), name="dots")
+
+    def valid(b, p, t):
+        return tirx.all(t < c_of(b), p * c_of(b) + t < n_of(b))
+
+    dot = te.compute(lead + (extent,), lambda b, g, p, r, t: te.sum(
+        q[b, g, r, d].astype("float32") * k_at(b, g, p * c_of(b) + t, d).astype("float32"), axis=d), name="dots")
     sc = te.compute(dot.shape, lambda b, g, p, r, t: tirx.Select(
-        p * c + t < n, dot[b, g, p, r, t] * scale, tirx.const(EMPTY_MAX, "float32")), name="scores")
-    t1, t2, t3 = (te.reduce_axis((0, c), name=f"t{i}") for i in (1, 2, 3))
+        valid(b, p, t), dot[b, g, p, r, t] * scale, tirx.const(EMPTY_MAX, "float32")), name="scores")
+    t1, t2, t3 = (te.reduce_axis((0, extent), name=f"t{i}") for i in (1, 2, 3))
     mx = te.compute(lead, lambda b, g, p, r: te.max(sc[b, g, p, r, t1], axis=t1), name="chunk_max")
 
     def weight(b, g, p, r, t):
-        return tirx.Select(p * c + t < n, te.exp(sc[b, g, p, r, t] - mx[b, g, p, r]), tirx.const(0.0, "float32"))
+        return tirx.Select(valid(b, p, t), te.exp(sc[b, g, p, r, t] - mx[b, g, p, r]), tirx.const(0.0, "float32"))
 
-    ex = te.compute(lead + (c,), weight, name="chunk_exp")
+    ex = te.compute(lead + (extent,), weight, name="chunk_exp")
     total = te.compute(lead, lambda b, g, p, r: te.sum(ex[b, g, p, r, t2], axis=t2), name="chunk_sum")
     acc = te.compute(lead + (s.head_dim,), lambda b, g, p, r, e: te.sum(
-        ex[b, g, p, r, t3] * at(vc, vn, b, g, p * c + t3, e).astype("float32"), axis=t3), name="chunk_out")
-    func = te.create_prim_func([*ins, acc, mx, total])
-    attrs = {k: v for k, v in asdict(s).items()}
-    return func.with_attr("global_symbol", name).with_attr(SPLIT_ATTR, attrs)
+        ex[b, g, p, r, t3] * v_at(b, g, p * c_of(b) + t3, e).astype("float32"), axis=t3), name="chunk_out")
+    return acc, mx, total
+
+
+def _with_attrs(func: tirx.PrimFunc, s: DecodeAttentionShape, name: str) -> tirx.PrimFunc:
+    return func.with_attr("global_symbol", name).with_attr(SPLIT_ATTR, {k: v for k, v in asdict(s).items()})
 
 
 def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine") -> tirx.PrimFunc:
@@ -165,22 +218,30 @@ def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine
 
 
 def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, object] | None:
-    """``(shape, seq_kv)`` if ``func`` is a :func:`decode_split_func` whose buffers still agree
-    with its attribute (``seq_kv`` an int or the function's variable), else None."""
+    """``(shape, seq_kv)`` if ``func`` is a :func:`decode_split_func` (or a
+    :func:`decode_paged_func`) whose buffers still agree with its attribute, else None.
+    ``seq_kv``: the cache length (an int or the function's variable); paged, the keys a page
+    table holds at most."""
     shape = _attribute(func, SPLIT_ATTR)
     if shape is None:
         return None
     params = list(func.params)
-    if len(params) != 3 + 2 * shape.appended + 3 or getattr(params[1], "shape", None) is None \
-            or len(params[1].shape) != 4:
+    inputs = 5 if shape.page_size else 3 + 2 * shape.appended
+    if len(params) != inputs + 3 or any(getattr(p, "shape", None) is None for p in params) \
+            or len(params[1].shape) != 4 or (shape.page_size and len(params[3].shape) != 2):
         return None
-    seq_kv = params[1].shape[2]
-    seq_kv = int(seq_kv) if isinstance(seq_kv, tirx.IntImm) else seq_kv
-    dtypes = [shape.dtype] * (len(params) - 3) + ["float32"] * 3
-    wanted = (*shape.input_shapes(seq_kv), *shape.partial_shapes)
-    for buf, dims, dtype in zip(params, wanted, dtypes):
-        if str(buf.dtype) != dtype or len(buf.shape) != len(dims) \
-                or not all(_same(x, y) for x, y in zip(buf.shape, dims)):
+    dims = [int(x) if isinstance(x, tirx.IntImm) else x for x in (params[1].shape[0], params[1].shape[2])]
+    if shape.page_size:
+        width = params[3].shape[1]
+        width = int(width) if isinstance(width, tirx.IntImm) else width
+        wanted, seq_kv = shape.paged_input_shapes(dims[0], width), width * shape.page_size
+        dtypes = [shape.dtype] * 3 + ["int32"] * 2
+    else:
+        wanted, seq_kv = shape.input_shapes(dims[1]), dims[1]
+        dtypes = [shape.dtype] * inputs
+    for buf, want, dtype in zip(params, (*wanted, *shape.partial_shapes), dtypes + ["float32"] * 3):
+        if str(buf.dtype) != dtype or len(buf.shape) != len(want) \
+                or not all(_same(x, y) for x, y in zip(buf.shape, want)):
             return None
     return shape, seq_kv
 
@@ -204,7 +265,7 @@ def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
         return DecodeAttentionShape(
             batch=int(raw["batch"]), kv_heads=int(raw["kv_heads"]), rows=int(raw["rows"]),
             head_dim=int(raw["head_dim"]), splits=int(raw["splits"]), appended=bool(raw["appended"]),
-            scale=float(raw["scale"]), dtype=str(raw["dtype"]))
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]), page_size=int(raw.get("page_size", 0)))
     except (KeyError, TypeError, ValueError):
         return None
 

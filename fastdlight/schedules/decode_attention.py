@@ -21,6 +21,7 @@ output row whose warps fold the chunks into a running max, sum and weighted row.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from tvm import tirx
@@ -57,11 +58,22 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     reduce_steps = lanes.bit_length() - 1
     merge_steps = per_warp.bit_length() - 1
 
-    n_cache = tirx.const(seq_kv, "int64") if isinstance(seq_kv, int) else tirx.Cast("int64", seq_kv)
-    n_keys = n_cache + 1 if appended else n_cache
+    page = shape.page_size
+    params = list(func.params)
+    pool_elems = functools.reduce(lambda a, b: a * b, params[1].shape)
+    width = params[3].shape[1] if page else 1
+
+    def cache_length(lengths, bg):
+        """The keys in the cache of K/V head ``bg``'s sequence (int64)."""
+        if page:
+            return T.Cast("int64", lengths[bg // G])
+        return tirx.const(seq_kv, "int64") if isinstance(seq_kv, int) else tirx.Cast("int64", seq_kv)
+
+    def key_count(n_cache):
+        return n_cache + T.int64(1) if appended else n_cache
 
     @T.macro
-    def load(dst, base, cache, new, bg, key, end, e0):
+    def load_contiguous(dst, base, cache, new, table, bg, key, end, e0, n_cache):
         """Values ``e0 ..`` of key ``key`` of K/V head ``bg``: the cache's, the appended token's,
         or zeros past the chunk (another CTA's keys are not read twice)."""
         for v in T.unroll(V8):
@@ -75,16 +87,32 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.vectorized(VECTOR):
                     dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
 
+    @T.macro
+    def load_paged(dst, base, cache, new, table, bg, key, end, e0, n_cache):
+        """The same from a page pool: key ``key`` is slot ``key % page`` of the sequence's page
+        ``key // page`` (its table's entry)."""
+        for v in T.unroll(V8):
+            if key < end:
+                at = T.meta_var((T.Cast("int64", table[T.Cast("int64", bg // G) * width + key // T.int64(page)]) * G
+                                 + bg % G) * page + key % T.int64(page))
+                for e in T.vectorized(VECTOR):
+                    dst[base + v * VECTOR + e] = cache[at * D + e0 + v * VECTOR + e]
+            else:
+                for e in T.vectorized(VECTOR):
+                    dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
+
+    load = load_paged if page else load_contiguous
+
     def key_of(start, step, u, slot):
         return start + step * T.int64(tile) + T.int64(u * slots) + T.Cast("int64", slot)
 
     @T.macro
-    def fetch(kr, vr, buf, step, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0):
+    def fetch(kr, vr, buf, step, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache):
         """Tile ``step``'s K and V values into register set ``buf`` (zeros past the chunk)."""
         for u in T.unroll(U):
             key = T.meta_var(key_of(start, step, u, slot))
-            load(kr, (buf * U + u) * E, Kf, Knf, bg, key, end, e0)
-            load(vr, (buf * U + u) * E, Vf, Vnf, bg, key, end, e0)
+            load(kr, (buf * U + u) * E, Kf, Knf, Tf, bg, key, end, e0, n_cache)
+            load(vr, (buf * U + u) * E, Vf, Vnf, Tf, bg, key, end, e0, n_cache)
 
     @T.macro
     def consume(kr, vr, buf, step, qr, sc, mr, lr, acc, top, start, end, slot):
@@ -116,7 +144,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
     @T.macro
-    def body(Q, Kc, Vc, Kn, Vn, O, M, L):
+    def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L):
         T.device_entry()
         bid = T.cta_id([B * G * S])
         tid = T.thread_id([threads])
@@ -125,8 +153,9 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         l_s = pool.alloc((warps * R,), "float32", align=16)
         o_s = pool.alloc((warps * R * D,), "float32", align=16)
         pool.commit()
-        Kf = T.decl_buffer((B * G * n_cache * D,), dtype, data=Kc.data)
-        Vf = T.decl_buffer((B * G * n_cache * D,), dtype, data=Vc.data)
+        Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
+        Vf = T.decl_buffer((pool_elems,), dtype, data=Vc.data)
+        Tf = T.decl_buffer((B * width,), "int32", data=Table.data)
         Qf = T.decl_buffer((B * G * R * D,), dtype, data=Q.data)
         Knf = T.decl_buffer((B * G * D,), dtype, data=Kn.data)
         Vnf = T.decl_buffer((B * G * D,), dtype, data=Vn.data)
@@ -140,15 +169,17 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         top = T.alloc_buffer((1,), "float32", scope="local")
         other = T.alloc_buffer((2,), "float32", scope="local")
         merged = T.alloc_buffer((3,), "float32", scope="local")
+        nk = T.alloc_buffer((1,), "int64", scope="local")
         part = T.meta_var(bid % S)
         bg = T.meta_var(bid // S)
+        nk[0] = cache_length(Lengths, bg)
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)
         slot = T.meta_var(warp * per_warp + lane // lanes)
         e0 = T.meta_var((lane % lanes) * E)
-        chunk = T.meta_var((n_keys + T.int64(S - 1)) // T.int64(S))
+        chunk = T.meta_var((key_count(nk[0]) + T.int64(S - 1)) // T.int64(S))
         start = T.meta_var(T.Cast("int64", part) * chunk)
-        end = T.meta_var(T.min(start + chunk, n_keys))
+        end = T.meta_var(T.min(start + chunk, key_count(nk[0])))
         for r in T.unroll(R):
             for e in T.unroll(E):
                 qr[r * E + e] = T.Cast("float32", Qf[(bg * R + r) * D + e0 + e]) * q_scale
@@ -157,11 +188,11 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
         # two register sets: tile t + 1's loads are issued before tile t is used
-        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
         for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
-            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
             consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
-            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, bg, start, end, slot, e0)
+            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
             consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
@@ -207,13 +238,14 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well
-    params = list(func.params)
     q, k, v, o, m, l = (*params[:3], *params[-3:])
-    kn, vn = params[3:5] if appended else (k, v)  # (no token: its branch is never taken)
+    # (a buffer a form does not have: one of the others, its branch never taken)
+    kn, vn = params[3:5] if appended else (k, v)
+    table, lengths = params[3:5] if page else (q, q)
 
     @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
     def kernel():
-        body(q, k, v, kn, vn, o, m, l)
+        body(q, k, v, kn, vn, table, lengths, o, m, l)
 
     return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
 

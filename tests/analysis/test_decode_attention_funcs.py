@@ -70,3 +70,19 @@ def test_bad_shapes_are_refused_and_splits_fill_the_sms():
     with pytest.raises(ValueError, match="dtype"):
         DecodeAttentionShape(1, 8, 4, 128, 4, dtype="float32")
     assert default_splits(1, 8, 132) == 66 and default_splits(16, 32, 132) == 2 and default_splits(1, 1, 132) == 128
+
+
+@pytest.mark.parametrize("seq_kv, page_size, splits", [(70, 16, 4), (5, 8, 8)])
+def test_the_paged_step_reads_each_sequence_through_its_page_table(seq_kv, page_size, splits):
+    op = ops.decode_attention(2, 2, 3, seq_kv, 32, splits=splits, page_size=page_size)
+    shape, _ = match_decode_split(op.func)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal([int(x) for x in p.shape]).astype("float16") for p in op.func.params[:3])
+    width, pages = int(op.func.params[3].shape[1]), int(op.func.params[1].shape[0])
+    table = rng.permutation(pages)[:2 * width].reshape(2, width).astype("int32")  # pages in any order
+    lengths = np.full(2, seq_kv, "int32")
+    got = run(op.func, q, k, v, table, lengths, outs=shape.partial_shapes)
+    for out, want in zip(got, op.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), table)):
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="paged cache"):
+        DecodeAttentionShape(1, 8, 4, 128, 4, appended=False, page_size=24)

@@ -1,6 +1,7 @@
 """The split-KV decode attention template on the GPU: every layout its policy emits is correct
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
-left empty, no appended token, bf16, head dims 64 and 256, eight query rows). Needs an sm_90 GPU."""
+left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
+last page is partly filled, pages of 16 and 64 tokens). Needs an sm_90 GPU."""
 
 import pytest
 
@@ -17,13 +18,15 @@ CASES = {
     "batch16_no_token": (16, 32, 1, 4096, 128, 1, False),
     "bf16_rows8_d64": (2, 4, 8, 777, 64, 16, True, "bfloat16"),
     "d256": (1, 2, 8, 300, 256, 8, False),
+    "paged16_odd_length": (2, 8, 4, 1000, 128, 33, False, "float16", 16),
+    "paged64_bf16": (3, 4, 2, 777, 64, 8, False, "bfloat16", 64),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_decode_attention_config_is_correct(name, hopper_arch):
-    batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *dtype = CASES[name]
-    op = ops.decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *dtype)
+    batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest = CASES[name]
+    op = ops.decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest)
     configs = decode_attention_configs(match_decode_split(op.func), hopper_arch)
     results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
                                     progress=False)

@@ -11,6 +11,7 @@ from fastdlight import ops
 from fastdlight.analysis.decode_attention import (
     DecodeAttentionShape,
     decode_combine_func,
+    decode_paged_func,
     decode_split_func,
     match_decode_split,
 )
@@ -79,3 +80,16 @@ def test_the_merge_gets_its_kernel_and_compiles(head_dim, splits):
     for config, kernel in kernels(func, sets[0].configs):
         _src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
         assert cubin.spill_bytes == 0, (config, cubin.log)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_the_paged_step_compiles_for_every_config(symbolic):
+    shape = DecodeAttentionShape(1, 8, 4, 128, 33, appended=False, page_size=16)
+    pages, width = (tirx.Var("pages", "int64"), tirx.Var("width", "int64")) if symbolic else (600, 512)
+    func = decode_paged_func(shape, pages, width)
+    configs = decode_attention_configs(match_decode_split(func), H100)
+    assert len(configs) >= 3
+    for config, kernel in kernels(func, configs):
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
+        assert "lengths" in src and "uint4" in src
