@@ -16,9 +16,8 @@ from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
 from fastdlight.analysis.decode_attention import (
-    EMPTY_MAX,
     DecodeAttentionShape,
-    chunk_of,
+    chunk_reference,
     decode_paged_func,
     decode_split_func,
 )
@@ -384,32 +383,15 @@ def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appende
     """The chunk step of split-KV decode attention
     (:func:`~fastdlight.analysis.decode_attention.decode_split_func`): ``rows`` query rows per
     K/V head against a cache of ``seq_kv`` keys (and, ``appended``, the new token's key and
-    value), cut into ``splits`` chunks; per chunk and row the largest scaled score ``m``, the
-    sum of exponentials ``l`` and the weighted values ``o`` (fp32). ``page_size``: the cache in
-    pages of a pool (:func:`~fastdlight.analysis.decode_attention.decode_paged_func`), a page
-    table of ``ceil(seq_kv / page_size)`` pages a sequence, every sequence ``seq_kv`` long (the
-    pages random)."""
+    value), cut into ``splits`` chunks. ``page_size``: the cache in pages of a pool
+    (:func:`~fastdlight.analysis.decode_attention.decode_paged_func`), ``ceil(seq_kv /
+    page_size)`` pages a sequence, every sequence ``seq_kv`` long (the page table random)."""
     _check_shape(batch, kv_heads, rows, seq_kv, head_dim, splits)
     _check_dtype(dtype, ("float16", "bfloat16"))
     paged = page_size > 0
     shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended and not paged, dtype=dtype,
                                  page_size=page_size)
     width = -(-seq_kv // page_size) if paged else 0
-
-    def chunks(q, k, v):
-        """``(o, m, l)`` of ``q`` over each sequence's contiguous ``k``, ``v``."""
-        chunk = chunk_of(k.shape[2], splits, False)
-        o = np.zeros(shape.partial_shapes[0])
-        m, l = np.full(shape.partial_shapes[1], EMPTY_MAX), np.zeros(shape.partial_shapes[2])
-        for p in range(splits):
-            keys = slice(p * chunk, min((p + 1) * chunk, k.shape[2]))
-            if keys.start >= keys.stop:
-                continue
-            sc = q @ np.swapaxes(k[:, :, keys], -1, -2) * shape.scale
-            m[:, :, p] = sc.max(axis=-1)
-            e = np.exp(sc - m[:, :, p][..., None])
-            l[:, :, p], o[:, :, p] = e.sum(axis=-1), e @ v[:, :, keys]
-        return o, m, l
 
     def ref(q, k, v, *rest):
         if paged:  # gather each sequence's pages, in order, cut at its length
@@ -418,7 +400,7 @@ def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appende
                     for pool in (k, v))
         elif appended:
             k, v = np.concatenate([k, rest[0]], axis=2), np.concatenate([v, rest[1]], axis=2)
-        return chunks(q, k, v)
+        return chunk_reference(shape, q, k, v)
 
     keys = seq_kv + int(shape.appended)
     flops = 4.0 * batch * kv_heads * rows * keys * head_dim

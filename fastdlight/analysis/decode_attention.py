@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from tvm import te, tirx
 
 from fastdlight.analysis.prepare import params_agree
@@ -199,6 +200,23 @@ def _chunk_step(s: DecodeAttentionShape, q, k_at, v_at, n_of, c_of, extent):
 
 def _with_attrs(func: tirx.PrimFunc, s: DecodeAttentionShape, name: str) -> tirx.PrimFunc:
     return func.with_attr("global_symbol", name).with_attr(SPLIT_ATTR, {k: v for k, v in asdict(s).items()})
+
+
+def chunk_reference(shape: DecodeAttentionShape, q, k, v):
+    """``(o, m, l)`` of the chunk step in numpy (float64): ``q`` over each sequence's contiguous
+    ``k``, ``v`` (``[B, G, T, D]``, the token already joined), cut as the TIR cuts them."""
+    chunk = chunk_of(k.shape[2], shape.splits, False)
+    o = np.zeros(shape.partial_shapes[0])
+    m, l = np.full(shape.partial_shapes[1], EMPTY_MAX), np.zeros(shape.partial_shapes[2])
+    for p in range(shape.splits):
+        keys = slice(p * chunk, min((p + 1) * chunk, k.shape[2]))
+        if keys.start >= keys.stop:
+            continue
+        sc = q @ np.swapaxes(k[:, :, keys], -1, -2) * shape.scale
+        m[:, :, p] = sc.max(axis=-1)
+        e = np.exp(sc - m[:, :, p][..., None])
+        l[:, :, p], o[:, :, p] = e.sum(axis=-1), e @ v[:, :, keys]
+    return o, m, l
 
 
 def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine") -> tirx.PrimFunc:
