@@ -18,13 +18,14 @@ from fastdlight.relax.decode_attention import decode_attention
 B, G, R, D = 1, 2, 4, 32
 
 
-def decode_module(appended: bool = True, scores_out: bool = False) -> tvm.IRModule:
+def decode_module(appended: bool = True, scores_out: bool = False, rows: int = R,
+                  dtype: str = "float16") -> tvm.IRModule:
     """``softmax(q Kᵀ * scale) V`` over ``concat(cache, new)`` (or the cache alone), as
-    ``for_inference`` leaves a decode step's attention."""
+    ``for_inference`` leaves a decode step's attention; ``rows`` query rows a K/V head."""
     n = tirx.Var("n", "int64")
-    q = relax.Var("q", relax.TensorType((B, G, R, D), "float16"))
-    kc, vc = (relax.Var(x, relax.TensorType((B, G, n, D), "float16")) for x in ("k_cache", "v_cache"))
-    kn, vn = (relax.Var(x, relax.TensorType((B, G, 1, D), "float16")) for x in ("k_new", "v_new"))
+    q = relax.Var("q", relax.TensorType((B, G, rows, D), dtype))
+    kc, vc = (relax.Var(x, relax.TensorType((B, G, n, D), dtype)) for x in ("k_cache", "v_cache"))
+    kn, vn = (relax.Var(x, relax.TensorType((B, G, 1, D), dtype)) for x in ("k_new", "v_new"))
     keys = n + 1 if appended else n
     bb = relax.BlockBuilder()
     params = [q, kc, vc, kn, vn] if appended else [q, kc, vc]
@@ -33,14 +34,14 @@ def decode_module(appended: bool = True, scores_out: bool = False) -> tvm.IRModu
             k = bb.emit(relax.op.concat([kc, kn], axis=2)) if appended else kc
             v = bb.emit(relax.op.concat([vc, vn], axis=2)) if appended else vc
             kt = bb.emit(relax.op.reshape(relax.op.permute_dims(k, [0, 1, 3, 2]), (B * G, D, keys)))
-            q3 = bb.emit(relax.op.reshape(q, (B * G, R, D)))
+            q3 = bb.emit(relax.op.reshape(q, (B * G, rows, D)))
             product = bb.emit(relax.op.matmul(q3, kt, "float32"))
-            scaled = bb.emit(relax.op.multiply(relax.op.astype(product, "float16"),
-                                               relax.const(1 / math.sqrt(D), "float16")))
+            scaled = bb.emit(relax.op.multiply(relax.op.astype(product, dtype),
+                                               relax.const(1 / math.sqrt(D), dtype)))
             probs = bb.emit(relax.op.nn.softmax(relax.op.astype(scaled, "float32"), axis=-1))
-            out = bb.emit(relax.op.matmul(relax.op.astype(probs, "float16"), relax.op.reshape(v, (B * G, keys, D)),
+            out = bb.emit(relax.op.matmul(relax.op.astype(probs, dtype), relax.op.reshape(v, (B * G, keys, D)),
                                           "float32"))
-            out = bb.emit(relax.op.astype(out, "float16"))
+            out = bb.emit(relax.op.astype(out, dtype))
             result = bb.emit_output(relax.Tuple([out, scaled]) if scores_out else out)
         bb.emit_func_output(result)
     return bb.get()
@@ -75,9 +76,18 @@ def test_the_decode_form_becomes_the_split_pair_with_the_same_values(appended):
         np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
 
 
-def test_scores_read_elsewhere_are_left_alone():
-    mod = decode_module(scores_out=True)
+@pytest.mark.parametrize("kwargs", [{"scores_out": True}, {"rows": 16}])
+def test_scores_read_elsewhere_or_too_many_rows_are_left_alone(kwargs):
+    """Scores another value reads must stay; more query rows a K/V head than the split template
+    holds (a thread keeps q and the output of each row in registers) stay matmuls."""
+    mod = decode_module(**kwargs)
     assert "decode_attention" not in calls(decode_attention("nvidia/nvidia-h100")(mod))
+
+
+def test_bf16_becomes_the_pair_in_bf16():
+    fused = decode_attention("nvidia/nvidia-h100")(decode_module(dtype="bfloat16"))
+    split = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
+    assert dict(split.attrs[SPLIT_ATTR])["dtype"] == "bfloat16"
 
 
 def test_prepare_keeps_the_pair_whole_with_their_attributes():
