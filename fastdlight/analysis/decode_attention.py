@@ -257,11 +257,8 @@ def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, objec
     else:
         wanted, seq_kv = shape.input_shapes(dims[1]), dims[1]
         dtypes = [shape.dtype] * inputs
-    for buf, want, dtype in zip(params, (*wanted, *shape.partial_shapes), dtypes + ["float32"] * 3):
-        if str(buf.dtype) != dtype or len(buf.shape) != len(want) \
-                or not all(_same(x, y) for x, y in zip(buf.shape, want)):
-            return None
-    return shape, seq_kv
+    want = list(zip((*wanted, *shape.partial_shapes), dtypes + ["float32"] * 3))
+    return (shape, seq_kv) if params_agree(func, want) else None
 
 
 def match_decode_combine(func: tirx.PrimFunc) -> DecodeAttentionShape | None:
@@ -286,12 +283,6 @@ def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
             scale=float(raw["scale"]), dtype=str(raw["dtype"]), page_size=int(raw.get("page_size", 0)))
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _same(dim, want) -> bool:
-    if isinstance(want, int):
-        return isinstance(dim, tirx.IntImm) and int(dim) == want
-    return dim.same_as(want)
 
 
 def split_fits(shape: DecodeAttentionShape) -> bool:

@@ -76,16 +76,23 @@ def param_shape(p):
 
 
 def params_agree(func: tirx.PrimFunc, want) -> bool:
-    """Whether ``func``'s parameters are, in order, static buffers of ``want``'s ``(dims, dtype)``
-    (what a function's shape attribute says of them)."""
+    """Whether ``func``'s parameters are, in order, buffers of ``want``'s ``(dims, dtype)`` (what
+    a function's shape attribute says of them): an int dim is that static size, any other the
+    very expression (a symbolic length the function defines)."""
     if len(func.params) != len(want):
         return False
     for buf, (dims, dtype) in zip(func.params, want):  # TIRx parameters are the buffers themselves
-        if getattr(buf, "shape", None) is None or str(buf.dtype) != dtype:
+        if getattr(buf, "shape", None) is None or str(buf.dtype) != dtype or len(buf.shape) != len(dims):
             return False
-        if tuple(int(x) if isinstance(x, tirx.IntImm) else None for x in buf.shape) != tuple(dims):
+        if not all(_dim_is(x, d) for x, d in zip(buf.shape, dims)):
             return False
     return True
+
+
+def _dim_is(dim, want) -> bool:
+    if isinstance(want, int):
+        return isinstance(dim, tirx.IntImm) and int(dim) == want
+    return dim.same_as(want)
 
 
 def func_name(func: tirx.PrimFunc) -> str:

@@ -29,6 +29,7 @@ from tvm.ir import IRModule
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.decode_attention import (
+    DTYPES,
     MAX_ROWS,
     DecodeAttentionShape,
     default_splits,
@@ -40,7 +41,6 @@ from fastdlight.relax.fuse_attention import SCALE_ROUNDING, Matcher
 from fastdlight.relax.rewrites import call_to, matches_pass
 from fastdlight.relax.split_kv import SplitKvCalls
 
-DTYPES = ("float16", "bfloat16")
 _ANALYZER = sym.Analyzer()
 
 

@@ -64,7 +64,12 @@ from fastdlight.relax.attention_masks import (
     masked_by,
     scaled_by,
 )
-from fastdlight.relax.rewrites import OPAQUE, call_to, matches_pass, static_shape
+from fastdlight.relax.rewrites import (
+    add_opaque_func,
+    call_to,
+    matches_pass,
+    static_shape,
+)
 from fastdlight.relax.split_kv import SplitKvCalls
 
 #: a scale this close (relative) to 1/sqrt(D) is 1/sqrt(D), rounded where the exporter split it
@@ -382,11 +387,7 @@ class Rewriter(PyExprMutator):
 
     def function(self, shape: AttentionShape) -> relax.GlobalVar:
         if shape not in self.funcs:
-            func = attention_func(shape).with_attr("op_pattern", OPAQUE)
-            gvar = self.builder_.add_func(func, "attention")
-            # the name the module gives it (attention1, ...) as its symbol: no two share one
-            self.builder_.update_func(gvar, func.with_attr("global_symbol", gvar.name_hint))
-            self.funcs[shape] = gvar
+            self.funcs[shape] = add_opaque_func(self.builder_, attention_func(shape), "attention")
         return self.funcs[shape]
 
     def load(self, base: relax.Expr, axes: tuple[int, ...] | None, shape: tuple[int, ...], dtype: str):

@@ -24,11 +24,13 @@ import tvm
 from tvm import relax
 
 from fastdlight.analysis.weight_only import ATTR as WEIGHT_ONLY_ATTR
-from fastdlight.analysis.weight_only import PER_WORD, WeightOnlyShape, dequant_gemv_fits, weight_only_te
-from fastdlight.relax.rewrites import calls_pass, constant_value, static_shape
-
-#: relax's op pattern kind of a function FuseOps leaves alone (kOpaque)
-OPAQUE_PATTERN = 8
+from fastdlight.analysis.weight_only import (
+    PER_WORD,
+    WeightOnlyShape,
+    dequant_gemv_fits,
+    weight_only_te,
+)
+from fastdlight.relax.rewrites import OPAQUE, calls_pass, constant_value, static_shape
 
 #: activation dtypes the weight-only matmul takes (the scales are stored in the activations' dtype)
 QUANTIZED_DTYPES = ("float16", "bfloat16")
@@ -95,7 +97,7 @@ def quantize_weights(bits: int = 4, group_size: int = 128, zero_point: bool = Fa
         if shape is not None and dequant_gemv_fits(shape):
             # decode rows: kept out of fusion (an epilogue stays a kernel of its own), so the
             # dequantizing GEMV template, which has no epilogue, takes the product
-            attrs["primfunc_attrs"]["op_pattern"] = OPAQUE_PATTERN
+            attrs["primfunc_attrs"]["op_pattern"] = OPAQUE
         return mutator.builder_.call_te(product, *args, primfunc_name_hint=f"matmul_int{bits}", **attrs)
 
     # the float weights' bindings (a transpose or a cast of the constant) are dead now: dropped

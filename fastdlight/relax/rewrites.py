@@ -12,9 +12,18 @@ from tvm.ir import IRModule
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-
 #: relax's OpPatternKind.kOpaque: AnnotateTIROpPattern keeps it, FuseOps fuses nothing with it
 OPAQUE = 8
+
+
+def add_opaque_func(builder: relax.BlockBuilder, func: tirx.PrimFunc, name: str) -> relax.GlobalVar:
+    """``func`` added to ``builder``'s module as :data:`OPAQUE` (kept whole: a template finds its
+    shape attribute), with the name the module gives it (``name1``, ...) as its symbol, so that no
+    two share one."""
+    func = func.with_attr("op_pattern", OPAQUE)
+    gvar = builder.add_func(func, name)
+    builder.update_func(gvar, func.with_attr("global_symbol", gvar.name_hint))
+    return gvar
 
 
 def call_to(value, *ops):

@@ -12,7 +12,7 @@ from fastdlight.analysis.decode_attention import (
     decode_combine_func,
     decode_split_func,
 )
-from fastdlight.relax.rewrites import OPAQUE
+from fastdlight.relax.rewrites import add_opaque_func
 
 
 class SplitKvCalls:
@@ -22,14 +22,6 @@ class SplitKvCalls:
         self.mutator = mutator
         self.funcs: dict[tuple, tuple[relax.GlobalVar, relax.GlobalVar]] = {}
 
-    def _add(self, func: tirx.PrimFunc, name: str) -> relax.GlobalVar:
-        builder = self.mutator.builder_
-        func = func.with_attr("op_pattern", OPAQUE)  # kept whole: the template finds its attribute
-        gvar = builder.add_func(func, name)
-        # the name the module gives it (decode_attention1, ...) as its symbol: no two share one
-        builder.update_func(gvar, func.with_attr("global_symbol", gvar.name_hint))
-        return gvar
-
     def functions(self, shape: DecodeAttentionShape, seq_kv) -> tuple[relax.GlobalVar, relax.GlobalVar]:
         """The chunk step and the merge; a symbolic ``seq_kv`` gives the step a variable of the
         model's name (so ``opt_shapes`` reaches it)."""
@@ -37,8 +29,9 @@ class SplitKvCalls:
         key = (shape, length)
         if key not in self.funcs:
             var = seq_kv if isinstance(seq_kv, int) else tirx.Var(length, "int64")
-            self.funcs[key] = (self._add(decode_split_func(shape, var), "decode_attention"),
-                               self._add(decode_combine_func(shape), "decode_combine"))
+            builder = self.mutator.builder_
+            self.funcs[key] = (add_opaque_func(builder, decode_split_func(shape, var), "decode_attention"),
+                               add_opaque_func(builder, decode_combine_func(shape), "decode_combine"))
         return self.funcs[key]
 
     def emit(self, shape: DecodeAttentionShape, seq_kv, q: relax.Expr, caches, new=()) -> relax.Expr:
