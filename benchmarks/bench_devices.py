@@ -1,14 +1,17 @@
-"""A model tuned on several GPUs of one machine (``ApplyFastTuning(devices=...)``, one worker
-process per GPU) against the same model tuned on one GPU: candidates per second and winners.
+"""A model tuned on several GPUs of one machine (``ApplyFastTuning(devices=...)``: each function
+timed on one of them, builds shared) against the same model tuned on one GPU: candidates per second
+and winners.
 
-    python benchmarks/bench_devices.py [--models resnet18_nhwc_b16,llama_b1_s512] [--devices 0,1]
+    python benchmarks/bench_devices.py [--models resnet18_nhwc_b16,llama_b1_s512] [--devices 0,1] [--jobs N]
 
-Per model (``torch_models``, as ``bench_models`` prepares it): the prepared module tuned from a
-fresh database on GPU 0 alone, then on ``--devices``. A row: seconds, candidates built (the
-reports' sum), candidates per second of each and their ratio, where the one-GPU run's time went
-(its stages: builds, the GPU's turn, ...), each GPU's share of the spread run, and the functions
-whose winners differ: another config kind, or a time more than 3 % apart (each time was taken on the GPU that
-tuned the function). Writes ``$OUT/bench_devices.json`` and ``.md``.
+After a small operator tuned on each GPU (processes started, contexts made), per model
+(``torch_models``, as ``bench_models`` prepares it), each run from a fresh database: GPU 0 alone
+with the pass's default functions at a time; ``--devices``; GPU 0 alone with as many functions at
+a time as the run on ``--devices`` (so that the ratio is not only the concurrency's). A
+row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
+where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
+and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
+than 3 % apart. Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -41,28 +44,25 @@ def prepared_module(name: str, arch):
     return prepare(arch.target)(for_inference(mod, params, layout=spec.layout or "auto", fp16_io=True))
 
 
-def tune(mod, arch, devices, topk: int) -> dict:
+def tune(mod, arch, devices, topk: int, jobs: int | None) -> dict:
+    from fastdlight.measure.gpu_turns import GPU_TURNS
     from fastdlight.relax import ApplyFastTuning
 
     tuning = ApplyFastTuning(topk=topk, target=arch, meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_dev_"),
-                             devices=devices, progress=False)
+                             devices=devices, progress=False, jobs=jobs)
+    given = dict(GPU_TURNS.given)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tuning(mod)
     seconds = time.perf_counter() - t0
     report = {e.function: e for e in tuning.report if e.status in ("tuned", "database")}
-    per_device = {}
-    for e in report.values():
-        d = per_device.setdefault(str(e.device if e.device is not None else "here"), [0, 0, 0.0])
-        d[0], d[1], d[2] = d[0] + 1, d[1] + e.candidates, d[2] + e.seconds
     stages = {k: round(v, 1) for k, v in sorted(tuning.stage_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.5}
     return {"seconds": round(seconds, 2), "candidates": sum(e.candidates for e in report.values()),
-            "report": report, "requeued": sorted(e.function for e in tuning.report if e.requeued),
-            # functions, candidates and summed tuning seconds each GPU's worker had; where this
-            # process's time went (a spread run's is mostly waiting for the workers)
-            "shares": {k: {"functions": f, "candidates": c, "seconds": round(t, 1)} for k, (f, c, t) in per_device.items()},
-            "stages": stages}
+            "jobs": tuning.jobs, "report": report, "stages": stages,
+            # functions (and dispatchers' checks) each GPU timed
+            "functions_per_gpu": {str(i): n - given.get(i, 0) for i, n in GPU_TURNS.given.items()
+                                  if n > given.get(i, 0)}}
 
 
 def differing(one: dict, many: dict) -> list[str]:
@@ -77,29 +77,46 @@ def differing(one: dict, many: dict) -> list[str]:
     return out
 
 
-def bench(name: str, devices, topk: int, arch) -> dict:
+def warm_up(devices, arch) -> None:
+    """A small operator tuned on each GPU first: the build and probe processes started, each
+    GPU's context made, before any run is timed."""
+    import fastdlight
+    from fastdlight import ops
+
+    op = ops.elementwise((1024, 1024), "float16", "add")
+    for d in devices:
+        fastdlight.tune(op.func, arch, topk=4, devices=(d,))
+
+
+def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
     mod = prepared_module(name, arch)
-    one = tune(mod, arch, None, topk)
-    many = tune(mod, arch, devices, topk)
-    rate = [r["candidates"] / r["seconds"] if r["seconds"] else None for r in (one, many)]
-    return {"model": name, "devices": list(devices), "one_s": one["seconds"], "many_s": many["seconds"],
-            "one_candidates": one["candidates"], "many_candidates": many["candidates"],
-            "one_per_s": rate[0] and round(rate[0], 2), "many_per_s": rate[1] and round(rate[1], 2),
-            "speedup": round(rate[1] / rate[0], 2) if all(rate) else None,
-            "differing": differing(one["report"], many["report"]), "requeued": many["requeued"],
-            "one_stages": one["stages"], "many_shares": many["shares"]}
+    one = tune(mod, arch, None, topk, None)
+    many = tune(mod, arch, devices, topk, jobs)
+    one_wide = tune(mod, arch, None, topk, many["jobs"])
+    runs = {"one": one, "one_wide": one_wide, "many": many}
+    rate = {k: r["candidates"] / r["seconds"] if r["seconds"] else None for k, r in runs.items()}
+    row = {"model": name, "devices": list(devices)}
+    for k, r in runs.items():
+        row.update({f"{k}_s": r["seconds"], f"{k}_jobs": r["jobs"], f"{k}_candidates": r["candidates"],
+                    f"{k}_per_s": rate[k] and round(rate[k], 2), f"{k}_stages": r["stages"],
+                    f"{k}_functions_per_gpu": r["functions_per_gpu"]})
+    row["speedup"] = round(rate["many"] / rate["one"], 2) if rate["many"] and rate["one"] else None
+    row["speedup_same_jobs"] = round(rate["many"] / rate["one_wide"], 2) if rate["many"] and rate["one_wide"] else None
+    row["differing"] = differing(one["report"], many["report"])
+    return row
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | GPUs | s (1 GPU) | s (GPUs) | candidates/s (1 GPU) | candidates/s (GPUs) | ratio "
-             "| winners differing | requeued |", "|" + "---|" * 9]
+    lines = ["| model | GPUs | s (1 GPU, its jobs) | s (1 GPU, jobs of GPUs) | s (GPUs) | candidates/s | ratio "
+             "| ratio at equal jobs | winners differing |", "|" + "---|" * 9]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r['error']} |")
             continue
-        lines.append(f"| {r['model']} | {','.join(map(str, r['devices']))} | {r['one_s']} | {r['many_s']} "
-                     f"| {r['one_per_s']} | {r['many_per_s']} | {r['speedup']}x | {len(r['differing'])} "
-                     f"| {len(r['requeued'])} |")
+        lines.append(f"| {r['model']} | {','.join(map(str, r['devices']))} | {r['one_s']} ({r['one_jobs']}) "
+                     f"| {r['one_wide_s']} ({r['one_wide_jobs']}) | {r['many_s']} ({r['many_jobs']}) "
+                     f"| {r['one_per_s']} / {r['one_wide_per_s']} / {r['many_per_s']} | {r['speedup']}x "
+                     f"| {r['speedup_same_jobs']}x | {len(r['differing'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -108,6 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--devices", default="0,1", help="the GPUs of the spread run")
     ap.add_argument("--topk", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=None, help="functions at a time on the GPUs (default: the pass's)")
     args = ap.parse_args(argv)
     from fastdlight.search.options import parse_devices
 
@@ -124,10 +142,11 @@ def main(argv=None) -> int:
         print("error: bench_devices needs CUDA GPUs", file=sys.stderr)
         return 2
     arch = CUDA.from_device(tvm.cuda(0))
+    warm_up(devices, arch)
     rows = []
     for name in [n for n in args.models.split(",") if n]:
         try:
-            rows.append(bench(name, devices, args.topk, arch))
+            rows.append(bench(name, devices, args.topk, args.jobs, arch))
         except Exception as e:  # noqa: BLE001 - a row, not a crash
             rows.append({"model": name, "error": f"{type(e).__name__}: {str(e).strip()[:200]}"})
         print(rows[-1], flush=True)

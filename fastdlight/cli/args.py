@@ -177,7 +177,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
                    help="timing budget of the first pass over every candidate")
     p.add_argument("--devices", type=_devices, metavar="I[,J...]",
                    help="GPUs of this machine to time on: one operator is timed on the first of them "
-                        "(ApplyFastTuning spreads a module's functions over all, one worker per GPU)")
+                        "(ApplyFastTuning times each of a module's functions on one of them)")
 
 
 def add_export_parser(sub) -> argparse.ArgumentParser:

@@ -298,9 +298,15 @@ PROBE_INPUTS: OrderedDict = OrderedDict()
 PROBE_CACHE_ENTRIES, PROBE_CACHE_BYTES = 16, 8 << 30
 
 
-def init_probe_worker() -> int:
-    """The probe process: TVM with its own CUDA context (made now, while candidates build)."""
-    tvm.cuda(0).exist  # noqa: B018 - creates the context
+#: the probe process's GPU (:func:`init_probe_worker`)
+PROBE_DEVICE = [0]
+
+
+def init_probe_worker(device: int = 0) -> int:
+    """The probe process of GPU ``device``: TVM with its own CUDA context there (made now,
+    while candidates build)."""
+    PROBE_DEVICE[0] = device
+    tvm.cuda(device).exist  # noqa: B018 - creates the context
     return os.getpid()
 
 
@@ -315,7 +321,7 @@ def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
     wl = probe_inputs(func_json, seed)
     mod = tvm.runtime.load_module(so_path)
     mod[function_name(mod, wl.func)](*wl.args)
-    tvm.cuda(0).sync()
+    wl.dev.sync()
     return True
 
 
@@ -324,7 +330,7 @@ def probe_inputs(func_json: str, seed: int):
     ahead of the first probe: see :meth:`stages.Prober.prepare`)."""
     from fastdlight.measure.timing import Workload
 
-    return probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(0), seed))
+    return probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(PROBE_DEVICE[0]), seed))
 
 
 def prepare_probe_inputs(func_json: str, seed: int) -> bool:

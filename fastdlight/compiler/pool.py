@@ -59,13 +59,14 @@ def shared_pool(max_workers: int | None = None) -> WorkerPool:
         return pool
 
 
-def init_probe_worker() -> int:
+def init_probe_worker(device: int = 0) -> int:
     from fastdlight.compiler.build_task import init_probe_worker as init
 
-    return init()
+    return init(device)
 
 
-_PROBES: list[WorkerPool] = []
+#: the probe processes, by GPU index
+_PROBES: dict[int, WorkerPool] = {}
 
 
 def gpu_device_nodes() -> bool:
@@ -74,18 +75,20 @@ def gpu_device_nodes() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def probe_pool() -> WorkerPool:
-    """One process that runs each candidate once before the tuning process times it: a
-    candidate that faults or hangs is lost there, not here (see :func:`build_task.probe_candidate`)."""
+def probe_pool(device: int = 0) -> WorkerPool:
+    """One process for GPU ``device`` that runs each candidate once before the tuning process
+    times it there: a candidate that faults or hangs is lost there, not here (see
+    :func:`build_task.probe_candidate`)."""
     with _POOLS_LOCK:
-        if not _PROBES or _PROBES[0].closed:
-            _PROBES[:] = [WorkerPool(1, initializer=init_probe_worker)]
-        return _PROBES[0]
+        pool = _PROBES.get(device)
+        if pool is None or pool.closed:
+            pool = _PROBES[device] = WorkerPool(1, initializer=init_probe_worker, initargs=(device,))
+        return pool
 
 
 @atexit.register
 def _close_pools() -> None:
-    for pool in [*_POOLS.values(), *_PROBES]:
+    for pool in [*_POOLS.values(), *_PROBES.values()]:
         pool.close(grace=0)  # idle build workers hold nothing worth a clean shutdown
     if _POOLS:
         remove_stale_pch_dirs()  # the killed workers' precompiled headers

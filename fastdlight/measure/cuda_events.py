@@ -50,17 +50,21 @@ def check_status(lib, status: int, what: str) -> None:
 
 
 def ensure_context(device_id: int = 0) -> None:
-    """Make sure this thread has a current context (the device's primary context, which is
-    the one TVM's and torch's runtime calls use)."""
+    """Make GPU ``device_id``'s primary context (the one TVM's and torch's runtime calls use)
+    this thread's current one, unless it already is: a tuning thread times functions on
+    whichever GPU each was given, and a stream or event made in another GPU's context fails."""
     lib = driver_library()
     ctx = ctypes.c_void_p()
     check_status(lib, lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-    if ctx.value:
-        return
     dev = ctypes.c_int()
+    if ctx.value:
+        check_status(lib, lib.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
+        if dev.value == device_id:
+            return
     check_status(lib, lib.cuDeviceGet(ctypes.byref(dev), device_id), "cuDeviceGet")
-    check_status(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check_status(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    primary = ctypes.c_void_p()
+    check_status(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev), "cuDevicePrimaryCtxRetain")
+    check_status(lib, lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
 
 
 class Event:

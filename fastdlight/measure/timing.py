@@ -211,10 +211,11 @@ class Workload:
         self.bytes = sum(_nbytes(t) for t in self.args)
 
     @classmethod
-    def background(cls, func, given: Workload | None = None, seed: int = 0, device_lock=None) -> WorkloadMaker:
-        """A workload made on the GPU in a thread of its own, while candidates build; its
-        copies hold ``device_lock`` (see ``__init__``)."""
-        return WorkloadMaker(func, given, seed, device_lock)
+    def background(cls, func, given: Workload | None = None, seed: int = 0, dev=None,
+                   device_lock=None) -> WorkloadMaker:
+        """A workload made on ``dev`` (default GPU 0) in a thread of its own, while candidates
+        build; its copies hold ``device_lock`` (see ``__init__``)."""
+        return WorkloadMaker(func, given, seed, dev, device_lock)
 
     def timing_arg_sets(self, l2_bytes: int) -> list[list]:
         """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
@@ -249,17 +250,17 @@ class Workload:
         return [to_host(self.args[i]) for i in self.out_idx]
 
 class WorkloadMaker:
-    def __init__(self, func, given: Workload | None, seed: int, device_lock=None):
+    def __init__(self, func, given: Workload | None, seed: int, dev=None, device_lock=None):
         self.workload, self.error = given, None
         self._thread = None
         if given is None:
-            self._thread = threading.Thread(target=self._make, args=(func, seed, device_lock), daemon=True)
+            self._thread = threading.Thread(target=self._make, args=(func, seed, dev, device_lock), daemon=True)
             self._thread.start()
 
-    def _make(self, func, seed: int, device_lock) -> None:
+    def _make(self, func, seed: int, dev, device_lock) -> None:
         try:
             with clock.stage("workload"):
-                self.workload = Workload(func, tvm.cuda(0), seed, device_lock)
+                self.workload = Workload(func, dev, seed, device_lock)
         except Exception as e:  # noqa: BLE001 - reported by get()'s caller
             self.error = f"{type(e).__name__}: {e}"
 

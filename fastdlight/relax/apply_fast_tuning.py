@@ -41,14 +41,13 @@ from tvm.ir.transform import PassContext, module_pass
 
 from fastdlight.arch import CUDA, auto_arch
 from fastdlight.compiler.compile import route_default_pipeline, with_pass_config
-from fastdlight.config import Config, config_from_dict
+from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names, unique_buffer_names
 from fastdlight.measure import clock
 from fastdlight.measure.inputs import INPUT_VALUES
-from fastdlight.relax import devices
 from fastdlight.relax.rewrites import scalar_constant
-from fastdlight.search.candidates import best_configs, measures, scheduled_function, tune_function
+from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from fastdlight.search.options import TuneOptions
@@ -96,10 +95,6 @@ class FunctionReport:
     rank: int | None = None
     #: the fastest time among the policy's first 4 and first 8 configs (what a smaller top-k had won)
     best_of_first: tuple = ()
-    #: tuned on several GPUs (``devices``): the GPU whose worker tuned it, or why none did (it was
-    #: then tuned in the pass's own process)
-    device: int | None = None
-    requeued: str = ""
 
     @property
     def winner(self) -> str | None:
@@ -127,28 +122,28 @@ class ApplyFastTuning:
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
     :class:`FunctionReport` per function and ``.stage_seconds`` where the time went.
     Structurally equal functions are tuned once; ``jobs``
-    functions are tuned at a time, their candidates built by one shared worker pool while the
-    GPU times one candidate at a time (``stages.GPU_TURN``). ``devices=(0, 1, ...)`` (a
-    TuneOptions field): the functions are shared out to one worker process per GPU
-    (:mod:`fastdlight.relax.devices`). ``on_function(report, scheduled)`` is called as each
-    function is done."""
+    functions are tuned at a time (default :data:`DEFAULT_JOBS` a GPU), their candidates built
+    by one shared worker pool while each GPU times one candidate at a time
+    (:mod:`fastdlight.measure.gpu_turns`). ``devices=(0, 1, ...)`` (a TuneOptions field): each
+    function is timed on the GPU of those timing the fewest functions when it starts.
+    ``on_function(report, scheduled)`` is called as each function is done."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,
-                 options: TuneOptions | None = None, progress: bool | None = None, jobs: int = DEFAULT_JOBS,
+                 options: TuneOptions | None = None, progress: bool | None = None, jobs: int | None = None,
                  opt_shapes: dict | None = None, on_function=None, **tune_options):
         if not isinstance(topk, int) or topk <= 0:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
-        if not isinstance(jobs, int) or jobs <= 0:
+        if jobs is not None and (not isinstance(jobs, int) or jobs <= 0):
             raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
-        self.jobs = jobs
         #: symbolic dimensions' values, by name ({"seq_len": [1, 128, 2048]}): functions with
         #: symbolic dimensions get one kernel per value behind a dispatcher (values a function's
         #: variable is not given come from the hardware model: ``tune.dynamic.default_points``)
         self.opt_shapes = dict(opt_shapes or {})
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
-        #: what tuning in this process runs with: its own GPU 0 (``devices`` go to workers)
-        self.local_options = self.options.replace(devices=None)
+        #: functions tuned at a time: enough that each GPU has one to time while the others'
+        #: candidates build
+        self.jobs = jobs if jobs is not None else DEFAULT_JOBS * len(self.options.devices or (0,))
         self.progress = progress
         self.report: list[FunctionReport] = []
         #: where the last run's time went (:mod:`fastdlight.measure.clock`)
@@ -179,8 +174,7 @@ class ApplyFastTuning:
         bar = tqdm(total=len(groups), desc="fastdlight: tuning", unit="func", disable=self._quiet())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            spread = self._spread(groups, leaders, arch, bar) if devices.spreads(self.options) else None
-            results = self._tune_groups(groups, leaders, arch, db, spread, bar)
+            results = self._tune_groups(groups, leaders, arch, db, bar)
         bar.close()
         _rewarn(caught)
         self.stage_seconds = clock.since(before)
@@ -202,22 +196,16 @@ class ApplyFastTuning:
             mod[gvar] = func
         return mod
 
-    def _tune_groups(self, groups, leaders, arch: CUDA, db, spread: devices.Spread | None, bar) -> list[tuple]:
+    def _tune_groups(self, groups, leaders, arch: CUDA, db, bar) -> list[tuple]:
         """Each group's (scheduled function or None, report, seeds), tuned ``jobs`` at a time;
-        a sibling after its leader, seeded with the leader's best configs. Groups a worker of
-        ``spread`` tuned take its result."""
+        a sibling after its leader, seeded with the leader's best configs."""
         with ThreadPoolExecutor(self.jobs) as pool:
             futures: dict[int, Future] = {}
             index: dict[Future, int] = {}
 
             def submit(i: int, seeds=()):
                 name, func = groups[i][0][0].name_hint, groups[i][0][1]
-                if spread is not None and name in spread.done:
-                    futures[i] = Future()
-                    futures[i].set_result(_from_worker(*spread.done[name]))
-                else:
-                    requeued = spread.lost.get(name, "") if spread is not None else ""
-                    futures[i] = pool.submit(self._tune_one, name, func, arch, db, seeds, requeued)
+                futures[i] = pool.submit(self._tune_one, name, func, arch, db, seeds)
                 index[futures[i]] = i
 
             # matmuls and convolutions first: their candidates take the longest to compile, and
@@ -230,51 +218,24 @@ class ApplyFastTuning:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     scheduled, entry, seeds = future.result()
-                    if entry.device is None:  # a worker's was counted as it came
-                        bar.update()
-                        if self.on_function is not None:
-                            self.on_function(entry, scheduled)
+                    bar.update()
+                    if self.on_function is not None:
+                        self.on_function(entry, scheduled)
                     for j in (j for j, leader in enumerate(leaders) if leader == index[future]):  # its siblings, seeded
                         submit(j, seeds)
                         pending.add(futures[j])
         return [futures[i].result() for i in range(len(groups))]
 
-    def _spread(self, groups, leaders, arch: CUDA, bar) -> devices.Spread:
-        """The groups tuned by one worker process per GPU of ``options.devices``
-        (:mod:`fastdlight.relax.devices`); a family (a matmul and its siblings) goes whole to one."""
-        family = [i if leaders[i] in (None, SELF) else leaders[i] for i in range(len(groups))]
-        families = [[j for j in range(len(groups)) if family[j] == i] for i in range(len(groups)) if family[i] == i]
-        weights = [devices.weight(members[0][1], self.topk, self.options) for members in groups]
-        named = [(members[0][0].name_hint, members[0][1]) for members in groups]
-        task = {"topk": self.topk, "jobs": self.jobs, "opt_shapes": self.opt_shapes,
-                "target": self._worker_target(arch),
-                "database": None if self.meta_database_dir is None else str(self.meta_database_dir),
-                "options": devices.options_json(self.options)}
-        return devices.tune_spread(named, families, weights, self.options.devices, task,
-                                   on_done=lambda _name: bar.update())
-
-    def _worker_target(self, arch: CUDA) -> str | None:
-        """The target a worker tunes for: the one given by name, else (measuring) its live GPU,
-        else this arch's tag."""
-        if isinstance(self.target, str):
-            return self.target
-        return None if self.target is None or measures(self.local_options) else (arch.tag or str(arch.target))
-
     def _quiet(self) -> bool | None:
         return None if self.progress is None else not self.progress
 
-    def _tune_one(self, name: str, func, arch: CUDA, db, seeds=(), requeued: str = ""):
-        """(the scheduled function or None, its report, its best configs: seeds for siblings).
-        ``requeued``: why a worker on another GPU did not tune it (said in the report)."""
-        scheduled, entry, best = self._tune_here(name, func, arch, db, seeds)
-        return scheduled, dataclasses.replace(entry, requeued=requeued) if requeued else entry, best
-
-    def _tune_here(self, name: str, func, arch: CUDA, db, seeds=()):
+    def _tune_one(self, name: str, func, arch: CUDA, db, seeds=()):
+        """(the scheduled function or None, its report, its best configs: seeds for siblings)."""
         t0 = time.perf_counter()
         if is_symbolic(func):
             return (*self._dispatch_one(name, func, arch, db, t0), ())
         try:
-            tuned = tune_function(func, arch, self.topk, self.local_options, db=db, seeds=seeds)
+            tuned = tune_function(func, arch, self.topk, self.options, db=db, seeds=seeds)
             # the winner's schedule, re-applied to the function exactly as the module holds it
             # (or the kernel tuning made or the database stored for it)
             scheduled = tuned.kernel if tuned.kernel is not None else scheduled_function(func, tuned.config, arch)
@@ -296,8 +257,8 @@ class ApplyFastTuning:
         the GPU at and between the values before it replaces the function."""
         own = {k: v for k, v in self.opt_shapes.items() if k in shape_var_names(func)}
         try:
-            dispatched = tune_dispatch(func, arch, self.topk, self.local_options, own, db=db)
-            checks = check_dispatch(dispatched, func, arch, self.local_options)
+            dispatched = tune_dispatch(func, arch, self.topk, self.options, own, db=db)
+            checks = check_dispatch(dispatched, func, arch, self.options)
             wrong = [c for c in checks if not c.passed]
             if wrong:
                 at = ", ".join(f"{n}={v}" for n, v in wrong[0].point)
@@ -314,15 +275,6 @@ class ApplyFastTuning:
         return dispatched.func, FunctionReport(
             name, "tuned", round(time.perf_counter() - t0, 3), top.config, top.kernel_ms,
             all(c.passed for c in checks) if checks else None, dispatch=summary)
-
-
-def _from_worker(scheduled, row: dict) -> tuple:
-    """A worker's result (:mod:`.devices`) as :meth:`ApplyFastTuning._tune_one` returns one."""
-    row = dict(row)
-    row["config"] = config_from_dict(row["config"]) if row.get("config") else None
-    row["best_of_first"] = tuple(tuple(kv) for kv in row.get("best_of_first") or ())
-    known = {f.name for f in dataclasses.fields(FunctionReport)}
-    return scheduled, FunctionReport(**{k: v for k, v in row.items() if k in known}), ()
 
 
 def policy_rank(tuned) -> int | None:

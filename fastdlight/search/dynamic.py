@@ -34,6 +34,12 @@ from fastdlight.compiler import build_task
 from fastdlight.compiler.compile import build, pre_lower
 from fastdlight.search.candidates import Tuned, measures, tune_function
 from fastdlight.search.options import TuneOptions
+from fastdlight.search.reference import run_widened
+from fastdlight.search.runner import verify_module
+from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.measure.timing import Workload, function_name, time_module
+from fastdlight.measure.verify import NAIVE_REFERENCE, expected_from_outputs
+from fastdlight.measure.widen import naive_reference_module
 
 #: checked combinations of values at most (several variables multiply)
 MAX_CHECKS = 32
@@ -279,28 +285,26 @@ def check_dispatch(dispatched: Dispatched, func: tirx.PrimFunc, arch: CUDA, opts
                    points=None) -> list[DispatchCheck]:
     """Build the dispatcher once; on the GPU run it at every check point (see
     :func:`check_values`) against the float64 reference, timing it at the tuned values."""
-    from fastdlight.measure.timing import Workload, function_name, time_module
-    from fastdlight.search.reference import run_widened
-    from fastdlight.search.runner import verify_module
-    from fastdlight.measure.verify import NAIVE_REFERENCE, expected_from_outputs
-    from fastdlight.measure.widen import naive_reference_module
-
     name = str(func.attrs["global_symbol"]) if func.attrs is not None and "global_symbol" in func.attrs else "main"
     built = build(tvm.IRModule({name: dispatched.func.with_attr("global_symbol", name)}), arch.target)
     if not measures(opts):
         return []
     static_ms = {b.point: b.static_ms for b in dispatched.buckets}
     checks = []
-    for point in points or check_values(dispatched.values):
-        static = specialize(func, dict(point))
-        wl = Workload(static, tvm.cuda(0), opts.seed)
-        ref = build(naive_reference_module(static, arch.target), arch.target)
-        fn = ref[function_name(ref, static)]
-        expected = expected_from_outputs(run_widened(fn, wl, False), run_widened(fn, wl, True), static, NAIVE_REFERENCE)
-        verdict = verify_module(built, wl, expected)
-        ms = None
-        if point in static_ms and verdict.ok:
-            ms = time_module(built, function_name(built, static), wl.timing_arg_sets(arch.l2_bytes),
-                             tvm.cuda(0), opts.budget_ms).median_ms
-        checks.append(DispatchCheck(point, verdict.ok, verdict.message, ms, static_ms.get(point)))
+    with GPU_TURNS.function_device(opts.devices or (0,)) as device:
+        dev, turn = tvm.cuda(device), GPU_TURNS.turn(device)
+        for point in points or check_values(dispatched.values):
+            static = specialize(func, dict(point))
+            wl = Workload(static, dev, opts.seed, turn)
+            ref = build(naive_reference_module(static, arch.target), arch.target)
+            fn = ref[function_name(ref, static)]
+            expected = expected_from_outputs(run_widened(fn, wl, False), run_widened(fn, wl, True), static,
+                                             NAIVE_REFERENCE)
+            verdict = verify_module(built, wl, expected)
+            ms = None
+            if point in static_ms and verdict.ok:
+                with turn:
+                    ms = time_module(built, function_name(built, static), wl.timing_arg_sets(arch.l2_bytes),
+                                     dev, opts.budget_ms).median_ms
+            checks.append(DispatchCheck(point, verdict.ok, verdict.message, ms, static_ms.get(point)))
     return checks

@@ -89,8 +89,9 @@ class TuneOptions:
     rpc: ``"HOST:PORT"`` (a ``python -m fastdlight.rpc_server``) or ``"HOST:PORT:KEY"`` (a TVM
         tracker and the key its servers registered): candidates are built here and timed and
         verified on that server's GPU (:mod:`fastdlight.search.remote`).
-    devices: GPUs of this machine (``(0, 1)`` or ``"0,1"``) to tune a module's functions on, one
-        worker process per GPU (:mod:`fastdlight.relax.devices`); None: GPU 0 only.
+    devices: GPUs of this machine (``(0, 1)`` or ``"0,1"``) to time on: each function on the one
+        of them timing the fewest functions when it starts (:mod:`fastdlight.measure.gpu_turns`);
+        None: GPU 0 only.
     """
 
     measure: bool | None = None

@@ -26,7 +26,8 @@ from fastdlight.arch import CUDA
 from fastdlight.measure.timing import Workload, function_name, param_buffers, static_shape, to_device, to_host
 from fastdlight.measure import clock, host
 from fastdlight.measure.widen import OWN_DTYPES
-from fastdlight.search.stages import GPU_TURN, Built, load_module
+from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.search.stages import Built, load_module
 from fastdlight.measure.check_kinds import absolute_inputs, take_absolute
 from fastdlight.measure.verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from fastdlight.compiler.workers import one_line
@@ -124,7 +125,7 @@ def run_widened(fn, wl: Workload, absolute: bool) -> list[np.ndarray]:
 def _run(fn, wl: Workload, params) -> list[np.ndarray]:
     """``fn`` on fresh device copies of ``params`` (``(shape, dtype, host array or None for an
     output)``), the GPU turn held; the outputs on the host."""
-    with clock.holding(GPU_TURN, "reference: GPU"):
+    with clock.holding(GPU_TURNS.turn(wl.dev.index), "reference: GPU"):
         args = [tvm.runtime.empty(shape, dtype, wl.dev) if arr is None else to_device(arr, dtype, wl.dev)
                 for shape, dtype, arr in params]
         fn(*args)

@@ -41,7 +41,9 @@ from fastdlight.search.results import CompileResult, Failure
 from fastdlight.measure.timing import Workload, function_name
 from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
-from fastdlight.search.stages import GPU_TURN, Built, Prober, Timer, build_stream
+from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.search.stages import Built, Prober, Timer, build_stream
+from fastdlight.search.reference import ReferenceRun
 from fastdlight.measure.verify import Expected, Verdict, check_outputs
 from fastdlight.compiler.workers import one_line
 
@@ -244,7 +246,7 @@ def verify_module(module, wl: Workload, expected: Expected) -> Verdict:
     """Poison the outputs, run once on the workload's inputs, check every element."""
     try:
         # its copies and launch, never inside another function's timing
-        with clock.holding(GPU_TURN, "verify: GPU"):
+        with clock.holding(GPU_TURNS.turn(wl.dev.index), "verify: GPU"):
             outputs = wl.run_outputs(module[function_name(module, wl.func)])
     except Exception as e:  # noqa: BLE001 - a launch that fails now is as wrong as a wrong result
         return Verdict.failed(f"check run failed: {one_line(e)}", expected.reference)
@@ -265,10 +267,6 @@ def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CU
     if parallel_build is not None:  # given: it wins over options.parallel_build (default: True)
         overrides["parallel_build"] = parallel_build
     opts = TuneOptions.of(options, **overrides)
-    if opts.devices not in (None, (0,)):
-        raise ValueError(f"devices {','.join(map(str, opts.devices))}: one function is tuned in this process, on its "
-                         "GPU 0 (choose that GPU with CUDA_VISIBLE_DEVICES); a module's functions go to one worker "
-                         "per GPU (ApplyFastTuning)")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         p = plan(func, configs, arch, opts, out_dir)
@@ -288,21 +286,25 @@ def _result(p: BuildPlan, built: Built, opts: TuneOptions | None = None) -> Comp
 
 
 def _measured_run(p: BuildPlan, opts: TuneOptions, t_start: float):
-    prober = Prober(opts.seed) if opts.probe else None
-    if prober is not None:
-        prober.prepare(p.func_json)
-    ranked, best, nbytes = measure_built(p, build_stream(p.requests, opts, prober), opts)
+    """Built, probed and timed on one GPU of ``opts.devices`` (the one timing the fewest
+    functions; default GPU 0), or on the given workload's."""
+    devices = (opts.workload.dev.index,) if opts.workload is not None else (opts.devices or (0,))
+    with GPU_TURNS.function_device(devices) as device:
+        prober = Prober(opts.seed, device) if opts.probe else None
+        if prober is not None:
+            prober.prepare(p.func_json)
+        ranked, best, nbytes = measure_built(p, build_stream(p.requests, opts, prober), opts, device)
     return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", nbytes)
 
 
-def measure_built(p: BuildPlan, builts, opts: TuneOptions) -> tuple[list[CompileResult], CompileResult | None, int]:
+def measure_built(p: BuildPlan, builts, opts: TuneOptions,
+                  device: int = 0) -> tuple[list[CompileResult], CompileResult | None, int]:
     """Time, retime and verify the candidates ``builts`` yields (as their builds finish; the
-    reference's among them) on this machine's GPU: ``(ranked, best, bytes of the buffers)``.
-    A local run and the RPC server (``fastdlight.rpc_server``) both measure this way."""
-    from fastdlight.search.reference import ReferenceRun
-
-    wl_maker = Workload.background(p.func, opts.workload, opts.seed, device_lock=GPU_TURN)
-    timer = Timer(p.arch, wl_maker.get, opts)
+    reference's among them) on GPU ``device`` of this machine (``opts.workload``'s, when given):
+    ``(ranked, best, bytes of the buffers)``. A local run and the RPC server
+    (``fastdlight.rpc_server``) both measure this way."""
+    wl_maker = Workload.background(p.func, opts.workload, opts.seed, tvm.cuda(device), GPU_TURNS.turn(device))
+    timer = Timer(p.arch, wl_maker.get, opts, device)
     reference = ReferenceRun(p.func, opts.ref) if opts.check != "none" else None
     results: dict[int, CompileResult] = {i: CompileResult(c, i, failure=Failure.of("build", "build: not built"))
                                          for i, c in enumerate(p.configs)}

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 from fastdlight.arch import CUDA
 from fastdlight.compiler import build_task
 from fastdlight.measure import clock
+from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, MIN_GRAPH_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
@@ -63,11 +64,10 @@ HOT_LAUNCHES, HOT_MIN_MS = 3000, 15.0
 SCREEN_GRAPH_MS = 0.25
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
-#: held while a candidate is timed, while one is probed, and while a function's inputs, the
-#: reference's and the checks' copies and launches go to the GPU: nothing else is put on the GPU
-#: (or in its queue) in the middle of a timing. Never wait while holding it for a thread that may
-#: take it (a timing fetches its workload first: :meth:`Timer._turn`)
-GPU_TURN = threading.Lock()
+#: GPU 0's turn (:mod:`fastdlight.measure.gpu_turns`): a run on one GPU holds it while a candidate
+#: is timed, while one is probed, and while a function's inputs, the reference's and the checks'
+#: copies and launches go to the GPU
+GPU_TURN = GPU_TURNS.turn(0)
 
 
 @dataclass(frozen=True)
@@ -176,9 +176,9 @@ class Prober:
     context for good) or hangs costs only itself. Such a failure restarts the probe process; a
     launch refused before it ran (too many registers for the block) does not."""
 
-    def __init__(self, seed: int):
-        self.seed = seed
-        self.pool = probe_pool()
+    def __init__(self, seed: int, device: int = 0):
+        self.seed, self.device = seed, device
+        self.pool = probe_pool(device)
         self.pool.warm_up()  # its CUDA context is made while the candidates build
         # one probe at a time, and a failed one's restart before the next: a module must never
         # run in a context an earlier one poisoned
@@ -200,7 +200,7 @@ class Prober:
 
     def run(self, so_path: str, func_json: str) -> Failure | None:
         task = Task("probe", build_task.probe_candidate, (so_path, func_json, self.seed))
-        with self.lock, clock.holding(GPU_TURN, "probe"):
+        with self.lock, clock.holding(GPU_TURNS.turn(self.device), "probe"):
             (res,) = list(self.pool.imap_unordered([task], timeout=PROBE_TIMEOUT))
             if not res.ok and not context_survives(res.error):
                 self.pool.reset()
@@ -232,8 +232,10 @@ class Timer:
     the builds still running), for ``screen_ms`` each; then times the fastest few again for
     ``budget_ms``."""
 
-    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions):
+    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions, device: int = 0):
+        """``get_workload``: the inputs, made on GPU ``device``, whose turn the timings hold."""
         self.arch, self.get_workload, self.opts = arch, get_workload, opts
+        self.turn = GPU_TURNS.turn(device)
         self.flush = flush_bytes_for(arch.l2_bytes)
         self.arg_sets = None
         #: set once any candidate of the run proved short (:meth:`_wants_graph`): from then on every
@@ -247,7 +249,7 @@ class Timer:
         """The GPU turn for timing, taken once the workload is made: its copies take the turn
         too, so waiting for it while holding the turn would never end."""
         self.get_workload()
-        return clock.holding(GPU_TURN, "time")
+        return clock.holding(self.turn, "time")
 
     def time(self, module, budget_ms: float) -> Timing:
         """The first pass's timing of ``module`` (graphs of ``SCREEN_GRAPH_MS``)."""
@@ -255,7 +257,7 @@ class Timer:
             return self._time(module, budget_ms, SCREEN_GRAPH_MS)
 
     def _time(self, module, budget_ms: float, graph_ms: float = MIN_GRAPH_MS) -> Timing:
-        """(GPU_TURN held, the workload made.) Queued launches, then, for a short kernel
+        """(The GPU turn held, the workload made.) Queued launches, then, for a short kernel
         (:meth:`_wants_graph`), a timing replayed from a CUDA graph instead, where the host's
         launch loop cannot set the pace. In a model's tuning the other functions' threads share
         the interpreter with it: LLaMA's attention matmul was reported at 66 us hot, beside stock

@@ -166,7 +166,7 @@ def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
             return iter(())
 
     prober = stages.Prober.__new__(stages.Prober)
-    prober.seed, prober.pool, prober.lock = 7, Pool(), threading.Lock()
+    prober.seed, prober.device, prober.pool, prober.lock = 7, 0, Pool(), threading.Lock()
     prober.prepare('{"func": 1}').join(timeout=10)
     assert seen == [(build_task.prepare_probe_inputs, ('{"func": 1}', 7), False)]
 
@@ -189,7 +189,7 @@ def test_a_refused_launch_keeps_the_probe_process_and_a_fault_replaces_it():
             resets.append(True)
 
     prober = stages.Prober.__new__(stages.Prober)
-    prober.seed, prober.pool, prober.lock = 7, Pool(), threading.Lock()
+    prober.seed, prober.device, prober.pool, prober.lock = 7, 0, Pool(), threading.Lock()
     refused = prober.run("a.so", "{}")
     assert refused is not None and "OUT_OF_RESOURCES" in refused.message and resets == []
     faulted = prober.run("b.so", "{}")
