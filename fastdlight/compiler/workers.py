@@ -224,6 +224,9 @@ class WorkerPool:
         self._workers = [_Worker(i, log_dir, initializer, initargs, env) for i in range(self.max_workers)]
         self._lock = threading.Lock()
         self._closed = False
+        #: every call's tasks, in the order they came: ``(task, timeout, call)``, None to stop a server
+        self._pending: queue.Queue = queue.Queue()
+        self._servers: list[threading.Thread] = []
 
     @property
     def closed(self) -> bool:
@@ -281,72 +284,67 @@ class WorkerPool:
                        post: Callable[[Outcome], Outcome] | None = None) -> Iterator[Outcome]:
         """Run tasks on the workers; yield one :class:`Outcome` per task as each finishes.
         ``post`` (if given) runs on each outcome in the pool's thread before it is yielded, so
-        follow-up work overlaps what the caller does with earlier outcomes."""
+        follow-up work overlaps what the caller does with earlier outcomes. Calls made at once
+        (several functions tuned at a time) share the workers through one queue, first come first
+        served: a free worker takes the next task of any call, and no call's task waits for one
+        worker while another is idle."""
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
         tasks = list(tasks)
-        todo: queue.Queue = queue.Queue()
+        call = _Call(queue.Queue())
+        done: queue.Queue = call.raw if post is None else queue.Queue()
+        post_thread = None
+        if post is not None:  # a thread of its own: a worker's next task must not wait for it
+            post_thread = threading.Thread(target=_apply_post, args=(call.raw, done, post, len(tasks)), daemon=True)
+            post_thread.start()
+        self._start_servers()
         for t in tasks:
-            todo.put(t)
-        done: queue.Queue = queue.Queue()
-        n_threads = min(len(self._workers), len(tasks))
-
-        # post-processing runs in a thread of its own: a worker's next task must not wait for it
-        raw: queue.Queue = done if post is None else queue.Queue()
-
-        def drive(worker: _Worker):
-            while True:
-                try:
-                    task = todo.get_nowait()
-                except queue.Empty:
-                    if post is not None:
-                        raw.put(None)  # this driver is done
-                    return
-                raw.put(self._run_one(worker, task, timeout))
-
-        def apply_post():
-            finished = 0
-            while finished < n_threads:
-                out = raw.get()
-                if out is None:
-                    finished += 1
-                    continue
-                try:
-                    out = post(out)
-                except Exception as e:  # noqa: BLE001 - the outcome must still arrive
-                    out = Outcome(out.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
-                                  out.seconds)
-                done.put(out)
-
-        threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in self._workers[:n_threads]]
-        if post is not None:
-            threads.append(threading.Thread(target=apply_post, daemon=True))
-        for th in threads:
-            th.start()
-
-        def drop_pending():
-            while True:
-                try:
-                    todo.get_nowait()
-                except queue.Empty:
-                    return
-
+            self._pending.put((t, timeout, call))
+        given = 0
         try:
-            for _ in range(len(tasks)):
-                yield done.get()
+            for given in range(1, len(tasks) + 1):
+                out = done.get()
+                if out is _CLOSED:
+                    raise RuntimeError("WorkerPool is closed")
+                yield out
         except GeneratorExit:
-            # The caller stopped early: start nothing new, let in-flight tasks finish.
-            drop_pending()
-            for th in threads:
-                th.join()
+            # The caller stopped early: start nothing new of this call, let its running tasks
+            # finish (they may write where the caller is about to clean up)
+            call.cancelled = True
+            if post_thread is not None:
+                post_thread.join()
+            else:
+                for _ in range(len(tasks) - given):
+                    call.raw.get()
             raise
         except BaseException:
-            # Interrupted (Ctrl-C): stop the workers so the driving threads unblock.
-            drop_pending()
+            # Interrupted (Ctrl-C): stop the workers so the serving threads unblock.
+            call.cancelled = True
             self.close()
             raise
-        for th in threads:
-            th.join()
+
+    def _start_servers(self) -> None:
+        """A thread per worker that serves the queue (started once, with the first call)."""
+        with self._lock:
+            if self._servers:
+                return
+            self._servers = [threading.Thread(target=self._serve, args=(w,), daemon=True,
+                                              name=f"fastdlight-worker-{w.slot}") for w in self._workers]
+            for th in self._servers:
+                th.start()
+
+    def _serve(self, worker: _Worker) -> None:
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            task, timeout, call = item
+            if call.cancelled:
+                call.raw.put(_SKIPPED)
+            elif self._closed:
+                call.raw.put(_CLOSED)
+            else:
+                call.raw.put(self._run_one(worker, task, timeout))
 
     def close(self, grace: float = 2.0) -> None:
         """Stop the workers: each may exit on its own for ``grace`` seconds, then is killed
@@ -356,6 +354,8 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
+        for _ in self._servers:  # each serving thread ends after its current task
+            self._pending.put(None)
         for w in self._workers:  # all at once: TVM teardown takes a moment per process
             w.request_exit()
         deadline = time.monotonic() + grace
@@ -375,6 +375,32 @@ class WorkerPool:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+@dataclass
+class _Call:
+    """One :meth:`WorkerPool.imap_unordered` call: where its outcomes go, whether it stopped."""
+
+    raw: queue.Queue
+    cancelled: bool = False
+
+
+#: what a serving thread puts for a task it skipped: its call stopped early, or the pool closed
+_SKIPPED, _CLOSED = object(), object()
+
+
+def _apply_post(raw: queue.Queue, done: queue.Queue, post: Callable[[Outcome], Outcome], n: int) -> None:
+    """``post`` on each of a call's ``n`` outcomes, as they come; skipped tasks only counted."""
+    for _ in range(n):
+        out = raw.get()
+        if out is _SKIPPED:
+            continue
+        if out is not _CLOSED:
+            try:
+                out = post(out)
+            except Exception as e:  # noqa: BLE001 - the outcome must still arrive
+                out = Outcome(out.key, False, None, f"{type(e).__name__}: {e}", traceback.format_exc(), out.seconds)
+        done.put(out)
 
 
 # -- the child side -----------------------------------------------------------------------

@@ -30,6 +30,16 @@ def pid(x):
     return os.getpid()
 
 
+def slow_pid(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def slow_note(path):
+    time.sleep(0.5)
+    note(path)
+
+
 def note(path):
     with open(path, "a") as f:
         f.write(f"{os.getpid()}\n")
@@ -122,6 +132,37 @@ def test_stopping_early_with_post_returns(pool):
     closer.start()
     closer.join(60)
     assert not closer.is_alive()
+
+
+def test_calls_made_at_once_share_the_workers():
+    """Two functions' builds at once: every task runs as soon as any worker is free, so three
+    tasks from two calls on three workers run side by side, in three processes."""
+    import threading
+
+    with WorkerPool(3) as pool:
+        pool.warm_up()
+        pids = []
+
+        def call(n):
+            pids.extend(o.value for o in pool.imap_unordered([Task(i, slow_pid, (1.0,)) for i in range(n)]))
+
+        calls = [threading.Thread(target=call, args=(n,)) for n in (1, 2)]
+        for th in calls:
+            th.start()
+        for th in calls:
+            th.join(120)
+        assert len(pids) == 3 and len(set(pids)) == 3
+
+
+def test_stopping_early_waits_for_the_call_s_running_tasks(tmp_path):
+    path = tmp_path / "notes"
+    with WorkerPool(2) as pool:
+        gen = pool.imap_unordered([Task(i, slow_note, (str(path),)) for i in range(6)])
+        assert next(gen).ok
+        gen.close()  # the running tasks have written their notes by now; the rest never run
+        written = len(path.read_text().splitlines())
+        time.sleep(1.5)
+        assert 2 <= written < 6 and len(path.read_text().splitlines()) == written
 
 
 def test_the_probe_keeps_the_inputs_of_functions_tuned_side_by_side(monkeypatch):
