@@ -10,6 +10,7 @@ with the pass's default functions at a time; ``--devices``; GPU 0 alone with as 
 a time as the run on ``--devices`` (so that the ratio is not only the concurrency's). A
 row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
 where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
+the seconds each GPU's turn was held, the tuning process's CPU seconds,
 and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
 than 3 % apart. Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -50,19 +52,25 @@ def tune(mod, arch, devices, topk: int, jobs: int | None) -> dict:
 
     tuning = ApplyFastTuning(topk=topk, target=arch, meta_database_dir=tempfile.mkdtemp(prefix="fastdlight_dev_"),
                              devices=devices, progress=False, jobs=jobs)
-    given = dict(GPU_TURNS.given)
-    t0 = time.perf_counter()
+    given, held = dict(GPU_TURNS.given), GPU_TURNS.held_s()
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tuning(mod)
     seconds = time.perf_counter() - t0
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     report = {e.function: e for e in tuning.report if e.status in ("tuned", "database")}
     stages = {k: round(v, 1) for k, v in sorted(tuning.stage_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.5}
     return {"seconds": round(seconds, 2), "candidates": sum(e.candidates for e in report.values()),
             "jobs": tuning.jobs, "report": report, "stages": stages,
             # functions (and dispatchers' checks) each GPU timed
             "functions_per_gpu": {str(i): n - given.get(i, 0) for i, n in GPU_TURNS.given.items()
-                                  if n > given.get(i, 0)}}
+                                  if n > given.get(i, 0)},
+            # how busy each GPU was kept (its turn held) and the tuning process's own CPU time
+            # (its threads share one interpreter: near the wall time, the host paces the run)
+            "gpu_held_s": {str(i): round(s - held.get(i, 0.0), 1) for i, s in GPU_TURNS.held_s().items()
+                           if s > held.get(i, 0.0)},
+            "process_cpu_s": round(cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)}
 
 
 def differing(one: dict, many: dict) -> list[str]:
@@ -99,7 +107,8 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
     for k, r in runs.items():
         row.update({f"{k}_s": r["seconds"], f"{k}_jobs": r["jobs"], f"{k}_candidates": r["candidates"],
                     f"{k}_per_s": rate[k] and round(rate[k], 2), f"{k}_stages": r["stages"],
-                    f"{k}_functions_per_gpu": r["functions_per_gpu"]})
+                    f"{k}_functions_per_gpu": r["functions_per_gpu"], f"{k}_gpu_held_s": r["gpu_held_s"],
+                    f"{k}_process_cpu_s": r["process_cpu_s"]})
     row["speedup"] = round(rate["many"] / rate["one"], 2) if rate["many"] and rate["one"] else None
     row["speedup_same_jobs"] = round(rate["many"] / rate["one_wide"], 2) if rate["many"] and rate["one_wide"] else None
     row["differing"] = differing(one["report"], many["report"])

@@ -12,23 +12,59 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Iterator, Sequence
 
 
+class Turn:
+    """One GPU's turn: a lock that also counts the seconds it was held (how busy the tuning
+    kept the GPU: ``held_s`` over a run's wall time)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._since = 0.0
+        self.held_s = 0.0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._since = time.perf_counter()
+        return got
+
+    def release(self) -> None:
+        self.held_s += time.perf_counter() - self._since
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> Turn:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class GpuTurns:
-    """A lock per GPU index and the count of functions each GPU is timing."""
+    """A :class:`Turn` per GPU index and the count of functions each GPU is timing."""
 
     def __init__(self):
         self._guard = threading.Lock()
-        self._locks: dict[int, threading.Lock] = {}
+        self._turns: dict[int, Turn] = {}
         self._functions: dict[int, int] = {}
         #: functions given to each GPU so far
         self.given: dict[int, int] = {}
 
-    def turn(self, index: int) -> threading.Lock:
+    def turn(self, index: int) -> Turn:
         """GPU ``index``'s turn. Never wait while holding it for a thread that may take it."""
         with self._guard:
-            return self._locks.setdefault(index, threading.Lock())
+            return self._turns.setdefault(index, Turn())
+
+    def held_s(self) -> dict[int, float]:
+        """Seconds each GPU's turn has been held so far."""
+        with self._guard:
+            return {i: t.held_s for i, t in self._turns.items()}
 
     def busy(self, index: int) -> int:
         """Functions GPU ``index`` is timing now."""

@@ -2,6 +2,7 @@
 tunes a model on two GPUs where the machine has them)."""
 
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -67,8 +68,11 @@ def test_each_gpu_has_a_turn_of_its_own_and_gpu_0_s_is_the_one_gpu_runs_hold():
     assert stages.GPU_TURN is GPU_TURNS.turn(0)
     held = threading.Event()
     with turns.turn(0):  # GPU 1's turn is free while GPU 0's is held
+        assert turns.turn(0).locked() and not turns.turn(0).acquire(timeout=0.01)
         threading.Thread(target=lambda: turns.turn(1).acquire(timeout=5) and held.set()).start()
         assert held.wait(5)
+        time.sleep(0.02)
+    assert turns.held_s()[0] >= 0.02 and not turns.turn(0).locked()
 
 
 def test_devices_are_checked():
