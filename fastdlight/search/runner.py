@@ -38,7 +38,7 @@ from fastdlight.measure import clock
 from fastdlight.compiler.artifacts import BuildRequest
 from fastdlight.search import remote
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import Workload, function_name
+from fastdlight.measure.timing import Workload, function_name, param_buffers, static_shape
 from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
 from fastdlight.measure.gpu_turns import GPU_TURNS
@@ -293,18 +293,36 @@ def _measured_run(p: BuildPlan, opts: TuneOptions, t_start: float):
         prober = Prober(opts.seed, device) if opts.probe else None
         if prober is not None:
             prober.prepare(p.func_json)
-        ranked, best, nbytes = measure_built(p, build_stream(p.requests, opts, prober), opts, device)
+        ranked, best, nbytes = measure_built(p, build_stream(p.requests, opts, prober), opts, device,
+                                             spare_devices(p.func, devices, device))
     return _finish(ranked, best, opts, t_start, "verified" if opts.check != "none" else "measured", nbytes)
 
 
-def measure_built(p: BuildPlan, builts, opts: TuneOptions,
-                  device: int = 0) -> tuple[list[CompileResult], CompileResult | None, int]:
+def spare_devices(func: tvm.tirx.PrimFunc, devices: Sequence[int], home: int) -> tuple[int, ...]:
+    """The GPUs besides ``home`` that ``func``'s first-pass timings may go to: the others of
+    ``devices``, unless its buffers take more than ``SPREAD_MAX_BYTES``."""
+    others = tuple(d for d in devices if d != home)
+    if not others:
+        return ()
+    nbytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+    return others if nbytes <= SPREAD_MAX_BYTES else ()
+
+
+#: a function whose buffers take more than this is timed on its home GPU only: its inputs are not
+#: copied to the others (each copy holds them again, with their rotation copies)
+SPREAD_MAX_BYTES = 2 << 30
+
+
+def measure_built(p: BuildPlan, builts, opts: TuneOptions, device: int = 0,
+                  spare: Sequence[int] = ()) -> tuple[list[CompileResult], CompileResult | None, int]:
     """Time, retime and verify the candidates ``builts`` yields (as their builds finish; the
-    reference's among them) on GPU ``device`` of this machine (``opts.workload``'s, when given):
-    ``(ranked, best, bytes of the buffers)``. A local run and the RPC server
-    (``fastdlight.rpc_server``) both measure this way."""
+    reference's among them) on GPU ``device`` of this machine (``opts.workload``'s, when given)
+    and the ``spare`` ones (first-pass timings on whichever is free first, the finalists and
+    the checks all on one): ``(ranked, best, bytes of the buffers)``. A local run and the RPC
+    server (``fastdlight.rpc_server``) both measure this way."""
     wl_maker = Workload.background(p.func, opts.workload, opts.seed, tvm.cuda(device), GPU_TURNS.turn(device))
-    timer = Timer(p.arch, wl_maker.get, opts, device)
+    spares = {d: Workload.background(p.func, None, opts.seed, tvm.cuda(d), GPU_TURNS.turn(d)).get for d in spare}
+    timer = Timer(p.arch, wl_maker.get, opts, device, spares)
     reference = ReferenceRun(p.func, opts.ref) if opts.check != "none" else None
     results: dict[int, CompileResult] = {i: CompileResult(c, i, failure=Failure.of("build", "build: not built"))
                                          for i, c in enumerate(p.configs)}
@@ -320,6 +338,7 @@ def measure_built(p: BuildPlan, builts, opts: TuneOptions,
     if wl is None:
         raise TuningError(f"cannot set up the GPU inputs: {wl_maker.error}")
     timed = timer.retime_fastest([results[i] for i in range(len(p.configs))])
+    wl = timer.workload() or wl  # the finalists' GPU: the winner is checked where it was timed
     expected, why = reference.expected(wl, p.arch) if reference is not None else (None, None)
     with clock.stage("verify"):
         ranked, best = verify_and_pick(timed, wl, expected, opts.check, why)

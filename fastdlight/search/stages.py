@@ -7,6 +7,7 @@ this process while the other candidates still build.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -232,12 +233,17 @@ class Timer:
     the builds still running), for ``screen_ms`` each; then times the fastest few again for
     ``budget_ms``."""
 
-    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions, device: int = 0):
-        """``get_workload``: the inputs, made on GPU ``device``, whose turn the timings hold."""
+    def __init__(self, arch: CUDA, get_workload: Callable[[], Workload | None], opts: TuneOptions, device: int = 0,
+                 spare: dict[int, Callable[[], Workload | None]] | None = None):
+        """``get_workload``: the inputs, made on GPU ``device``. ``spare``: the same inputs made
+        on other GPUs (by index): each first-pass timing goes to whichever of these GPUs is free
+        first, and the finalists' hot turns all to one of them, the first free then."""
         self.arch, self.get_workload, self.opts = arch, get_workload, opts
-        self.turn = GPU_TURNS.turn(device)
+        self.getters = {device: get_workload, **(spare or {})}
+        #: the GPU whose turn this timer holds now; after the hot turns, the one that timed them
+        self.device = device
         self.flush = flush_bytes_for(arch.l2_bytes)
-        self.arg_sets = None
+        self._arg_sets: dict[int, list] = {}
         #: set once any candidate of the run proved short (:meth:`_wants_graph`): from then on every
         #: timing is taken from a CUDA graph, so that candidates (stock Dlight's too) and the
         #: finalists' hot turns are compared on one method, not on whichever each timing fell into
@@ -245,11 +251,30 @@ class Timer:
         #: set when the hot turns start: they are all timed the way the first pass decided
         self.settled = False
 
+    def workload(self) -> Workload | None:
+        """The inputs on the GPU this timer holds (or last held)."""
+        return self.getters[self.device]()
+
+    @property
+    def arg_sets(self) -> list | None:
+        return self._arg_sets.get(self.device)
+
+    def _sets(self, wl: Workload) -> list:
+        if self.device not in self._arg_sets:
+            self._arg_sets[self.device] = (wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate"
+                                           else [wl.args])
+        return self._arg_sets[self.device]
+
+    @contextlib.contextmanager
     def _turn(self):
-        """The GPU turn for timing, taken once the workload is made: its copies take the turn
-        too, so waiting for it while holding the turn would never end."""
+        """The turn of the first free GPU among those with inputs, taken once they are made:
+        their copies take the turn too, so waiting for them while holding one would never end.
+        A spare GPU whose inputs failed is left out."""
         self.get_workload()
-        return clock.holding(self.turn, "time")
+        devices = [i for i, get in self.getters.items() if get() is not None] or list(self.getters)[:1]
+        with GPU_TURNS.first_free(devices, "time") as device:
+            self.device = device
+            yield device
 
     def time(self, module, budget_ms: float) -> Timing:
         """The first pass's timing of ``module`` (graphs of ``SCREEN_GRAPH_MS``)."""
@@ -264,18 +289,17 @@ class Timer:
         Dlight's 15 us, while alone it timed 5 us and the whole tuned model ran in 135 us (H200,
         2026-11-29). Once the run times from graphs, a few queued launches only size the graph:
         timed at the whole budget as well, they had taken half of a model's timing time."""
-        wl = self.get_workload()
-        if self.arg_sets is None:
-            self.arg_sets = wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate" else [wl.args]
+        wl = self.workload()
+        arg_sets = self._sets(wl)
         name = function_name(module, wl.func)
         if self.graph:  # only ever with "rotate"
             try:
-                estimate = launch_estimate_ms(module[name], self.arg_sets, wl.dev)
+                estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
                 return self._graph_time(module[name], wl.dev, estimate, budget_ms, graph_ms)
             except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
-                return time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+                return time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
         with clock.stage("time: queued"):
-            timing = time_module(module, name, self.arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+            timing = time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
         if not self._wants_graph(timing):
             return timing
         try:
@@ -377,10 +401,10 @@ class Timer:
         if not self.graph:
             return self._time(r.module, budget_ms)
         if r.index not in graphs:
-            wl = self.get_workload()
+            wl = self.workload()
             try:
                 with clock.stage("time: capture"):
-                    graphs[r.index] = LaunchGraph(r.module[function_name(r.module, wl.func)], self.arg_sets, wl.dev,
+                    graphs[r.index] = LaunchGraph(r.module[function_name(r.module, wl.func)], self._sets(wl), wl.dev,
                                                   r.timing.min_ms)
             except Exception:  # noqa: BLE001 - timed without a kept graph (queued, as _time falls back)
                 graphs[r.index] = None
@@ -394,10 +418,10 @@ class Timer:
         (H200)."""
         if r.latency_ms < HEAT_LIGHT_MS:
             return
-        wl = self.get_workload()
+        wl = self.workload()
         try:
             with clock.stage("heat"):
-                heat(r.module[function_name(r.module, wl.func)], self.arg_sets or [wl.args], wl.dev)
+                heat(r.module[function_name(r.module, wl.func)], self._sets(wl), wl.dev)
         except Exception:  # noqa: BLE001 - the rounds below report a launch that fails
             pass
 
