@@ -2,6 +2,7 @@
 against torch's ``scaled_dot_product_attention`` (its flash decoding), both in CUDA graphs.
 
     python benchmarks/bench_decode_attention.py [--cases b1_h32,b16_h32] [--topk 8]
+    python benchmarks/bench_decode_attention.py --paged 16 [--cases ...]
     python benchmarks/bench_decode_attention.py --list
 
 Per case, ``CacheAttention`` (``softmax(q Kᵀ * scale) V`` with the query heads of a K/V head as
@@ -10,7 +11,10 @@ the rows of one matmul, the cache length symbolic) is exported with ``torch.expo
 rewrite makes it the split-KV pair: chunk step and merge) and run by the VM; torch runs SDPA on
 ``[B, H, 1, D]`` queries over the ``[B, G, L, D]`` cache (``enable_gqa`` where G < H). TB/s: the
 cache's bytes over the time. ``max_rel_err``: fastdlight against SDPA, relative to its largest
-element. Writes ``$OUT/bench_decode_attention.json`` and ``.md``.
+element. ``--paged N`` instead times the chunk step alone, tuned at each case's split count
+from a contiguous cache and from a cache in pages of N tokens (a pool, a page table shuffled, the
+lengths read at run time), both by the tuner's own timing. Writes
+``$OUT/bench_decode_attention.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -128,11 +132,54 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paged_case(name: str, arch, topk: int, page: int) -> dict:
+    """The chunk step of case ``name`` tuned from a contiguous cache and from pages of ``page``
+    tokens: each one's tuned time (ms), config and tuning seconds."""
+    import fastdlight
+    from fastdlight import ops
+    from fastdlight.analysis.decode_attention import default_splits
+
+    b, h, g, length, d = CASES[name]
+    splits = default_splits(b, g, arch.sm_count)
+    row = {"case": name, "batch": b, "heads": h, "kv_heads": g, "length": length, "head_dim": d,
+           "page_size": page, "splits": splits, "errors": {}}
+    for form, size in (("contiguous", 0), ("paged", page)):
+        op = ops.decode_attention(b, g, h // g, length, d, splits=splits, appended=False, page_size=size)
+        t0 = time.perf_counter()
+        try:
+            _results, best = fastdlight.tune(op.func, arch, topk=topk)
+        except Exception as e:  # noqa: BLE001 - a cell, not a crash
+            row["errors"][form] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+            continue
+        row[f"{form}_ms"], row[f"{form}_config"] = best.latency_ms, str(best.config)
+        row[f"{form}_tune_s"] = round(time.perf_counter() - t0, 1)
+    if row.get("contiguous_ms") and row.get("paged_ms"):
+        row["paged_vs_contiguous"] = round(row["contiguous_ms"] / row["paged_ms"], 3)
+    return row
+
+
+def paged_markdown(rows: list[dict]) -> str:
+    lines = ["| case | shape | page | splits | contiguous ms | paged ms | paged vs contiguous | tune s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = f"B{r['batch']} H{r['heads']}/G{r['kv_heads']} L{r['length']} d{r['head_dim']}"
+        if "paged_vs_contiguous" not in r:
+            lines.append(f"| {r['case']} | {shape} | {r['page_size']} | {r['splits']} | - | - | - "
+                         f"| {'; '.join(r['errors'].values())} |")
+            continue
+        lines.append(f"| {r['case']} | {shape} | {r['page_size']} | {r['splits']} | {r['contiguous_ms']:.4f} "
+                     f"| {r['paged_ms']:.4f} | {r['paged_vs_contiguous']:.2f}x "
+                     f"| {r['contiguous_tune_s']} / {r['paged_tune_s']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of --list")
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--paged", type=int, default=0, metavar="N",
+                    help="time the chunk step from a contiguous cache and from pages of N tokens instead")
     args = ap.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
@@ -142,6 +189,10 @@ def main(argv=None) -> int:
         for c in names:
             print(c, "B{} H{} G{} L{} d{}".format(*CASES[c]))
         return 0
+    from fastdlight.analysis.decode_attention import PAGE_SIZES
+
+    if args.paged and args.paged not in PAGE_SIZES:
+        ap.error(f"--paged {args.paged}: pages of {', '.join(map(str, PAGE_SIZES))} tokens")
     try:
         import torch  # noqa: F401
         import tvm
@@ -154,6 +205,17 @@ def main(argv=None) -> int:
         print(f"error: {NAME} needs a CUDA GPU", file=sys.stderr)
         return 2
     arch = CUDA.from_device(tvm.cuda(0))
+    if args.paged:
+        rows = []
+        for c in names:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rows.append(paged_case(c, arch, args.topk, args.paged))
+            print(rows[-1], flush=True)
+        data = {"benchmark": NAME, "device": arch.device_name, "date": time.strftime("%Y-%m-%d"), "paged": rows}
+        write_results(NAME, data, f"{NAME} --paged {args.paged}, {data['device']}, {data['date']}\n\n"
+                      + paged_markdown(rows))
+        return 0
     rows = []
     for c in names:
         try:

@@ -35,3 +35,23 @@ def test_each_case_prepares_into_the_split_pair(case):
     names = {gv.name_hint for gv, _ in prepare("nvidia/nvidia-h100")(mod).functions_items()}
     assert {"decode_attention", "decode_combine"} <= names
     assert not any("softmax" in n or "matmul" in n for n in names)
+
+
+def test_a_page_size_the_kernel_has_not_is_one_line():
+    bad = subprocess.run([sys.executable, SCRIPT, "--paged", "7"], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "--paged 7: pages of 8, 16, 32, 64, 128, 256 tokens")
+
+
+def test_the_paged_table_shows_both_times_and_their_ratio():
+    import bench_decode_attention as bench
+
+    row = {"case": "b16_h32", "batch": 16, "heads": 32, "kv_heads": 32, "length": 4096, "head_dim": 128,
+           "page_size": 16, "splits": 2, "errors": {}, "contiguous_ms": 0.03, "paged_ms": 0.032,
+           "paged_vs_contiguous": 0.938, "contiguous_tune_s": 9.0, "paged_tune_s": 10.0}
+    failed = dict(row, errors={"paged": "TuningError: none"})
+    del failed["paged_vs_contiguous"]
+    table = bench.paged_markdown([row, failed]).splitlines()
+    assert table[2] == "| b16_h32 | B16 H32/G32 L4096 d128 | 16 | 2 | 0.0300 | 0.0320 | 0.94x | 9.0 / 10.0 |"
+    assert table[3].endswith("| TuningError: none |")
