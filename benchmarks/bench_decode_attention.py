@@ -118,11 +118,15 @@ def run_case(name: str, arch, topk: int) -> dict:
     return row
 
 
+def shape_of(row: dict) -> str:
+    return f"B{row['batch']} H{row['heads']}/G{row['kv_heads']} L{row['length']} d{row['head_dim']}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| case | shape | max rel err | torch SDPA ms | fastdlight ms | vs torch | TB/s (ours / torch) | tune s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        shape = f"B{r['batch']} H{r['heads']}/G{r['kv_heads']} L{r['length']} d{r['head_dim']}"
+        shape = shape_of(r)
         if r.get("fastdlight_ms") is None or r.get("torch_graph_ms") is None:
             lines.append(f"| {r['case']} | {shape} | - | - | - | - | - | {'; '.join(r['errors'].values())} |")
             continue
@@ -162,7 +166,7 @@ def paged_markdown(rows: list[dict]) -> str:
     lines = ["| case | shape | page | splits | contiguous ms | paged ms | paged vs contiguous | tune s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        shape = f"B{r['batch']} H{r['heads']}/G{r['kv_heads']} L{r['length']} d{r['head_dim']}"
+        shape = shape_of(r)
         if "paged_vs_contiguous" not in r:
             lines.append(f"| {r['case']} | {shape} | {r['page_size']} | {r['splits']} | - | - | - "
                          f"| {'; '.join(r['errors'].values())} |")
