@@ -99,7 +99,8 @@ def run_case(name: str, case: Case, args) -> Row:
     from fastdlight.arch import auto_arch
     from fastdlight.measure import clock
     from fastdlight.measure.graph_timing import time_graph, time_torch_graph
-    from fastdlight.measure.timing import Workload, function_name
+    from fastdlight.measure.timing import function_name
+    from fastdlight.measure.workload import Workload
 
     row = Row(name, case.describe())
     op = ops.attention(case.batch, case.heads, case.seq_q, case.seq_kv, case.head_dim,

@@ -54,7 +54,8 @@ from fastdlight.relax.pipeline import prim_funcs  # noqa: E402
 from fastdlight.policies.select import candidate_sets
 from fastdlight.search.candidates import stock_configs, tune_function  # noqa: E402
 from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name  # noqa: E402
+from fastdlight.measure.timing import function_name
+from fastdlight.measure.workload import Workload  # noqa: E402
 from fastdlight.search.options import TuneOptions  # noqa: E402
 
 

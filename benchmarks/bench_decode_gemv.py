@@ -25,7 +25,8 @@ from fastdlight import ops  # noqa: E402
 from fastdlight.arch import auto_arch, has_gpu  # noqa: E402
 from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name  # noqa: E402
+from fastdlight.measure.timing import function_name
+from fastdlight.measure.workload import Workload  # noqa: E402
 from fastdlight.search.runner import TuningError, apply_and_build  # noqa: E402
 
 MS = (1, 2, 4, 8, 16)

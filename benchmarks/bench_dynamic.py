@@ -31,7 +31,8 @@ def graph_timings(dispatched, func, arch, values) -> list[dict]:
     from fastdlight.compiler import build_task
     from fastdlight.compiler.compile import build
     from fastdlight.measure.graph_timing import time_graph
-    from fastdlight.measure.timing import Workload, function_name
+    from fastdlight.measure.timing import function_name
+    from fastdlight.measure.workload import Workload
 
     name = str(func.attrs["global_symbol"])
     disp = build(tvm.IRModule({name: dispatched.func}), arch.target)

@@ -51,7 +51,8 @@ from fastdlight.schedules import apply_config  # noqa: E402
 from fastdlight.schedules.wgmma.template import config_fits  # noqa: E402
 from fastdlight.compiler.compile import build  # noqa: E402
 from fastdlight.measure.graph_timing import time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.measure.timing import function_name, time_launches, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 #: NVML's clock type of the SM clock
 NVML_CLOCK_SM = 1

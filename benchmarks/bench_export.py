@@ -38,7 +38,8 @@ def tvm_timer(func, config, arch):
 
     from fastdlight.compiler import build_task
     from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import Workload, function_name, time_module
+    from fastdlight.measure.timing import function_name, time_module
+    from fastdlight.measure.workload import Workload
 
     with arch.target:
         mod = build_task.as_module(build_task.apply_template(func, config))

@@ -41,7 +41,8 @@ from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.search.candidates import tune_function  # noqa: E402
 from fastdlight.search.options import TuneOptions  # noqa: E402
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.measure.timing import function_name, time_launches, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 # name, M, N, K, dtype, layout (N: A is M×K / B is K×N; T: transposed), batch
 CASES = [

@@ -37,7 +37,8 @@ from fastdlight.policies.tensorcore import TensorCorePolicy, tensorcore_tags  # 
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore  # noqa: E402
 from fastdlight.search.runner import TuningError, apply_and_build  # noqa: E402
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name, rotation_copies, time_torch  # noqa: E402
+from fastdlight.measure.timing import function_name, rotation_copies, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 # name, M, N, K, input dtype, layout
 CASES = [

@@ -172,7 +172,8 @@ def kernel_check(tuned, arch: CUDA, dev, report) -> list:
     (function, ms now, ms the tuner measured). A function far slower now than when it was tuned
     points at the build, not the kernel."""
     from fastdlight.compiler.build_task import lower_and_compile
-    from fastdlight.measure.timing import Workload, time_module
+    from fastdlight.measure.timing import time_module
+    from fastdlight.measure.workload import Workload
 
     tuned_ms = {e.function: e.latency_ms for e in report}
     views = {e.function for e in report if e.status == "view"}  # no kernel: a view of the input

@@ -39,7 +39,8 @@ from fastdlight.schedules import default_schedule  # noqa: E402
 from fastdlight.policies.select import candidate_sets  # noqa: E402
 from fastdlight.compiler.compile import build  # noqa: E402
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, time_graph, time_torch_graph  # noqa: E402
-from fastdlight.measure.timing import Workload, flush_bytes_for, function_name, time_module, time_torch  # noqa: E402
+from fastdlight.measure.timing import flush_bytes_for, function_name, time_module, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 from fastdlight.search.options import TuneOptions  # noqa: E402
 from fastdlight.search.runner import TuningError, apply_and_build  # noqa: E402
 

@@ -27,7 +27,8 @@ import fastdlight  # noqa: E402
 from bench_gemm_hopper import matmul_func  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.search import stages  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.measure.timing import function_name, time_launches, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 SHAPES = {"up": (2048, 11008, 4096), "down": (2048, 4096, 11008), "llama_up": (512, 5632, 2048),
           "o": (2048, 4096, 4096), "sq4096": (4096, 4096, 4096)}

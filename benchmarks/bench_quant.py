@@ -87,7 +87,8 @@ def graph_timer(best, arch):
     import tvm
 
     from fastdlight.measure.graph_timing import time_graph
-    from fastdlight.measure.timing import Workload, function_name
+    from fastdlight.measure.timing import function_name
+    from fastdlight.measure.workload import Workload
 
     wl = Workload(best._func, tvm.cuda(0), seed=0)
     sets = wl.timing_arg_sets(arch.l2_bytes)

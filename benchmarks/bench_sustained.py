@@ -37,7 +37,8 @@ from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
 from fastdlight.relax.gated import gated_product  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
 from fastdlight.compiler.compile import build  # noqa: E402
-from fastdlight.measure.timing import Workload, function_name, time_launches, time_torch  # noqa: E402
+from fastdlight.measure.timing import function_name, time_launches, time_torch
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 BUDGET_MS = 100.0
 

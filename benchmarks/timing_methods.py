@@ -34,7 +34,8 @@ from fastdlight.policies.default import DefaultPolicy  # noqa: E402
 from fastdlight.schedules import apply_config  # noqa: E402
 from fastdlight.compiler.compile import build  # noqa: E402
 from fastdlight.measure.cuda_events import Event  # noqa: E402
-from fastdlight.measure.timing import Workload, flush_bytes_for, function_name, time_launches, time_module  # noqa: E402
+from fastdlight.measure.timing import flush_bytes_for, function_name, time_launches, time_module
+from fastdlight.measure.workload import Workload  # noqa: E402
 
 
 def median_of(samples):

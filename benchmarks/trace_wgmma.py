@@ -245,7 +245,8 @@ def trace(func, config: Config, arch) -> list[CtaRecord]:
 
     from fastdlight.schedules import apply_config
     from fastdlight.compiler.compile import build, compile_cubin
-    from fastdlight.measure.timing import Workload, function_name, heat
+    from fastdlight.measure.timing import function_name, heat
+    from fastdlight.measure.workload import Workload
 
     def compile_instrumented(code, *_):
         return bytearray(compile_cubin(instrument(code), tvm.target.Target.current()).binary)

@@ -297,7 +297,7 @@ def test_a_library_warning_points_at_the_callers_line():
 def test_the_size_checks_see_the_tensors_ops_builds(argv):
     from fastdlight.cli.args import build_parser, validate_args
     from fastdlight.cli.workload import make_op
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     args = build_parser().parse_args(["tune", *argv])
     built = [(static_shape(b), str(b.dtype)) for b in param_buffers(make_op(args).func)]

@@ -285,7 +285,8 @@ def tvm_timer(func, config):
     from fastdlight.arch import auto_arch
     from fastdlight.compiler import build_task
     from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import Workload, function_name, time_module
+    from fastdlight.measure.timing import function_name, time_module
+    from fastdlight.measure.workload import Workload
 
     arch = auto_arch()
     with arch.target:

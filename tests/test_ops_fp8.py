@@ -9,7 +9,7 @@ import tvm
 
 import fastdlight
 from fastdlight import ops
-from fastdlight.measure.timing import host_inputs
+from fastdlight.measure.workload import host_inputs
 
 
 def normal_fp8(a: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import tvm
 
 import fastdlight
 from fastdlight import ops
-from fastdlight.measure.timing import host_inputs
+from fastdlight.measure.workload import host_inputs
 
 
 def element_weights(q, s, z, group_size):

@@ -79,7 +79,7 @@ def once_resolved(args, arch, func) -> None:
 
 def _check_file_function(args, func, arch) -> None:
     from fastdlight.analysis.prepare import check_index_range
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     tensors = []
     try:

@@ -120,7 +120,7 @@ def make_workload(args):
 def func_bytes(func, fname: str) -> int:
     import tvm
 
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     try:
         return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))

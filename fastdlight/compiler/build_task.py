@@ -328,7 +328,7 @@ def probe_candidate(so_path: str, func_json: str, seed: int) -> bool:
 def probe_inputs(func_json: str, seed: int):
     """The probe process's inputs for a function, made on first use (a task of its own, sent
     ahead of the first probe: see :meth:`stages.Prober.prepare`)."""
-    from fastdlight.measure.timing import Workload
+    from fastdlight.measure.workload import Workload
 
     return probe_workload(func_json, seed, lambda: Workload(load_func(func_json), tvm.cuda(PROBE_DEVICE[0]), seed))
 

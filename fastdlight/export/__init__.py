@@ -91,7 +91,7 @@ class ExportResult:
 # -- inputs and the reference -------------------------------------------------------------------
 def make_inputs(func, seed: int = 0) -> dict:
     """Random inputs by parameter index, the values the tuner's ``Workload(func, seed)`` uses."""
-    from fastdlight.measure.timing import host_inputs
+    from fastdlight.measure.workload import host_inputs
 
     return {i: a for i, a in enumerate(host_inputs(func, seed)) if a is not None}
 
@@ -111,7 +111,7 @@ def _cpu_reference(func, inputs: dict):
     import numpy as np
     import tvm
 
-    from fastdlight.measure.timing import output_indices, param_buffers, static_shape
+    from fastdlight.measure.workload import output_indices, param_buffers, static_shape
     from fastdlight.measure.verify import Reference, expected_from_outputs, magnitude_inputs, output_kinds
     from fastdlight.measure.widen import widen_to_float64
 

@@ -150,7 +150,7 @@ def data_sections(plan: LaunchPlan, inputs: dict, expected) -> tuple[list[bytes]
     expected values (float32, or int64 for exact outputs) and the allowed error (float32)."""
     import numpy as np
 
-    from fastdlight.measure.timing import bf16_bits
+    from fastdlight.measure.workload import bf16_bits
     from fastdlight.measure.verify import MAX_FINITE, allowed_error
 
     sections, checks = [], []

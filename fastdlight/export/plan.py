@@ -134,7 +134,7 @@ def launch_plan(lowered, func) -> LaunchPlan:
     exported (its parameters, shapes and outputs)."""
     import tvm
 
-    from fastdlight.measure.timing import output_indices, param_buffers, static_shape
+    from fastdlight.measure.workload import output_indices, param_buffers, static_shape
 
     hosts = [f for _, f in lowered.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tirx.is_entry_func", False)]

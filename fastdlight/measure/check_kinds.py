@@ -16,7 +16,7 @@ from tvm.s_tir.stmt import SBlock
 
 from fastdlight.analysis.attention import match_attention
 from fastdlight.measure import host
-from fastdlight.measure.timing import output_indices, param_buffers
+from fastdlight.measure.workload import output_indices, param_buffers
 
 #: unit roundoff (half an ulp at 1.0) per float dtype; integers are exact (0)
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53,
@@ -169,7 +169,7 @@ def _kind_of(out, blocks) -> CheckKind:
 
 
 def output_kinds(func: tirx.PrimFunc) -> tuple[CheckKind, ...]:
-    """How each output of ``func`` (in :func:`~fastdlight.measure.timing.output_indices` order)
+    """How each output of ``func`` (in :func:`~fastdlight.measure.workload.output_indices` order)
     is checked; see the module docstring for the rule."""
     params = param_buffers(func)
     attention = match_attention(func)

@@ -1,6 +1,6 @@
 """Which inputs of a function are not free to be random: indices into another buffer (kept
 inside it) and scalars a model always passes (made with the model's value). The tuning run's
-inputs (:func:`fastdlight.measure.timing.host_inputs`) follow both."""
+inputs (:func:`fastdlight.measure.workload.host_inputs`) follow both."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ from fastdlight.measure.check_kinds import (  # noqa: F401 - part of this module
     walk_exprs,
     wants_own_dtype_run,
 )
-from fastdlight.measure.timing import output_indices, param_buffers, static_shape
+from fastdlight.measure.workload import output_indices, param_buffers, static_shape
 
 #: multiplier of u·S, the random-walk part of an accumulation's error (module docstring)
 C_MAGNITUDE = 16.0

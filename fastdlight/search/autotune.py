@@ -214,7 +214,7 @@ def _as_primfunc(out, who: str) -> tirx.PrimFunc | None:
 
 
 def _signature(func) -> list[tuple]:
-    from fastdlight.measure.timing import param_buffers
+    from fastdlight.measure.workload import param_buffers
 
     return [(tuple(str(d) for d in b.shape), str(b.dtype)) for b in param_buffers(func)]
 

@@ -37,7 +37,8 @@ from fastdlight.search.options import TuneOptions
 from fastdlight.search.reference import run_widened
 from fastdlight.search.runner import verify_module
 from fastdlight.measure.gpu_turns import GPU_TURNS
-from fastdlight.measure.timing import Workload, function_name, time_module
+from fastdlight.measure.timing import function_name, time_module
+from fastdlight.measure.workload import Workload
 from fastdlight.measure.verify import NAIVE_REFERENCE, expected_from_outputs
 from fastdlight.measure.widen import naive_reference_module
 

@@ -23,7 +23,8 @@ import numpy as np
 import tvm
 
 from fastdlight.arch import CUDA
-from fastdlight.measure.timing import Workload, function_name, param_buffers, static_shape, to_device, to_host
+from fastdlight.measure.timing import function_name
+from fastdlight.measure.workload import Workload, param_buffers, static_shape, to_device, to_host
 from fastdlight.measure import clock, host
 from fastdlight.measure.widen import OWN_DTYPES
 from fastdlight.measure.gpu_turns import GPU_TURNS

@@ -38,7 +38,8 @@ from fastdlight.measure import clock
 from fastdlight.compiler.artifacts import BuildRequest
 from fastdlight.search import remote
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import Workload, function_name, param_buffers, static_shape
+from fastdlight.measure.timing import function_name
+from fastdlight.measure.workload import Workload, param_buffers, static_shape
 from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
 from fastdlight.measure.gpu_turns import GPU_TURNS
@@ -321,7 +322,8 @@ def measure_built(p: BuildPlan, builts, opts: TuneOptions, device: int = 0,
     the checks all on one): ``(ranked, best, bytes of the buffers)``. A local run and the RPC
     server (``fastdlight.rpc_server``) both measure this way."""
     wl_maker = Workload.background(p.func, opts.workload, opts.seed, tvm.cuda(device), GPU_TURNS.turn(device))
-    spares = {d: Workload.background(p.func, None, opts.seed, tvm.cuda(d), GPU_TURNS.turn(d)).get for d in spare}
+    spares = {d: Workload.background(p.func, None, opts.seed, tvm.cuda(d), GPU_TURNS.turn(d), wl_maker.get).get
+              for d in spare}
     timer = Timer(p.arch, wl_maker.get, opts, device, spares)
     reference = ReferenceRun(p.func, opts.ref) if opts.check != "none" else None
     results: dict[int, CompileResult] = {i: CompileResult(c, i, failure=Failure.of("build", "build: not built"))

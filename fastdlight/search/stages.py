@@ -22,8 +22,8 @@ from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, MIN_GRAPH_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import (HEAT_LIGHT_MS, Timing, Workload, flush_bytes_for, function_name, heat,
-                                       launch_estimate_ms, time_module)
+from fastdlight.measure.timing import HEAT_LIGHT_MS, Timing, flush_bytes_for, function_name, heat, launch_estimate_ms, time_module
+from fastdlight.measure.workload import Workload
 from fastdlight.search.options import TuneOptions
 from fastdlight.compiler.pool import probe_pool, shared_pool
 from fastdlight.compiler.workers import Outcome, Task, one_line

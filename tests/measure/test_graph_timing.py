@@ -26,7 +26,8 @@ def test_graph_timing_of_a_tvm_kernel(n):
     from fastdlight.config import Config
     from fastdlight.schedules import apply_config
     from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import Workload, function_name, time_launches
+    from fastdlight.measure.timing import function_name, time_launches
+    from fastdlight.measure.workload import Workload
 
     op = ops.elementwise((n, n), "float16", "add")
     arch = auto_arch()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fastdlight.measure import host
-from fastdlight.measure.timing import random_array
+from fastdlight.measure.workload import random_array
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import tvm
 from fastdlight import ops
 from fastdlight.measure import inputs
 from fastdlight.measure import timing as measure
+from fastdlight.measure import workload
 
 
 def cpu_build(func):
@@ -16,23 +17,23 @@ def cpu_build(func):
 
 
 def test_output_indices():
-    assert measure.output_indices(ops.matmul(32, 32, 32, "float32").func) == [2]
-    assert measure.output_indices(ops.softmax(8, 16).func) == [1]
-    assert measure.output_indices(ops.elementwise((4, 4), "float16", "copy").func) == [1]
+    assert workload.output_indices(ops.matmul(32, 32, 32, "float32").func) == [2]
+    assert workload.output_indices(ops.softmax(8, 16).func) == [1]
+    assert workload.output_indices(ops.elementwise((4, 4), "float16", "copy").func) == [1]
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "uint8"])
 def test_integer_inputs_are_never_zero(dtype):
-    arr = measure.random_array((64, 64), dtype, np.random.default_rng(0))
+    arr = workload.random_array((64, 64), dtype, np.random.default_rng(0))
     assert arr.dtype == np.dtype(dtype) and np.all(arr != 0)
     assert len(np.unique(arr)) > 2
 
 
 def test_float_and_bf16_inputs():
     rng = np.random.default_rng(0)
-    a = measure.random_array((128,), "float16", rng)
+    a = workload.random_array((128,), "float16", rng)
     assert a.dtype == np.float16 and np.all(np.abs(a) <= 1) and np.std(a) > 0.3
-    b = measure.random_array((128,), "bfloat16", rng)
+    b = workload.random_array((128,), "bfloat16", rng)
     # bf16 values: the low 16 bits of the float32 pattern are zero
     assert np.all(b.view(np.uint32) & 0xFFFF == 0)
 
@@ -43,7 +44,7 @@ def test_workload_checks_a_built_kernel_and_catches_poison(dtype):
 
     op = ops.elementwise((64, 64), dtype, "add")
     mod = cpu_build(op.func)
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     expected = expected_from_numpy(op.reference, wl.host_inputs, op.func)
     name = measure.function_name(mod, op.func)
     assert check_outputs(wl.run_outputs(mod[name]), expected, [dtype]).ok
@@ -64,14 +65,27 @@ def test_the_inputs_are_made_without_the_device_lock_and_copied_with_it(monkeypa
             self.held = False
 
     lock, made, copied = Lock(), [], []
-    random_array, to_device = measure.random_array, measure.to_device
-    monkeypatch.setattr(measure, "random_array", lambda *a: made.append(lock.held) or random_array(*a))
-    monkeypatch.setattr(measure, "to_device", lambda *a: copied.append(lock.held) or to_device(*a))
+    random_array, to_device = workload.random_array, workload.to_device
+    monkeypatch.setattr(workload, "random_array", lambda *a: made.append(lock.held) or random_array(*a))
+    monkeypatch.setattr(workload, "to_device", lambda *a: copied.append(lock.held) or to_device(*a))
     op = ops.matmul(16, 16, 16, "float32")
-    wl = measure.Workload(op.func, tvm.cpu(0), seed=3, device_lock=lock)
+    wl = workload.Workload(op.func, tvm.cpu(0), seed=3, device_lock=lock)
     assert made == [False, False] and copied == [True, True] and not lock.held
-    plain = measure.Workload(op.func, tvm.cpu(0), seed=3)
+    plain = workload.Workload(op.func, tvm.cpu(0), seed=3)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(wl.args[:2], plain.args[:2]))
+
+
+def test_a_copy_on_another_device_has_the_same_inputs_without_making_them_again(monkeypatch):
+    op = ops.matmul(16, 16, 16, "float32")
+    wl = workload.Workload(op.func, tvm.cpu(0), seed=3)
+    monkeypatch.setattr(workload, "random_array", lambda *a: pytest.fail("inputs made again"))
+    copy = wl.copy(tvm.cpu(0))
+    assert copy.args[0] is not wl.args[0] and copy.out_idx == wl.out_idx
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(wl.args[:2], copy.args[:2]))
+    maker = workload.Workload.background(op.func, None, 0, tvm.cpu(0), source=lambda: wl)
+    assert np.array_equal(maker.get().args[0].numpy(), wl.args[0].numpy())
+    failed = workload.Workload.background(op.func, None, 0, tvm.cpu(0), source=lambda: None)
+    assert failed.get() is None and "not made" in failed.error
 
 
 def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
@@ -80,7 +94,7 @@ def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
 
     op = ops.elementwise((8, 8), "float32", "add")
     mod = cpu_build(op.func)
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     seen = []
     run_outputs = wl.run_outputs
     monkeypatch.setattr(wl, "run_outputs", lambda fn: seen.append(stages.GPU_TURN.locked()) or run_outputs(fn))
@@ -91,7 +105,7 @@ def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
 def test_time_module_budget_and_median():
     op = ops.elementwise((256, 256), "float32", "add")
     mod = cpu_build(op.func)
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     t = measure.time_module(mod, measure.function_name(mod, op.func), wl.args, tvm.cpu(0), budget_ms=20,
                             flush_bytes=1 << 20)
     assert len(t.samples_ms) >= 10
@@ -115,7 +129,7 @@ def test_rotation_copies_cover_twice_the_l2():
 
 def test_timing_arg_sets_copy_inputs_and_share_outputs():
     op = ops.elementwise((256, 256), "float32", "add")
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     sets = wl.timing_arg_sets(l2_bytes=1 << 20)
     assert len(sets) == measure.rotation_copies(2 * 256 * 256 * 4, 1 << 20) > 2
     assert sets[0] == wl.args and wl.timing_arg_sets(1 << 20) is sets  # made once
@@ -131,7 +145,7 @@ def test_timing_arg_sets_copy_inputs_and_share_outputs():
 def test_time_module_rotates_through_every_set():
     op = ops.elementwise((64, 64), "float32", "add")
     mod = cpu_build(op.func)
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     sets = wl.timing_arg_sets(l2_bytes=64 << 10)
     assert len(sets) > 5
     sets = sets[:5]  # at least 10 launches are timed, whatever the CPU's load: every set is reached
@@ -146,7 +160,7 @@ def test_time_module_rotates_through_every_set():
 def test_time_module_rejects_unknown_method():
     op = ops.elementwise((64, 64), "float32", "add")
     mod = cpu_build(op.func)
-    wl = measure.Workload(op.func, tvm.cpu(0))
+    wl = workload.Workload(op.func, tvm.cpu(0))
     with pytest.raises(ValueError, match="rotate"):
         measure.time_module(mod, measure.function_name(mod, op.func), wl.args, tvm.cpu(0), 5, method="bogus")
 
@@ -165,7 +179,7 @@ def test_rotated_timing_reads_from_dram_not_l2():
     op = ops.elementwise((2048, 4096), "float16", "copy")  # 16 MB in, 16 MB out
     sch = dispatch_config(op.func, Config("elementwise", block=(1, 2048), thread=(1, 8))).schedule
     mod = build(sch.mod, tvm.target.Target.from_device(dev))
-    wl = measure.Workload(op.func, dev)
+    wl = workload.Workload(op.func, dev)
     name = measure.function_name(mod, op.func)
     rotated = measure.time_module(mod, name, wl.timing_arg_sets(arch.l2_bytes), dev, budget_ms=50)
     same = measure.time_module(mod, name, [wl.args], dev, budget_ms=50)
@@ -187,7 +201,7 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
                 out[vi, vj] = table[idx[vi], vj]
 
     assert inputs.index_bounds(gather) == {"idx": 32}
-    wl = measure.Workload(gather, tvm.cpu(0))
+    wl = workload.Workload(gather, tvm.cpu(0))
     idx = wl.host_inputs[1]
     assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8
 
@@ -216,7 +230,7 @@ def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
                 out[vi, vj] = table[b0[vi, vj], b1[vi, vj]]
 
     assert inputs.index_bounds(advanced_index) == {"rows": 2, "cols": 512}
-    wl = measure.Workload(advanced_index, tvm.cpu(0))
+    wl = workload.Workload(advanced_index, tvm.cpu(0))
     rows, cols = wl.host_inputs[1], wl.host_inputs[2]
     assert rows.min() >= 0 and rows.max() < 2 and cols.min() >= 0 and cols.max() < 512
 
@@ -231,12 +245,12 @@ def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
                 vi, vj = T.axis.remap("SS", [i, j])
                 b[vi, vj] = a[vi, vj] * s[()]
 
-    wl = measure.Workload(scaled, dev=tvm.cpu(0))
-    assert [tuple(b.shape) for b in measure.param_buffers(scaled)] == [(8, 16), (), (8, 16)]
+    wl = workload.Workload(scaled, dev=tvm.cpu(0))
+    assert [tuple(b.shape) for b in workload.param_buffers(scaled)] == [(8, 16), (), (8, 16)]
     assert [h.shape for h in wl.host_inputs] == [(8, 16), ()]
     # on the device it stays 0-d (np.ascontiguousarray would make it shape (1,), and the
     # kernel's ndim check rejects that)
-    assert tuple(measure.to_device(wl.host_inputs[1], "float16", tvm.cpu(0)).shape) == ()
+    assert tuple(workload.to_device(wl.host_inputs[1], "float16", tvm.cpu(0)).shape) == ()
 
 
 def test_inputs_a_model_passes_as_constants_hold_its_values():
@@ -252,8 +266,8 @@ def test_inputs_a_model_passes_as_constants_hold_its_values():
     assert inputs.known_input_values(cube) == {}
     known = cube.with_attr(inputs.INPUT_VALUES, {"p": 3.0})
     assert inputs.known_input_values(known) == {"p": 3.0}
-    x, p, out = measure.host_inputs(known, seed=1)
+    x, p, out = workload.host_inputs(known, seed=1)
     assert out is None and p.shape == () and float(p) == 3.0 and p.dtype == np.float16
-    assert np.array_equal(x, measure.host_inputs(cube, seed=1)[0])  # the other inputs as before
-    wl = measure.Workload(known, tvm.cpu(0), seed=1)
+    assert np.array_equal(x, workload.host_inputs(cube, seed=1)[0])  # the other inputs as before
+    wl = workload.Workload(known, tvm.cpu(0), seed=1)
     assert float(wl.host_inputs[1]) == 3.0

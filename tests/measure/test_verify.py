@@ -10,7 +10,7 @@ from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.measure import host, verify, widen
-from fastdlight.measure.timing import param_buffers
+from fastdlight.measure.workload import param_buffers
 
 M, N, K = 64, 64, 4096
 

@@ -79,7 +79,7 @@ def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
     from tvm.s_tir import dlight as dl
 
     from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
     with H100:

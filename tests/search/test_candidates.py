@@ -79,7 +79,7 @@ def test_symbolic_function_is_specialized_by_opt_shapes():
         warnings.simplefilter("ignore")
         tuned = candidates.tune_function(scale, H100, 2, TuneOptions(measure=False, max_workers=2),
                                          opt_shapes={"n": 512})
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     assert tuned.best.compiled
     assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(512, 256), (512, 256)]

@@ -34,7 +34,7 @@ def composite_dim(p_x: T.handle, w: T.Buffer((T.int64(64), T.int64(512)), "float
 
 
 def test_a_dimension_that_is_an_expression_is_specialized():
-    from fastdlight.measure.timing import param_buffers, static_shape
+    from fastdlight.measure.workload import param_buffers, static_shape
 
     tuned = compiles(composite_dim, {"n": 256})
     assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(64, 256), (64, 512), (1024,)]
