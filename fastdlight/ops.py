@@ -16,8 +16,10 @@ from tvm import te, tirx
 
 from fastdlight.analysis.attention import AttentionShape, attention_func
 from fastdlight.analysis.decode_attention import (
+    TICKETS,
     DecodeAttentionShape,
     chunk_reference,
+    combine_reference,
     decode_paged_func,
     decode_split_func,
 )
@@ -379,18 +381,19 @@ def attention(batch, heads, seq_q, seq_kv, head_dim, kv_heads=None, causal=False
 
 
 def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appended=True, dtype="float16",
-                     page_size=0) -> Op:
+                     page_size=0, merged=False) -> Op:
     """The chunk step of split-KV decode attention
     (:func:`~fastdlight.analysis.decode_attention.decode_split_func`): ``rows`` query rows per
     K/V head against a cache of ``seq_kv`` keys (and, ``appended``, the new token's key and
     value), cut into ``splits`` chunks. ``page_size``: the cache in pages of a pool
     (:func:`~fastdlight.analysis.decode_attention.decode_paged_func`), ``ceil(seq_kv /
-    page_size)`` pages a sequence, every sequence ``seq_kv`` long (the page table random)."""
+    page_size)`` pages a sequence, every sequence ``seq_kv`` long (the page table random).
+    ``merged``: the step also merges the chunks (its ticket counters zero)."""
     _check_shape(batch, kv_heads, rows, seq_kv, head_dim, splits)
     _check_dtype(dtype, ("float16", "bfloat16"))
     paged = page_size > 0
     shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended and not paged, dtype=dtype,
-                                 page_size=page_size)
+                                 page_size=page_size, merged=merged)
     width = -(-seq_kv // page_size) if paged else 0
 
     def ref(q, k, v, *rest):
@@ -400,15 +403,15 @@ def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appende
                     for pool in (k, v))
         elif appended:
             k, v = np.concatenate([k, rest[0]], axis=2), np.concatenate([v, rest[1]], axis=2)
-        return chunk_reference(shape, q, k, v)
+        parts = chunk_reference(shape, q, k, v)
+        return (*parts, combine_reference(*parts)) if merged else parts
 
     keys = seq_kv + int(shape.appended)
     flops = 4.0 * batch * kv_heads * rows * keys * head_dim
-    if paged:
-        func = decode_paged_func(shape, batch * width + 3, width).with_attr(INPUT_VALUES, {"lengths": float(seq_kv)})
-    else:
-        func = decode_split_func(shape, seq_kv)
-    return Op("decode_attention", func, ref, flops, shape.cache_bytes(seq_kv))
+    known = ({"lengths": float(seq_kv)} if paged else {}) | ({TICKETS: 0.0} if merged else {})
+    func = decode_paged_func(shape, batch * width + 3, width) if paged else decode_split_func(shape, seq_kv)
+    return Op("decode_attention", func.with_attr(INPUT_VALUES, known) if known else func, ref, flops,
+              shape.cache_bytes(seq_kv))
 
 
 def conv2d_nhwc(n, h, w, c, k, r=3, s=3, stride=1, pad=1, dtype="float16", out_dtype=None) -> Op:

@@ -18,6 +18,11 @@ function merges the chunks (:func:`decode_combine_func`):
 
 Both carry their shape as an attribute (:data:`SPLIT_ATTR`, :data:`COMBINE_ATTR`), the split's
 template reads it instead of re-deriving attention from the blocks.
+
+``merged`` shapes fold the merge into the split: the function also takes a ticket counter per
+(batch, K/V head) (``tickets``, int32, zero on entry and left zero: :data:`TICKETS`) and also
+writes the merged output; its kernel has the last CTA of each (batch, K/V head) to finish its
+chunk merge them, so that no second kernel waits for the first.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class DecodeAttentionShape:
     scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     dtype: str = "float16"
     page_size: int = 0  # > 0: K and V in pages of a pool, a page table and a length per sequence
+    merged: bool = False  # the split also merges (see the module docstring)
 
     def __post_init__(self):
         dims = (self.batch, self.kv_heads, self.rows, self.head_dim, self.splits)
@@ -93,6 +99,10 @@ class DecodeAttentionShape:
         return ((b, g, s, r, self.head_dim), (b, g, s, r), (b, g, s, r))
 
     @property
+    def tickets_shape(self) -> tuple[int]:
+        return (self.batch * self.kv_heads,)
+
+    @property
     def out_shape(self) -> tuple[int, ...]:
         return (self.batch, self.kv_heads, self.rows, self.head_dim)
 
@@ -101,6 +111,9 @@ class DecodeAttentionShape:
         return 2 * self.batch * self.kv_heads * (seq_kv + int(self.appended)) * self.head_dim * 2
 
 
+#: the name of a merged split's ticket counters (zero on entry: the inputs a tuning run makes
+#: for it must be zeros, not random)
+TICKETS = "tickets"
 #: most chunks a (batch, K/V head) is cut into
 MAX_SPLITS = 128
 #: CTAs an SM gets over all chunks: a CTA streams its chunk a tile at a time at about 11 GB/s
@@ -142,7 +155,7 @@ def decode_split_func(shape: DecodeAttentionShape, seq_kv, name: str = "decode_a
     kn, vn = (ins[3], ins[4]) if s.appended else (None, None)
     n, c = keys(seq_kv, s.appended), chunk_of(seq_kv, s.splits, s.appended)
     outs = _chunk_step(s, ins[0], at(ins[1], kn), at(ins[2], vn), lambda b: n, lambda b: c, c)
-    return _with_attrs(te.create_prim_func([*ins, *outs]), s, name)
+    return _finished(s, ins, outs, name)
 
 
 def decode_paged_func(shape: DecodeAttentionShape, pages, width, name: str = "decode_attention") -> tirx.PrimFunc:
@@ -168,6 +181,14 @@ def decode_paged_func(shape: DecodeAttentionShape, pages, width, name: str = "de
 
     extent = (width * page + s.splits - 1) // s.splits
     outs = _chunk_step(s, ins[0], at(ins[1]), at(ins[2]), n_of, c_of, extent)
+    return _finished(s, ins, outs, name)
+
+
+def _finished(s: DecodeAttentionShape, ins: list, outs, name: str) -> tirx.PrimFunc:
+    """The split's PrimFunc: inputs, (merged: the tickets), ``o, m, l``, (merged: the output)."""
+    if s.merged:
+        ins = [*ins, te.placeholder(s.tickets_shape, "int32", name=TICKETS)]
+        outs = [*outs, _combined(s, *outs)]
     return _with_attrs(te.create_prim_func([*ins, *outs]), s, name)
 
 
@@ -219,9 +240,21 @@ def chunk_reference(shape: DecodeAttentionShape, q, k, v):
     return o, m, l
 
 
+def combine_reference(o, m, l):
+    """The merged output of the chunks' ``o, m, l`` (numpy, float64)."""
+    w = np.exp(m - m.max(axis=2, keepdims=True))  # [B, G, S, R]
+    return (w[..., None] * o).sum(axis=2) / (w * l).sum(axis=2)[..., None]
+
+
 def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine") -> tirx.PrimFunc:
     """The naive TIR that merges the chunks (see the module docstring), out in ``shape.dtype``."""
     o, m, l = (te.placeholder(dims, "float32", name=n) for dims, n in zip(shape.partial_shapes, ("O", "M", "L")))
+    func = te.create_prim_func([o, m, l, _combined(shape, o, m, l)])
+    return func.with_attr("global_symbol", name).with_attr(COMBINE_ATTR, {k: v for k, v in asdict(shape).items()})
+
+
+def _combined(shape: DecodeAttentionShape, o, m, l) -> te.Tensor:
+    """The merged output of the chunks' ``o, m, l`` (in ``shape.dtype``)."""
     s1, s2, s3 = (te.reduce_axis((0, shape.splits), name=f"s{i}") for i in (1, 2, 3))
     lead = (shape.batch, shape.kv_heads, shape.rows)
     top = te.compute(lead, lambda b, g, r: te.max(m[b, g, s1, r], axis=s1), name="top")
@@ -229,10 +262,8 @@ def decode_combine_func(shape: DecodeAttentionShape, name: str = "decode_combine
                      name="denominator")
     num = te.compute(shape.out_shape, lambda b, g, r, e: te.sum(
         te.exp(m[b, g, s3, r] - top[b, g, r]) * o[b, g, s3, r, e], axis=s3), name="numerator")
-    out = te.compute(shape.out_shape, lambda b, g, r, e: (num[b, g, r, e] / den[b, g, r]).astype(shape.dtype),
-                     name="out")
-    func = te.create_prim_func([o, m, l, out])
-    return func.with_attr("global_symbol", name).with_attr(COMBINE_ATTR, {k: v for k, v in asdict(shape).items()})
+    return te.compute(shape.out_shape, lambda b, g, r, e: (num[b, g, r, e] / den[b, g, r]).astype(shape.dtype),
+                      name="out")
 
 
 def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, object] | None:
@@ -245,7 +276,7 @@ def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, objec
         return None
     params = list(func.params)
     inputs = 5 if shape.page_size else 3 + 2 * shape.appended
-    if len(params) != inputs + 3 or any(getattr(p, "shape", None) is None for p in params) \
+    if len(params) != inputs + 3 + 2 * shape.merged or any(getattr(p, "shape", None) is None for p in params) \
             or len(params[1].shape) != 4 or (shape.page_size and len(params[3].shape) != 2):
         return None
     dims = [int(x) if isinstance(x, tirx.IntImm) else x for x in (params[1].shape[0], params[1].shape[2])]
@@ -258,6 +289,9 @@ def match_decode_split(func: tirx.PrimFunc) -> tuple[DecodeAttentionShape, objec
         wanted, seq_kv = shape.input_shapes(dims[1]), dims[1]
         dtypes = [shape.dtype] * inputs
     want = list(zip((*wanted, *shape.partial_shapes), dtypes + ["float32"] * 3))
+    if shape.merged:
+        want[inputs:inputs] = [(shape.tickets_shape, "int32")]
+        want.append((shape.out_shape, shape.dtype))
     return (shape, seq_kv) if params_agree(func, want) else None
 
 
@@ -280,7 +314,8 @@ def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
         return DecodeAttentionShape(
             batch=int(raw["batch"]), kv_heads=int(raw["kv_heads"]), rows=int(raw["rows"]),
             head_dim=int(raw["head_dim"]), splits=int(raw["splits"]), appended=bool(raw["appended"]),
-            scale=float(raw["scale"]), dtype=str(raw["dtype"]), page_size=int(raw.get("page_size", 0)))
+            scale=float(raw["scale"]), dtype=str(raw["dtype"]), page_size=int(raw.get("page_size", 0)),
+            merged=bool(raw.get("merged", False)))
     except (KeyError, TypeError, ValueError):
         return None
 

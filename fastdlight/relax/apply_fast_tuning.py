@@ -45,7 +45,7 @@ from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names, unique_buffer_names
 from fastdlight.measure import clock
-from fastdlight.measure.inputs import INPUT_VALUES
+from fastdlight.measure.inputs import INPUT_VALUES, known_input_values
 from fastdlight.relax.rewrites import scalar_constant
 from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
@@ -167,7 +167,9 @@ class ApplyFastTuning:
                 if has_reshape_pattern(f):
                     views.append((gv, f))
                 else:
-                    todo.append((gv, f.with_attr(INPUT_VALUES, constants[gv]) if constants.get(gv) else f))
+                    # (values the function carries already, e.g. a merged decode step's zero tickets, kept)
+                    known = {**known_input_values(f), **constants.get(gv, {})}
+                    todo.append((gv, f.with_attr(INPUT_VALUES, known) if known else f))
         self.report.extend(FunctionReport(gv.name_hint, "view", 0.0) for gv, _ in views)
         groups = _structural_groups(todo)
         leaders = sibling_leaders([members[0][1] for members in groups])

@@ -144,7 +144,45 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
     @T.macro
-    def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L):
+    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
+        """(A merged shape.) Each thread's writes made visible, the CTA takes a ticket for its
+        (batch, K/V head); the CTA that takes the last merges every chunk of it (a thread per
+        output element, as the merge kernel's warps do) and leaves the counter at zero."""
+        Tf = T.decl_buffer((B * G,), "int32", data=Tickets.data)
+        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
+        T.cuda.thread_fence()
+        T.cuda.cta_sync()
+        if tid == 0:
+            ticket[0] = T.cuda.atomic_add(T.address_of(Tf[bg]), 1)
+            last[0] = ticket[0]
+        T.cuda.cta_sync()
+        if last[0] == S - 1:
+            T.cuda.thread_fence()  # the other CTAs' chunks, fenced before their tickets
+            for it in T.serial((R * D + threads - 1) // threads):
+                idx = T.meta_var(it * threads + tid)
+                if idx < R * D:
+                    row = T.meta_var(bg * S * R + idx // D)  # chunk 0's row; chunk p's is R * p on
+                    st[0] = Mf[row]
+                    for p in T.serial(1, S):
+                        st[0] = T.max(st[0], Mf[row + p * R])
+                    st[1] = T.float32(0)
+                    st[2] = T.float32(0)
+                    for p in T.serial(S):
+                        st[3] = T.exp(Mf[row + p * R] - st[0])
+                        st[1] = st[1] + st[3] * Lf[row + p * R]
+                        st[2] = st[2] + st[3] * Of[(row + p * R) * D + idx % D]
+                    Yf[bg * R * D + idx] = T.Cast(dtype, st[2] / st[1])
+            if tid == 0:
+                Tf[bg] = 0
+
+    @T.macro
+    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
+        T.evaluate(0)
+
+    tail = merge_last if shape.merged else no_merge
+
+    @T.macro
+    def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
         T.device_entry()
         bid = T.cta_id([B * G * S])
         tid = T.thread_id([threads])
@@ -152,6 +190,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         m_s = pool.alloc((warps * R,), "float32", align=16)
         l_s = pool.alloc((warps * R,), "float32", align=16)
         o_s = pool.alloc((warps * R * D,), "float32", align=16)
+        last = pool.alloc((1,), "int32", align=16)
         pool.commit()
         Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((pool_elems,), dtype, data=Vc.data)
@@ -170,6 +209,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         other = T.alloc_buffer((2,), "float32", scope="local")
         merged = T.alloc_buffer((3,), "float32", scope="local")
         nk = T.alloc_buffer((1,), "int64", scope="local")
+        ticket = T.alloc_buffer((1,), "int32", scope="local")
+        st = T.alloc_buffer((4,), "float32", scope="local")
         part = T.meta_var(bid % S)
         bg = T.meta_var(bid // S)
         nk[0] = cache_length(Lengths, bg)
@@ -235,17 +276,20 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     Mf[bid * R + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
                                                      T.float32(EMPTY_MAX))
                     Lf[bid * R + r] = merged[2]
+        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well
-    q, k, v, o, m, l = (*params[:3], *params[-3:])
+    outputs = 4 if shape.merged else 3
+    q, k, v, (o, m, l) = (*params[:3], params[len(params) - outputs:][:3])
     # (a buffer a form does not have: one of the others, its branch never taken)
     kn, vn = params[3:5] if appended else (k, v)
     table, lengths = params[3:5] if page else (q, q)
+    tickets, y = (params[-5], params[-1]) if shape.merged else (q, q)
 
     @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
     def kernel():
-        body(q, k, v, kn, vn, table, lengths, o, m, l)
+        body(q, k, v, kn, vn, table, lengths, o, m, l, tickets, y)
 
     return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
 

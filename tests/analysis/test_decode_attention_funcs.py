@@ -19,10 +19,12 @@ from fastdlight.analysis.decode_attention import (
 
 
 def run(func, *arrays, outs, dtype="float32"):
+    """``func`` on LLVM; ``outs`` the outputs' shapes (in ``dtype``) or ``(shape, dtype)`` pairs."""
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [tvm.runtime.tensor(np.zeros(s, dtype), dev)
-                                                          for s in outs]
+    outs = [o if isinstance(o[-1], str) else (o, dtype) for o in outs]
+    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [tvm.runtime.tensor(np.zeros(s, dt), dev)
+                                                          for s, dt in outs]
     lib["main"](*args)
     return [a.numpy() for a in args[len(arrays):]]
 
@@ -86,3 +88,31 @@ def test_the_paged_step_reads_each_sequence_through_its_page_table(seq_kv, page_
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="paged cache"):
         DecodeAttentionShape(1, 8, 4, 128, 4, appended=False, page_size=24)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_the_merged_step_also_writes_attention_over_every_key(page_size):
+    """A merged step takes the ticket counters (zeros) and writes the chunks and their merge."""
+    from fastdlight.analysis.decode_attention import TICKETS
+    from fastdlight.measure.inputs import known_input_values
+
+    op = ops.decode_attention(2, 2, 3, 37, 32, splits=4, page_size=page_size, merged=True)
+    shape = match_decode_split(op.func)[0]
+    assert shape.merged and known_input_values(op.func)[TICKETS] == 0.0
+    rng = np.random.default_rng(2)
+    params = op.func.params
+    floats = 3 if page_size else len(params) - 5  # Q, K, V (and the appended token's K, V)
+    ins = [rng.standard_normal([int(x) for x in p.shape]).astype("float16") for p in params[:floats]]
+    if page_size:
+        width = int(params[3].shape[1])
+        pages = int(params[1].shape[0])
+        ins += [rng.permutation(pages)[:2 * width].reshape(2, width).astype("int32"), np.full(2, 37, "int32")]
+    ins.append(np.zeros(shape.tickets_shape, "int32"))
+    *parts, out = run(op.func, *ins, outs=[*shape.partial_shapes, (shape.out_shape, "float16")])
+    want = op.reference(*(a.astype(np.float64) for a in ins[:floats]), *ins[floats:-1])
+    for got, expected in zip(parts, want[:3]):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, want[3], rtol=1e-3, atol=1e-3)
+    if not page_size:
+        k, v = (np.concatenate([ins[i], ins[i + 2]], axis=2) for i in (1, 2))
+        np.testing.assert_allclose(want[3], attention(ins[0], k, v, shape.scale), rtol=1e-6, atol=1e-9)

@@ -94,3 +94,30 @@ def test_prepare_keeps_the_pair_whole_with_their_attributes():
     mod = prepare("nvidia/nvidia-h100")(decode_module())
     attrs = [dict(f.attrs) for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and f.attrs is not None]
     assert sum(SPLIT_ATTR in a for a in attrs) == 1 and sum(COMBINE_ATTR in a for a in attrs) == 1
+
+
+@pytest.mark.parametrize("appended", [True, False])
+def test_merged_in_the_step_it_is_one_call_with_zero_tickets_and_the_same_values(appended, monkeypatch):
+    """``FASTDLIGHT_DECODE_MERGE=step``: the chunk step also merges (its last CTA, on a GPU);
+    its ticket counters are a constant of zeros, and a tuning run's inputs hold zeros too."""
+    from fastdlight.analysis.decode_attention import TICKETS, match_decode_split
+    from fastdlight.measure.inputs import known_input_values
+
+    monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", "step")
+    mod = decode_module(appended)
+    fused = decode_attention("nvidia/nvidia-h100")(mod)
+    names = calls(fused)
+    assert names.count("decode_attention") == 1 and "decode_combine" not in names
+    step = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
+    assert match_decode_split(step)[0].merged and known_input_values(step) == {TICKETS: 0.0}
+    rng = np.random.default_rng(1)
+    for n in (3, 70):
+        arrays = [rng.standard_normal(s).astype("float16") for s in
+                  [(B, G, R, D), (B, G, n, D), (B, G, n, D)] + [(B, G, 1, D)] * (2 * appended)]
+        np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
+
+
+def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):
+    monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", "elsewhere")
+    with pytest.raises(ValueError, match="FASTDLIGHT_DECODE_MERGE='elsewhere': expected 'kernel' or 'step'"):
+        decode_attention("nvidia/nvidia-h100")(decode_module())

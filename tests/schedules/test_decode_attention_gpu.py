@@ -1,7 +1,8 @@
 """The split-KV decode attention template on the GPU: every layout its policy emits is correct
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
 left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
-last page is partly filled, pages of 16 and 64 tokens). Needs an sm_90 GPU."""
+last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself).
+Needs an sm_90 GPU."""
 
 import pytest
 
@@ -20,6 +21,11 @@ CASES = {
     "d256": (1, 2, 8, 300, 256, 8, False),
     "paged16_odd_length": (2, 8, 4, 1000, 128, 33, False, "float16", 16),
     "paged64_bf16": (3, 4, 2, 777, 64, 8, False, "bfloat16", 64),
+    # the step that also merges (its last CTA a head): timed and checked again and again, so the
+    # tickets it leaves at zero are the next launch's start
+    "merged_llama3": (1, 8, 4, 1000, 128, 33, True, "float16", 0, True),
+    "merged_empty_chunks": (1, 8, 4, 5, 128, 33, True, "float16", 0, True),
+    "merged_paged16_b2": (2, 8, 4, 1000, 128, 17, False, "float16", 16, True),
 }
 
 
