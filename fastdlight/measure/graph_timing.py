@@ -44,9 +44,27 @@ def launches_per_graph(per_launch_ms: float, n_arg_sets: int, min_ms: float = MI
 MIN_REPLAYS = 5
 
 
+#: replays queued on the GPU before the host waits for them: while the host is slow to come back
+#: (a tuning process's other threads hold the interpreter; a thread that waited on the GPU gets
+#: it back only at the interpreter's next switch, up to 5 ms later) the GPU still has replays to
+#: run, where one wait a replay left it idle with its turn held. Two H200s tuning ResNet-18 held
+#: their turns 1.6 times as long as one GPU for the same work (2026-11-29, one wait a replay)
+QUEUED_REPLAY_MS = 8.0
+
+
+def replay_count(budget_ms: float, per_replay_ms: float) -> int:
+    """Replays a timing of ``budget_ms`` takes (:data:`MIN_REPLAYS` to 1000)."""
+    return min(max(MIN_REPLAYS, int(budget_ms / max(per_replay_ms, 1e-3))), 1000)
+
+
+def replay_batches(n: int, per_replay_ms: float) -> list[int]:
+    """``n`` replays as batches queued together (each about :data:`QUEUED_REPLAY_MS` long)."""
+    size = max(1, min(n, int(QUEUED_REPLAY_MS / max(per_replay_ms, 1e-3))))
+    return [size] * (n // size) + ([n % size] if n % size else [])
+
+
 def _replays(run_once, budget_ms: float, per_replay_ms: float) -> list[float]:
-    n = max(MIN_REPLAYS, int(budget_ms / max(per_replay_ms, 1e-3)))
-    return [run_once() for _ in range(min(n, 1000))]
+    return [run_once() for _ in range(replay_count(budget_ms, per_replay_ms))]
 
 
 class LaunchGraph:
@@ -104,8 +122,18 @@ class LaunchGraph:
         return start.elapsed_ms(end)
 
     def time(self, budget_ms: float) -> Timing:
-        """Median ms per launch over at least ``budget_ms`` of replays (:data:`MIN_REPLAYS` at least)."""
-        samples = _replays(self._replay_ms, budget_ms, self.n * self.per_launch_ms)
+        """Median ms per launch over at least ``budget_ms`` of replays (:data:`MIN_REPLAYS` at
+        least), each between two events of its own, queued in batches (:func:`replay_batches`)."""
+        per_replay_ms = self.n * self.per_launch_ms
+        samples = []
+        for size in replay_batches(replay_count(budget_ms, per_replay_ms), per_replay_ms):
+            events = [(Event(), Event()) for _ in range(size)]
+            for start, end in events:
+                start.record(self.stream)
+                self.graph.launch(self.stream.value)
+                end.record(self.stream)
+            events[-1][1].synchronize()
+            samples += [start.elapsed_ms(end) for start, end in events]
         return Timing.of((s / self.n for s in samples), graph=True)
 
     def close(self) -> None:

@@ -41,3 +41,11 @@ def test_graph_timing_of_a_tvm_kernel(n):
     graph = graph_timing.time_graph(fn, sets, dev, 50, queued).median_ms
     assert tvm_ffi.get_raw_stream(dev) == before
     assert 0 < graph <= queued * 1.5 and graph >= queued / 3
+
+
+def test_replays_are_queued_in_batches_of_a_few_milliseconds():
+    assert graph_timing.replay_count(100.0, 1.0) == 100 and graph_timing.replay_count(1.0, 1.0) == 5
+    assert graph_timing.replay_batches(20, 1.0) == [8, 8, 4]
+    assert graph_timing.replay_batches(5, 0.25) == [5]  # a first-pass timing: one wait
+    assert graph_timing.replay_batches(3, 20.0) == [1, 1, 1]  # a long replay: each one waited for
+    assert sum(graph_timing.replay_batches(1000, 0.3)) == 1000
