@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Iterator, Sequence
 
+import tvm
+
 from fastdlight.measure import clock
 
 
@@ -118,6 +120,15 @@ class GpuTurns:
         finally:
             with self._guard:
                 self._functions[index] -= 1
+
+
+def check_devices(devices: Sequence[int]) -> None:
+    """ValueError (one line) if a GPU index of ``devices`` is not on this machine."""
+    count = next((i for i in range(max(devices) + 1) if not tvm.cuda(i).exist), max(devices) + 1)
+    missing = [i for i in devices if i >= count]
+    if missing:
+        raise ValueError(f"devices {','.join(map(str, devices))}: GPU {','.join(map(str, missing))} is not on this "
+                         f"machine ({count} GPU{'s' if count != 1 else ''} visible)")
 
 
 #: this process's GPUs

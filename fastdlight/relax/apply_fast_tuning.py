@@ -45,9 +45,10 @@ from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.analysis.prepare import shape_var_names, unique_buffer_names
 from fastdlight.measure import clock
+from fastdlight.measure.gpu_turns import check_devices
 from fastdlight.measure.inputs import INPUT_VALUES, known_input_values
 from fastdlight.relax.rewrites import scalar_constant
-from fastdlight.search.candidates import best_configs, scheduled_function, tune_function
+from fastdlight.search.candidates import best_configs, measures, scheduled_function, tune_function
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.dynamic import check_dispatch, is_symbolic, tune_dispatch
 from fastdlight.search.options import TuneOptions
@@ -156,6 +157,8 @@ class ApplyFastTuning:
 
     def transform_module(self, mod: IRModule, _ctx: PassContext) -> IRModule:
         arch = self.arch()
+        if self.options.devices and measures(self.options):
+            check_devices(self.options.devices)  # before any function is tuned
         before = clock.snapshot()
         db = TuningDatabase(self.meta_database_dir) if self.meta_database_dir is not None else None
         todo, views = [], []

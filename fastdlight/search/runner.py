@@ -42,7 +42,7 @@ from fastdlight.measure.timing import function_name
 from fastdlight.measure.workload import Workload, param_buffers, static_shape
 from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
-from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.measure.gpu_turns import GPU_TURNS, check_devices
 from fastdlight.search.stages import Built, Prober, Timer, build_stream
 from fastdlight.search.reference import ReferenceRun
 from fastdlight.measure.verify import Expected, Verdict, check_outputs
@@ -271,6 +271,8 @@ def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CU
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastdlight_build_") as out_dir:
         p = plan(func, configs, arch, opts, out_dir)
+        if p.measure and opts.devices and opts.workload is None:
+            check_devices(opts.devices)
         if opts.rpc and opts.measure is not False:
             return _remote_run(p, opts, t_start)
         if not p.measure:

@@ -111,3 +111,16 @@ def test_gpu_a_model_tuned_on_two_gpus_uses_both_and_computes_what_stock_dlight_
             for s in ((128, 256), (256, 512), (256, 512), (512,))]
     outs = [relax.VirtualMachine(fastdlight.build(m, target), dev)["main"](*args).numpy() for m in (tuned, model)]
     np.testing.assert_allclose(outs[0].astype("float32"), outs[1].astype("float32"), rtol=2e-2, atol=1e-3)
+
+
+def test_a_gpu_the_machine_has_not_is_one_line(monkeypatch):
+    from fastdlight.measure import gpu_turns
+
+    class Device:
+        def __init__(self, index):
+            self.exist = index < 2
+
+    monkeypatch.setattr(gpu_turns.tvm, "cuda", Device)
+    gpu_turns.check_devices((0, 1))
+    with pytest.raises(ValueError, match=r"^devices 0,3,5: GPU 3,5 is not on this machine \(2 GPUs visible\)$"):
+        gpu_turns.check_devices((0, 3, 5))
