@@ -7,7 +7,8 @@ and winners.
 After a small operator tuned on each GPU (processes started, contexts made), per model
 (``torch_models``, as ``bench_models`` prepares it), each run from a fresh database: GPU 0 alone
 with the pass's default functions at a time; ``--devices``; GPU 0 alone with as many functions at
-a time as the run on ``--devices`` (so that the ratio is not only the concurrency's). A
+a time as the run on ``--devices``, where that differs (so that the ratio is not only the
+concurrency's). A
 row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
 where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
 the seconds each GPU's turn was held, the tuning process's CPU seconds,
@@ -100,7 +101,8 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
     mod = prepared_module(name, arch)
     one = tune(mod, arch, None, topk, None)
     many = tune(mod, arch, devices, topk, jobs)
-    one_wide = tune(mod, arch, None, topk, many["jobs"])
+    # (the same run when the pass's default is the GPUs' run's concurrency too)
+    one_wide = one if many["jobs"] == one["jobs"] else tune(mod, arch, None, topk, many["jobs"])
     runs = {"one": one, "one_wide": one_wide, "many": many}
     rate = {k: r["candidates"] / r["seconds"] if r["seconds"] else None for k, r in runs.items()}
     row = {"model": name, "devices": list(devices)}

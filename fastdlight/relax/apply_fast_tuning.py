@@ -55,9 +55,12 @@ from fastdlight.search.options import TuneOptions
 from fastdlight.search.report import failure_counts
 
 
-#: functions tuned at once: enough to keep the build workers busy while the GPU times another
-#: function's candidates
-DEFAULT_JOBS = 4
+#: functions tuned at once: enough to keep the build workers busy while the GPUs time other
+#: functions' candidates. On a 32-CPU machine with two H200s (2026-11-29), one GPU tuned
+#: ResNet-18 b16 in 27.3 s at 8 against 32.8 s at 4 (27.3 against 31.0 in another run), a LLaMA
+#: layer as fast either way (17.0 / 16.9 s, 15.5 / 15.0); two GPUs at 8 took 25.8-28.3 s for
+#: ResNet-18 and 30.8 at 16
+DEFAULT_JOBS = 8
 #: a sibling's fastest configs measured for a function with the same matmul or convolution
 #: (ResNet's layers recur with and without the residual add; LLaMA's gate and up projections)
 SIBLING_SEEDS = 4
@@ -123,7 +126,7 @@ class ApplyFastTuning:
     ``max_workers``, ...); an unknown one is refused here. After the pass, ``.report`` lists a
     :class:`FunctionReport` per function and ``.stage_seconds`` where the time went.
     Structurally equal functions are tuned once; ``jobs``
-    functions are tuned at a time (default :data:`DEFAULT_JOBS` a GPU), their candidates built
+    functions are tuned at a time (default :data:`DEFAULT_JOBS`), their candidates built
     by one shared worker pool while each GPU times one candidate at a time
     (:mod:`fastdlight.measure.gpu_turns`). ``devices=(0, 1, ...)`` (a TuneOptions field): each
     function is timed on the GPU of those timing the fewest functions when it starts.
@@ -142,9 +145,7 @@ class ApplyFastTuning:
         self.opt_shapes = dict(opt_shapes or {})
         self.topk, self.target, self.meta_database_dir = topk, target, meta_database_dir
         self.options = TuneOptions.of(options, parallel_build=parallel_build, **tune_options)
-        #: functions tuned at a time: enough that each GPU has one to time while the others'
-        #: candidates build
-        self.jobs = jobs if jobs is not None else DEFAULT_JOBS * len(self.options.devices or (0,))
+        self.jobs = jobs if jobs is not None else DEFAULT_JOBS
         self.progress = progress
         self.report: list[FunctionReport] = []
         #: where the last run's time went (:mod:`fastdlight.measure.clock`)

@@ -83,10 +83,8 @@ def test_devices_are_checked():
         TuneOptions(devices="0,0")
 
 
-def test_two_gpus_tune_twice_the_functions_at_a_time_and_schedule_every_function(model):
+def test_a_model_on_two_gpus_schedules_every_function(model):
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False, max_workers=1, devices=(0, 1))
-    one = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False, max_workers=1)
-    assert tuning.jobs == 2 * one.jobs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tuned = tuning(model)
