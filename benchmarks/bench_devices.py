@@ -7,13 +7,14 @@ and winners.
 After a small operator tuned on each GPU (processes started, contexts made), per model
 (``torch_models``, as ``bench_models`` prepares it), each run from a fresh database: GPU 0 alone
 with the pass's default functions at a time; ``--devices``; GPU 0 alone with as many functions at
-a time as the run on ``--devices``, where that differs (so that the ratio is not only the
-concurrency's). A
+a time as the run on ``--devices`` (so that the ratio is not only the concurrency's; at the
+default, a repeat of the first run). A
 row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
 where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
 the seconds each GPU's turn was held, the tuning process's CPU seconds,
 and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
-than 3 % apart. Writes ``$OUT/bench_devices.json`` and ``.md``.
+than 3 % apart, for the run on ``--devices`` and for the second run on GPU 0 (how far two runs on
+one GPU differ). Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
     mod = prepared_module(name, arch)
     one = tune(mod, arch, None, topk, None)
     many = tune(mod, arch, devices, topk, jobs)
-    # (the same run when the pass's default is the GPUs' run's concurrency too)
-    one_wide = one if many["jobs"] == one["jobs"] else tune(mod, arch, None, topk, many["jobs"])
+    # GPU 0 again, at the GPUs' run's concurrency: where that is the default's, a repeat of the
+    # first run, whose winners then say how far two runs on one GPU differ
+    one_wide = tune(mod, arch, None, topk, many["jobs"])
     runs = {"one": one, "one_wide": one_wide, "many": many}
     rate = {k: r["candidates"] / r["seconds"] if r["seconds"] else None for k, r in runs.items()}
     row = {"model": name, "devices": list(devices)}
@@ -114,12 +116,13 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
     row["speedup"] = round(rate["many"] / rate["one"], 2) if rate["many"] and rate["one"] else None
     row["speedup_same_jobs"] = round(rate["many"] / rate["one_wide"], 2) if rate["many"] and rate["one_wide"] else None
     row["differing"] = differing(one["report"], many["report"])
+    row["differing_one_gpu"] = differing(one["report"], one_wide["report"])
     return row
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | GPUs | s (1 GPU, its jobs) | s (1 GPU, jobs of GPUs) | s (GPUs) | candidates/s | ratio "
-             "| ratio at equal jobs | winners differing |", "|" + "---|" * 9]
+             "| ratio at equal jobs | winners differing (GPUs / GPU 0 again) |", "|" + "---|" * 9]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r['error']} |")
@@ -127,7 +130,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['model']} | {','.join(map(str, r['devices']))} | {r['one_s']} ({r['one_jobs']}) "
                      f"| {r['one_wide_s']} ({r['one_wide_jobs']}) | {r['many_s']} ({r['many_jobs']}) "
                      f"| {r['one_per_s']} / {r['one_wide_per_s']} / {r['many_per_s']} | {r['speedup']}x "
-                     f"| {r['speedup_same_jobs']}x | {len(r['differing'])} |")
+                     f"| {r['speedup_same_jobs']}x | {len(r['differing'])} / {len(r.get('differing_one_gpu', []))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,8 @@ def test_a_row_shows_each_run_and_both_ratios():
 
     row = {"model": "m", "devices": [0, 1], "one_s": 10, "one_jobs": 4, "one_wide_s": 8, "one_wide_jobs": 8,
            "many_s": 5, "many_jobs": 8, "one_per_s": 1.0, "one_wide_per_s": 1.25, "many_per_s": 2.0,
-           "speedup": 2.0, "speedup_same_jobs": 1.6, "differing": ["f: matmul_tc 0.0100 ms / matmul_tc 0.0120 ms"]}
+           "speedup": 2.0, "speedup_same_jobs": 1.6, "differing": ["f: matmul_tc 0.0100 ms / matmul_tc 0.0120 ms"],
+           "differing_one_gpu": []}
     table = bench_devices.markdown([row, {"model": "broken", "error": "ValueError: no"}]).splitlines()
-    assert table[2] == "| m | 0,1 | 10 (4) | 8 (8) | 5 (8) | 1.0 / 1.25 / 2.0 | 2.0x | 1.6x | 1 |"
+    assert table[2] == "| m | 0,1 | 10 (4) | 8 (8) | 5 (8) | 1.0 / 1.25 / 2.0 | 2.0x | 1.6x | 1 / 0 |"
     assert table[3].endswith("| ValueError: no |")
