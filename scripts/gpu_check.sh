@@ -13,8 +13,8 @@
 # model tuned through a tracker and two local servers; a 4096³ fp16 GEMM tuned through a local
 # fastdlight.rpc_server, then locally, to compare), devices
 # (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES), decode
-# (the split-KV decode attention's GPU test, paged cases included; bench_decode_attention against
-# torch SDPA; bench_decode_step: a LLaMA-3-8B layer's decode step at $DECODE_LENGTHS), backend
+# (the split-KV decode attention's GPU test, paged and merged cases included; bench_decode_attention
+# against torch SDPA, the merge a kernel of its own and then in the chunk step; bench_decode_step: a LLaMA-3-8B layer's decode step at $DECODE_LENGTHS), backend
 # (bench_torch_backend on $BACKEND_MODELS; $BACKEND_NO_SECOND leaves out the second process).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
@@ -52,8 +52,10 @@ for s in $steps; do case $s in
             --models "${BACKEND_MODELS:-resnet50,bert_base_2l,llama_gqa_2l}" ${BACKEND_NO_SECOND:+--no-second};;
   decode) step decode-attention-test 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_decode_attention_gpu.py
           step decode-attention "${DECODE_ATTENTION_LIMIT:-250}" python3 benchmarks/bench_decode_attention.py
+          cp "$out/bench_decode_attention.json" "$out/bench_decode_attention_pair.json" 2>/dev/null
+          step decode-attention-merged "${DECODE_ATTENTION_LIMIT:-250}" python3 benchmarks/bench_decode_attention.py --merge step
           step decode "${DECODE_LIMIT:-500}" python3 benchmarks/bench_decode_step.py --lengths "${DECODE_LENGTHS:-512,2048,8192}";;
-  devices) step devices-test 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/relax/test_devices.py
+  devices) step devices-test 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/measure/test_gpu_turns.py
            step devices "${DEVICES_LIMIT:-500}" python3 benchmarks/bench_devices.py --devices "${DEVICES:-0,1}";;
   conv)   step conv "${CONV_LIMIT:-400}" python3 benchmarks/bench_conv.py --layouts NHWC NCHW --dtypes float16 bfloat16 \
             --only "${CONV_ONLY:-l1 3x3}";;
