@@ -341,20 +341,20 @@ def test_bad_attention_arguments_are_refused_in_one_line(argv, says):
     assert "\n" not in str(caught.value)
 
 
-def test_devices_make_the_first_gpu_this_process_s_own(monkeypatch):
-    """One operator is timed on one GPU: the first of --devices, counted within a
-    CUDA_VISIBLE_DEVICES the user set."""
+def test_devices_become_this_process_s_gpus_in_their_order(monkeypatch):
+    """--devices are the process's GPUs 0, 1, ..., counted within a CUDA_VISIBLE_DEVICES the
+    user set."""
     from argparse import Namespace
 
     from fastdlight.cli.args import UsageError
     from fastdlight.cli.preflight import select_gpu
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    select_gpu((1, 0), Namespace(rpc=None))
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert select_gpu((1, 0), Namespace(rpc=None)) == (0, 1)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,0"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    select_gpu((1,), Namespace(rpc=None))
+    assert select_gpu((1,), Namespace(rpc=None)) == (0,)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    with pytest.raises(UsageError, match="makes 1 GPU"):
-        select_gpu((2,), Namespace(rpc=None))
+    with pytest.raises(UsageError, match=r"--devices 2,3: CUDA_VISIBLE_DEVICES=4 makes 1 GPU"):
+        select_gpu((0, 2, 3), Namespace(rpc=None))

@@ -176,8 +176,8 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-ms", type=_positive(float), default=DEFAULT_SCREEN_MS,
                    help="timing budget of the first pass over every candidate")
     p.add_argument("--devices", type=_devices, metavar="I[,J...]",
-                   help="GPUs of this machine to time on: one operator is timed on the first of them "
-                        "(ApplyFastTuning times each of a module's functions on one of them)")
+                   help="GPUs of this machine to time on: the first-pass timings go to whichever is free, "
+                        "the finalists all to one of them")
 
 
 def add_export_parser(sub) -> argparse.ArgumentParser:

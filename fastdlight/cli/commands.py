@@ -83,11 +83,13 @@ def cmd_tune(args) -> int:
 
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
-                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing, rpc=args.rpc)
+                       progress=not args.quiet and sys.stderr.isatty(), timing=args.timing, rpc=args.rpc,
+                       devices=args.devices or None)
     print(f"Tuning {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates, "
           f"built with {compiler_name()}" + ("" if measure else ", compile-only")
           + (f", timed through RPC at {args.rpc}" if args.rpc and measure else "")
-          + (f", timed on GPU {args.devices[0]}" if args.devices and measure else ""))
+          + (f", timed on GPU{'s' if len(args.devices or ()) > 1 else ''} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
+             if args.devices and measure else ""))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
     try:

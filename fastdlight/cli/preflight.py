@@ -36,7 +36,7 @@ def before_work(args) -> None:
     """Everything that can be checked without TVM (UsageError: one line, exit status 2)."""
     tensors = validate_args(args)
     if getattr(args, "devices", None):
-        select_gpu(args.devices, args)
+        args.devices = select_gpu(args.devices, args)
     gpu = gpu_device_nodes()
     _refuse_too_large(args, tensors, *early_memory_bound(args.target, gpu))
     check_target_names_gpu(args.target, gpu)
@@ -49,20 +49,24 @@ def before_work(args) -> None:
         check_toolkit(None, "")
 
 
-def select_gpu(devices: tuple[int, ...], args) -> None:
-    """Make ``devices[0]`` this process's GPU 0 (``CUDA_VISIBLE_DEVICES``, counted within one
-    the user set), before anything starts CUDA: one operator is timed on one GPU. With --rpc
-    the remote GPU times, and --devices is refused."""
+def select_gpu(devices: tuple[int, ...], args) -> tuple[int, ...]:
+    """Make ``devices`` this process's GPUs 0, 1, ... (``CUDA_VISIBLE_DEVICES``, counted within
+    one the user set), before anything starts CUDA, and return their indices here: the
+    operator's first-pass timings go to whichever is free, its finalists all to one. With
+    --rpc the remote GPU times, and --devices is refused."""
     if getattr(args, "rpc", None):
         raise UsageError("--devices and --rpc: time on this machine's GPUs or on a remote one, not both")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         parts = [p.strip() for p in visible.split(",") if p.strip()]
-        if devices[0] >= len(parts):
-            raise UsageError(f"--devices {devices[0]}: CUDA_VISIBLE_DEVICES={visible} makes {len(parts)} GPU(s) visible")
-        os.environ["CUDA_VISIBLE_DEVICES"] = parts[devices[0]]
+        beyond = [d for d in devices if d >= len(parts)]
+        if beyond:
+            raise UsageError(f"--devices {','.join(map(str, beyond))}: CUDA_VISIBLE_DEVICES={visible} makes "
+                             f"{len(parts)} GPU(s) visible")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(parts[d] for d in devices)
     else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(devices[0])
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    return tuple(range(len(devices)))
 
 
 def once_resolved(args, arch, func) -> None:
