@@ -226,11 +226,18 @@ def compile_program(mod: tvm.IRModule, weights, device: torch.device, settings: 
     if device.type == "cpu":
         executable, report = tvm.compile(mod, target=_host_target()), ()
     else:
-        tuning = ApplyFastTuning(target=CUDA.from_device(dev), meta_database_dir=settings.database, **settings.tuning)
-        executable, _tuned, report = compile_model(mod, CUDA.from_device(dev), tuning=tuning)
+        arch = CUDA.from_device(dev)
+        executable, _tuned, report = compile_model(mod, arch, tuning=tuning_for(arch, dev.index, settings))
     main = relax.VirtualMachine(executable, dev)["main"]
     log.info("compiled a graph for %s in %.1f s%s", device, time.perf_counter() - start, _summary(report))
     return Program(main, device, in_dtypes, out_dtypes, report, cuda_graph=settings.cuda_graph, executable=executable)
+
+
+def tuning_for(arch: CUDA, index: int, settings: Settings) -> ApplyFastTuning:
+    """The tuning of a graph whose tensors are on GPU ``index``: timed on that GPU, unless the
+    backend's options name ``devices`` themselves."""
+    return ApplyFastTuning(target=arch, meta_database_dir=settings.database,
+                           **{"devices": (index,), **settings.tuning})
 
 
 def _host_target():

@@ -360,3 +360,12 @@ def test_lent_outputs_cost_no_copy_and_a_held_one_keeps_its_values():
     del second  # the caller is done with it: nothing to copy
     lent.reclaim()
     assert ptr == buffer.data_ptr() and lent.handed == []
+
+
+def test_a_graph_on_another_gpu_is_tuned_on_that_gpu():
+    from fastdlight.arch import CUDA
+    from fastdlight.torch_backend.runtime import Settings, tuning_for
+
+    h100 = CUDA("nvidia/nvidia-h100")
+    assert tuning_for(h100, 1, Settings.of({"database": False})).options.devices == (1,)
+    assert tuning_for(h100, 1, Settings.of({"database": False, "devices": (0, 1)})).options.devices == (0, 1)
