@@ -79,7 +79,7 @@ DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
-class Operand:
+class PeeledOperand:
     """Q, K or V as the matmul reads it: ``base`` (an expression of the original function),
     its last two axes ``swapped`` relative to the matmul operand, each of its leading
     (flattened) rows read ``repeat`` times in a row, times ``scale``."""
@@ -113,8 +113,8 @@ def _last_two_kept(call: relax.Call) -> bool:
         and before[-2:] == after[-2:]
 
 
-def operand(graph: Graph, expr: relax.Expr) -> Operand:
-    """``expr`` (a matmul operand) peeled down to the tensor it re-lays: see :class:`Operand`."""
+def operand(graph: Graph, expr: relax.Expr) -> PeeledOperand:
+    """``expr`` (a matmul operand) peeled down to the tensor it re-lays: see :class:`PeeledOperand`."""
     swapped, repeat, scale = False, 1, 1.0
     # an attention's output that another one reads (the next layer's) is read as replaced, not
     # through the cast the replacement takes the place of
@@ -134,7 +134,7 @@ def operand(graph: Graph, expr: relax.Expr) -> Operand:
             expr, repeat = call.args[0], repeat * times
         else:
             break
-    return Operand(expr, swapped, repeat, scale)
+    return PeeledOperand(expr, swapped, repeat, scale)
 
 
 def _keeps_values(call: relax.Call) -> bool:
@@ -273,7 +273,7 @@ def match_decomposed(graph: Graph, root: relax.Var, pv: relax.Call) -> Match | N
     return _decomposed_match(qk, pv, (q, k, v), scale * q.scale * k.scale, is_causal)
 
 
-def _decomposed_match(qk: relax.Call, pv: relax.Call, operands: tuple[Operand, Operand, Operand], scale: float,
+def _decomposed_match(qk: relax.Call, pv: relax.Call, operands: tuple[PeeledOperand, ...], scale: float,
                       causal: bool) -> Match | None:
     """The :class:`Match` of ``pv(softmax(qk))`` with these operands, if its shapes are one attention's."""
     q, k, v = operands
