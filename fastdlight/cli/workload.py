@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import os
 
 from fastdlight.cli.args import UsageError, one_line, parse_dims
@@ -118,11 +117,9 @@ def make_workload(args):
 
 
 def func_bytes(func, fname: str) -> int:
-    import tvm
-
-    from fastdlight.measure.workload import param_buffers, static_shape
+    from fastdlight.measure.workload import params_bytes
 
     try:
-        return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+        return params_bytes(func)
     except ValueError as e:
         raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None

@@ -121,6 +121,11 @@ def _nbytes(t) -> int:
     return math.prod(t.shape) * tvm.DataType(str(t.dtype)).bits // 8
 
 
+def params_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of all of ``func``'s buffers (static shapes: ValueError otherwise)."""
+    return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+
+
 def poison_value(dtype: str):
     dtype = str(dtype)
     if dtype.startswith(("float", "bfloat")):

@@ -128,8 +128,8 @@ class ApplyFastTuning:
     Structurally equal functions are tuned once; ``jobs``
     functions are tuned at a time (default :data:`DEFAULT_JOBS`), their candidates built
     by one shared worker pool while each GPU times one candidate at a time
-    (:mod:`fastdlight.measure.gpu_turns`). ``devices=(0, 1, ...)`` (a TuneOptions field): each
-    function is timed on the GPU of those timing the fewest functions when it starts.
+    (:mod:`fastdlight.measure.gpu_turns`). ``devices=(0, 1, ...)`` (a TuneOptions field): a
+    function's first-pass timings go to whichever of those GPUs is free, its finalists to one.
     ``on_function(report, scheduled)`` is called as each function is done."""
 
     def __init__(self, topk: int = 20, target=None, parallel_build: bool = True, meta_database_dir=None,

@@ -39,7 +39,7 @@ from fastdlight.compiler.artifacts import BuildRequest
 from fastdlight.search import remote
 from fastdlight.search.results import CompileResult, Failure
 from fastdlight.measure.timing import function_name
-from fastdlight.measure.workload import Workload, param_buffers, static_shape
+from fastdlight.measure.workload import Workload, params_bytes
 from fastdlight.search.options import RpcSpec, TuneOptions
 from fastdlight.search.report import failure_summary, format_table
 from fastdlight.measure.gpu_turns import GPU_TURNS, check_devices
@@ -307,8 +307,7 @@ def spare_devices(func: tvm.tirx.PrimFunc, devices: Sequence[int], home: int) ->
     others = tuple(d for d in devices if d != home)
     if not others:
         return ()
-    nbytes = sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
-    return others if nbytes <= SPREAD_MAX_BYTES else ()
+    return others if params_bytes(func) <= SPREAD_MAX_BYTES else ()
 
 
 #: a function whose buffers take more than this is timed on its home GPU only: its inputs are not

@@ -22,7 +22,8 @@ from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, MIN_GRAPH_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import HEAT_LIGHT_MS, Timing, flush_bytes_for, function_name, heat, launch_estimate_ms, time_module
+from fastdlight.measure.timing import (HEAT_LIGHT_MS, Timing, flush_bytes_for, function_name, heat,
+                                       launch_estimate_ms, time_module)
 from fastdlight.measure.workload import Workload
 from fastdlight.search.options import TuneOptions
 from fastdlight.compiler.pool import probe_pool, shared_pool
@@ -65,10 +66,6 @@ HOT_LAUNCHES, HOT_MIN_MS = 3000, 15.0
 SCREEN_GRAPH_MS = 0.25
 #: seconds a single probe run may take (load + one launch) before it counts as hung
 PROBE_TIMEOUT = 30.0
-#: GPU 0's turn (:mod:`fastdlight.measure.gpu_turns`): a run on one GPU holds it while a candidate
-#: is timed, while one is probed, and while a function's inputs, the reference's and the checks'
-#: copies and launches go to the GPU
-GPU_TURN = GPU_TURNS.turn(0)
 
 
 @dataclass(frozen=True)
@@ -270,7 +267,6 @@ class Timer:
         """The turn of the first free GPU among those with inputs, taken once they are made:
         their copies take the turn too, so waiting for them while holding one would never end.
         A spare GPU whose inputs failed is left out."""
-        self.get_workload()
         devices = [i for i, get in self.getters.items() if get() is not None] or list(self.getters)[:1]
         with GPU_TURNS.first_free(devices, "time") as device:
             self.device = device

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from fastdlight.measure.gpu_turns import GPU_TURNS
+
 from fastdlight.compiler.workers import Task, WorkerPool
 
 
@@ -203,7 +205,7 @@ def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
 
     class Pool:
         def imap_unordered(self, tasks, timeout=None):
-            seen.extend((t.fn, t.args, stages.GPU_TURN.locked()) for t in tasks)
+            seen.extend((t.fn, t.args, GPU_TURNS.turn(0).locked()) for t in tasks)
             return iter(())
 
     prober = stages.Prober.__new__(stages.Prober)
@@ -251,7 +253,7 @@ def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatc
     copied = threading.Event()
 
     def make():  # the workload maker's copies
-        with stages.GPU_TURN:
+        with GPU_TURNS.turn(0):
             copied.set()
 
     maker = threading.Thread(target=make, daemon=True)
@@ -265,4 +267,4 @@ def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatc
     monkeypatch.setattr(stages.Timer, "_time", lambda self, module, budget_ms, graph_ms=None: Timing.of([1.0]))
     timer = stages.Timer(CUDA("nvidia/nvidia-h100"), get_workload, TuneOptions())
     assert timer.time(module=None, budget_ms=1.0).median_ms == 1.0
-    assert copied.is_set() and not stages.GPU_TURN.locked()
+    assert copied.is_set() and not GPU_TURNS.turn(0).locked()

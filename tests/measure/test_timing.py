@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+
+from fastdlight.measure.gpu_turns import GPU_TURNS
 import tvm
 
 from fastdlight import ops
@@ -89,7 +91,7 @@ def test_a_copy_on_another_device_has_the_same_inputs_without_making_them_again(
 
 
 def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
-    from fastdlight.search import runner, stages
+    from fastdlight.search import runner
     from fastdlight.measure.verify import expected_from_numpy
 
     op = ops.elementwise((8, 8), "float32", "add")
@@ -97,9 +99,9 @@ def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
     wl = workload.Workload(op.func, tvm.cpu(0))
     seen = []
     run_outputs = wl.run_outputs
-    monkeypatch.setattr(wl, "run_outputs", lambda fn: seen.append(stages.GPU_TURN.locked()) or run_outputs(fn))
+    monkeypatch.setattr(wl, "run_outputs", lambda fn: seen.append(GPU_TURNS.turn(0).locked()) or run_outputs(fn))
     verdict = runner.verify_module(mod, wl, expected_from_numpy(op.reference, wl.host_inputs, op.func))
-    assert verdict.ok and seen == [True] and not stages.GPU_TURN.locked()
+    assert verdict.ok and seen == [True] and not GPU_TURNS.turn(0).locked()
 
 
 def test_time_module_budget_and_median():
