@@ -56,6 +56,7 @@ SEED = [
     ("sum", "sum fp16 16384x1024 (last axis)", lambda: ops.reduce((E16, 1024), "float16", "sum")),
     ("max", "max fp16 16384x1024 (last axis)", lambda: ops.reduce((E16, 1024), "float16", "max")),
     ("softmax", "softmax fp16 4096x4096", lambda: ops.softmax(4096, 4096, "float16")),
+    ("softmax_vocab", "softmax fp16 4096x32000 (a LLaMA vocabulary)", lambda: ops.softmax(4096, 32000, "float16")),
     ("matmul_nn_f16_1k", "matmul NN fp16 1024^3 (fp32 acc)", lambda: ops.matmul(1024, 1024, 1024, "float16", "float32", "NN")),
     ("matmul_nt_f16_1k", "matmul NT fp16 1024^3 (fp32 acc)", lambda: ops.matmul(1024, 1024, 1024, "float16", "float32", "NT")),
     ("matmul_nn_f32_1k", "matmul NN fp32 1024^3", lambda: ops.matmul(1024, 1024, 1024, "float32", layout="NN")),
@@ -109,7 +110,7 @@ def torch_kernel(torch, key: str, op, args):
     if key in ("sum", "max"):
         fn = torch.sum if key == "sum" else torch.amax
         return lambda: fn(a, dim=1)
-    if key == "softmax":
+    if key.startswith("softmax"):
         return lambda: torch.softmax(a, dim=1)
     if key.startswith("matmul"):
         b = args[1].t() if "_nt_" in key else args[1]
@@ -141,7 +142,7 @@ def torch_reference(torch, key: str):
             out = xs[0].sum(dim=1)
         elif key == "max":
             out = xs[0].amax(dim=1)
-        elif key == "softmax":
+        elif key.startswith("softmax"):
             out = torch.softmax(xs[0], dim=1)
         elif key.startswith("matmul"):
             out = xs[0] @ (xs[1].t() if "_nt_" in key else xs[1])

@@ -43,7 +43,7 @@ from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.decode_attention import decode_attention
 from fastdlight.relax.fuse_attention import fused_attention
 from fastdlight.relax.gated import gated_projections
-from fastdlight.relax.reshapes import output_reshape_views, sink_reshapes
+from fastdlight.relax.reshapes import merge_reshapes, output_reshape_views, sink_reshapes
 from fastdlight.relax.rewrites import (
     causal_masks,
     exact_integer_powers,
@@ -140,6 +140,7 @@ def prepare(target, *, fuse_attention: bool = True) -> tvm.transform.Pass:
         # before the matmul rewrites, which would pad P @ V where TKV is no multiple of 8
         *([fused_attention(target)] if fuse_attention else []),  # where the fused template takes it
         *([decode_attention(target)] if fuse_attention else []),  # a symbolic cache length: split-KV
+        *([merge_reshapes()] if fuse_attention else []),  # the replaced matmuls' reshapes, undone
         tma_aligned_matmuls(target),  # where the target has wgmma: K padded to whole 16-byte rows
         gated_projections(target),  # where the target has wgmma: gate and up as one GEMM
         decode_weight_layout(),  # decode steps' projections read their weights [N, K]: GEMVs

@@ -15,7 +15,7 @@ from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.relax.reshapes import sink_reshapes
+from fastdlight.relax.reshapes import merge_reshapes, sink_reshapes
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 H100 = CUDA("nvidia/nvidia-h100")
@@ -164,3 +164,25 @@ def test_a_reshape_the_model_returns_becomes_a_view_of_a_computed_value():
     np.testing.assert_allclose(first[0].numpy(), (x + y).reshape(2, 4, 4))
     np.testing.assert_allclose(second[0].numpy(), (y + y).reshape(2, 4, 4))
     np.testing.assert_allclose(first[1].numpy(), x.reshape(32))
+
+
+@tvm.script.ir_module
+class Chains:
+    @R.function
+    def main(x: R.Tensor((2, 4, 16), "float32")):
+        with R.dataflow():
+            same = R.reshape(R.reshape(x, R.shape([8, 16])), R.shape([2, 4, 16]))  # around a replaced matmul
+            other = R.reshape(R.reshape(x, R.shape([8, 16])), R.shape([4, 32]))
+            out = (R.add(same, same), other)
+            R.output(out)
+        return out
+
+
+def test_reshape_chains_become_one_reshape_or_none():
+    merged = merge_reshapes()(Chains)
+    values = relax.analysis.get_var2val(merged["main"])
+    reshapes = [v for v in values.values() if isinstance(v, relax.Call) and getattr(v.op, "name", "") == "relax.reshape"]
+    assert len(reshapes) == 1 and reshapes[0].args[0].same_as(merged["main"].params[0])
+    x = np.random.default_rng(0).standard_normal((2, 4, 16)).astype("float32")
+    for want, got in zip(run_cpu(Chains, [x]), run_cpu(merged, [x])):
+        np.testing.assert_allclose(got, want)
