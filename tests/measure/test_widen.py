@@ -68,6 +68,32 @@ def test_everything_else_gets_dlights_fallback(op):
     assert widen.tiled_reference_schedule(widen.widen_to_float64(op.func)) is None
     src = _source(widen.naive_reference_module(op.func, H100))
     assert "__shared__" not in src and "double" in src
+    assert f"__launch_bounds__({widen.NAIVE_BLOCK_THREADS})" in src  # narrow blocks: few-row reductions spread
+
+
+@pytest.mark.gpu
+def test_narrow_blocks_give_the_same_bits_as_dlights_own_fallback():
+    """The naive schedule's narrow blocks change where each output is summed, not how."""
+    from tvm.s_tir import dlight as dl
+
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.workload import param_buffers, static_shape
+
+    op = ops.softmax(96, 3000)
+    wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
+    with H100:
+        stock = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+    ours = widen.naive_reference_module(op.func, H100)
+    dev = tvm.cuda(0)
+    params = param_buffers(wide)
+    x = tvm.runtime.tensor(np.random.default_rng(0).uniform(-4, 4, static_shape(params[0])), dev)
+    outs = []
+    for mod in (ours, stock):
+        out = tvm.runtime.empty(static_shape(params[-1]), "float64", dev)
+        build(mod, "cuda")["main"](x, out)
+        outs.append(out.numpy())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 @pytest.mark.gpu
