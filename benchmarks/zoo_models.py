@@ -190,11 +190,14 @@ def export(name: str, size: str | None = None, model=None):
 
 
 def to_relax(program):
-    """``(module, params)`` of an exported program: TVM's importer, weights detached."""
+    """``(module, params)`` of an exported program: TVM's importer (after
+    :func:`~fastdlight.torch_backend.graph.views_as_reshapes`), weights detached."""
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    mod = from_exported_program(program, keep_params_as_input=True)
+    from fastdlight.torch_backend.graph import views_as_reshapes
+
+    mod = from_exported_program(views_as_reshapes(program), keep_params_as_input=True)
     mod, params = relax.frontend.detach_params(mod)
     return mod, params.get("main", [])
 

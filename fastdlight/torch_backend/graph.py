@@ -110,7 +110,7 @@ def to_relax(gm: fx.GraphModule, sig: Signature, args, weights) -> tvm.IRModule:
     try:
         with torch.no_grad():
             program = torch.export.export(_Specialized(host_fp32(gm), sig, fixed), activations + tuple(weights))
-            program = program.run_decompositions()
+            program = views_as_reshapes(program).run_decompositions()
     except Exception as e:  # noqa: BLE001 - whatever export rejects, the graph runs eagerly
         raise Unsupported(f"torch.export failed: {first_line(e)}") from e
     mutated = {**program.graph_signature.buffers_to_mutate, **program.graph_signature.user_inputs_to_mutate}
@@ -126,6 +126,20 @@ def to_relax(gm: fx.GraphModule, sig: Signature, args, weights) -> tvm.IRModule:
         node = _failing_node(e)
         where = f" at {node.target} ({node.name})" if node is not None else ""
         raise Unsupported(f"TVM's importer failed{where}: {first_line(e)}") from e
+
+
+def views_as_reshapes(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` (changed in place) with every ``aten.view`` a ``aten.reshape``: the same
+    values in a graph without mutation, and one that survives decomposition. Decomposing
+    ``scaled_dot_product_attention`` gives its output other strides than eager's, and export has
+    dropped the ``.contiguous()`` that was a no-op in eager, so a model's later ``view`` (Hugging
+    Face GPT-2's ``Conv1D`` at batch 4) raises "Cannot view a tensor with shape ... and strides
+    ..." in TVM's importer; a reshape copies where a view cannot."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    program.graph_module.recompile()
+    return program
 
 
 def host_fp32(gm: fx.GraphModule) -> fx.GraphModule:

@@ -115,6 +115,30 @@ def test_torch_compile_by_name_matches_eager(no_fallback):
             torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+class AttentionThenView(nn.Module):
+    """Causal SDPA, heads merged, then ``view`` as Hugging Face's GPT-2 ``Conv1D`` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, q, k, v):
+        b, h, t, d = q.shape
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(b, t, h * d).contiguous()
+        return self.proj.weight @ y.view(-1, h * d).t()
+
+
+def test_a_view_after_attention_imports_at_batch_4(no_fallback):
+    """Decomposed, the attention's output has other strides than in eager and export dropped the
+    ``contiguous()``: the plain importer raises "Cannot view a tensor ..." at batch 4."""
+    model = _model(AttentionThenView)
+    q, k, v = (torch.randn(4, 2, 16, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    fast = torch.compile(model, backend="fastdlight")
+    with torch.no_grad():
+        torch.testing.assert_close(fast(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+
+
 def test_a_new_shape_compiles_again(no_fallback):
     model = _model(MLP)
     fast = torch.compile(model, backend="fastdlight")
