@@ -34,12 +34,11 @@ from fastdlight.compiler import build_task
 from fastdlight.compiler.compile import build, pre_lower
 from fastdlight.search.candidates import Tuned, measures, tune_function
 from fastdlight.search.options import TuneOptions
-from fastdlight.search.reference import run_widened
+from fastdlight.search.reference import naive_expected
 from fastdlight.search.runner import verify_module
 from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.measure.timing import function_name, time_module
 from fastdlight.measure.workload import Workload
-from fastdlight.measure.verify import NAIVE_REFERENCE, expected_from_outputs
 from fastdlight.measure.widen import naive_reference_module
 
 #: checked combinations of values at most (several variables multiply)
@@ -299,8 +298,7 @@ def check_dispatch(dispatched: Dispatched, func: tirx.PrimFunc, arch: CUDA, opts
             wl = Workload(static, dev, opts.seed, turn)
             ref = build(naive_reference_module(static, arch.target), arch.target)
             fn = ref[function_name(ref, static)]
-            expected = expected_from_outputs(run_widened(fn, wl, False), run_widened(fn, wl, True), static,
-                                             NAIVE_REFERENCE)
+            expected = naive_expected(fn, wl)
             verdict = verify_module(built, wl, expected)
             ms = None
             if point in static_ms and verdict.ok:

@@ -29,7 +29,7 @@ from fastdlight.measure import clock, host
 from fastdlight.measure.widen import OWN_DTYPES
 from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.search.stages import Built, load_module
-from fastdlight.measure.check_kinds import absolute_inputs, take_absolute
+from fastdlight.measure.check_kinds import absolute_inputs, output_kinds, take_absolute
 from fastdlight.measure.verify import NAIVE_REFERENCE, Expected, expected_from_numpy, expected_from_outputs
 from fastdlight.compiler.workers import one_line
 
@@ -87,11 +87,20 @@ class ReferenceRun:
         if built.failure is not None:
             raise RuntimeError(f"the naive reference did not build or run ({built.failure.message})")
         mod = load_module(built.artifact, arch)
-        fn = mod[function_name(mod, wl.func)]
-        outputs = run_widened(fn, wl, absolute=False)
-        abs_outputs = run_widened(fn, wl, absolute=True)
-        own = run_own_dtypes(mod[OWN_DTYPES], wl) if mod.implements_function(OWN_DTYPES) else None
-        return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_REFERENCE, own)
+        own = mod[OWN_DTYPES] if mod.implements_function(OWN_DTYPES) else None
+        return naive_expected(mod[function_name(mod, wl.func)], wl, own)
+
+
+def naive_expected(fn, wl: Workload, own_fn=None) -> Expected:
+    """Expected outputs of ``wl.func`` from its naive float64 twin ``fn``: run on the inputs
+    and, only where some output is a sum of products (whose bound needs their magnitudes), on
+    their absolute values (a second run, its copies and its widening: 1 GB each way for a
+    4096x32000 softmax, which needs none); ``own_fn``: the function in its own dtypes."""
+    outputs = run_widened(fn, wl, absolute=False)
+    needs_magnitudes = any(kind.sum_of_products for kind in output_kinds(wl.func))
+    abs_outputs = run_widened(fn, wl, absolute=True) if needs_magnitudes else None
+    own = run_own_dtypes(own_fn, wl) if own_fn is not None else None
+    return expected_from_outputs(outputs, abs_outputs, wl.func, NAIVE_REFERENCE, own)
 
 
 def run_own_dtypes(fn, wl: Workload) -> list[np.ndarray]:

@@ -153,3 +153,25 @@ def test_the_naive_reference_runs_on_its_own_thread_once_and_reports_why_it_fail
     numpy_run = ReferenceRun(op.func, op.reference)
     numpy_run.start_early(workload, arch=None)
     assert numpy_run._thread is None
+
+
+@pytest.mark.parametrize("op, runs", [(ops.softmax(8, 64), [False]), (ops.matmul(16, 16, 32, layout="NT"), [False, True])],
+                         ids=["softmax", "matmul"])
+def test_the_reference_runs_on_absolute_inputs_only_for_sums_of_products(op, runs, monkeypatch):
+    """Magnitudes bound a sum of products only: a softmax's reference runs once, a matmul's twice."""
+    from types import SimpleNamespace
+
+    from fastdlight.measure.workload import output_indices, param_buffers, static_shape
+    from fastdlight.search import reference
+
+    seen = []
+    out = param_buffers(op.func)[output_indices(op.func)[0]]
+
+    def run_widened(fn, wl, absolute):
+        seen.append(absolute)
+        return [np.ones(static_shape(out))]
+
+    monkeypatch.setattr(reference, "run_widened", run_widened)
+    expected = reference.naive_expected(None, SimpleNamespace(func=op.func))
+    assert seen == runs
+    assert (expected.magnitudes[0] is not None) == (True in runs)
