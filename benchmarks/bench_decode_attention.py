@@ -169,7 +169,7 @@ def paged_markdown(rows: list[dict]) -> str:
     for r in rows:
         shape = shape_of(r)
         if "paged_vs_contiguous" not in r:
-            lines.append(f"| {r['case']} | {shape} | {r['page_size']} | {r['splits']} | - | - | - "
+            lines.append(f"| {r['case']} | {shape} | {r.get('page_size', '-')} | {r.get('splits', '-')} | - | - | - "
                          f"| {'; '.join(r['errors'].values())} |")
             continue
         lines.append(f"| {r['case']} | {shape} | {r['page_size']} | {r['splits']} | {r['contiguous_ms']:.4f} "
@@ -213,31 +213,30 @@ def main(argv=None) -> int:
         return 2
     arch = CUDA.from_device(tvm.cuda(0))
     os.environ["FASTDLIGHT_DECODE_MERGE"] = args.merge
-    if args.paged:
-        rows = []
-        for c in names:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                rows.append(paged_case(c, arch, args.topk, args.paged))
-            print(rows[-1], flush=True)
-        data = {"benchmark": NAME, "device": arch.device_name, "date": time.strftime("%Y-%m-%d"), "paged": rows}
-        write_results(NAME, data, f"{NAME} --paged {args.paged}, {data['device']}, {data['date']}\n\n"
-                      + paged_markdown(rows))
-        return 0
+    date = time.strftime("%Y-%m-%d")
     rows = []
+
+    def save(echo: bool) -> None:  # after every case: a run cut short keeps the cases it finished
+        if args.paged:
+            data = {"benchmark": NAME, "device": arch.device_name, "date": date, "paged": rows}
+            md = f"{NAME} --paged {args.paged}, {arch.device_name}, {date}\n\n" + paged_markdown(rows)
+        else:
+            data = {"benchmark": NAME, "device": arch.device_name, "date": date, "merge": args.merge, "rows": rows}
+            md = f"{NAME} --merge {args.merge}, {arch.device_name}, {date}\n\n" + markdown(rows)
+        write_results(NAME, data, md, echo=echo)
+
     for c in names:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                rows.append(run_case(c, arch, args.topk))
+                rows.append(paged_case(c, arch, args.topk, args.paged) if args.paged else run_case(c, arch, args.topk))
         except Exception as e:  # noqa: BLE001 - a row, not a crash
             b, h, g, length, d = CASES[c]
             rows.append({"case": c, "batch": b, "heads": h, "kv_heads": g, "length": length, "head_dim": d,
                          "errors": {"case": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"}})
         print(rows[-1], flush=True)
-    data = {"benchmark": NAME, "device": arch.device_name, "date": time.strftime("%Y-%m-%d"), "merge": args.merge,
-            "rows": rows}
-    write_results(NAME, data, f"{NAME} --merge {args.merge}, {data['device']}, {data['date']}\n\n" + markdown(rows))
+        save(echo=False)
+    save(echo=True)
     return 0
 
 

@@ -22,8 +22,9 @@ def open_log(name: str):
     return out_dir, log
 
 
-def write_results(name: str, data: dict, md: str) -> None:
-    """``$OUT/{name}.json`` (``data``) and ``$OUT/{name}.md`` (``md``, also printed)."""
+def write_results(name: str, data: dict, md: str, echo: bool = True) -> None:
+    """``$OUT/{name}.json`` (``data``) and ``$OUT/{name}.md`` (``md``, also printed with
+    ``echo``: a benchmark that saves after every case echoes the last time only)."""
     import json
 
     out_dir = os.environ.get("OUT", ".")
@@ -32,7 +33,8 @@ def write_results(name: str, data: dict, md: str) -> None:
         json.dump(data, f, indent=1)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(md)
-    print(md)
+    if echo:
+        print(md)
 
 
 _NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tlparse", "Set TORCH_LOGS",

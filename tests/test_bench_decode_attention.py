@@ -55,3 +55,29 @@ def test_the_paged_table_shows_both_times_and_their_ratio():
     table = bench.paged_markdown([row, failed]).splitlines()
     assert table[2] == "| b16_h32 | B16 H32/G32 L4096 d128 | 16 | 2 | 0.0300 | 0.0320 | 0.94x | 9.0 / 10.0 |"
     assert table[3].endswith("| TuningError: none |")
+
+
+def test_each_case_is_saved_as_it_finishes(tmp_path, monkeypatch):
+    """A run cut short (a time limit's kill) keeps the cases it finished."""
+    pytest.importorskip("torch")
+    import json
+    from types import SimpleNamespace
+
+    import bench_decode_attention as bench
+
+    import fastdlight.arch
+
+    def run_case(name, arch, topk):
+        if name == "b16_h32":
+            raise SystemExit("killed")  # not an error row: the process ends here
+        return {"case": name, "batch": 1, "heads": 32, "kv_heads": 32, "length": 4096, "head_dim": 128, "errors": {},
+                "fastdlight_ms": None}
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(fastdlight.arch, "has_gpu", lambda: True)
+    monkeypatch.setattr(fastdlight.arch.CUDA, "from_device", staticmethod(lambda dev: SimpleNamespace(device_name="GPU")))
+    monkeypatch.setattr(bench, "run_case", run_case)
+    with pytest.raises(SystemExit):
+        bench.main(["--cases", "b1_h32,b16_h32"])
+    saved = json.loads((tmp_path / "bench_decode_attention.json").read_text())
+    assert [r["case"] for r in saved["rows"]] == ["b1_h32"]
