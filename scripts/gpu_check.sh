@@ -15,7 +15,8 @@
 # (on a machine of several GPUs: the two-GPU test, then bench_devices on $DEVICES), decode
 # (the split-KV decode attention's GPU test, paged and merged cases included; bench_decode_attention
 # against torch SDPA, the merge a kernel of its own and then in the chunk step; bench_decode_step: a LLaMA-3-8B layer's decode step at $DECODE_LENGTHS), backend
-# (bench_torch_backend on $BACKEND_MODELS; $BACKEND_NO_SECOND leaves out the second process).
+# (bench_torch_backend on $BACKEND_MODELS; $BACKEND_NO_SECOND leaves out the second process), softmax
+# (the float64 reference's GPU tests, then the CLI's tune of a 4096x32000 softmax: its wall time).
 set -uo pipefail
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TVM_CUDA_COMPILE_MODE=${TVM_CUDA_COMPILE_MODE:-nvcc}
@@ -29,6 +30,8 @@ for s in $steps; do case $s in
   tc)    step tc "${TC_LIMIT:-170}" python3 benchmarks/bench_matmul_tc.py --topk 20;;
   ops)   step ops "${OPS_LIMIT:-170}" python3 benchmarks/bench_ops.py --topk 20 --max-seconds $(( ${OPS_LIMIT:-170} - 20 )) \
            --ops "${OPS_FILTER:-copy,add,sum,max,softmax,gemv,matmul_nn_f32_4k,matmul_nn_f32_1k,matmul_nn_f16_8k,conv2d}";;
+  softmax) step reference-test 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/measure/test_widen.py
+           step softmax-tune 90 python3 -m fastdlight.cli tune softmax 4096 32000 --dtype float16;;
   bf16)   step bf16 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/schedules/test_matmul_tensorcore_gpu.py -k bf16;;
   models) step models "${MODELS_LIMIT:-400}" python3 benchmarks/bench_models.py --models "${MODELS:-decoder_ln,llama_b1_s512}" \
             --profile --out "$out/models";;
