@@ -337,6 +337,15 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
     return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_MERGE_BYTES
 
 
+def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
+    """Whether a ring of ``stages`` tiles (K and V of ``tile`` keys each) fits in shared memory
+    beside the merge's scratch, within what every CTA gets without opting in: ``stages`` >= 3
+    (two stages are what the register sets already give)."""
+    ring = stages * tile * shape.head_dim * 2 * 2
+    return stages >= 3 and ring + warps * shape.rows * shape.head_dim * 4 + 2 * warps * shape.rows * 4 + 16 \
+        <= MAX_MERGE_BYTES
+
+
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
     """Whether the merge kernel lays out: the head dim over a warp's lanes, at most 8 warps."""
     return shape.head_dim % 32 == 0 and 1 <= warps <= 8

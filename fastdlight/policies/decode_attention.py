@@ -11,12 +11,15 @@ the chunk's padding to whole tiles.
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastdlight.analysis.decode_attention import (
     DecodeAttentionShape,
     chunk_of,
     combine_fits,
     layout_fits,
     split_fits,
+    staged_fits,
 )
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
@@ -27,6 +30,11 @@ MAX_FRAGMENT_REGS = 176
 SM_BYTES_IN_FLIGHT = 32 * 1024
 #: a cache length to rank by when the function's is symbolic
 TYPICAL_LENGTH = 4096
+#: the best layouts also tried with their tiles staged in shared memory, and the deepest ring:
+#: a CTA streams its chunk one tile round trip at a time, and one tile in flight a CTA (four
+#: CTAs an SM) is about 3.5 TB/s at HBM's latency (H200: 3.3-3.6 TB/s measured at B1)
+STAGED_LAYOUTS = 2
+MAX_STAGES = 4
 
 
 def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
@@ -67,8 +75,21 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
                 if layout_fits(shape, tile, per_lane, warps):
                     options.append((cost(shape, length, tile, per_lane, warps, arch), tile, per_lane, warps))
     options.sort(key=lambda o: o[0])
-    return [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
-            for c, tile, per_lane, warps in options[:topk]]
+    configs = [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
+               for c, tile, per_lane, warps in options[:topk]]
+    return configs + staged_variants(shape, configs[:STAGED_LAYOUTS])
+
+
+def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:
+    """``configs`` with their tiles staged in shared memory, the deepest ring that fits (up to
+    :data:`MAX_STAGES`): more of a CTA's loads in flight than its registers hold. Measured
+    beside the register-pipelined ones (the cost does not model the ring)."""
+    out = []
+    for c in configs:
+        stages = next((s for s in range(MAX_STAGES, 2, -1) if staged_fits(shape, c.block[0], c.warp[0], s)), 0)
+        if stages:
+            out.append(dataclasses.replace(c, pipeline_stages=stages))
+    return out
 
 
 def decode_combine_configs(shape: DecodeAttentionShape, topk: int = 4) -> list[Config]:

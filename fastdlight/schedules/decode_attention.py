@@ -15,6 +15,12 @@ score and need no further exchange; no synchronization until the chunk ends. The
 a warp merge by shuffles, the warps through shared memory, and the chunk's ``o``, ``m`` and
 ``l`` are written for the merge.
 
+A CTA streams its chunk a tile round trip at a time: with one tile in flight a CTA and four CTAs
+an SM, HBM's latency bounds the step near 3.5 TB/s on an H200 (3.3-3.6 measured at batch 1).
+With ``pipeline_stages`` 3-4 the tiles go through a ring of that many stages in shared memory
+instead: each thread copies the values it will read with ``cp.async`` (so no barrier), a commit
+group a tile, ``stages - 1`` tiles in flight while one is moved to registers and scored.
+
 The merge (``kind == "decode_combine"``, :func:`build_combine`) has a kernel of its own: a CTA per
 output row whose warps fold the chunks into a running max, sum and weighted row.
 """
@@ -36,6 +42,7 @@ from fastdlight.analysis.decode_attention import (
     match_decode_combine,
     match_decode_split,
     split_fits,
+    staged_fits,
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
@@ -44,10 +51,11 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile: int, dims_per_lane: int,
-                 warps: int) -> tirx.PrimFunc:
+                 warps: int, stages: int = 1) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys):
-    ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step.
-    Same parameters, same result."""
+    ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step;
+    ``stages`` > 1: tiles staged in shared memory, ``stages - 1`` of them in flight (see
+    :func:`~fastdlight.analysis.decode_attention.staged_fits`). Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
     lanes = D // dims_per_lane  # lanes a key
     per_warp = 32 // lanes  # keys a warp loads at once
@@ -72,20 +80,38 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     def key_count(n_cache):
         return n_cache + T.int64(1) if appended else n_cache
 
+    staged = stages > 1
+    # where value group v of a key goes: a register set's next 8 values, or (staged) the ring's
+    # layout below, each 16-byte group of the threads side by side (no bank conflicts)
+    v_stride = threads * VECTOR if staged else VECTOR
+
+    @T.macro
+    def copy_registers(dst, at, src, src_at):
+        for e in T.vectorized(VECTOR):
+            dst[at + e] = src[src_at + e]
+
+    @T.macro
+    def copy_async(dst, at, src, src_at):
+        T.ptx["cp.async.cg.shared.global"](dst.ptr_to([at]), src.ptr_to([src_at]), 16)
+
+    copy16 = copy_async if staged else copy_registers
+
+    @T.macro
+    def zero16(dst, at):
+        for e in T.vectorized(VECTOR):
+            dst[at + e] = T.Cast(dtype, T.float32(0))
+
     @T.macro
     def load_contiguous(dst, base, cache, new, table, bg, key, end, e0, n_cache):
         """Values ``e0 ..`` of key ``key`` of K/V head ``bg``: the cache's, the appended token's,
         or zeros past the chunk (another CTA's keys are not read twice)."""
         for v in T.unroll(V8):
             if key < T.min(end, n_cache):
-                for e in T.vectorized(VECTOR):
-                    dst[base + v * VECTOR + e] = cache[(T.Cast("int64", bg) * n_cache + key) * D + e0 + v * VECTOR + e]
+                copy16(dst, base + v * v_stride, cache, (T.Cast("int64", bg) * n_cache + key) * D + e0 + v * VECTOR)
             elif key < end:  # the appended token (never without one)
-                for e in T.vectorized(VECTOR):
-                    dst[base + v * VECTOR + e] = new[bg * D + e0 + v * VECTOR + e]
+                copy16(dst, base + v * v_stride, new, bg * D + e0 + v * VECTOR)
             else:
-                for e in T.vectorized(VECTOR):
-                    dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
+                zero16(dst, base + v * v_stride)
 
     @T.macro
     def load_paged(dst, base, cache, new, table, bg, key, end, e0, n_cache):
@@ -95,11 +121,9 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             if key < end:
                 at = T.meta_var((T.Cast("int64", table[T.Cast("int64", bg // G) * width + key // T.int64(page)]) * G
                                  + bg % G) * page + key % T.int64(page))
-                for e in T.vectorized(VECTOR):
-                    dst[base + v * VECTOR + e] = cache[at * D + e0 + v * VECTOR + e]
+                copy16(dst, base + v * v_stride, cache, at * D + e0 + v * VECTOR)
             else:
-                for e in T.vectorized(VECTOR):
-                    dst[base + v * VECTOR + e] = T.Cast(dtype, T.float32(0))
+                zero16(dst, base + v * v_stride)
 
     load = load_paged if page else load_contiguous
 
@@ -113,6 +137,30 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             key = T.meta_var(key_of(start, step, u, slot))
             load(kr, (buf * U + u) * E, Kf, Knf, Tf, bg, key, end, e0, n_cache)
             load(vr, (buf * U + u) * E, Vf, Vnf, Tf, bg, key, end, e0, n_cache)
+
+    def ring_base(st, u, kv, tid):
+        """Where thread ``tid``'s values of load ``u`` (K: ``kv`` 0, V: 1) of ring stage ``st`` start."""
+        return ((T.Cast("int32", st) * U + u) * 2 + kv) * V8 * threads * VECTOR + tid * VECTOR
+
+    @T.macro
+    def fetch_staged(ring, st, step, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache, tid):
+        """Tile ``step``'s K and V values copied asynchronously into ring stage ``st`` (each
+        thread the values it will read: no barrier), one commit group a tile."""
+        for u in T.unroll(U):
+            key = T.meta_var(key_of(start, step, u, slot))
+            load(ring, ring_base(st, u, 0, tid), Kf, Knf, Tf, bg, key, end, e0, n_cache)
+            load(ring, ring_base(st, u, 1, tid), Vf, Vnf, Tf, bg, key, end, e0, n_cache)
+        T.ptx["cp.async.commit_group"]()
+
+    @T.macro
+    def unstage(kr, vr, ring, st, tid):
+        """Ring stage ``st`` into register set 0."""
+        for u in T.unroll(U):
+            for v in T.unroll(V8):
+                for e in T.vectorized(VECTOR):
+                    kr[u * E + v * VECTOR + e] = ring[ring_base(st, u, 0, tid) + v * v_stride + e]
+                for e in T.vectorized(VECTOR):
+                    vr[u * E + v * VECTOR + e] = ring[ring_base(st, u, 1, tid) + v * v_stride + e]
 
     @T.macro
     def consume(kr, vr, buf, step, qr, sc, mr, lr, acc, top, start, end, slot):
@@ -182,6 +230,34 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     tail = merge_last if shape.merged else no_merge
 
     @T.macro
+    def stream_registers(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+                         n_cache, tid):
+        """Two register sets: tile t + 1's loads are issued before tile t is used."""
+        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
+        for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
+            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
+            consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
+            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
+            consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
+
+    @T.macro
+    def stream_staged(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+                      n_cache, tid):
+        """A ring of ``stages`` tiles in shared memory, ``stages - 1`` in flight while one is
+        used: a tile is moved to registers before the copy that reuses its stage is issued."""
+        for s0 in T.unroll(stages - 1):
+            fetch_staged(ring, s0, T.Cast("int64", s0), Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache, tid)
+        for step in T.serial((chunk + T.int64(tile - 1)) // T.int64(tile)):
+            T.ptx["cp.async.wait_group"](stages - 2)
+            unstage(kr, vr, ring, step % T.int64(stages), tid)
+            fetch_staged(ring, (step + T.int64(stages - 1)) % T.int64(stages), step + T.int64(stages - 1), Kf, Vf,
+                         Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache, tid)
+            consume(kr, vr, 0, step, qr, sc, mr, lr, acc, top, start, end, slot)
+        T.ptx["cp.async.wait_group"](0)
+
+    stream = stream_staged if staged else stream_registers
+
+    @T.macro
     def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
         T.device_entry()
         bid = T.cta_id([B * G * S])
@@ -191,6 +267,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         l_s = pool.alloc((warps * R,), "float32", align=16)
         o_s = pool.alloc((warps * R * D,), "float32", align=16)
         last = pool.alloc((1,), "int32", align=16)
+        ring = pool.alloc((stages * U * 2 * E * threads if staged else VECTOR,), dtype, align=16)
         pool.commit()
         Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((pool_elems,), dtype, data=Vc.data)
@@ -228,13 +305,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             lr[r] = T.float32(0)
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
-        # two register sets: tile t + 1's loads are issued before tile t is used
-        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
-        for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
-            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
-            consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
-            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, nk[0])
-            consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
+        stream(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0, nk[0],
+               tid)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
             for r in T.unroll(R):
@@ -388,4 +460,7 @@ class DecodeAttentionTemplate(ScheduleTemplate):
         tile, per_lane, warps = config.block[0], config.thread[0], config.warp[0]
         if not split_fits(shape) or not layout_fits(shape, tile, per_lane, warps):
             return None
-        return build_kernel(func, shape, seq_kv, tile, per_lane, warps)
+        stages = config.pipeline_stages
+        if stages > 1 and not staged_fits(shape, tile, warps, stages):
+            return None
+        return build_kernel(func, shape, seq_kv, tile, per_lane, warps, stages)

@@ -3,6 +3,8 @@ compiled to a cubin without spills, for static and symbolic cache lengths, head 
 1-8 query rows, bf16, with and without the appended token; a symbolic length's dispatcher
 runs the template's kernel at every length."""
 
+import dataclasses
+
 import pytest
 import tvm
 from tvm import tirx
@@ -106,3 +108,38 @@ def test_a_merged_step_compiles_for_every_config_with_its_ticket_and_fences(page
         src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
         assert cubin.spill_bytes == 0, (config, cubin.log)
         assert "atomicAdd" in src and src.count("tvm_builtin_cuda_thread_fence();") == 2
+
+
+@pytest.mark.parametrize("page_size, appended, symbolic", [(0, False, True), (0, True, False), (16, False, False)])
+@pytest.mark.parametrize("stages", [3, 4])
+def test_a_staged_step_copies_its_tiles_asynchronously_without_spills(page_size, appended, symbolic, stages):
+    """Tiles staged in shared memory: each thread's own values by cp.async, a commit group a
+    tile, a wait before a tile is used and once at the end."""
+    from fastdlight.config import Config
+
+    shape = DecodeAttentionShape(1, 8, 4, 128, 33, appended=appended, page_size=page_size)
+    length = tirx.Var("n", "int64") if symbolic else 1000
+    func = decode_paged_func(shape, 600, 512) if page_size else decode_split_func(shape, length)
+    config = Config("decode_attention", block=(16,), thread=(8,), warp=(4,), pipeline_stages=stages)
+    ((_, kernel),) = kernels(func, [config])
+    src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+    assert cubin.spill_bytes == 0, cubin.log
+    assert "cp.async.cg.shared.global" in src and f"cp.async.wait_group {stages - 2};" in src
+    assert "cp.async.wait_group 0;" in src and "cp.async.commit_group;" in src
+
+
+def test_staged_variants_of_the_best_layouts_that_fit():
+    from fastdlight.analysis.decode_attention import staged_fits
+    from fastdlight.policies.decode_attention import MAX_STAGES, STAGED_LAYOUTS
+
+    func = decode_split_func(DecodeAttentionShape(1, 32, 1, 128, 17, appended=False), 4096)
+    shape, _ = match_decode_split(func)
+    configs = decode_attention_configs(match_decode_split(func), H100)
+    plain = [c for c in configs if c.pipeline_stages == 1]
+    staged = [c for c in configs if c.pipeline_stages > 1]
+    assert 1 <= len(staged) <= STAGED_LAYOUTS
+    for c in staged:
+        assert c.pipeline_stages <= MAX_STAGES and staged_fits(shape, c.block[0], c.warp[0], c.pipeline_stages)
+        assert dataclasses.replace(c, pipeline_stages=1) in plain[:STAGED_LAYOUTS]  # one of the best, staged
+    assert not staged_fits(shape, 16, 4, 2)  # two stages are the register sets' pipeline
+    assert not staged_fits(shape, 128, 4, 3)  # 192 KB of ring
