@@ -77,7 +77,7 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     options.sort(key=lambda o: o[0])
     configs = [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
                for c, tile, per_lane, warps in options[:topk]]
-    return configs + staged_variants(shape, configs[:STAGED_LAYOUTS])
+    return configs + (staged_variants(shape, configs[:STAGED_LAYOUTS]) if arch.has_async_copy else [])
 
 
 def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:

@@ -141,5 +141,7 @@ def test_staged_variants_of_the_best_layouts_that_fit():
     for c in staged:
         assert c.pipeline_stages <= MAX_STAGES and staged_fits(shape, c.block[0], c.warp[0], c.pipeline_stages)
         assert dataclasses.replace(c, pipeline_stages=1) in plain[:STAGED_LAYOUTS]  # one of the best, staged
+    assert not [c for c in decode_attention_configs(match_decode_split(func), CUDA("nvidia/nvidia-t4"))
+                if c.pipeline_stages > 1]  # no cp.async before sm_80
     assert not staged_fits(shape, 16, 4, 2)  # two stages are the register sets' pipeline
     assert not staged_fits(shape, 128, 4, 3)  # 192 KB of ring
