@@ -1,7 +1,8 @@
 """The split-KV decode attention template on the GPU: every layout its policy emits is correct
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
 left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
-last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself).
+last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself;
+tiles staged in shared memory).
 Needs an sm_90 GPU."""
 
 import pytest
@@ -39,3 +40,21 @@ def test_every_decode_attention_config_is_correct(name, hopper_arch):
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
     assert best.config.kind == "decode_attention"
+
+
+@pytest.mark.parametrize("name", ["llama3_odd_length", "empty_chunks", "paged16_odd_length", "merged_llama3"])
+@pytest.mark.parametrize("stages", [3, 4])
+def test_tiles_staged_in_shared_memory_are_correct(name, stages, hopper_arch):
+    """The ring of tiles (cp.async) on the edges: an appended token, chunks left empty, pages."""
+    import dataclasses
+
+    from fastdlight.config import Config
+
+    batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest = CASES[name]
+    op = ops.decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest)
+    base = Config("decode_attention", block=(16,), thread=(8,), warp=(4,))
+    results, best = apply_and_build(op.func, [dataclasses.replace(base, pipeline_stages=stages)], hopper_arch,
+                                    check="all", budget_ms=5, ref=op.reference, progress=False)
+    bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
+    assert not bad, "\n".join(bad)
+    assert best.config.pipeline_stages == stages
