@@ -48,8 +48,9 @@ HEAD_DIMS = (32, 64, 128, 256)
 PAGE_SIZES = (8, 16, 32, 64, 128, 256)
 #: elements of one vector load of the split template (16 bytes of fp16/bf16)
 VECTOR = 8
-#: shared memory the split template's warps' partial results may take
-MAX_MERGE_BYTES = 48 * 1024
+#: shared memory a CTA of the split template may take (what every CUDA GPU gives without
+#: opting in): its warps' partial results, and a staged step's ring of tiles beside them
+MAX_SHARED_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
     if lanes > 32 or 32 % lanes or not 1 <= warps <= 8:
         return False
     slots = warps * (32 // lanes)
-    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_MERGE_BYTES
+    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_SHARED_BYTES
 
 
 def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
@@ -343,7 +344,7 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
     (two stages are what the register sets already give)."""
     ring = stages * tile * shape.head_dim * 2 * 2
     return stages >= 3 and ring + warps * shape.rows * shape.head_dim * 4 + 2 * warps * shape.rows * 4 + 16 \
-        <= MAX_MERGE_BYTES
+        <= MAX_SHARED_BYTES
 
 
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
