@@ -132,6 +132,20 @@ def unique_buffer_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm.script.from_source(func.script())
 
 
+def as_prim_func(func) -> tirx.PrimFunc:
+    """``func`` itself, or the one PrimFunc of an IRModule; a TypeError in one line naming what
+    was given otherwise (the entry points' first check, before anything reads an attribute)."""
+    if isinstance(func, tirx.PrimFunc):
+        return func
+    if isinstance(func, tvm.IRModule):
+        prims = [f for _, f in func.functions_items() if isinstance(f, tirx.PrimFunc)]
+        if len(prims) == 1:
+            return prims[0]
+        raise TypeError(f"expected a tirx.PrimFunc or an IRModule holding one; this IRModule holds {len(prims)} "
+                        "PrimFuncs (pick one: mod[\"name\"], or tune a Relax model with ApplyFastTuning)")
+    raise TypeError(f"expected a tirx.PrimFunc (or an IRModule holding one), got {type(func).__name__}")
+
+
 def check_target(func: tirx.PrimFunc) -> None:
     """Refuse a function that carries a non-CUDA target of its own (a CPU kernel in a GPU model)."""
     target = func.attrs["target"] if func.attrs is not None and "target" in func.attrs else None

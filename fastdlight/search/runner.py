@@ -31,7 +31,7 @@ import tvm
 
 from fastdlight.arch import CUDA, auto_arch, has_gpu
 from fastdlight.arch.stacklevel import caller_stacklevel
-from fastdlight.analysis.prepare import check_index_range
+from fastdlight.analysis.prepare import as_prim_func, check_index_range
 from fastdlight.config import Config
 from fastdlight.compiler import build_task
 from fastdlight.measure import clock
@@ -258,13 +258,15 @@ def verify_module(module, wl: Workload, expected: Expected) -> Verdict:
 def apply_and_build(func: tvm.tirx.PrimFunc, configs: Sequence[Config], arch: CUDA | str | None = None,
                     parallel_build: bool | None = None, options: TuneOptions | None = None,
                     **overrides) -> tuple[list[CompileResult], CompileResult]:
-    """Build, time, verify ``configs`` for ``func`` on ``arch``; return ``(ranked results, best)``.
+    """Build, time, verify ``configs`` for ``func`` (a PrimFunc, or an IRModule holding one) on
+    ``arch``; return ``(ranked results, best)``.
 
     ``options`` (a :class:`TuneOptions`) says how; keyword arguments override its fields
     (``measure``, ``check``, ``budget_ms``, ``max_workers``, ``timeout``, ``ref``, ...); an
     unknown keyword is a TypeError. ``best`` is the fastest verified candidate (with
     ``check="none"``: the fastest; without a GPU: the top-ranked one that compiled). Raises
     :class:`TuningError` when no candidate is usable."""
+    func = as_prim_func(func)
     if parallel_build is not None:  # given: it wins over options.parallel_build (default: True)
         overrides["parallel_build"] = parallel_build
     opts = TuneOptions.of(options, **overrides)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fastdlight.analysis.prepare import as_prim_func
 from fastdlight.arch import CUDA, auto_arch
 from fastdlight.search.candidates import tune_function
 from fastdlight.search.database import TuningDatabase
@@ -13,8 +14,8 @@ from fastdlight.search.results import CompileResult
 
 def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, *, opt_shapes: dict | None = None,
          database=None, **overrides) -> tuple[list[CompileResult], CompileResult]:
-    """Tune ``func`` for ``target`` (a Target, tag, :class:`CUDA`; default: the live GPU, else
-    the H100 model). Tensor-core eligible matmuls use :class:`TensorCorePolicy`; if none of
+    """Tune ``func`` (a PrimFunc, or an IRModule holding one) for ``target`` (a Target, tag,
+    :class:`CUDA`; default: the live GPU, else the H100 model). Tensor-core eligible matmuls use :class:`TensorCorePolicy`; if none of
     its configs works, the CUDA-core :class:`DefaultPolicy` is tried. ``opt_shapes`` gives
     symbolic dimensions a value. ``database``: a :class:`fastdlight.search.database.TuningDatabase`
     (or its directory) to replay from and store a verified winner in; a directory that cannot
@@ -23,6 +24,7 @@ def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, 
     hit gives ``([best], best)`` with ``best.origin == "database"``, the stored config and
     time (rebuilt and retimed with ``recheck_database`` on a GPU). Raises :class:`TuningError`
     when nothing could be used."""
+    func = as_prim_func(func)
     arch, opts, database = _setup(target, topk, options, database, overrides)
     tuned = tune_function(func, arch, topk, opts, opt_shapes=opt_shapes, db=database)
     return list(tuned.results), tuned.best
@@ -37,6 +39,7 @@ def tune_dispatch(func, target=None, topk: int = 20, options: TuneOptions | None
     ``(Dispatched, checks)``: with a GPU and ``check``, ``checks`` verifies the dispatcher at
     every tuned value, inside each range and above the largest, and times it at the tuned
     values (:class:`fastdlight.search.dynamic.DispatchCheck`)."""
+    func = as_prim_func(func)
     arch, opts, database = _setup(target, topk, options, database, overrides)
     dispatched = tune_points(func, arch, topk, opts, opt_shapes, db=database)
     checks = check_dispatch(dispatched, func, arch, opts) if check else []

@@ -152,6 +152,23 @@ def test_bad_option_values_are_refused(bad):
         quiet(func=standins.add_op().func, configs=flat_configs((64,)), **bad)
 
 
+def test_a_module_of_one_function_is_tuned_and_anything_else_is_one_line():
+    import tvm
+
+    import fastdlight
+
+    func = standins.add_op().func
+    results, best = fastdlight.tune(tvm.IRModule({"main": func}), H100, topk=2)
+    assert best.config.kind == "elementwise"
+    two = tvm.IRModule({"a": func, "b": func})
+    for call in (lambda arg: fastdlight.tune(arg, H100), lambda arg: apply_and_build(arg, flat_configs((64,)), H100),
+                 lambda arg: fastdlight.tune_dispatch(arg, H100)):
+        with pytest.raises(TypeError, match=r"expected a tirx.PrimFunc \(or an IRModule holding one\), got str"):
+            call("not a function")
+        with pytest.raises(TypeError, match="this IRModule holds 2 PrimFuncs"):
+            call(two)
+
+
 # -- GPU ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("make_op", [lambda: ops.elementwise((2048, 2048), "float16", "add"),
