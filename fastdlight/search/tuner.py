@@ -15,8 +15,9 @@ from fastdlight.search.results import CompileResult
 def tune(func, target=None, topk: int = 20, options: TuneOptions | None = None, *, opt_shapes: dict | None = None,
          database=None, **overrides) -> tuple[list[CompileResult], CompileResult]:
     """Tune ``func`` (a PrimFunc, or an IRModule holding one) for ``target`` (a Target, tag,
-    :class:`CUDA`; default: the live GPU, else the H100 model). Tensor-core eligible matmuls use :class:`TensorCorePolicy`; if none of
-    its configs works, the CUDA-core :class:`DefaultPolicy` is tried. ``opt_shapes`` gives
+    :class:`CUDA`; default: the live GPU, else the H100 model). Tensor-core eligible matmuls use
+    :class:`TensorCorePolicy`; if none of its configs works, the CUDA-core :class:`DefaultPolicy`
+    is tried. ``opt_shapes`` gives
     symbolic dimensions a value. ``database``: a :class:`fastdlight.search.database.TuningDatabase`
     (or its directory) to replay from and store a verified winner in; a directory that cannot
     be used raises :class:`~fastdlight.search.database.DatabaseError` before any tuning.
