@@ -104,7 +104,7 @@ class DefaultPolicy:
                 f"DefaultPolicy found no config within {self.arch.name}'s limits for "
                 f"{self.info.kind} {[a.extent for a in self.info.spatial_axes]}"
             )
-        ranked = _diverse(sorted(best.values(), key=lambda kv: kv[0]), topk)
+        ranked = _one_per_kernel(_diverse(sorted(best.values(), key=lambda kv: kv[0]), topk), planner)
         self._resources = {cfg: res for _, cfg, res in ranked}
         return [cfg for _, cfg, _ in ranked]
 
@@ -131,6 +131,21 @@ def _diverse(ranked: list, topk: int) -> list:
             break
     picked += rest[: topk - len(picked)]
     return sorted(picked, key=lambda kv: kv[0])
+
+
+def _one_per_kernel(ranked: list, planner) -> list:
+    """``ranked`` with each kernel once, as its plain config (:meth:`Planner.kernel_of`), where
+    the best-ranked of its configs was. The configs dropped are not replaced by lower-ranked
+    ones: building the same kernel twice measured nothing new (a depthwise convolution's
+    one-step reductions had half their candidates so, at ~2 s of nvcc each), and the kernels
+    built stay the ones the policy ranked in its top k."""
+    out, seen = [], set()
+    for key, cfg, res in ranked:
+        plain = planner.kernel_of(cfg)
+        if plain not in seen:
+            seen.add(plain)
+            out.append((key, plain, res))
+    return out
 
 
 __all__ = ["DefaultPolicy"]

@@ -99,6 +99,11 @@ class Planner:
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------
+    def kernel_of(self, config: Config) -> Config:
+        """``config`` with the settings that do not change the kernel this family's template
+        builds from it reset to their defaults: two configs with one kernel are built once."""
+        return config
+
     def traffic(self, tile, rstep) -> int:
         key = (tile, rstep)
         t = self._traffic.get(key)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from fastdlight.config import Config
 from fastdlight.policies.planner import (
     L2_OVER_DRAM,
     LATENCY_HIDING_WARPS,
@@ -241,6 +243,15 @@ class MatmulPlanner(Planner):
             if self.arch.has_async_copy:
                 yield tile, thread, rstep, (), 2, regs, 2 * stage_bytes, vec, (off, ratio, 1, orient), True
             yield tile, thread, rstep, (), 1, regs, stage_bytes, vec, (off, ratio, 2, orient)
+
+    def kernel_of(self, config: Config) -> Config:
+        """A reduction done in one step has no next tile to prefetch: the template's pipelining
+        (register-staged or cp.async) leaves its kernel as it is (the same CUDA source)."""
+        one_step = len(config.rstep) == len(self.rextents) and all(
+            r >= e for r, e in zip(config.rstep, self.rextents))
+        if one_step and (config.pipeline_stages > 1 or config.use_async_copy):
+            return dataclasses.replace(config, pipeline_stages=1, use_async_copy=False)
+        return config
 
     def _shared_bytes(self, acc, region) -> int:
         """Shared-memory bytes of one input tile as the matmul template lays it out: dims indexed

@@ -230,6 +230,44 @@ def test_conv_configs():
         assert c.vector_width("W") == (4 if w_tile % (4 * c.num_threads) == 0 else 1)
 
 
+def depthwise_conv(c=240, hw=28, r=5, dtype="float16"):
+    """EfficientNet's 5x5 depthwise convolution (NHWC, stride 1): a reduction of 25 products."""
+    x = te.placeholder((1, hw, hw, c), dtype, name="X")
+    w = te.placeholder((c, r, r), dtype, name="W")
+    p = r // 2
+    pad = te.compute((1, hw + 2 * p, hw + 2 * p, c), lambda n, h, v, k: tirx.if_then_else(
+        tirx.all(h >= p, h < hw + p, v >= p, v < hw + p), x[n, h - p, v - p, k], tirx.const(0, dtype)), name="pad")
+    ry, rx = te.reduce_axis((0, r), "ry"), te.reduce_axis((0, r), "rx")
+    out = te.compute((1, hw, hw, c), lambda n, h, v, k: te.sum(
+        pad[n, h + ry, v + rx, k].astype("float32") * w[k, ry, rx].astype("float32"), axis=[ry, rx]), name="conv")
+    return te.create_prim_func([x, w, out])
+
+
+def test_a_one_step_reduction_emits_each_kernel_once():
+    policy = DefaultPolicy(depthwise_conv(), H100)
+    cfgs = policy.emit_config(20)
+    assert cfgs and all(c.rstep == (5, 5) for c in cfgs)  # the whole window in one step
+    # nothing to prefetch: no pipelined twin of a config, and none refilled from lower ranks
+    assert all(c.pipeline_stages == 1 and not c.use_async_copy for c in cfgs)
+    assert len({(c.block, c.thread) for c in cfgs}) == len(cfgs) < 20
+    # a reduction of several steps keeps its pipelining variants
+    assert {c.pipeline_stages for c in configs("matmul_nn")[2]} == {1, 2}
+
+
+def test_pipelining_a_one_step_reduction_builds_the_same_kernel():
+    from fastdlight.compiler.compile import compile_mod_to_cubin
+    from fastdlight.schedules.matmul import MatmulTemplate
+
+    func = depthwise_conv()
+    plain = DefaultPolicy(func, H100).emit_config(1)[0]
+    sources = set()
+    for stages, async_copy in ((1, False), (2, False), (2, True)):
+        config = Config(**{**plain.__dict__, "pipeline_stages": stages, "use_async_copy": async_copy})
+        sch = MatmulTemplate().apply_config(func, config)
+        sources.add(compile_mod_to_cubin(sch.mod, H100.target)[0])
+    assert len(sources) == 1
+
+
 def test_non_divisible_shapes_pad():
     _, policy, cfgs = configs("matmul_odd")
     assert any(1000 % b for c in cfgs for b in c.block)  # padded tiles are allowed
