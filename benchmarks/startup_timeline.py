@@ -3,6 +3,7 @@ set-up, builds, probes, timings, reference, verification) and a stack sampler of
 threads, for four GEMM tunes in a row (the first pays the start-up).
 
     python benchmarks/startup_timeline.py      # writes $OUT/startup.json, prints a summary
+    python benchmarks/startup_timeline.py --softmax   # a 4096x32000 softmax, twice
 
 A diagnostic: it wraps internal functions of ``fastdlight.tune`` by name (a rename there shows
 as a "not traced" line and a missing row, not a failure).
@@ -24,20 +25,27 @@ import traceback  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_gemm_hopper import matmul_func  # noqa: E402
+from fastdlight import ops  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.search import candidates, reference, runner, stages
-from fastdlight.measure import clock, timing as measure
+from fastdlight.measure import clock, workload
 from fastdlight.compiler import workers  # noqa: E402
 from fastdlight.search.options import TuneOptions  # noqa: E402
 
 IMPORT_S = time.perf_counter() - T0
-#: (case, GEMM M, N, K, layout): the first pays the start-up, the third repeats it warm
-CASES = [("4096 NT", 4096, 4096, 4096, "NT"), ("4096 NN", 4096, 4096, 4096, "NN"),
-         ("4096 NT again", 4096, 4096, 4096, "NT"), ("1024 NT", 1024, 1024, 1024, "NT")]
+#: (case, the function): the first pays the start-up, the third repeats it warm
+GEMM_CASES = [("4096 NT", lambda: matmul_func(4096, 4096, 4096, "float16", "NT")),
+              ("4096 NN", lambda: matmul_func(4096, 4096, 4096, "float16", "NN")),
+              ("4096 NT again", lambda: matmul_func(4096, 4096, 4096, "float16", "NT")),
+              ("1024 NT", lambda: matmul_func(1024, 1024, 1024, "float16", "NT"))]
+#: ``--softmax``: a vocabulary-wide fp16 softmax (memory-bound, one float64 reference run)
+SOFTMAX_CASES = [("softmax 4096x32000", lambda: ops.softmax(4096, 32000).func),
+                 ("softmax 4096x32000 again", lambda: ops.softmax(4096, 32000).func)]
+CASES = SOFTMAX_CASES if "--softmax" in sys.argv[1:] else GEMM_CASES
 TRACED = [(candidates, "prewarm"), (candidates, "candidate_sets"), (candidates, "stock_configs"),
           (candidates, "apply_and_build"), (workers.WorkerPool, "_run_one"), (workers.WorkerPool, "_setup"),
           (stages.Prober, "run"), (stages.Timer, "_time"), (stages.Timer, "retime_fastest"), (stages, "load_module"),
-          (measure.WorkloadMaker, "get"), (reference.ReferenceRun, "expected"), (reference.ReferenceRun, "_compute"),
+          (workload.WorkloadMaker, "get"), (reference.ReferenceRun, "expected"), (reference.ReferenceRun, "_compute"),
           (runner, "verify_and_pick"),
           (runner, "plan")]
 SAMPLE_S = 0.02
@@ -64,7 +72,8 @@ class Trace:
                 self.events.append((self.case, label, threading.current_thread().name, round(t - T0, 3),
                                     round(time.perf_counter() - t, 3)))
 
-        setattr(owner, name, traced)
+        static = isinstance(vars(owner).get(name) if isinstance(owner, type) else None, staticmethod)
+        setattr(owner, name, staticmethod(traced) if static else traced)
 
     def sample_forever(self) -> None:
         me = threading.get_ident()
@@ -86,9 +95,9 @@ class Trace:
         return dict(top)
 
 
-def tune_case(trace: Trace, arch, name, m, n, k, layout) -> dict:
+def tune_case(trace: Trace, arch, name, make_func) -> dict:
     trace.case = name
-    func = matmul_func(m, n, k, "float16", layout)
+    func = make_func()
     before, t = clock.snapshot(), time.perf_counter()
     tuned = candidates.tune_function(func, arch, 20, TuneOptions(progress=False))
     return {"case": name, "start": round(t - T0, 3), "wall": round(time.perf_counter() - t, 2),

@@ -159,7 +159,11 @@ def apply_template(func, config, template=None):
     tensor-core intrinsics registered first when the config needs them."""
     if not needs_tensor_intrinsics(config):
         return resolve_template(template)(func, config)
-    import_tensor_intrinsics(config)
+    if config.kind != "dlight" or _CUDA_ONLY_PROCESS[0]:
+        # Dlight's tensor-core rules import the intrinsics themselves, when they tensorize: in
+        # this process stock Dlight at sm_90 then costs nothing more on a softmax or a norm,
+        # where importing them first was 2-5 s before a tune's first build could start
+        import_tensor_intrinsics(config)
     from fastdlight.schedules import intrinsics
 
     with intrinsics.cheap_inspect_stack():  # the template may register intrinsics of its dtype
