@@ -2,6 +2,8 @@
 measured comparison is a GPU test)."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import tvm
@@ -69,6 +71,29 @@ def test_stock_configs_add_the_base_arch_only_where_dlight_would_use_tensor_core
     # on tensor cores at sm_90 (ResNet-18: 2x faster than at sm_90a), so both are measured
     conv = ops.conv2d_nhwc(16, 28, 28, 128, 128, dtype="float16", out_dtype="float32").func
     assert [c.arch for c in candidates.stock_configs(conv, H100)] == ["sm_90a", "sm_90"]
+
+
+def test_stock_dlight_imports_the_tensor_intrinsics_only_where_it_tensorizes():
+    """In the tuning process: comparing stock Dlight at sm_90 with sm_90a on a softmax must not
+    import TVM's tensor intrinsics (seconds before a first build); an fp16 matmul at sm_90 is
+    still tensorized (Dlight's rule imports them itself). A fresh process, so that no other test
+    has imported them already."""
+    code = """
+import sys
+from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.compiler import build_task
+from fastdlight.config import StockSchedule
+from fastdlight.search import candidates
+arch = CUDA("nvidia/nvidia-h100")
+assert [c.arch for c in candidates.stock_configs(ops.softmax(256, 1024).func, arch)] == ["sm_90a"]
+assert "tvm.s_tir.tensor_intrin.cuda" not in sys.modules
+with arch.target:
+    sch = build_task.apply_template(ops.matmul(256, 256, 256, "float16").func, StockSchedule("sm_90"))
+assert "mma_sync" in sch.mod.script() or "wmma" in sch.mod.script()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_stock_joins_the_first_set_ranked_last_or_comes_last_alone():
