@@ -1,5 +1,5 @@
 """Quick probe of the GPU machine: TVM runtime APIs fastdlight relies on (run once per fresh machine)."""
-import os, time, shutil, subprocess, sys, tempfile
+import os, time, shutil, sys, tempfile
 import numpy as np
 import tvm
 

@@ -265,7 +265,7 @@ def example_text(name: str, plan: LaunchPlan, checks: list[OutputCheck], sizes: 
         else:
             size = next(section)
             L += [f"  std::vector<void*> d{i}(copies);  // input {p.name}: {p.dtype}{list(p.shape)}",
-                  f"  for (int c = 0; c < copies; ++c) {{",
+                  "  for (int c = 0; c < copies; ++c) {",
                   f"    FDL_CHECK(cudaMalloc(&d{i}[c], {p.nbytes}ULL));",
                   f"    FDL_CHECK(cudaMemcpy(d{i}[c], data.data() + {offset}ULL, {p.nbytes}ULL, cudaMemcpyHostToDevice));",
                   "  }"]

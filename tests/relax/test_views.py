@@ -16,7 +16,6 @@ from fastdlight.arch import CUDA
 from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.analysis.wgmma_match import match_wgmma
 from fastdlight.relax import prepare
-from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.relax.views import fold_view, view_of
 from fastdlight.schedules import apply_config
 from fastdlight.policies.select import candidate_sets

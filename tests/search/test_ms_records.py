@@ -2,7 +2,6 @@
 
 import tvm
 import tvm_ffi
-from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from fastdlight import ops
