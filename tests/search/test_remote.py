@@ -3,10 +3,12 @@ local process, reached directly and through a TVM tracker. This machine has no G
 server says so and the tuner ranks by the policy's estimate: the test covers the whole path
 (connection, the libraries' upload, the remote call, the answer) but no timing."""
 
+import collections
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -29,18 +31,23 @@ def free_port() -> int:
 
 
 def start(args: list[str], ready: str, timeout: float = 60.0, env=None) -> subprocess.Popen:
-    """A process of ours that prints ``ready`` once it serves."""
+    """A process of ours that prints ``ready`` once it serves. Its output is read on after that
+    (kept in ``proc.lines``): a server that logs while it measures would otherwise fill the pipe
+    and block on its next write."""
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
+    proc.lines = collections.deque(maxlen=200)
     t0 = time.time()
     while time.time() - t0 < timeout:
         line = proc.stdout.readline()
+        proc.lines.append(line)
         if ready in line:
+            threading.Thread(target=lambda: proc.lines.extend(proc.stdout), daemon=True).start()
             return proc
         if not line and proc.poll() is not None:
             break
     proc.kill()
-    raise RuntimeError(f"{args} did not start")
+    raise RuntimeError(f"{args} did not start: {''.join(proc.lines)[-1500:]}")
 
 
 @pytest.fixture

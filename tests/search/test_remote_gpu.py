@@ -58,3 +58,4 @@ def test_gpu_a_model_tunes_through_a_tracker_and_two_servers(tmp_path):
     finally:
         for proc in servers + [tracker]:
             proc.kill()
+            print(f"--- {proc.args[2:4]}:", "".join(proc.lines)[-3000:])  # shown if the test fails
