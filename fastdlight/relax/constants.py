@@ -23,7 +23,7 @@ from tvm import relax
 from tvm.ir import IRModule
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from fastdlight.relax.rewrites import call_to, mutator_pass
+from fastdlight.relax.rewrites import call_to, constant_value, mutator_pass, static_shape
 
 #: the most bytes of constants the evaluated values may add to a model (a mask is B*TQ*TKV)
 MAX_BYTES = 256 * 2**20
@@ -63,6 +63,37 @@ def input_independent_values(max_bytes: int = MAX_BYTES) -> tvm.transform.Pass:
         return seq(flat)
 
     return run
+
+
+#: the dtypes a folded cast may produce (numpy, with ml_dtypes for bfloat16, rounds to nearest even
+#: as LLVM does)
+FOLDED_CASTS = ("float16", "bfloat16", "float32")
+
+
+def fold_weight_layouts() -> tvm.transform.Pass:
+    """``permute_dims``, reshapes and casts of constants (a model's weights, as the exporter and
+    ToMixedPrecision leave them: transposed linear weights, fp16 copies) computed with numpy.
+    Run before LegalizeOps: FoldConstant builds and runs an LLVM function for each of them
+    (EfficientNet-B0: 300, 17.8 s of ``prepare``'s 18.9 on two cores)."""
+
+    @mutator
+    class Folder(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            folded = call_to(call, "relax.permute_dims", "relax.astype", "relax.reshape")
+            if folded is None or (folded.op.name == "relax.astype" and str(call.ty.dtype) not in FOLDED_CASTS):
+                return call
+            try:
+                if folded.op.name == "relax.reshape":
+                    value, shape = constant_value(self, folded.args[0]), static_shape(call)
+                    value = None if value is None or shape is None else value.reshape(shape)
+                else:
+                    value = constant_value(self, folded)
+            except TypeError:  # a dtype numpy has not (bfloat16 without ml_dtypes): FoldConstant's
+                value = None
+            return call if value is None else relax.const(value, str(call.ty.dtype))
+
+    return mutator_pass("fastdlight.FoldWeightLayouts", Folder)
 
 
 def _bindings(func: relax.Function) -> list:

@@ -12,8 +12,9 @@ or, step by step (what ``compile_model`` does):
 ``tvm.compile`` with its default pipeline legalizes and fuses *again*: on an already fused
 module FuseOps merges the tuned functions into new ones (ResNet's ``fused_fused_conv2d...``), which
 Dlight then schedules, and the tuned kernels never run. :func:`build` runs only what comes after
-fusion. ``FoldConstant`` in :func:`prepare` evaluates weight layout changes (``permute_dims`` of a
-bound weight, casts) once at compile time instead of at every call.
+fusion. :func:`prepare` computes weight layout changes (``permute_dims`` of a bound weight,
+reshapes, casts) once at compile time instead of at every call: with numpy where it can
+(``constants.fold_weight_layouts``), the rest with TVM's ``FoldConstant``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from fastdlight.relax.compat import (
     scalar_constant_casts,
     squeeze_axes,
 )
-from fastdlight.relax.constants import input_independent_values
+from fastdlight.relax.constants import fold_weight_layouts, input_independent_values
 from fastdlight.relax.convs import im2col_convs, pointwise_convs
 from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.decode_attention import decode_attention
@@ -146,6 +147,7 @@ def prepare(target, *, fuse_attention: bool = True) -> tvm.transform.Pass:
         decode_weight_layout(),  # decode steps' projections read their weights [N, K]: GEMVs
         causal_masks(),  # before softmax_of_fp16, which then finds the widened scores
         softmax_of_fp16(),
+        fold_weight_layouts(),  # what FoldConstant would compile for the host, one by one
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

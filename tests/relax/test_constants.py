@@ -1,11 +1,12 @@
 """Values a model computes without its inputs (CPU): evaluated once when it is compiled."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
 from fastdlight.relax import for_inference
-from fastdlight.relax.constants import input_independent_values
+from fastdlight.relax.constants import fold_weight_layouts, input_independent_values
 
 
 def masked(n: int = 8, table=None):
@@ -62,3 +63,55 @@ def test_values_beyond_the_byte_budget_are_left_alone():
 
 def test_for_inference_folds_the_mask():
     assert "relax.cumsum" not in ops_of(for_inference(masked(), [], fp16=False))
+
+
+def weight_chain_module(cast_to: str):
+    """``x @ permute_dims(astype(reshape(W)))``: a weight as the exporter and ToMixedPrecision
+    leave a linear layer's."""
+    w = np.random.default_rng(0).standard_normal((4, 8, 16)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 32), cast_to))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(relax.const(w), (16, 32)))
+            cast = bb.emit(relax.op.astype(flat, cast_to))
+            t = bb.emit(relax.op.permute_dims(cast))
+            out = bb.emit_output(relax.op.matmul(x, t))
+        bb.emit_func_output(out)
+    return bb.get(), w
+
+
+def matmul_weight(mod):
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) and e.op.name == "relax.matmul" else None)
+    weight = found[0].args[1]
+    bindings = {b.var: b.value for block in mod["main"].body.blocks for b in block.bindings}
+    return bindings.get(weight, weight)
+
+
+def test_a_weight_s_reshape_cast_and_transpose_are_folded_on_the_host():
+    mod, w = weight_chain_module("float16")
+    folded = matmul_weight(fold_weight_layouts()(mod))
+    assert isinstance(folded, tvm.ir.expr.Constant)
+    expected = np.transpose(w.reshape(16, 32).astype("float16"))
+    got = folded.value.numpy()
+    assert got.dtype == np.float16 and np.array_equal(got, expected)
+
+
+def constants_after_folding(mod) -> list[bytes]:
+    found = []
+    folded = relax.transform.FoldConstant()(relax.transform.LegalizeOps()(mod))
+    relax.analysis.post_order_visit(folded["main"], lambda e: found.append(e.value.numpy().tobytes())
+                                    if isinstance(e, tvm.ir.expr.Constant) and hasattr(e.value, "numpy") else None)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_host_folds_the_values_tvm_s_own_folding_computes(dtype):
+    """numpy rounds a cast as LLVM does (to nearest even): the module keeps the same bytes."""
+    mod, _ = weight_chain_module(dtype)
+    folded = fold_weight_layouts()(mod)
+    if dtype == "bfloat16":
+        assert isinstance(matmul_weight(folded), tvm.ir.expr.Constant)
+    assert constants_after_folding(folded) == constants_after_folding(mod)
