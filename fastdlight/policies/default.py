@@ -13,9 +13,10 @@ Per function (see :mod:`.analysis` for the families) it runs Roller's recipe:
 3. every candidate config is scored ``(traffic + 1) × waves`` (:mod:`.roller`), with waves from
    the blocks per SM allowed by threads, registers, shared memory and ``max_blocks_per_sm``.
 
-``emit_config(topk)`` returns the ``topk`` best distinct configs, cost ascending; equal costs are
-ordered by a family preference (thread count in the preferred range, …) then by the config's
-text, so the result is deterministic.
+``emit_config(topk)`` returns the ``topk`` best distinct configs, cost ascending, each kernel once
+(configs its template builds into the same kernel are dropped, not replaced: fewer than
+``topk`` then); equal costs are ordered by a family preference (thread count in the preferred
+range, …) then by the config's text, so the result is deterministic.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class DefaultPolicy:
         self._resources: dict = {}
 
     def emit_config(self, topk: int = 10) -> list[Config]:
-        """The ``topk`` best distinct configs, best first (each carries its predicted ``cost``)."""
+        """The ``topk`` best distinct configs, best first (each carries its predicted ``cost``),
+        each kernel once."""
         if topk <= 0:
             return []
         best: dict[Config, tuple] = {}
