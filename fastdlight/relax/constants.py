@@ -65,11 +65,6 @@ def input_independent_values(max_bytes: int = MAX_BYTES) -> tvm.transform.Pass:
     return run
 
 
-#: the dtypes a folded cast may produce (numpy, with ml_dtypes for bfloat16, rounds to nearest even
-#: as LLVM does)
-FOLDED_CASTS = ("float16", "bfloat16", "float32")
-
-
 def fold_weight_layouts() -> tvm.transform.Pass:
     """``permute_dims``, reshapes and casts of constants (a model's weights, as the exporter and
     ToMixedPrecision leave them: transposed linear weights, fp16 copies) computed with numpy.
@@ -80,17 +75,13 @@ def fold_weight_layouts() -> tvm.transform.Pass:
     class Folder(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            folded = call_to(call, "relax.permute_dims", "relax.astype", "relax.reshape")
-            if folded is None or (folded.op.name == "relax.astype" and str(call.ty.dtype) not in FOLDED_CASTS):
+            if call_to(call, "relax.reshape") is not None:
+                value, shape = constant_value(self, call.args[0]), static_shape(call)
+                value = None if value is None or shape is None else value.reshape(shape)
+            elif call_to(call, "relax.permute_dims", "relax.astype") is not None:
+                value = constant_value(self, call)  # casts to fp16, bf16 and fp32 only
+            else:
                 return call
-            try:
-                if folded.op.name == "relax.reshape":
-                    value, shape = constant_value(self, folded.args[0]), static_shape(call)
-                    value = None if value is None or shape is None else value.reshape(shape)
-                else:
-                    value = constant_value(self, folded)
-            except TypeError:  # a dtype numpy has not (bfloat16 without ml_dtypes): FoldConstant's
-                value = None
             return call if value is None else relax.const(value, str(call.ty.dtype))
 
     return mutator_pass("fastdlight.FoldWeightLayouts", Folder)
