@@ -17,6 +17,7 @@ from fastdlight.config import Config
 from fastdlight.policies.attention import attention_configs
 from fastdlight.policies.select import candidate_sets
 from fastdlight.schedules import apply_config
+from fastdlight.schedules.attention.plan import AttentionPlan
 from fastdlight.schedules.attention.template import AttentionTemplate, plan_for
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -120,3 +121,24 @@ def test_where_tiles_outnumber_the_sms_each_tile_also_comes_on_a_persistent_grid
     assert not any(c.persistent for c in attention_configs(match_attention(few), H100, 8))
     with pytest.raises(ValueError, match="persistent"):
         Config("matmul", block=(64, 64), thread=(8, 8), persistent=True).validate()
+
+
+def test_consumers_take_turns_release_k_and_v_apart_and_store_pairs():
+    """Two consumers (128 rows) take turns at the tensor cores: each waits on its own named
+    barrier (1 + its index, 256 threads) and passes the turn to the other's; one consumer (64
+    rows) has no one to take turns with. Each stage has two empty barriers (K back after the
+    scores, V after P·V), and O leaves in 32-bit pairs of fp16."""
+    func = ops.attention(1, 8, 1000, 1000, 128, causal=True).func
+    two = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
+    one = plan_for(func, Config("attention_wgmma", block=(64, 128), pipeline_stages=2))
+    assert (two.pingpong, one.pingpong) == (True, False)
+    with pytest.raises(ValueError, match="turns"):
+        AttentionPlan(one.shape, 64, 128, 2, pingpong=True)
+    _, src, cubin = compile_kernel(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
+    assert cubin.spill_bytes == 0
+    assert "bar.sync" in src and "bar.arrive" in src and "(uint)256" in src
+    inits = src.count("tvm_builtin_ptx_mbarrier_init_init_shared_b64(") - 1  # less its definition
+    assert inits == 2 + 4 * two.stages  # Q full and empty; per stage K full, V full, K empty, V empty
+    assert "*(half2*)(out_ptr" in src and "out_ptr[" not in src
+    _, src_one, _ = compile_kernel(func, Config("attention_wgmma", block=(64, 128), pipeline_stages=2))
+    assert "bar.sync" not in src_one and "bar.arrive" not in src_one

@@ -34,6 +34,7 @@ class AttentionPlan:
     bn: int
     stages: int
     max_ctas: int | None = None
+    pingpong: bool = False
 
     # --- the grid ---------------------------------------------------------------------------
 
@@ -252,6 +253,8 @@ class AttentionPlan:
     def __post_init__(self):
         if self.bm % 64 or not 1 <= self.bm // 64 <= 3:
             raise ValueError(f"attention tile of {self.bm} rows: 64, 128 or 192")
+        if self.pingpong and self.consumers < 2:
+            raise ValueError("pingpong takes turns between two or more consumer warpgroups")
         if self.bn % 16 or not 16 <= self.bn <= 256:
             raise ValueError(f"attention key tile of {self.bn}: a multiple of 16 up to 256")
         if math.gcd(self.shape.head_dim, 64) != 64:
