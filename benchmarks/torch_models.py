@@ -71,6 +71,37 @@ class Attention(nn.Module):
         return self.o(out)
 
 
+class GPT2Block(nn.Module):
+    """GPT-2 small's block as torch users write it: LayerNorms, a fused QKV projection with bias,
+    causal attention either through ``scaled_dot_product_attention(is_causal=True)`` ("sdpa") or
+    spelled out with ``masked_fill(~tril, -inf)`` and a softmax ("masked"), GELU (tanh) MLP."""
+
+    def __init__(self, d, heads, seq, form):
+        super().__init__()
+        self.heads, self.form = heads, form
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        if form == "masked":
+            self.register_buffer("tril", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
+
+    def attend(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        if self.form == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // self.heads))
+            scores = scores.masked_fill(~self.tril[:s, :s], float("-inf"))
+            out = scores.softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, s, d))
+
+    def forward(self, x):
+        x = x + self.attend(self.ln1(x))
+        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, d, heads, ff, seq, llama):
         super().__init__()
@@ -144,6 +175,15 @@ def specs() -> dict[str, ModelSpec]:
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=True), (1, 512, 2048)),
         ModelSpec("llama_b4_s512", "LLaMA layer b4 s512 d2048 16 heads ff5632, RMSNorm, causal, SiLU",
                   lambda: DecoderLayer(2048, 16, 5632, 512, llama=True), (4, 512, 2048)),
+        # attention-bound: the causal attention at T 2048 and 4096 is most of the layer's work
+        ModelSpec("llama_b1_s2048", "LLaMA layer b1 s2048 d2048 16 heads ff5632, RMSNorm, causal, SiLU",
+                  lambda: DecoderLayer(2048, 16, 5632, 2048, llama=True), (1, 2048, 2048)),
+        ModelSpec("llama_b1_s4096", "LLaMA layer b1 s4096 d2048 16 heads ff5632, RMSNorm, causal, SiLU",
+                  lambda: DecoderLayer(2048, 16, 5632, 4096, llama=True), (1, 4096, 2048)),
+        ModelSpec("gpt2_block_sdpa", "GPT-2 small block b8 s1024, SDPA is_causal",
+                  lambda: GPT2Block(768, 12, 1024, "sdpa"), (8, 1024, 768)),
+        ModelSpec("gpt2_block_masked", "GPT-2 small block b8 s1024, masked_fill(~tril, -inf) + softmax",
+                  lambda: GPT2Block(768, 12, 1024, "masked"), (8, 1024, 768)),
         # K not a multiple of 8: fp16 rows of 2002 bytes, which TMA cannot address unpadded
         ModelSpec("linear_k1001", "Linear 3000 tokens, 1001 -> 5120, bias (K not a multiple of 8)",
                   lambda: nn.Linear(1001, 5120), (3000, 1001)),

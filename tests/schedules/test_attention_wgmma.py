@@ -4,6 +4,7 @@ sm_90a to a cubin without spills, with wgmma from shared memory for the scores a
 registers for P·V, TMA loads and a producer warpgroup; shapes the template does not take get
 no config."""
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,8 +68,9 @@ def test_the_unsplit_layouts_load_with_four_dimensional_maps(name):
     config = attention_configs(LAYOUTS[name], H100, 1)[0]
     kernel, src, cubin = compile_kernel(func, config)
     shape = LAYOUTS[name]
-    assert "cp.async.bulk.tensor.4d" in src
-    assert ("cp.async.bulk.tensor.3d" in src) == ("bhtd" in shape.operand_layouts)
+    loads = "cp.async.bulk.tensor.{}d.shared::cluster"  # (the output is [B, H, TQ, D]: a 3-D store map)
+    assert loads.format(4) in src
+    assert (loads.format(3) in src) == ("bhtd" in shape.operand_layouts)
     assert cubin.spill_bytes == 0
     assert [p.name for p in kernel.params] == [p.name for p in func.params]
 
@@ -123,11 +125,11 @@ def test_where_tiles_outnumber_the_sms_each_tile_also_comes_on_a_persistent_grid
         Config("matmul", block=(64, 64), thread=(8, 8), persistent=True).validate()
 
 
-def test_consumers_take_turns_release_k_and_v_apart_and_store_pairs():
+def test_consumers_take_turns_and_release_k_and_v_apart():
     """Two consumers (128 rows) take turns at the tensor cores: each waits on its own named
     barrier (1 + its index, 256 threads) and passes the turn to the other's; one consumer (64
     rows) has no one to take turns with. Each stage has two empty barriers (K back after the
-    scores, V after P·V), and O leaves in 32-bit pairs of fp16."""
+    scores, V after P·V)."""
     func = ops.attention(1, 8, 1000, 1000, 128, causal=True).func
     two = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
     one = plan_for(func, Config("attention_wgmma", block=(64, 128), pipeline_stages=2))
@@ -139,6 +141,29 @@ def test_consumers_take_turns_release_k_and_v_apart_and_store_pairs():
     assert "bar.sync" in src and "bar.arrive" in src and "(uint)256" in src
     inits = src.count("tvm_builtin_ptx_mbarrier_init_init_shared_b64(") - 1  # less its definition
     assert inits == 2 + 4 * two.stages  # Q full and empty; per stage K full, V full, K empty, V empty
-    assert "*(half2*)(out_ptr" in src and "out_ptr[" not in src
     _, src_one, _ = compile_kernel(func, Config("attention_wgmma", block=(64, 128), pipeline_stages=2))
-    assert "bar.sync" not in src_one and "bar.arrive" not in src_one
+    assert "bar.arrive" not in src_one
+
+
+def test_o_leaves_through_tma_stores_where_its_tile_fits_beside_the_ring():
+    """128x128 with two stages has room for O's 32 KB beside Q and the ring: O is staged in
+    128-byte-swizzled rows and stored by TMA (a 3-D map of [B*H, TQ, D]); with three stages it
+    has not, and O leaves from registers in 32-bit pairs. The staged words of a consumer's rows
+    are distinct, inside its own rows, and swizzled as TMA's 128-byte mode reads them."""
+    func = ops.attention(1, 8, 1000, 1000, 128, causal=True).func
+    staged = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2), 132, 227 * 1024)
+    direct = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=3), 132, 227 * 1024)
+    assert (staged.stage_o, direct.stage_o) == (True, False)
+    assert staged.smem_bytes() <= 227 * 1024 < dataclasses.replace(direct, stage_o=True).smem_bytes()
+    _, src, cubin = compile_kernel(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
+    assert cubin.spill_bytes == 0
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" in src and "wait_group.read 0" in src
+    assert "*(half2*)(out_ptr" not in src
+    _, src3, cubin3 = compile_kernel(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=3))
+    assert "*(half2*)(out_ptr" in src3 and "global.shared::cta" not in src3 and cubin3.spill_bytes == 0
+    for cw in range(staged.consumers):
+        words = [staged.staged_word(cw, r, c) for r in range(64) for c in range(0, 128, 2)]
+        assert len(set(words)) == len(words)
+        assert min(words) == cw * 64 * 64 and max(words) == (cw + 1) * 64 * 64 - 1
+    # row 3's first 16 bytes sit in 16-byte slot 3 of the row: 128-byte swizzle, as the loads use
+    assert staged.staged_word(0, 3, 0) == 3 * 32 + 3 * 4

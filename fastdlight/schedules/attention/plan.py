@@ -35,6 +35,9 @@ class AttentionPlan:
     stages: int
     max_ctas: int | None = None
     pingpong: bool = False
+    #: O leaves through shared memory and TMA stores (where the SM's shared memory holds a tile
+    #: of it beside the ring), else by 32-bit stores from registers
+    stage_o: bool = False
 
     # --- the grid ---------------------------------------------------------------------------
 
@@ -194,6 +197,38 @@ class AttentionPlan:
         if layout == "packed" and which > 0:  # Q's heads, then K's, then V's
             head = head + s.heads + (which - 1) * s.kv_heads
         return [c * 64, head, row0, bh // s.heads]
+
+    # --- the output, staged (``stage_o``) -------------------------------------------------------
+
+    @property
+    def out_dims(self) -> tuple[int, ...]:
+        """O as [B*H, TQ, D], innermost first."""
+        s = self.shape
+        return (s.head_dim, s.seq_q, s.batch * s.heads)
+
+    @property
+    def out_strides(self) -> tuple[int, ...]:
+        return _strides(self.out_dims, self.elem_bytes)
+
+    @property
+    def o_stage_words(self) -> int:
+        """32-bit words of O's staging rows (one word where O is not staged: the pool's minimum)."""
+        return self.bm * self.shape.head_dim // 2 if self.stage_o else 1
+
+    def staged_word(self, cw, row, col):
+        """The word of O's 16-bit pair at (``row``, ``col`` even) of consumer ``cw``'s staging
+        rows: chunk ``col // 64`` of [64 rows, 64 columns], 128-byte rows swizzled as TMA reads them."""
+        chunk, byte = col // 64, (col % 64) * self.elem_bytes
+        return (cw * self.d_chunks + chunk) * 64 * 32 + row * 32 + ((byte // 16) ^ (row % 8)) * 4 + byte % 16 // 4
+
+    def store_barrier(self, cw: int) -> int:
+        """The named barrier of consumer ``cw``'s staging (after 0, the CTA's, and the turns')."""
+        return 1 + self.consumers + cw
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel asks for: Q, the K/V ring, O's staging rows, barriers."""
+        d, eb = self.shape.head_dim, self.elem_bytes
+        return eb * d * (self.bm + 2 * self.stages * self.bn) + 4 * self.o_stage_words + 1024 + 64
 
     # --- wgmma ------------------------------------------------------------------------------
 

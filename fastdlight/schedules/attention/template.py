@@ -29,6 +29,7 @@ TMA zero-fills past the sequence ends, so any TQ and TKV work; GQA reads K/V hea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 import re
@@ -46,11 +47,15 @@ from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
+#: an sm_90 CTA's shared memory (opt-in), where no target says otherwise
+SM90_SMEM_BYTES = 227 * 1024
 
 
-def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132) -> AttentionPlan | None:
+def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
+             smem_bytes: int = SM90_SMEM_BYTES) -> AttentionPlan | None:
     """The plan of ``config`` for ``func`` on a GPU of ``num_sms`` SMs (a persistent config's
-    grid), or None where the template does not take them."""
+    grid) and ``smem_bytes`` of shared memory a CTA (whether O's tile fits beside the ring), or
+    None where the template does not take them."""
     shape = match_attention(func)
     if shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16"):
         return None
@@ -58,10 +63,11 @@ def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132) -> Attenti
     try:
         # two or more consumers take turns at the tensor cores (H200, 2026-11-30: 0-7% faster at
         # every shape and tile timed, never slower beyond noise)
-        return AttentionPlan(shape, bm, bn, config.pipeline_stages, num_sms if config.persistent else None,
-                             pingpong=bm >= 128)
+        plan = AttentionPlan(shape, bm, bn, config.pipeline_stages, num_sms if config.persistent else None,
+                             pingpong=bm >= 128, stage_o=True)
     except ValueError:
         return None
+    return plan if plan.smem_bytes() <= smem_bytes else dataclasses.replace(plan, stage_o=False)
 
 
 class AttentionTemplate(ScheduleTemplate):
@@ -71,7 +77,8 @@ class AttentionTemplate(ScheduleTemplate):
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
         target = tvm.target.Target.current(allow_none=True)
-        plan = plan_for(func, config, CUDA(target).sm_count if target is not None else 132)
+        arch = CUDA(target) if target is not None else None
+        plan = plan_for(func, config, *((arch.sm_count, arch.smem_per_block_optin) if arch else ()))
         return None if plan is None else build_kernel(func, plan)
 
 
