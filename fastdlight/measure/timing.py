@@ -91,13 +91,15 @@ def _repeats(per_call_s: float, budget_ms: float, hi: int = 20000) -> int:
     return int(min(hi, max(lo, budget_ms / 1e3 / max(per_call_s, 1e-7))))
 
 
-def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timing:
+def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0, give_up_ms: float | None = None) -> Timing:
     """Median milliseconds per ``launch(*args)``, cycling through ``arg_sets``.
 
     On a CUDA device each sample is ``number`` back-to-back launches between two CUDA events
     (``number`` chosen so a sample lasts >= MIN_SAMPLE_MS), several samples are queued before
     the host waits, and samples are taken for about ``budget_ms``. Elsewhere (CPU tests) a
-    host clock around synchronized launches stands in."""
+    host clock around synchronized launches stands in. ``give_up_ms``: a launch the probe finds
+    slower than this is timed no further (the probe's time is the one sample): the caller knows
+    it cannot win."""
     arg_sets = [list(a) for a in arg_sets] or [[]]
     state = {"i": 0}
 
@@ -112,6 +114,8 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
     ensure_context(dev.index)
     run(len(arg_sets))  # warm-up: module load, clocks, every input copy touched once
     per_launch = _queued_probe_ms(run)
+    if give_up_ms is not None and per_launch > give_up_ms:
+        return Timing.of([per_launch])
     if dev.index not in _CLOCKS_UP:
         _CLOCKS_UP.add(dev.index)
         deadline = time.perf_counter() + CLOCK_WARMUP_MS / 1e3
@@ -133,8 +137,15 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0) -> Timi
     return Timing.of(samples)
 
 
+#: a launch this long is its own probe: the host's launch latency is under 0.1% of it, and the 4
+#: more launches would cost seconds where a naive schedule runs a second a launch (stock Dlight's
+#: of a 8192-token attention: most of that tune's 25 s, H200)
+LONG_LAUNCH_MS = 10.0
+
+
 def _queued_probe_ms(run) -> float:
-    """ms per launch of 4 queued launches (after one), so launch latency shows only once."""
+    """ms per launch of 4 queued launches (after one), so launch latency shows only once; a
+    launch of :data:`LONG_LAUNCH_MS` or more is timed alone."""
     start, end = Event(), Event()
     per_launch = 0.0
     for k in (1, 4):
@@ -143,6 +154,8 @@ def _queued_probe_ms(run) -> float:
         end.record()
         end.synchronize()
         per_launch = start.elapsed_ms(end) / k
+        if per_launch >= LONG_LAUNCH_MS:
+            break
     return per_launch
 
 
@@ -211,16 +224,17 @@ def _time_on_host(run, dev, budget_ms: float) -> Timing:
 
 
 def time_module(mod, fname: str, arg_sets, dev, budget_ms: float = 100.0, method: str = "rotate",
-                flush_bytes: int = 0) -> Timing:
+                flush_bytes: int = 0, give_up_ms: float | None = None) -> Timing:
     """Median latency of ``mod[fname]`` (see the module docstring for the two methods).
 
     ``arg_sets``: a list of argument lists to rotate through ("rotate"; see
     :meth:`Workload.timing_arg_sets`), or one argument list. "flush" uses the first set and
-    TVM's ``time_evaluator``: a ``flush_bytes`` device copy and a synchronize before each launch."""
+    TVM's ``time_evaluator``: a ``flush_bytes`` device copy and a synchronize before each launch.
+    ``give_up_ms``: see :func:`time_launches` ("rotate" only)."""
     if arg_sets and not isinstance(arg_sets[0], (list, tuple)):
         arg_sets = [arg_sets]
     if method == "rotate":
-        return time_launches(mod[fname], arg_sets, dev, budget_ms)
+        return time_launches(mod[fname], arg_sets, dev, budget_ms, give_up_ms)
     if method != "flush":
         raise ValueError(f"timing method must be one of {METHODS}, got {method!r}")
     args = arg_sets[0]

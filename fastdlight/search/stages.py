@@ -8,6 +8,7 @@ this process while the other candidates still build.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -247,6 +248,9 @@ class Timer:
         self.graph = False
         #: set when the hot turns start: they are all timed the way the first pass decided
         self.settled = False
+        #: the fastest first-pass time so far: a candidate :data:`STOCK_FINALIST_BEHIND` times
+        #: slower can be no finalist (:func:`pick_finalists`), so its timing stops at the probe
+        self.fastest_ms = math.inf
 
     def workload(self) -> Workload | None:
         """The inputs on the GPU this timer holds (or last held)."""
@@ -274,10 +278,13 @@ class Timer:
 
     def time(self, module, budget_ms: float) -> Timing:
         """The first pass's timing of ``module`` (graphs of ``SCREEN_GRAPH_MS``)."""
+        give_up = self.fastest_ms * STOCK_FINALIST_BEHIND if math.isfinite(self.fastest_ms) else None
         with self._turn():
-            return self._time(module, budget_ms, SCREEN_GRAPH_MS)
+            timing = self._time(module, budget_ms, SCREEN_GRAPH_MS, give_up)
+        self.fastest_ms = min(self.fastest_ms, timing.median_ms)
+        return timing
 
-    def _time(self, module, budget_ms: float, graph_ms: float = MIN_GRAPH_MS) -> Timing:
+    def _time(self, module, budget_ms: float, graph_ms: float = MIN_GRAPH_MS, give_up_ms: float | None = None) -> Timing:
         """(The GPU turn held, the workload made.) Queued launches, then, for a short kernel
         (:meth:`_wants_graph`), a timing replayed from a CUDA graph instead, where the host's
         launch loop cannot set the pace. In a model's tuning the other functions' threads share
@@ -291,11 +298,13 @@ class Timer:
         if self.graph:  # only ever with "rotate"
             try:
                 estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
+                if give_up_ms is not None and estimate > give_up_ms:  # no finalist: no graph
+                    return Timing.of([estimate])
                 return self._graph_time(module[name], wl.dev, estimate, budget_ms, graph_ms)
             except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
-                return time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+                return time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush, give_up_ms)
         with clock.stage("time: queued"):
-            timing = time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush)
+            timing = time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush, give_up_ms)
         if not self._wants_graph(timing):
             return timing
         try:

@@ -273,3 +273,59 @@ def test_inputs_a_model_passes_as_constants_hold_its_values():
     assert np.array_equal(x, workload.host_inputs(cube, seed=1)[0])  # the other inputs as before
     wl = workload.Workload(known, tvm.cpu(0), seed=1)
     assert float(wl.host_inputs[1]) == 3.0
+
+
+class FakeClock:
+    """A GPU whose launches each take ``ms``: CUDA events read this clock."""
+
+    def __init__(self, ms: float):
+        self.ms, self.now, self.launches = ms, 0.0, 0
+
+    def launch(self, *args):
+        self.now += self.ms
+        self.launches += 1
+
+    def event(self):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_ms(self, end):
+                return end.t - self.t
+
+        return Event()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    def install(ms: float):
+        clock = FakeClock(ms)
+        monkeypatch.setattr(measure, "Event", clock.event)
+        monkeypatch.setattr(measure, "ensure_context", lambda index: None)
+        dev = tvm.cuda(0)
+        monkeypatch.setattr(measure, "_CLOCKS_UP", {dev.index})
+        monkeypatch.setattr(type(dev), "sync", lambda self: None)
+        return clock, dev
+
+    return install
+
+
+def test_a_launch_past_the_give_up_time_stops_at_the_probe_and_a_long_one_is_its_own_probe(fake_gpu):
+    """A naive kernel of a second a launch: the warm-up, one probe launch (a long launch needs
+    no four more to hide the host's latency) and no samples when the caller gives up at 8 ms;
+    without a give-up time it gets its samples, at least five; a short kernel's probe queues
+    four launches after one."""
+    clock, dev = fake_gpu(1000.0)
+    timing = measure.time_launches(clock.launch, [[]], dev, budget_ms=5, give_up_ms=8.0)
+    assert timing.samples_ms == (1000.0,) and clock.launches == 1 + 1
+    clock.launches = 0
+    timing = measure.time_launches(clock.launch, [[]], dev, budget_ms=5)
+    assert timing.median_ms == pytest.approx(1000.0) and clock.launches == 1 + 1 + 5
+    short, dev = fake_gpu(0.01)
+    measure.time_launches(short.launch, [[]], dev, budget_ms=5, give_up_ms=8.0)
+    assert short.launches > 1 + 1 + 4

@@ -30,7 +30,7 @@ def gpus(monkeypatch):
     """Two fake GPUs: ``seen`` lists the GPU of each timing and heat, in order."""
     seen, turns = [], GpuTurns()
 
-    def time_module(module, name, arg_sets, dev, budget_ms, method, flush):
+    def time_module(module, name, arg_sets, dev, budget_ms, method, flush, give_up_ms=None):
         seen.append(dev)
         return Timing.of([module[name]] * 5)
 

@@ -35,13 +35,17 @@ class FakeGPU:
         self.graph_budgets: dict[str, list[float]] = {}
         self.closed: list[str] = []
         self.estimates = 0
+        self.give_ups: dict[str, float | None] = {}
 
     def launch_estimate_ms(self, launch, arg_sets, dev):
         self.estimates += 1
         return self.true_ms[launch]
 
-    def time_module(self, module, name, arg_sets, dev, budget_ms, method, flush):
+    def time_module(self, module, name, arg_sets, dev, budget_ms, method, flush, give_up_ms=None):
         ms = self.true_ms[module[name]]
+        self.give_ups.setdefault(module[name], give_up_ms)  # the first pass's
+        if give_up_ms is not None and ms > give_up_ms:
+            return Timing.of([ms])  # the probe's one launch
         if self.busy:
             return Timing.of([max(ms, BUSY_HOST_MS)] * 5)
         return Timing.of([ms + 0.002] * 5)  # the launch cost a queued sample carries
@@ -165,9 +169,9 @@ def queued_budgets(fake: FakeGPU, monkeypatch) -> list[float]:
     """The budgets of the queued timings to come, in order (the fake GPU times them)."""
     budgets = []
 
-    def time_module(module, name, arg_sets, dev, budget_ms, method, flush):
+    def time_module(module, name, arg_sets, dev, budget_ms, method, flush, give_up_ms=None):
         budgets.append(budget_ms)
-        return fake.time_module(module, name, arg_sets, dev, budget_ms, method, flush)
+        return fake.time_module(module, name, arg_sets, dev, budget_ms, method, flush, give_up_ms)
 
     monkeypatch.setattr(stages, "time_module", time_module)
     return budgets
@@ -233,3 +237,18 @@ def test_a_finalist_a_graph_cannot_hold_is_timed_queued_in_its_turns(gpu, monkey
     fake.uncapturable.add("ours1")
     hot = {r.index: r for r in timer.retime_fastest(measured)}
     assert hot[0].timing.graph and not hot[1].timing.graph and hot[1].timing.hot
+
+
+def test_a_candidate_far_behind_the_fastest_is_timed_no_further_than_its_probe(gpu, monkeypatch):
+    """Stock Dlight's schedule of a long attention runs 1000x slower than the template's (a
+    second a launch, where the first pass's five samples, warm-up and probe took 16 of a
+    25 s tune): once a candidate has been timed, each later one gives up after its probe when it
+    is STOCK_FINALIST_BEHIND times slower; it is no finalist, and the winner is unchanged."""
+    fake = gpu({"ours0": 2.0, "ours1": 2.2, "stock": 2000.0})
+    tuned = tune(fake, [ours(0), ours(1), row(2, StockSchedule("sm_90a"), "stock")])
+    assert fake.give_ups["ours0"] is None  # the first candidate: nothing to compare with yet
+    first = 2.0 + 0.002  # its first-pass time (a queued sample carries the launch cost)
+    assert fake.give_ups["ours1"] == fake.give_ups["stock"] == pytest.approx(first * stages.STOCK_FINALIST_BEHIND)
+    stock = next(r for r in tuned.results if r.config.is_stock)
+    assert stock.timing.samples_ms == (2000.0,) and not stock.timing.hot
+    assert tuned.best.config == ours(0).config and tuned.best.timing.hot
