@@ -11,8 +11,10 @@ The JSON-lines file is the source of truth; a MetaSchedule JSON database beside 
 TVM's ``ms.database.JSONDatabase`` and ``relax.transform.MetaScheduleApplyDatabase``. A record stores the winning :class:`Config` (not a
 schedule trace: re-applying a config is deterministic and takes milliseconds, and it works for
 the tensor-core path, whose schedule is made on a rewritten copy of the function) and the
-function itself, so a hit is decided by structural equality, never by a hash alone. A wgmma
-winner also stores its kernel: that template parses TVMScript, 0.1-0.3 s a function.
+function itself, so a hit is decided by structural equality, never by a hash alone. A winner
+also stores its kernel (the scheduled function), which a replay loads instead of scheduling the
+function again: a wgmma kernel is parsed from TVMScript (0.1-0.3 s), a tensor-core schedule
+first imports TVM's tensor intrinsics.
 
 A record is keyed by the function's structural hash, the target (GPU name and arch), the TVM
 version and a fingerprint of the template code for the config's kind: a record of another TVM,
@@ -83,7 +85,7 @@ class Record:
     verified: bool
     reference: str | None  # what the winner was verified against
     created: float  # epoch seconds
-    kernel: str | None = None  # the winner's kernel, where rebuilding it is slow (see commit)
+    kernel: str | None = None  # the winner's kernel (see commit); None in records written before
     #: the kernel, already decoded by the lookup that checked it
     _kernel_func: object = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -255,8 +257,8 @@ class TuningDatabase:
     def commit(self, func, arch: CUDA, config: AnyConfig, latency_ms: float | None = None, verified: bool | None = None,
                reference: str | None = None, kernel=None) -> None:
         """Append a verified winner. A winner that failed or skipped verification is refused.
-        ``kernel``: the scheduled function, stored (TVM JSON, compressed: ~30 KB) where
-        re-applying the config is slow: a wgmma kernel is parsed from TVMScript, 0.1-0.3 s.
+        ``kernel``: the scheduled function, stored (TVM JSON, compressed: 1-50 KB), which a
+        replay loads instead of applying the config again.
         The record is stored first; the MetaSchedule view after it only warns when it fails."""
         if verified is not True:
             raise ValueError(f"refusing to store {config!r}: it was not verified")

@@ -5,6 +5,7 @@ run, with or without a GPU."""
 import warnings
 
 import pytest
+import tvm_ffi
 from tvm.script import tirx as T
 
 from fastdlight import ops
@@ -12,6 +13,8 @@ from fastdlight.analysis.prepare import specialize
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.measure.timing import Timing
+from fastdlight.measure.verify import Verdict
+from fastdlight.policies.select import CandidateSet
 from fastdlight.search import candidates, tuner
 from fastdlight.search.database import TuningDatabase
 from fastdlight.search.options import TuneOptions
@@ -110,3 +113,20 @@ def test_a_rechecked_hit_is_the_fresh_row_marked_as_from_the_database(tmp_path, 
     tuned = candidates.tune_function(func, H100, 4, TuneOptions(recheck_database=True), db=TuningDatabase(tmp_path))
     assert tuned.source == "database" and tuned.results == (tuned.best,) and tuned.best.origin == "database"
     assert tuned.best.latency_ms == 0.5 and tuned.best.timing == fresh.timing and tuned.kernel is None
+
+
+def test_a_verified_winner_of_any_kind_stores_its_kernel_and_its_replay_loads_it(tmp_path, monkeypatch):
+    """A tensor-core winner (not only a wgmma one) is stored with its scheduled function; the
+    replay hands that function back without scheduling anything."""
+    func = ops.matmul(256, 256, 256, "float16").func
+    config = Config("matmul_tc", block=(64, 64), warp=(32, 32), rstep=(32,), pipeline_stages=2, use_async_copy=True)
+    winner = CompileResult(config, 0, timing=Timing(0.01), verdict=Verdict.passed("test", "ok"))
+    monkeypatch.setattr(candidates, "candidate_sets",
+                        lambda *a, **k: iter([CandidateSet("TensorCorePolicy", func, (config,))]))
+    monkeypatch.setattr(candidates, "apply_and_build", lambda f, configs, arch, options: ([winner], winner))
+    tuned = candidates.tune_function(func, H100, 1, TuneOptions(measure=False), db=TuningDatabase(tmp_path))
+    assert tuned.kernel is not None
+    monkeypatch.setattr(candidates, "scheduled_function", lambda *a: pytest.fail("scheduled again"))
+    hit = candidates.tune_function(func, H100, 1, TuneOptions(measure=False), db=TuningDatabase(tmp_path))
+    assert hit.source == "database" and hit.config == config
+    tvm_ffi.structural_equal(hit.kernel, tuned.kernel) or pytest.fail("another kernel came back")
