@@ -264,7 +264,7 @@ def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatc
         maker.join(timeout=5)
         return object()
 
-    monkeypatch.setattr(stages.Timer, "_time", lambda self, module, budget_ms, graph_ms=None: Timing.of([1.0]))
+    monkeypatch.setattr(stages.Timer, "_time", lambda self, module, budget_ms, graph_ms=None, give_up_ms=None: Timing.of([1.0]))
     timer = stages.Timer(CUDA("nvidia/nvidia-h100"), get_workload, TuneOptions())
     assert timer.time(module=None, budget_ms=1.0).median_ms == 1.0
     assert copied.is_set() and not GPU_TURNS.turn(0).locked()
