@@ -298,8 +298,10 @@ class Timer:
         if self.graph:  # only ever with "rotate"
             try:
                 estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
-                if give_up_ms is not None and estimate > give_up_ms:  # no finalist: no graph
-                    return Timing.of([estimate])
+                if give_up_ms is not None and estimate > give_up_ms:
+                    # no finalist: no graph. Booked as the run's timings are (a queued first
+                    # timing of a graph run would stay eligible as a finalist: pick_finalists)
+                    return Timing.of([estimate], graph=True)
                 return self._graph_time(module[name], wl.dev, estimate, budget_ms, graph_ms)
             except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
                 return time_module(module, name, arg_sets, wl.dev, budget_ms, self.opts.timing, self.flush, give_up_ms)

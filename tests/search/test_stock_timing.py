@@ -252,3 +252,14 @@ def test_a_candidate_far_behind_the_fastest_is_timed_no_further_than_its_probe(g
     stock = next(r for r in tuned.results if r.config.is_stock)
     assert stock.timing.samples_ms == (2000.0,) and not stock.timing.hot
     assert tuned.best.config == ours(0).config and tuned.best.timing.hot
+
+
+def test_in_a_run_timed_from_graphs_a_candidate_far_behind_is_no_finalist(gpu, monkeypatch):
+    """Once the run times from graphs, a candidate whose launch estimate is far behind gives up
+    before its graph is captured, and is still compared (not kept as an unmeasured finalist)."""
+    fake = gpu({"ours0": 0.006, "ours1": 0.007, "stock": 0.5})
+    tuned = tune(fake, [ours(0), ours(1), row(2, StockSchedule("sm_90a"), "stock")])
+    assert "stock" not in fake.captures
+    stock = next(r for r in tuned.results if r.config.is_stock)
+    assert stock.timing.samples_ms == (0.5,) and not stock.timing.hot
+    assert tuned.best.config == ours(0).config
