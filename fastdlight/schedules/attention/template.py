@@ -20,8 +20,10 @@ slower: the tuner times both). In each CTA:
   as minus infinity; causal tiles past a query tile's diagonal are never loaded;
 * two or more consumers take turns issuing their GEMMs (a named barrier each: pingpong), so
   one's softmax runs while the tensor cores work on the other's;
-* O is divided by the row sums at the end and stored, two adjacent columns a 32-bit store (one
-  fp16 a store cost GPT-2's shape 18%); rows past the end are not.
+* O is divided by the row sums at the end and leaves through shared memory, each consumer's 64
+  rows TMA-stored while the next tile starts (rows past the end clipped), where its tile fits
+  beside Q and the ring (``AttentionPlan.stage_o``); else from registers, two adjacent columns a
+  32-bit store (one fp16 a store cost GPT-2's shape 18%), rows past the end not stored.
 
 TMA zero-fills past the sequence ends, so any TQ and TKV work; GQA reads K/V head
 ``h // group`` (its tiles come from L2 for the group's other heads).
