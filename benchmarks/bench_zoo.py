@@ -32,12 +32,15 @@ stock Dlight's build, ``torch.compile``'s compile), then takes the GPU (a file l
 torch's timings, stock Dlight's, the tuning, the tuned build and fastdlight's timing
 (``zoo_case.py``). Timings never overlap one another; another case's weight upload and torch.compile's first
 call (a few milliseconds of GPU work) may fall inside a timing's many samples. Tuning seconds
-include builds that share the CPU with other cases' CPU stages.
+include builds that share the CPU with other cases' CPU stages. ``--gpus 0,1`` spreads the
+cases over several GPUs of one machine: each case sees one (``CUDA_VISIBLE_DEVICES``) and takes
+that GPU's turn, so two cases time at once, each on its own GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -82,20 +85,23 @@ def list_models() -> str:
 # --- the run ----------------------------------------------------------------------------------
 
 
-def child_case(name: str, size: str, args) -> Row:
+def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
     """:func:`gpu_case` in a process of its own, killed (with its tuning workers) at
-    ``--time-limit`` seconds; the row it saved last, with why it stopped."""
+    ``--time-limit`` seconds; the row it saved last, with why it stopped. ``gpu``: the one GPU
+    the case sees (``CUDA_VISIBLE_DEVICES``), whose turn lock it takes (``--gpus``)."""
     fd, path = tempfile.mkstemp(prefix="bench_zoo_row_", suffix=".json")
     os.close(fd)
+    lock = gpu_lock_of(args, gpu)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
            "--tune-jobs", str(args.tune_jobs),
            *(["--skip-compile"] if args.skip_compile else []), *(["--skip-stock"] if args.skip_stock else []),
            *(["--db", args.db] if args.db else []),
-           *(["--gpu-lock", args.gpu_lock] if args.gpu_lock else [])]
+           *(["--gpu-lock", lock] if lock else [])]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else None
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
-        proc = subprocess.Popen(cmd, start_new_session=True, stderr=err)
+        proc = subprocess.Popen(cmd, start_new_session=True, stderr=err, env=env)
         LIVE_CASES.add(proc)
         try:
             rc = proc.wait(timeout=args.time_limit)
@@ -128,6 +134,36 @@ def child_case(name: str, size: str, args) -> Row:
     return row
 
 
+def gpu_lock_of(args, gpu: str | None) -> str | None:
+    """The turn lock of ``gpu`` (a lock file each GPU of ``--gpus``), or the one GPU's lock."""
+    if gpu is None or not args.gpu_lock:
+        return args.gpu_lock
+    return f"{args.gpu_lock}.{gpu}"
+
+
+class GpuChooser:
+    """Gives each starting case the GPU of ``--gpus`` that the fewest running cases use (the
+    first of them on a tie), so the cases spread over the GPUs and each times on its own."""
+
+    def __init__(self, gpus: list[str]):
+        self.running = {g: 0 for g in gpus}
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def one(self):
+        if not self.running:
+            yield None
+            return
+        with self.lock:
+            gpu = min(self.running, key=self.running.get)
+            self.running[gpu] += 1
+        try:
+            yield gpu
+        finally:
+            with self.lock:
+                self.running[gpu] -= 1
+
+
 def crash_line(stderr: str) -> str:
     """What a process that died said last of an error (e.g. ``what(): CUDA Runtime Error: ...``)."""
     lines = [line.strip() for line in stderr.splitlines() if "Error" in line or "what():" in line]
@@ -143,6 +179,10 @@ def gpu_missing() -> str | None:
     from bench_setup import torch_gpu_missing
 
     return torch_gpu_missing()
+
+
+def gpu_list(args) -> list[str]:
+    return [g.strip() for g in args.gpus.split(",") if g.strip()]
 
 
 def parse_args(argv):
@@ -167,6 +207,9 @@ def parse_args(argv):
                          "again, and the tables cover both")
     ap.add_argument("--jobs", type=int, default=1,
                     help="cases run at once (each takes its GPU turn; CPU stages overlap); needs --time-limit > 0")
+    ap.add_argument("--gpus", default="",
+                    help="GPUs to spread the cases over (e.g. 0,1): each case runs on one, taking that GPU's "
+                         "turn; needs --jobs >= their number")
     ap.add_argument("--gpu-lock", help=argparse.SUPPRESS)  # the GPU turn's lock file, set by main
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
     ap.add_argument("--row-file", help=argparse.SUPPRESS)
@@ -211,7 +254,8 @@ def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
         if args.dry_run:
             row = dry_case(name, size, args.target)
         elif args.time_limit > 0:
-            row = child_case(name, size, args)
+            with chooser.one() as gpu:
+                row = child_case(name, size, args, gpu)
         else:
             row = gpu_case(name, size, args)
         with done_lock:
@@ -221,6 +265,7 @@ def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
         return row
 
     done_lock = threading.Lock()
+    chooser = GpuChooser(gpu_list(args))
     jobs = 1 if args.dry_run or args.time_limit <= 0 else max(1, args.jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(one, cases))
@@ -250,6 +295,12 @@ def main(argv=None) -> int:
     cases = [(n, s) for n in names for s in sizes_of(zoo_models.MODELS[n], args.sizes)]
     if not cases:
         print(f"error: no model of {names} has a size in {args.sizes!r}", file=sys.stderr)
+        return 2
+    gpus = gpu_list(args)
+    if gpus and (args.dry_run or args.jobs < len(gpus) or len(set(gpus)) < len(gpus)
+                 or not all(g.isdigit() for g in gpus)):
+        print(f"error: --gpus {args.gpus}: give distinct GPU numbers, as many --jobs at least, and no --dry-run",
+              file=sys.stderr)
         return 2
     if not args.dry_run:
         why = gpu_missing()

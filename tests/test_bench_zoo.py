@@ -256,3 +256,33 @@ os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
     with open(f"/proc/{pid}/stat") as f:
         assert f.read().split()[2] == "Z"  # killed, a zombie until its orphan is reaped
+
+
+def test_gpus_spread_the_cases_each_on_one_gpu_with_that_gpus_turn(tmp_path, monkeypatch):
+    """--gpus 0,1 --jobs 2: the two cases running at once see different GPUs and take different
+    turn locks; a third case goes to the GPU that a finished case left."""
+    fake = tmp_path / "child.py"
+    fake.write_text(
+        "import json, os, sys, time\n"
+        "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
+        "lock = sys.argv[sys.argv.index('--gpu-lock') + 1]\n"
+        "time.sleep(0.6 if name == 'resnet50' else 0.1)\n"
+        "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done',\n"
+        "           'errors': {'seen': os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + lock}},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+    args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60", "--gpus", "0,1"])
+    args.gpu_lock = str(tmp_path / "gpu.lock")
+    rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1"), ("swin_t", "1")], args,
+                               str(tmp_path / "rows.jsonl"))
+    seen = {r.model: r.errors["seen"].split() for r in rows}
+    assert seen["resnet50"] == ["0", f"{args.gpu_lock}.0"]
+    assert seen["mobilenet_v2"] == ["1", f"{args.gpu_lock}.1"]
+    assert seen["swin_t"][0] == "1"  # resnet50 still holds GPU 0
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "0,1"], ["--gpus", "0,0", "--jobs", "2"], ["--gpus", "a", "--jobs", "2"]])
+def test_bad_gpus_are_refused_in_one_line(argv, capsys):
+    assert bench_zoo.main(["--models", "resnet50", "--time-limit", "60", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --gpus ") and "\n" not in err
