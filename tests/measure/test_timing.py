@@ -317,15 +317,21 @@ def fake_gpu(monkeypatch):
 
 def test_a_launch_past_the_give_up_time_stops_at_the_probe_and_a_long_one_is_its_own_probe(fake_gpu):
     """A naive kernel of a second a launch: the warm-up, one probe launch (a long launch needs
-    no four more to hide the host's latency) and no samples when the caller gives up at 8 ms;
-    without a give-up time it gets its samples, at least five; a short kernel's probe queues
-    four launches after one."""
+    no four more to hide the host's latency) and no samples when the caller gives up at 8 ms,
+    nor where the launch outlasts the budget; within a budget longer than the launch it gets
+    its samples, at least five; a short kernel's probe queues four launches after one."""
     clock, dev = fake_gpu(1000.0)
     timing = measure.time_launches(clock.launch, [[]], dev, budget_ms=5, give_up_ms=8.0)
     assert timing.samples_ms == (1000.0,) and clock.launches == 1 + 1
     clock.launches = 0
     timing = measure.time_launches(clock.launch, [[]], dev, budget_ms=5)
+    assert timing.samples_ms == (1000.0,) and clock.launches == 1 + 1
+    clock.launches = 0
+    timing = measure.time_launches(clock.launch, [[]], dev, budget_ms=1500)
     assert timing.median_ms == pytest.approx(1000.0) and clock.launches == 1 + 1 + 5
+    medium, dev = fake_gpu(20.0)  # long, but inside the budget: sampled
+    timing = measure.time_launches(medium.launch, [[]], dev, budget_ms=100)
+    assert len(timing.samples_ms) >= 5
     short, dev = fake_gpu(0.01)
     measure.time_launches(short.launch, [[]], dev, budget_ms=5, give_up_ms=8.0)
     assert short.launches > 1 + 1 + 4

@@ -263,3 +263,17 @@ def test_in_a_run_timed_from_graphs_a_candidate_far_behind_is_no_finalist(gpu, m
     stock = next(r for r in tuned.results if r.config.is_stock)
     assert stock.timing.samples_ms == (0.5,) and not stock.timing.hot
     assert tuned.best.config == ours(0).config
+
+
+def test_in_a_graph_run_a_launch_longer_than_the_budget_is_timed_by_its_estimate(gpu):
+    """A run timed from graphs (a short kernel met before) whose first candidate of a function is
+    stock Dlight's naive attention, a second a launch: nothing to give up against yet, but its
+    launch estimate outlasts the first pass's budget, so no graph is captured for it (capture,
+    warm-up and five replays were seven more launches)."""
+    fake = gpu({"stock": 1000.0, "ours1": 2.0})
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
+    timer.graph = True
+    stock = timer.measure(row(0, StockSchedule("sm_90a"), "stock"))
+    assert "stock" not in fake.captures and stock.timing.samples_ms == (1000.0,) and stock.timing.graph
+    timer.measure(ours(1))
+    assert fake.captures == ["ours1"]
