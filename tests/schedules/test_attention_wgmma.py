@@ -167,3 +167,24 @@ def test_o_leaves_through_tma_stores_where_its_tile_fits_beside_the_ring():
         assert min(words) == cw * 64 * 64 and max(words) == (cw + 1) * 64 * 64 - 1
     # row 3's first 16 bytes sit in 16-byte slot 3 of the row: 128-byte swizzle, as the loads use
     assert staged.staged_word(0, 3, 0) == 3 * 32 + 3 * 4
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 4096, 4096, 128), (8, 12, 1024, 1024, 64), (4, 32, 2048, 2048, 128)])
+def test_a_persistent_grid_takes_every_tile_once_and_evens_out_the_causal_work(shape):
+    """Rounds of tiles dealt to the CTAs in a snake: every tile once, and the key tiles each CTA
+    reads (its work, causal) within one tile's worth of the mean, and spread less than dealt in
+    order, where the first CTAs' rounds were all heavier than the last ones'."""
+    func = ops.attention(*shape, causal=True).func
+    config = next(c for c in attention_configs(match_attention(func), H100, 8) if c.persistent)
+    plan = plan_for(func, config, H100.sm_count)
+    n, ctas = int(plan.tiles), int(plan.ctas)
+
+    def key_tiles(tile: int) -> int:  # the key tiles a tile reads, by the plan's expressions
+        return int(plan.kv_tiles(plan.query_tile(tile)))
+
+    tiles = [[int(plan.tile_of(cta, it)) for it in range(plan.tiles_per_cta)] for cta in range(ctas)]
+    assert sorted(t for row in tiles for t in row if t < n) == list(range(n))
+    work = [sum(key_tiles(t) for t in row if t < n) for row in tiles]
+    assert max(work) - sum(work) / ctas <= key_tiles(0)
+    in_order = [sum(key_tiles(t) for t in range(cta, n, ctas)) for cta in range(ctas)]
+    assert max(work) <= max(in_order) and max(work) - min(work) < max(in_order) - min(in_order)

@@ -89,6 +89,14 @@ class AttentionPlan:
     def tiles_per_cta(self) -> int:
         return -(-self.tiles // self.ctas)
 
+    def tile_of(self, cta, it):
+        """The tile CTA ``cta`` takes in its round ``it``: rounds of ``ctas`` tiles, the odd ones
+        dealt in reverse (a snake). Tiles come heaviest first, so each CTA's heavy tile of one
+        round pairs with a light one of the next. Causal tiles of 128 rows on 132 CTAs, dealt in
+        order, gave the busiest CTA 12.5% more key tiles to read than the mean at B1 H32 T4096
+        and 14.6% at B8 H12 T1024; snaked, 0% and 3.1%."""
+        return it * self.ctas + cta + it % 2 * (self.ctas - 1 - 2 * cta)
+
     def query_tile(self, tile):
         """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
         return self.q_tiles - 1 - tile // self.bh
