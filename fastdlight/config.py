@@ -38,6 +38,7 @@ KINDS = (
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
+    "matmul_wgmma_dequant",  # prefill rows against 4-bit weights on Hopper: block=(weight rows, activation rows); sm_90a
     "attention_wgmma",  # fused attention on Hopper: block = (query rows, keys a step); sm_90a
     "decode_attention",  # split-KV decode attention: block=(keys a step,), thread=(values of a key a lane,), warp=(warps,)
     "decode_combine",  # the merge of its chunks: block=(head dim,), thread=(values a lane,), warp=(warps,)
@@ -50,7 +51,7 @@ KINDS = (
 TILE_KINDS = tuple(k for k in KINDS if k not in ("dlight", "ms_record"))
 
 #: kinds whose ``block``/``warp`` are over the normalized matmul view ``(I, J)``
-TENSOR_CORE_KINDS = ("matmul_tc", "matmul_wgmma")
+TENSOR_CORE_KINDS = ("matmul_tc", "matmul_wgmma", "matmul_wgmma_dequant")
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class Config:
         and two consumer warpgroups, three for a tile of three 64-row warp tiles)."""
         if self.kind == "matmul_wgmma":
             return 128 * (1 + (3 if self.block[0] == 3 * self.warp[0] else 2))
+        if self.kind == "matmul_wgmma_dequant":
+            return 128 * (1 + self.block[0] // self.warp[0])  # a producer and a warpgroup per 64 weight rows
         if self.kind == "attention_wgmma":
             return 128 * (1 + self.block[0] // 64)  # a producer and a warpgroup per 64 query rows
         if self.kind == "matmul_tc":

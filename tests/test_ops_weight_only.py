@@ -62,14 +62,16 @@ def test_bad_shapes_are_refused(kwargs, says):
 
 @pytest.mark.parametrize("m", [1, 256])
 def test_decode_and_prefill_compile_for_hopper(m):
-    """M = 1 gets the dequantizing GEMV, M = 256 tensor-core configs; the weights are read
-    packed and dequantized inside the kernel (no separate dequantization kernel)."""
+    """M = 1 gets the dequantizing GEMV, M = 256 the dequantizing wgmma template (sm_90a) first;
+    the weights are read packed and dequantized inside the kernel (no separate dequantization
+    kernel): loaded by TMA (``Q_map``) or directly (``Q_ptr``)."""
     op = ops.matmul_int4(m, 512, 1024, group_size=128)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results, best = fastdlight.tune(op.func, "nvidia/nvidia-h100", topk=2, measure=False, max_workers=2)
     assert best.artifact.cubin and all(r.failure is None for r in results)
-    assert best.config.kind == ("matmul_tc" if m > 16 else "gemv_dequant"), best.config
+    assert best.config.kind == ("matmul_wgmma_dequant" if m > 16 else "gemv_dequant"), best.config
     src = best.artifact.source
     kernels = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", src))
-    assert kernels == {"matmul_int4_kernel"} and "Q_ptr" in src and ">>" in src
+    assert kernels == {"matmul_int4_kernel"} and ("Q_map" if m > 16 else "Q_ptr") in src
+    assert (">>" if m <= 16 else "__byte_perm") in src

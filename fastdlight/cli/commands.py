@@ -25,7 +25,7 @@ def _set_line(cset, arch, announced: list[str]) -> str:
     TMA cannot address); why a matmul's first set is on CUDA cores (fp16 on a T4: no m16n8k16)."""
     line = f"{cset.policy}: {len(cset.configs)} configs"
     if cset.policy == "TensorCorePolicy" and getattr(arch, "has_wgmma", False) \
-            and not any(c.kind == "matmul_wgmma" for c in cset.configs):
+            and not any(c.kind in ("matmul_wgmma", "matmul_wgmma_dequant") for c in cset.configs):
         from fastdlight.policies.wgmma import wgmma_eligible
 
         _match, why = wgmma_eligible(cset.func, arch)

@@ -3,7 +3,9 @@
     fused attention?       -> the attention policy's tiles first (sm_90a)
     decode attention?      -> the split-KV template's layouts
     packed weights, decode? -> the dequantizing GEMV's CTA shapes first
-    tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a)
+    tensor-core eligible?  -> TensorCorePolicy first (Hopper wgmma tiles included on sm_90a;
+                              packed 4-bit weights, prefill rows: the dequantizing wgmma
+                              template's tiles first, in the same set)
     always                 -> DefaultPolicy (CUDA cores), with the transpose/gather tiles first
                               on a layout change or a gather, and matmul tiles beside a GEMV
     stock / recorded       -> measured beside the first set (or after all, when nothing is timed)
@@ -34,6 +36,7 @@ from fastdlight.policies.gather import gather_configs
 from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.policies.transpose import transpose_configs
+from fastdlight.policies.wgmma_dequant import dequant_wgmma_configs
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,15 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     if dequant:
         sets.append(CandidateSet("DequantGemvPolicy", func, dequant))
     match = match if match is not None else match_tensor_core(func, arch)
-    if match.eligible:
-        configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk))
+    # packed weights, prefill rows, sm_90a: the dequantizing wgmma template's tiles, measured
+    # beside the tensor-core policy's (ranked first)
+    hopper = tuple(dequant_wgmma_configs(packed, arch, topk)) if packed is not None and not dequant else ()
+    configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk)) if match.eligible else ()
+    if hopper and configs and match_weight_only(match.func) is not None:
+        sets.append(ranked_last(CandidateSet("TensorCorePolicy", match.func, hopper), configs))
+    else:
+        if hopper:
+            sets.append(CandidateSet("TensorCorePolicy", func, hopper))
         if configs:
             sets.append(CandidateSet("TensorCorePolicy", match.func, configs))
     try:
