@@ -81,13 +81,18 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     (see :func:`stock_configs`) and ``recorded`` (a MetaSchedule database's records of the
     function) join the first set, to be measured against the policy's configs; ``stock_last``
     (nothing is timed, so stock could not win anyway): stock is a set of its own after the
-    policies', built only when all of theirs fail. ``match``: :func:`match_tensor_core` of
+    policies', built only when all of theirs fail (always so for a fused attention). ``match``:
+    :func:`match_tensor_core` of
     ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
     sets = []
     attention = match_attention(func)
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
     if fused:
         sets.append(CandidateSet("AttentionPolicy", func, fused))
+        # stock Dlight's schedule of a fused attention is its fallback, three orders of magnitude
+        # behind the template (B1 H32 T8192: about a second a launch, its probe and first timing
+        # 5 s of a 14 s tune, H200): measured only where every config of the template fails
+        stock_last = True
     chunked, merged = match_decode_split(func), match_decode_combine(func)
     split = tuple(decode_attention_configs(chunked, arch, topk)) if chunked is not None else ()
     split += tuple(decode_combine_configs(merged, topk)) if merged is not None else ()

@@ -145,7 +145,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
                   db=None, on_set: Callable[[CandidateSet], None] | None = None,
                   seeds: tuple[Config, ...] = ()) -> Tuned:
     """Tune ``func`` (symbolic dims given values by ``opt_shapes``) and return the winner, which
-    is never slower than stock Dlight's schedule measured in the same run. ``seeds``: the best
+    is never slower than stock Dlight's schedule measured in the same run (a fused attention's
+    stock schedule, Dlight's fallback, is measured only where the template fails). ``seeds``: the best
     configs of a sibling (a function computing the same matmul or convolution with another
     epilogue): the first candidate set is cut to them and its own best-ranked few
     (:func:`seeded`); if the cut set fails as a whole, the full set is tried before the next.

@@ -14,7 +14,7 @@ from fastdlight import ops
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits, match_attention
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
-from fastdlight.config import Config
+from fastdlight.config import Config, StockSchedule
 from fastdlight.policies.attention import attention_configs
 from fastdlight.policies.select import candidate_sets
 from fastdlight.schedules import apply_config
@@ -76,8 +76,14 @@ def test_the_unsplit_layouts_load_with_four_dimensional_maps(name):
 
 
 def test_the_attention_policy_goes_first_on_hopper_only():
+    """... and stock Dlight's schedule (its fallback, three orders of magnitude slower) is a set
+    of its own after the template's, measured only if all of the template's configs fail."""
     func = ops.attention(1, 8, 512, 512, 64, causal=True).func
     assert next(candidate_sets(func, H100, 8)).policy == "AttentionPolicy"
+    stock = (StockSchedule("sm_90a"),)
+    sets = list(candidate_sets(func, H100, 8, stock))
+    assert [s.policy for s in sets] == ["AttentionPolicy", "stock Dlight"] and sets[-1].configs == stock
+    assert not any(c.is_stock for c in sets[0].configs)
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(func, A100, 8))
     odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim the template does not cover
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(odd, H100, 8))
