@@ -65,6 +65,15 @@ class ScheduleTemplate:
 # -- analysis --------------------------------------------------------------------------------
 
 
+def as_tirx_kernel(kernel: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A hand-written TIRx ``kernel`` for ``func``: marked scheduled and free of aliasing (the
+    lowering takes it as it is), under ``func``'s global symbol where it has one."""
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        attrs["global_symbol"] = func.attrs["global_symbol"]
+    return kernel.with_attrs(attrs)
+
+
 def pad_to(extent: int, tile: int) -> int:
     """``extent`` rounded up to a multiple of ``tile`` (the work a predicated tiling launches)."""
     return ceil_div(extent, tile) * tile

@@ -43,7 +43,7 @@ from tvm.script import tirx as T
 from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, match_weight_only, resident_ctas
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
-from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
@@ -281,10 +281,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         body(X, Q, S, None, Y)
 
     kernel = with_zeros if shape.zero_point else symmetric
-    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
-    if func.attrs is not None and "global_symbol" in func.attrs:
-        attrs["global_symbol"] = func.attrs["global_symbol"]
-    return kernel.with_attrs(attrs)
+    return as_tirx_kernel(kernel, func)
 
 
 class DequantGemvTemplate(ScheduleTemplate):

@@ -44,7 +44,7 @@ from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.attention.plan import AttentionPlan
-from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
 
@@ -105,10 +105,7 @@ def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     env = {"T": T, "P": plan, "K_QOP": q, "K_KOP": k, "K_VOP": v, "K_DTYPE": plan.shape.dtype, "K_PAIR": f"{plan.shape.dtype}x2",
            "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "range": range}
     kernel = tvm.script.from_source(text, extra_vars=env)
-    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
-    if func.attrs is not None and "global_symbol" in func.attrs:
-        attrs["global_symbol"] = func.attrs["global_symbol"]
-    return kernel.with_attrs(attrs)
+    return as_tirx_kernel(kernel, func)
 
 
 @functools.cache

@@ -41,12 +41,13 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import tirx
+from tvm.script import tirx as T
 
 from fastdlight.analysis.weight_only import WeightOnlyShape, match_weight_only
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import PRODUCER_REGS, SM90_SMEM_OPTIN, consumer_regs
-from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import SWIZZLE_128B, Operand
 
@@ -290,15 +291,10 @@ def build_kernel(func: tirx.PrimFunc, plan: DequantPlan) -> tirx.PrimFunc:
             .replace("{SCALES_FIRST}", _lines("{SCALES_FIRST}", loads("P.tile_w(k_bid)", "0")))
             .replace("{SCALES_NEXT}", _lines("{SCALES_NEXT}", loads(next_tile, f"{nxt} % P.groups")))
             .replace("{DEQUANT}", f"P.dequant(k_w[(j % 2) * 8 + 2 * kk + j // 2], k_sel, k_sc[j % 2], {zero})"))
-    from tvm.script import tirx as T
-
     env = {"T": T, "P": plan, "K_X": plan.x_operand(), "K_SWIZZLE_128B": SWIZZLE_128B,
            "K_SWIZZLE_32B": SWIZZLE_32B, "K_L2_256B": L2_PROMO_256B, "range": range}
     kernel = tvm.script.from_source(text, extra_vars=env)
-    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
-    if func.attrs is not None and "global_symbol" in func.attrs:
-        attrs["global_symbol"] = func.attrs["global_symbol"]
-    return kernel.with_attrs(attrs)
+    return as_tirx_kernel(kernel, func)
 
 
 @functools.cache

@@ -47,7 +47,7 @@ from fastdlight.policies.wgmma import (
     max_acc_regs,
 )
 from fastdlight.analysis.wgmma_match import WgmmaMatch, distinct_param_names, match_wgmma
-from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.wgmma.epilogue import extract_epilogue
 from fastdlight.schedules.wgmma.plan import Plan
 from fastdlight.schedules.wgmma.tma import SWIZZLE_128B, SWIZZLE_BYTES, operands
@@ -147,10 +147,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     if bind is not None:
         env.update({str(p.name): p for p in bind.params})
     kernel = tvm.script.from_source(text, extra_vars=env, check_well_formed=bind is None)
-    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
-    if func.attrs is not None and "global_symbol" in func.attrs:
-        attrs["global_symbol"] = func.attrs["global_symbol"]
-    return kernel.with_attrs(attrs)
+    return as_tirx_kernel(kernel, func)
 
 
 def _release(stage: str, cluster: int, indent: str) -> str:
