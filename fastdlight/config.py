@@ -70,8 +70,9 @@ class Config:
     use_async_copy: bool = False
     #: panel width of blockIdx swizzling (0 = plain row-major launch order)
     rasterization: int = 0
-    #: matmul_tc only: slices the reduction is cut into (split-K; the partial sums are added by
-    #: a second kernel that also runs the epilogue), 1 = no split
+    #: slices the reduction is cut into (split-K), 1 = no split. matmul_tc: the partial sums are
+    #: added by a second kernel that also runs the epilogue; gemv_dequant: by the CTAs of a
+    #: thread-block cluster (one a slice), through distributed shared memory
     split_k: int = 1
     #: matmul_wgmma only: CTAs of a thread-block cluster (1 or 2); along M (``cluster_axis``
     #: "m") they compute vertically adjacent tiles and each loads half of their shared B tile,
@@ -178,8 +179,9 @@ class Config:
             raise ValueError(f"cluster_axis must be 'm', or 'n' for a cluster (got {self.cluster_axis!r})")
         if self.persistent and self.kind != "gemv_dequant":
             raise ValueError("persistent is an attention_wgmma or gemv_dequant config's knob only")
-        if self.split_k < 1 or (self.split_k > 1 and self.kind != "matmul_tc"):
-            raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc configs (got {self.split_k})")
+        if self.split_k < 1 or (self.split_k > 1 and self.kind not in ("matmul_tc", "gemv_dequant")):
+            raise ValueError(f"split_k must be >= 1, and > 1 only for matmul_tc and gemv_dequant configs "
+                             f"(got {self.split_k})")
         for name, width in self.vectorize:
             if width <= 0 or width & (width - 1):
                 raise ValueError(f"vector width of {name} must be a power of two, got {width}")

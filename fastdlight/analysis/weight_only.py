@@ -153,6 +153,17 @@ def dequant_gemv_fits(shape: WeightOnlyShape) -> bool:
             and shape.group_size % shape.lane_weights == 0 and shape.x_bytes <= GEMV_MAX_X_BYTES)
 
 
+#: ``vectorize`` width of X with which the dequantizing GEMV reads the activations from global
+#: memory at each step instead of staging them in shared memory (16 bytes a lane a packed word)
+X_GLOBAL_WIDTH = 8
+
+
+def x_global_fits(shape: WeightOnlyShape) -> bool:
+    """Whether the dequantizing GEMV can read ``shape``'s activations from global memory at each
+    step (4-bit weights, fp16 activations: the pairs' order is made with byte permutes)."""
+    return shape.bits == 4 and shape.dtype == "float16"
+
+
 def resident_ctas(shape: WeightOnlyShape, warps: int, arch=None) -> int:
     """CTAs of ``warps`` warps that fit on one SM at once beside the staged activations (an H100's
     limits where ``arch`` is None: 2048 threads, 228 KB of shared memory)."""

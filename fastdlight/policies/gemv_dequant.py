@@ -14,11 +14,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, resident_ctas
+from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, dequant_gemv_fits, resident_ctas,
+                                             x_global_fits)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
 WARPS = (4, 8)
+#: CTAs of a split-K cluster (each a slice of K) the policy tries
+SPLITS = (2, 4)
+#: split-K configs, and configs reading the activations from global memory, added after the
+#: plain ones' top k (see :func:`dequant_gemv_variants`)
+SPLIT_VARIANTS, GLOBAL_X_VARIANTS = 3, 3
 #: a persistent config's predicted cost over its plain twin's
 PERSISTENT_PENALTY = 1.05
 ROWS_PER_WARP = (1, 2, 4)
@@ -28,7 +34,9 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> l
     """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template does
     not take the shape (:func:`~fastdlight.analysis.weight_only.dequant_gemv_fits`). Where the row blocks
     outnumber the CTAs the SMs hold at once, each shape also comes persistent (those CTAs walk
-    the blocks, staging the activations once each instead of once a block)."""
+    the blocks, staging the activations once each instead of once a block). The top ``topk``
+    of those, then :func:`dequant_gemv_variants` (split-K clusters, activations from global
+    memory), whatever ``topk``."""
     if not dequant_gemv_fits(shape):
         return []
     out = []
@@ -49,4 +57,45 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> l
                 # ranked after its plain twin: on an H200 neither 4-bit decode GEMV of a LLaMA
                 # layer was won by a persistent config (2026-11-29)
                 out.append(dataclasses.replace(plain, persistent=True, cost=cost * PERSISTENT_PENALTY))
-    return sorted(out, key=lambda c: c.cost)[:topk]
+    ranked = sorted(out, key=lambda c: c.cost)
+    return ranked[:topk] + dequant_gemv_variants(shape, arch, [c for c in ranked if not c.persistent])
+
+
+def dequant_gemv_variants(shape: WeightOnlyShape, arch: CUDA, plain: list[Config]) -> list[Config]:
+    """The template's other forms, ranked after the plain configs (``plain``: those, best first):
+
+    * split-K (``split_k`` S): a cluster of S CTAs shares a row block, each a slice of K, so
+      that a CTA can own S times the rows at the same number of CTAs and still fill the SMs:
+      each stages 1/S of the activations, and the layer's staging reads fall with the rows a
+      CTA (K = 11008: 22 KB a CTA of 8 rows; 5.5 KB a CTA of 32 rows at S = 4, a quarter of
+      those reads). Those whose CTAs fit the SMs in one wave, a slice at least a step of every
+      lane, with the fewest staging reads (most rows a CTA) first;
+    * the activations read from global memory through L1 at each step (``vectorize`` X 8):
+      nothing staged, no barrier, no shared memory: the best plain shapes and the best split-K
+      one so (4-bit weights, fp16 activations only)."""
+    if not dequant_gemv_fits(shape):
+        return []
+    chunks = shape.k // shape.lane_weights
+    split = []
+    for warps in WARPS:
+        for per_warp in ROWS_PER_WARP:
+            rows = warps * per_warp
+            for s in SPLITS:
+                ctas = -(-shape.n // rows) * s
+                x_bytes = -(-shape.x_bytes // s) + 4 * rows * shape.m
+                resident = max(1, min(arch.max_threads_per_sm // (32 * warps), arch.smem_per_sm // x_bytes))
+                if -(-chunks // s) < 32 or ctas > arch.sm_count * resident or ctas < 2 * arch.sm_count:
+                    continue  # a slice under a step of every lane; more than a wave; too few CTAs
+                # staging's L2 reads over the weights' bytes (S cancels: a CTA stages and reads a
+                # slice); the warps an SM holds
+                staging = shape.x_bytes / (rows * shape.row_bytes)
+                warps_resident = min(ctas / arch.sm_count, resident) * warps
+                cost = 1.0 + 0.2 * min(staging, 2.0) + 0.1 / per_warp + 0.01 * s - 0.002 * warps_resident
+                split.append(Config("gemv_dequant", block=(rows,), thread=(per_warp,),
+                                    rstep=(32 * shape.lane_weights,), reduce_thread=(32,), split_k=s, cost=cost))
+    split = sorted(split, key=lambda c: c.cost)[:SPLIT_VARIANTS]
+    out = list(split)
+    if x_global_fits(shape):
+        for c in plain[:GLOBAL_X_VARIANTS - 1] + split[:1]:
+            out.append(dataclasses.replace(c, vectorize={"X": X_GLOBAL_WIDTH}, cost=c.cost))
+    return out

@@ -27,6 +27,16 @@ are in flight, and the first group's are issued before X is staged (its L2 reads
 Lanes' partial sums are combined with shuffles; the M activation rows share each weight.
 A persistent config launches the CTAs the SMs hold at once, each walking row blocks.
 
+Two other forms (``build_kernel``'s ``split`` and ``x_global``). Split-K: a thread-block cluster
+of S CTAs (``split_k``) shares a row block, each CTA a slice of K, and stages only its slice of
+X; after the warps' shuffles each CTA keeps its partial sums in shared memory, the cluster
+synchronizes, and each CTA adds up every S-th sum of the block from all S CTAs (``mapa`` +
+``ld.shared::cluster``, in rank order) and stores it; a second cluster barrier keeps every CTA
+alive until its peers have read it. No workspace and no second kernel: the op's parameters stay
+X, Q, S, (Z,) Y. Activations from global memory (``vectorize`` X 8; 4-bit weights, fp16): nothing
+is staged and there is no barrier; each step reads its 32 activations with ``ld.global.nc``
+(L1 keeps them for the SM's other CTAs) and pairs them with four byte permutes a word.
+
 8-bit weights (fp16 activations) work the same way with bytes: ``w & 0x00FF00FF`` gives bytes 0
 and 2 as ``1024 + b``, ``(w >> 8) & 0x00FF00FF`` bytes 1 and 3; a pair becomes ``(b - z) / 128``
 in one fma; the activations are staged as the pairs ``(x0, x2), (x1, x3)`` of each word's four,
@@ -40,13 +50,16 @@ from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
-from fastdlight.analysis.weight_only import WeightOnlyShape, dequant_gemv_fits, match_weight_only, resident_ctas
+from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, dequant_gemv_fits, match_weight_only,
+                                             resident_ctas, x_global_fits)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
+#: most CTAs of a split-K cluster (the portable cluster size)
+MAX_SPLIT = 8
 
 _DOT32 = r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
@@ -66,7 +79,7 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   half2 p = __float2half2_rn(0.f);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 xv = *reinterpret_cast<const uint4*>(x + 4 * i * stride);
+    const uint4 xv = XLOAD;
     const unsigned w = q[i], w8 = w >> 8;
     unsigned a = (w & 0x000F000Fu) | 0x64006400u, b = (w & 0x00F000F0u) | 0x64006400u;
     unsigned c = (w8 & 0x000F000Fu) | 0x64006400u, d = (w8 & 0x00F000F0u) | 0x64006400u;
@@ -77,6 +90,18 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   }
   const float2 f = __half22float2(p);
   return (f.x + f.y) * 8.f;
+}
+"""
+#: a word's eight activations, as the pairs (x0, x4), (x1, x5), (x2, x6), (x3, x7): staged so in
+#: shared memory (a chunk apart), or read in order from global memory (through L1: every CTA of
+#: an SM reads the same activations) and paired with byte permutes
+_X_STAGED = "*reinterpret_cast<const uint4*>(x + 4 * i * stride)"
+_X_GLOBAL = "fdl_pair8(__ldg(reinterpret_cast<const uint4*>(x) + i))"
+_PAIR8 = r"""
+__forceinline__ __device__ uint4 fdl_pair8(uint4 v) {
+  // (x0 x1, x2 x3, x4 x5, x6 x7) -> (x0 x4, x1 x5, x2 x6, x3 x7)
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                    __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
 }
 """
 #: (q - z) / 8 from 1024 + q (LOW: / 8 gives 128 + q / 8) and 1024 + 16 q (HIGH: / 128 gives
@@ -147,17 +172,23 @@ _INT8_SYMMETRIC = {"NAME": "fdl_w8_dot16", "DEQ": "__hfma2(h, k128th, __hneg2(__
 _INT8_ZERO_POINT = {"NAME": "fdl_w8z_dot16", "DEQ": "__hsub2(__hfma2(h, k128th, __hneg2(k8)), z128)"}
 
 
-def _dot(shape: WeightOnlyShape):
+def _dot(shape: WeightOnlyShape, x_global: bool = False):
     """``sum x_e * (q_e - z)`` of one lane step (four packed words: 32 weights of 4 bits, 16 of
     8) against its paired activations in shared memory (``x``: the first word's pairs; each next
     word's a chunk further, ``stride`` chunks): 16-bit products and sums (fp16: a step's; bf16: a
-    word's), the total as fp32."""
+    word's), the total as fp32. ``x_global`` (4-bit weights, fp16): ``x`` is the step's 32
+    activations in global memory, in order."""
     if shape.bits == 8:
         parts, source = (_INT8_ZERO_POINT if shape.zero_point else _INT8_SYMMETRIC), _DOT16_INT8
     elif shape.dtype == "bfloat16":
         parts, source = (_BF16_ZERO_POINT if shape.zero_point else _BF16_SYMMETRIC), _DOT32_BF16
     else:
         parts, source = (_ZERO_POINT if shape.zero_point else _SYMMETRIC), _DOT32
+        parts = dict(parts, XLOAD=_X_GLOBAL if x_global else _X_STAGED)
+        if x_global:
+            parts["NAME"] += "g"
+            source = _PAIR8 + source
+    assert not x_global or "XLOAD" in parts, "activations read from global memory: 4-bit weights, fp16 only"
     for key, value in parts.items():
         source = source.replace(key, value)
 
@@ -168,26 +199,52 @@ def _dot(shape: WeightOnlyShape):
     return call
 
 
+_CLUSTER_LOAD = r"""
+__forceinline__ __device__ float fdl_cluster_ld(const float* p, unsigned rank) {
+  // the float at p in the shared memory of the cluster's CTA `rank`
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+"""
+
+
+def _cluster_load(ptr, rank):
+    return cuda_func_call("fdl_cluster_ld", ptr, rank, source_code=_CLUSTER_LOAD, return_type="float32")
+
+
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_per_warp: int,
-                 ctas_launched: int | None = None) -> tirx.PrimFunc:
+                 ctas_launched: int | None = None, split: int = 1, x_global: bool = False) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (a weight-only matmul of ``shape``): ``warps`` warps a CTA, each
     owning ``rows_per_warp`` weight rows; ``ctas_launched`` (persistent): that many CTAs walk
-    the row blocks, staging X once each. Same parameters, same result."""
+    the row blocks, staging X once each. ``split`` > 1: a thread-block cluster of that many CTAs
+    shares a row block, each CTA a slice of K (and stages only its slice of X); their partial
+    sums meet in distributed shared memory, each CTA adding up and storing a share of the rows.
+    ``x_global`` (4-bit weights, fp16): nothing is staged, each step reads its activations from
+    global memory (L1) and pairs them with byte permutes. Same parameters, same result."""
     M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
     C = K // shape.lane_weights  # lane steps along K (chunks of 32 4-bit or 16 8-bit weights)
+    KS = split
+    assert KS >= 1 and (KS == 1 or ctas_launched is None), "split-K CTAs are not persistent"
+    assert not x_global or x_global_fits(shape)
+    Cs = -(-C // KS)  # lane steps of a CTA's slice of K
     pairs = shape.per_word // 2  # activation pairs (uint32 words of X) a packed word meets
-    steps = -(-C // 32)
+    steps = -(-Cs // 32)
     threads, rows = warps * 32, warps * rows_per_warp
     blocks = -(-N // rows)
-    ctas = min(blocks, ctas_launched or blocks)
-    x_words = M * C * 4  # groups of a packed word's activations (8 or 4)
+    ctas = min(blocks, ctas_launched or blocks) * KS
+    x_words = 0 if x_global else M * Cs * 4  # groups of a packed word's activations (8 or 4)
     loads = -(-x_words // threads)
     R, out_dtype = rows_per_warp, shape.out_dtype
     # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp),
     # within the registers a thread has
     unroll = min(steps, max(1, IN_FLIGHT_ROWS // R))
-    groups, turns = -(-steps // unroll), -(-blocks // ctas)
-    dot = _dot(shape)
+    groups, turns = -(-steps // unroll), -(-blocks // (ctas // KS))
+    partials = rows * M  # a CTA's sums, shared with its cluster (split-K)
+    combine = -(-partials // (KS * threads))
+    dot = _dot(shape, x_global)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
@@ -200,29 +257,59 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
         return qpre[si * R + r] if pre else Qv[j * C + c]
 
+    def chunk(rank, cl):  # the lane step of K at step cl of the CTA's slice
+        return cl if KS == 1 else rank * Cs + cl
+
+    def in_k(rank, cl):
+        return chunk(rank, cl) < C if KS == 1 else tirx.all(cl < Cs, chunk(rank, cl) < C)
+
+    def x_at(Xw, xs, m, cl, c):  # the step's activations (and the stride of its words' pairs)
+        if x_global:
+            return T.address_of(Xw[m * (K // 2) + c * (shape.lane_weights // 2)]), C
+        return T.address_of(xs[(m * 4 * Cs + cl) * pairs]), Cs
+
+    def row_block(turn, bid):
+        return turn * ctas + bid if KS == 1 else bid // KS
+
+    def _sum_ranks(ps, e):
+        total = _cluster_load(T.address_of(ps[e]), T.uint32(0))
+        for p in range(1, KS):
+            total = total + _cluster_load(T.address_of(ps[e]), T.uint32(p))
+        return total
+
     @T.macro
-    def group(Qv, qpre, xs, S, Z, acc, block, so, tid, pre):
+    def group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, so, tid, pre):
         """Steps ``so * unroll ..`` of ``block``'s rows, their loads unrolled together."""
         for si in T.unroll(unroll):
-            c = T.meta_var((so * unroll + si) * 32 + tid % 32)
+            cl = T.meta_var((so * unroll + si) * 32 + tid % 32)
+            c = T.meta_var(chunk(rank, cl))
             for r in T.unroll(R):
                 j = T.meta_var(block * rows + (tid // 32) * R + r)
-                if j < N and c < C:
+                if j < N and in_k(rank, cl):
                     q4 = T.meta_var(weights(pre, qpre, Qv, si, r, j, c))
                     g = T.meta_var(c * shape.lane_weights // G)
                     for m in T.unroll(M):
                         acc[r * M + m] = acc[r * M + m] + dot(
-                            q4, T.address_of(xs[(m * 4 * C + c) * pairs]), C, zero(Z, j, g),
+                            q4, *x_at(Xw, xs, m, cl, c), zero(Z, j, g),
                         ) * T.Cast("float32", S[j, g])
 
     @T.macro
     def body(X, Q, S, Z, Y):
         T.device_entry()
         bid = T.cta_id([ctas])
+        if KS > 1:
+            rank = T.cta_id_in_cluster([KS])
+        else:
+            rank = T.meta_var(0)
         tid = T.thread_id([threads])
-        pool = T.SMEMPool()
-        xs = pool.alloc((x_words * pairs,), "uint32", align=16)
-        pool.commit()
+        if x_words > 0 or KS > 1:
+            pool = T.SMEMPool()
+            xs = pool.alloc((max(1, x_words * pairs),), "uint32", align=16)
+            ps = pool.alloc((partials,), "float32", align=16)
+            pool.commit()
+        else:
+            xs = T.meta_var(None)
+            ps = T.meta_var(None)
         Xw = T.decl_buffer((M * K // 2,), "uint32", data=X.data)
         Qv = T.decl_buffer((N * C,), "uint32x4", data=Q.data)
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
@@ -232,43 +319,63 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         qpre = T.alloc_buffer((unroll * R,), "uint32x4", scope="local")
         for si in T.unroll(unroll):
             for r in T.unroll(R):
-                j = T.meta_var(bid * rows + (tid // 32) * R + r)
-                c = T.meta_var(si * 32 + tid % 32)
-                if j < N and c < C:
-                    qpre[si * R + r] = Qv[j * C + c]
-        # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the words
-        # of a lane step a chunk apart (lanes read consecutive 16 bytes)
-        for it in T.serial(loads):
-            e = T.meta_var(it * threads + tid)  # (m, chunk, word of the chunk)
-            if e < x_words:
-                for w in T.vectorized(pairs):
-                    xv[w] = Xw[e * pairs + w]
-                m = T.meta_var(e // (C * 4))
-                ci = T.meta_var(e % (C * 4))
-                base = T.meta_var(((m * 4 + ci % 4) * C + ci // 4) * pairs)
-                for t in T.unroll(pairs):
-                    xs[base + t] = T.bitwise_or(half_of(xv, t), T.shift_left(half_of(xv, t + pairs), T.uint32(16)))
-        T.cuda.cta_sync()
+                j = T.meta_var(row_block(0, bid) * rows + (tid // 32) * R + r)
+                cl = T.meta_var(si * 32 + tid % 32)
+                if j < N and in_k(rank, cl):
+                    qpre[si * R + r] = Qv[j * C + chunk(rank, cl)]
+        if x_words > 0:
+            # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the
+            # words of a lane step a chunk apart (lanes read consecutive 16 bytes); a CTA of a
+            # split-K cluster, its slice of K only
+            for it in T.serial(loads):
+                e = T.meta_var(it * threads + tid)  # (m, chunk of the slice, word of the chunk)
+                if e < x_words:
+                    m = T.meta_var(e // (Cs * 4))
+                    ci = T.meta_var(e % (Cs * 4))
+                    if chunk(rank, ci // 4) < C:
+                        for w in T.vectorized(pairs):
+                            xv[w] = Xw[(m * C * 4 + chunk(rank, 0) * 4 + ci) * pairs + w]
+                        base = T.meta_var(((m * 4 + ci % 4) * Cs + ci // 4) * pairs)
+                        for t in T.unroll(pairs):
+                            xs[base + t] = T.bitwise_or(half_of(xv, t),
+                                                        T.shift_left(half_of(xv, t + pairs), T.uint32(16)))
+            T.cuda.cta_sync()
         lane = T.meta_var(tid % 32)
         for turn in T.serial(turns):
-            block = T.meta_var(turn * ctas + bid)
+            block = T.meta_var(row_block(turn, bid))
             for a in T.unroll(R * M):
                 acc[a] = T.float32(0)
             if turn == 0:
-                group(Qv, qpre, xs, S, Z, acc, block, 0, tid, True)
+                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, 0, tid, True)
             else:
-                group(Qv, qpre, xs, S, Z, acc, block, 0, tid, False)
+                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, 0, tid, False)
             for so in T.serial(1, groups):
-                group(Qv, qpre, xs, S, Z, acc, block, so, tid, False)
+                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, so, tid, False)
             for a in T.unroll(R * M):
                 for o in T.unroll(5):
                     acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
-            if lane == 0:
-                for r in T.unroll(R):
-                    j = T.meta_var(block * rows + (tid // 32) * R + r)
-                    if j < N:
+            if KS == 1:
+                if lane == 0:
+                    for r in T.unroll(R):
+                        j = T.meta_var(block * rows + (tid // 32) * R + r)
+                        if j < N:
+                            for m in T.unroll(M):
+                                Yf[m * N + j] = T.Cast(out_dtype, acc[r * M + m])
+            else:
+                # the cluster's partial sums: each CTA's in its shared memory, then every CTA adds
+                # up every KS-th (row, activation row) from all of them (in rank order) and stores it
+                if lane == 0:
+                    for r in T.unroll(R):
                         for m in T.unroll(M):
-                            Yf[m * N + j] = T.Cast(out_dtype, acc[r * M + m])
+                            ps[((tid // 32) * R + r) * M + m] = acc[r * M + m]
+                T.cuda.cluster_sync()
+                for it in T.serial(combine):
+                    e = T.meta_var(rank + KS * (it * threads + tid))  # (row of the block, activation row)
+                    j = T.meta_var(block * rows + e // M)
+                    if e < partials and j < N:
+                        Yf[(e % M) * N + j] = T.Cast(out_dtype, _sum_ranks(ps, e))
+                # no CTA leaves while a peer may still read its partial sums
+                T.cuda.cluster_sync()
 
     @T.prim_func
     def with_zeros(X: T.Buffer(x_shape, x_dtype), Q: T.Buffer(q_shape, "uint32"), S: T.Buffer(s_shape, s_dtype),
@@ -296,9 +403,12 @@ class DequantGemvTemplate(ScheduleTemplate):
         warps = rows // per_warp
         if not dequant_gemv_fits(shape) or rows % per_warp or not 1 <= warps <= 32:
             return None
+        split, x_global = config.split_k, config.vector_width("X") == X_GLOBAL_WIDTH
+        if split > 1 and (config.persistent or split > MAX_SPLIT) or x_global and not x_global_fits(shape):
+            return None
         launched = None
         if config.persistent:
             target = tvm.target.Target.current(allow_none=True)
             arch = CUDA(target) if target is not None else None
             launched = resident_ctas(shape, warps, arch) * (arch.sm_count if arch is not None else 132)
-        return build_kernel(func, shape, warps, per_warp, launched)
+        return build_kernel(func, shape, warps, per_warp, launched, split, x_global)
