@@ -66,7 +66,8 @@ def case_configs(name: str, op, arch) -> list:
     from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 
     fixed = [config_of(*c) for c in CONFIGS[name]]
-    policy = [c for c in dequant_gemv_configs(match_weight_only(op.func), arch, 8) if c.split_k > 1 or c.vectorize]
+    policy = [c for c in dequant_gemv_configs(match_weight_only(op.func), arch, 8, variants=True)
+              if c.split_k > 1 or c.vectorize]
     out = []
     for c in fixed + policy:
         if c not in out:

@@ -23,20 +23,22 @@ WARPS = (4, 8)
 #: CTAs of a split-K cluster (each a slice of K) the policy tries
 SPLITS = (2, 4)
 #: split-K configs, and configs reading the activations from global memory, added after the
-#: plain ones' top k (see :func:`dequant_gemv_variants`)
+#: plain ones' top k where asked (see :func:`dequant_gemv_variants`)
 SPLIT_VARIANTS, GLOBAL_X_VARIANTS = 3, 3
 #: a persistent config's predicted cost over its plain twin's
 PERSISTENT_PENALTY = 1.05
 ROWS_PER_WARP = (1, 2, 4)
 
 
-def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> list[Config]:
+def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8, variants: bool = False) -> list[Config]:
     """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template does
     not take the shape (:func:`~fastdlight.analysis.weight_only.dequant_gemv_fits`). Where the row blocks
     outnumber the CTAs the SMs hold at once, each shape also comes persistent (those CTAs walk
     the blocks, staging the activations once each instead of once a block). The top ``topk``
-    of those, then :func:`dequant_gemv_variants` (split-K clusters, activations from global
-    memory), whatever ``topk``."""
+    of those; with ``variants``, then :func:`dequant_gemv_variants` (split-K clusters,
+    activations from global memory), whatever ``topk``. The tuner does not ask for them: on an
+    H200 each ran slower than the best plain config at both of a LLaMA layer's decode shapes
+    (1x11008x4096: 9.7-11.7 us against 8.8; 1x4096x11008: 11.1-17.6 against 10.2; 2026-11-30)."""
     if not dequant_gemv_fits(shape):
         return []
     out = []
@@ -58,7 +60,8 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> l
                 # layer was won by a persistent config (2026-11-29)
                 out.append(dataclasses.replace(plain, persistent=True, cost=cost * PERSISTENT_PENALTY))
     ranked = sorted(out, key=lambda c: c.cost)
-    return ranked[:topk] + dequant_gemv_variants(shape, arch, [c for c in ranked if not c.persistent])
+    plain = ranked[:topk]
+    return plain + dequant_gemv_variants(shape, arch, [c for c in ranked if not c.persistent]) if variants else plain
 
 
 def dequant_gemv_variants(shape: WeightOnlyShape, arch: CUDA, plain: list[Config]) -> list[Config]:

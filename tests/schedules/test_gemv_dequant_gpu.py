@@ -30,7 +30,7 @@ def test_every_dequant_gemv_config_is_correct(name, hopper_arch):
     dtype, bits = (rest + ["float16", 4][len(rest):])[:2]
     make = ops.matmul_int8 if bits == 8 else ops.matmul_int4
     op = make(m, n, k, group_size=group, zero_point=zero_point, dtype=dtype)
-    configs = dequant_gemv_configs(match_weight_only(op.func), hopper_arch)
+    configs = dequant_gemv_configs(match_weight_only(op.func), hopper_arch, variants=True)
     results, best = apply_and_build(op.func, configs, hopper_arch, check="all", budget_ms=5, ref=op.reference,
                                     progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
