@@ -10,12 +10,15 @@ shared-memory time and the consumers' dequantization issue time) + a per-tile ep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastdlight.analysis.weight_only import GEMV_MAX_ROWS, WeightOnlyShape
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import (
     CLOCK_HZ,
     L2_LOAD_FACTOR,
+    SM90_SMEM_OPTIN,
     SMEM_BYTES_PER_CYCLE,
     WGMMA_EFFICIENCY,
 )
@@ -31,21 +34,140 @@ DEQUANT_INSTRUCTIONS = 80
 #: cycles a tile's epilogue (transposed staging and TMA stores) keeps the consumers off the
 #: tensor cores
 EPILOGUE_CYCLES = 2500
+#: K a stage holds: one 128-byte swizzled row of fp16 activations
+BK = 64
+#: activation rows a tile may take (wgmma n): whole 64-row output chunks
+BLOCK_X = (64, 128, 192, 256)
+#: fp32 accumulators a consumer thread may hold beside two K steps of A fragments (32), the
+#: packed words (16) and the addressing: m64n256 with two consumer warpgroups (232 registers),
+#: m64n128 with three (152)
+MAX_ACC = {2: 128, 3: 64}
+#: shared memory besides the stage ring: two 8 KB staging chunks a consumer, barriers, alignment
+def staging_bytes(consumers: int) -> int:
+    return consumers * 2 * 64 * 64 * 2 + 2048
+
+
+def dequant_wgmma_fits(shape: WeightOnlyShape) -> bool:
+    """Whether the template takes ``shape`` (any number of rows; the policy offers it for prefill)."""
+    return (shape.bits == 4 and shape.dtype == "float16" and shape.out_dtype == "float16"
+            and shape.group_size % BK == 0 and shape.k % (2 * BK) == 0 and shape.n % 8 == 0)
+
+
+@dataclass(frozen=True)
+class DequantTile:
+    """A tile of the dequantizing wgmma kernel and what it takes: ``bw`` weight rows (64 a
+    consumer warpgroup) by ``bx`` activation rows, ``stages`` K steps of 64 in the ring,
+    ``num_sms`` persistent CTAs; its shared memory, and whether it fits (:meth:`fits`). The
+    template's plan (:class:`~fastdlight.schedules.wgmma.dequant.DequantPlan`) adds the code."""
+
+    shape: WeightOnlyShape
+    bw: int
+    bx: int
+    stages: int
+    num_sms: int
+    smem: int = SM90_SMEM_OPTIN
+
+    @property
+    def m(self) -> int:
+        return self.shape.m
+
+    @property
+    def n(self) -> int:
+        return self.shape.n
+
+    @property
+    def k(self) -> int:
+        return self.shape.k
+
+    @property
+    def dtype(self) -> str:
+        return self.shape.dtype
+
+    @property
+    def out_dtype(self) -> str:
+        return self.shape.out_dtype
+
+    @property
+    def consumers(self) -> int:
+        return self.bw // 64
+
+    @property
+    def grid_w(self) -> int:
+        return -(-self.n // self.bw)
+
+    @property
+    def grid_x(self) -> int:
+        return -(-self.m // self.bx)
+
+    @property
+    def tiles(self) -> int:
+        return self.grid_w * self.grid_x
+
+    @property
+    def ctas(self) -> int:
+        return min(self.num_sms, self.tiles)
+
+    @property
+    def tiles_per_cta(self) -> int:
+        return -(-self.tiles // self.ctas)
+
+    def tile_w(self, tile):
+        """The weight tile of linear tile ``tile``: the activation tiles of one weight tile are
+        consecutive."""
+        return tile // self.grid_x
+
+    def tile_x(self, tile):
+        return tile % self.grid_x
+
+    @property
+    def k_steps(self) -> int:
+        return self.k // BK
+
+    @property
+    def groups(self) -> int:
+        return self.shape.groups
+
+    @property
+    def steps_per_group(self) -> int:
+        return self.shape.group_size // BK
+
+    @property
+    def scale_regs(self) -> int:
+        return 4 if self.shape.zero_point else 2
+
+    @property
+    def x_elems(self) -> int:
+        return self.bx * BK
+
+    @property
+    def w_words(self) -> int:
+        return self.bw * BK // 8
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.x_elems * 2 + self.w_words * 4
+
+    @property
+    def acc_regs(self) -> int:
+        return self.bx // 2
+
+    @property
+    def chunks(self) -> int:
+        return self.bx // 64
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + staging_bytes(self.consumers)
+
+    def fits(self) -> bool:
+        return (dequant_wgmma_fits(self.shape) and self.bx in BLOCK_X and self.consumers in MAX_ACC
+                and self.bw % 64 == 0 and self.acc_regs <= MAX_ACC[self.consumers] and self.stages >= 2
+                and self.smem_bytes() <= self.smem)
 
 
 def dequant_wgmma_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch`` (sm_90a), cheapest predicted first; none where the
     template does not take the shape, the rows are decode rows (the dequantizing GEMV's), or
     the arch has no wgmma."""
-    from fastdlight.schedules.wgmma.dequant import (
-        BK,
-        BLOCK_X,
-        MAX_ACC,
-        DequantPlan,
-        dequant_wgmma_fits,
-        plan_fits,
-    )
-
     if not getattr(arch, "has_wgmma", False) or not dequant_wgmma_fits(shape) or shape.m <= GEMV_MAX_ROWS:
         return []
     smem = arch.smem_per_block_optin
@@ -57,8 +179,8 @@ def dequant_wgmma_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8) -> 
                 continue  # too many accumulators, or a tile that only pads
             plan = None
             for stages in range(MOST_STAGES, 1, -1):
-                candidate = DequantPlan(shape, bw, bx, stages, arch.sm_count, smem)
-                if plan_fits(candidate):
+                candidate = DequantTile(shape, bw, bx, stages, arch.sm_count, smem)
+                if candidate.fits():
                     plan = candidate
                     break
             if plan is None:

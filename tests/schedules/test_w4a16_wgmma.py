@@ -17,9 +17,9 @@ from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.config import Config
 from fastdlight.policies.select import candidate_sets
-from fastdlight.policies.wgmma_dequant import dequant_wgmma_configs
+from fastdlight.policies.wgmma_dequant import dequant_wgmma_configs, dequant_wgmma_fits
 from fastdlight.schedules import apply_config
-from fastdlight.schedules.wgmma.dequant import DequantPlan, dequant_wgmma_fits, plan_of
+from fastdlight.schedules.wgmma.dequant import DequantPlan, plan_of
 
 H100 = CUDA("nvidia/nvidia-h100")
 H200 = CUDA("nvidia/nvidia-h200")

@@ -41,12 +41,14 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import tirx
+from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
 from fastdlight.analysis.weight_only import WeightOnlyShape, match_weight_only
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import PRODUCER_REGS, SM90_SMEM_OPTIN, consumer_regs
+from fastdlight.policies.wgmma_dequant import BK, DequantTile
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import SWIZZLE_128B, Operand
@@ -55,19 +57,6 @@ KERNEL_SOURCE = pathlib.Path(__file__).with_name("dequant_kernel.tvmscript")
 KIND = "matmul_wgmma_dequant"
 SWIZZLE_32B = 1  # CUtensorMapSwizzle
 L2_PROMO_256B = 3
-#: K a stage holds: one 128-byte swizzled row of fp16 activations
-BK = 64
-#: activation rows a tile may take (wgmma n): whole 64-row output chunks
-BLOCK_X = (64, 128, 192, 256)
-#: fp32 accumulators a consumer thread may hold beside two K steps of A fragments (32), the
-#: packed words (16) and the addressing: m64n256 with two consumer warpgroups (232 registers),
-#: m64n128 with three (152)
-MAX_ACC = {2: 128, 3: 64}
-#: shared memory besides the stage ring: two 8 KB staging chunks a consumer, barriers, alignment
-def staging_bytes(consumers: int) -> int:
-    return consumers * 2 * 64 * 64 * 2 + 2048
-
-
 _DEQUANT = r"""
 __forceinline__ __device__ unsigned NAME(unsigned w, unsigned sel, half s, half z) {
   // byte (sel & 3) of w into bytes 0 and 2; its low nibble into the low half and its high nibble
@@ -89,49 +78,13 @@ _ZERO_POINT = {"NAME": "fdl_w4z_frag", "ADD_LO": "0xE400", "ADD_HI": "0xD400",
                "ZERO": "v = __hsub2(v, __half2half2(z));"}
 
 
-def dequant_wgmma_fits(shape: WeightOnlyShape) -> bool:
-    """Whether the template takes ``shape`` (any number of rows; the policy offers it for prefill)."""
-    return (shape.bits == 4 and shape.dtype == "float16" and shape.out_dtype == "float16"
-            and shape.group_size % BK == 0 and shape.k % (2 * BK) == 0 and shape.n % 8 == 0)
-
-
 @dataclass(frozen=True)
-class DequantPlan:
-    """The kernel's compile-time numbers: ``bw`` weight rows (64 a consumer warpgroup) by ``bx``
-    activation rows a tile, ``stages`` K steps of 64 in the ring, ``num_sms`` persistent CTAs."""
-
-    shape: WeightOnlyShape
-    bw: int
-    bx: int
-    stages: int
-    num_sms: int
-    smem: int = SM90_SMEM_OPTIN
+class DequantPlan(DequantTile):
+    """A :class:`~fastdlight.policies.wgmma_dequant.DequantTile` and the kernel's code for it:
+    registers and threads, the wgmma instruction, the X operand's descriptor, the dequantizing
+    function."""
 
     producer_regs = PRODUCER_REGS
-
-    @property
-    def m(self) -> int:
-        return self.shape.m
-
-    @property
-    def n(self) -> int:
-        return self.shape.n
-
-    @property
-    def k(self) -> int:
-        return self.shape.k
-
-    @property
-    def dtype(self) -> str:
-        return self.shape.dtype
-
-    @property
-    def out_dtype(self) -> str:
-        return self.shape.out_dtype
-
-    @property
-    def consumers(self) -> int:
-        return self.bw // 64
 
     @property
     def consumer_regs(self) -> int:
@@ -142,98 +95,23 @@ class DequantPlan:
         return 128 * (1 + self.consumers)
 
     @property
-    def grid_w(self) -> int:
-        return -(-self.n // self.bw)
-
-    @property
-    def grid_x(self) -> int:
-        return -(-self.m // self.bx)
-
-    @property
-    def tiles(self) -> int:
-        return self.grid_w * self.grid_x
-
-    @property
-    def ctas(self) -> int:
-        return min(self.num_sms, self.tiles)
-
-    @property
-    def tiles_per_cta(self) -> int:
-        return -(-self.tiles // self.ctas)
-
-    def tile_w(self, tile):
-        """The weight tile of linear tile ``tile``: the activation tiles of one weight tile are
-        consecutive."""
-        return tile // self.grid_x
-
-    def tile_x(self, tile):
-        return tile % self.grid_x
-
-    @property
-    def k_steps(self) -> int:
-        return self.k // BK
-
-    @property
-    def groups(self) -> int:
-        return self.shape.groups
-
-    @property
-    def steps_per_group(self) -> int:
-        return self.shape.group_size // BK
-
-    @property
-    def scale_regs(self) -> int:
-        return 4 if self.shape.zero_point else 2
-
-    @property
-    def x_elems(self) -> int:
-        return self.bx * BK
-
-    @property
-    def w_words(self) -> int:
-        return self.bw * BK // 8
-
-    @property
     def x_stage_units(self) -> int:
         return self.x_elems * 2 // 16
 
     @property
-    def stage_bytes(self) -> int:
-        return self.x_elems * 2 + self.w_words * 4
-
-    @property
-    def acc_regs(self) -> int:
-        return self.bx // 2
-
-    @property
-    def chunks(self) -> int:
-        return self.bx // 64
-
-    @property
     def mma(self) -> str:
         return f"wgmma.mma_async.sync.aligned.m64n{self.bx}k16.f32.f16.f16"
-
-    def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + staging_bytes(self.consumers)
 
     def x_operand(self) -> Operand:
         return Operand(True, self.bx, BK, (self.k, self.m), 2)
 
     def dequant(self, word, sel, s, z):
         """A 32-bit A-fragment register (two fp16 weights) from byte ``sel & 3`` of ``word``."""
-        from tvm.backend.cuda.op import cuda_func_call
-
         parts = _ZERO_POINT if self.shape.zero_point else _SYMMETRIC
         source = _DEQUANT
         for key, value in parts.items():
             source = source.replace(key, value)
         return cuda_func_call(parts["NAME"], word, sel, s, z, source_code=source, return_type="uint32")
-
-
-def plan_fits(plan: DequantPlan) -> bool:
-    return (dequant_wgmma_fits(plan.shape) and plan.bx in BLOCK_X and plan.consumers in MAX_ACC
-            and plan.bw % 64 == 0 and plan.acc_regs <= MAX_ACC[plan.consumers] and plan.stages >= 2
-            and plan.smem_bytes() <= plan.smem)
 
 
 def plan_of(shape: WeightOnlyShape, config: Config, num_sms: int, smem: int) -> DequantPlan | None:
@@ -242,7 +120,7 @@ def plan_of(shape: WeightOnlyShape, config: Config, num_sms: int, smem: int) -> 
     if config.kind != KIND or config.warp != (64, config.block[1]) or config.rstep != (BK,) or config.cluster != 1:
         return None
     plan = DequantPlan(shape, config.block[0], config.block[1], config.pipeline_stages, num_sms, smem)
-    return plan if plan_fits(plan) else None
+    return plan if plan.fits() else None
 
 
 class DequantWgmmaTemplate(ScheduleTemplate):
