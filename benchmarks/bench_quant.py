@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import refusal, write_results  # noqa: E402
+from bench_setup import chosen_cases, each_case, write_results  # noqa: E402
 
 NAME = "bench_quant"
 LLAMA = {"qkv": (12288, 4096), "o": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}
@@ -185,10 +185,8 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(CASES))
         return 0
-    names = args.only or list(CASES)
-    why = refusal(NAME, names, CASES, "case")
-    if why:
-        print(why, file=sys.stderr)
+    names = chosen_cases(NAME, args.only, CASES)
+    if names is None:
         return 2
     import tvm
 
@@ -197,14 +195,12 @@ def main(argv=None) -> int:
 
     torch_fp32_accumulation()
     arch = CUDA.from_device(tvm.cuda(0))
-    rows, errors = [], {}
-    for name in names:
-        try:
-            rows.append(run_case(name, CASES[name], arch, args.topk))
-            print(f"[{name}] {rows[-1].ratio:.2f}x ({rows[-1].ours_ms} ms vs {rows[-1].baseline_ms})", flush=True)
-        except Exception as e:  # noqa: BLE001 - a row of its own, the run goes on
-            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            print(f"[{name}] failed: {errors[name]}", flush=True)
+    def one(name: str) -> Row:
+        row = run_case(name, CASES[name], arch, args.topk)
+        print(f"[{name}] {row.ratio:.2f}x ({row.ours_ms} ms vs {row.baseline_ms})", flush=True)
+        return row
+
+    rows, errors = each_case(names, one)
     device = arch.device_name or arch.name
     data = {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"),
             "rows": [asdict(r) for r in rows], "errors": errors}

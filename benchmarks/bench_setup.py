@@ -5,6 +5,7 @@ a trace of the kernels a call runs."""
 from __future__ import annotations
 
 import os
+import sys
 
 
 def open_log(name: str):
@@ -73,6 +74,31 @@ def refusal(bench: str, names, known, what: str) -> str | None:
     if why is None and (missing := torch_gpu_missing()):
         why = f"error: {bench} {missing}"
     return why
+
+
+def chosen_cases(bench: str, only, known) -> list[str] | None:
+    """The cases ``--only`` names (all of ``known`` where it names none), or None once the
+    one-line refusal (:func:`refusal`) is printed."""
+    names = list(only) or list(known)
+    why = refusal(bench, names, known, "case")
+    if why:
+        print(why, file=sys.stderr)
+        return None
+    return names
+
+
+def each_case(names, run_one) -> tuple[list, dict[str, str]]:
+    """``run_one(name)`` for each case (a row, or a list of rows), and each failed case's
+    one-line error by name: a case that fails is reported and the run goes on."""
+    rows, errors = [], {}
+    for name in names:
+        try:
+            got = run_one(name)
+            rows.extend(got if isinstance(got, list) else [got])
+        except Exception as e:  # noqa: BLE001 - a case of its own, the run goes on
+            errors[name] = one_line(e)
+            print(f"[{name}] failed: {errors[name]}", flush=True)
+    return rows, errors
 
 
 def torch_fp32_accumulation() -> None:

@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import refusal, write_results
+from bench_setup import chosen_cases, each_case, write_results
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -203,10 +203,8 @@ def main(argv=None) -> int:
         for name, configs in CONFIGS.items():
             print(name, *(label_of(config_of(*c)) for c in configs), sep="\n  ")
         return 0
-    names = args.only or list(CASES)
-    why = refusal(NAME, names, CASES, "case")
-    if why:
-        print(why, file=sys.stderr)
+    names = chosen_cases(NAME, args.only, CASES)
+    if names is None:
         return 2
     import tvm
 
@@ -214,14 +212,11 @@ def main(argv=None) -> int:
 
     arch = CUDA.from_device(tvm.cuda(0))
     t0 = time.perf_counter()
-    rows, errors = [], {}
-    for name in names:
+    def one(name: str) -> list[dict]:
         print(f"[{name}]", flush=True)
-        try:
-            rows.extend(run_case(name, arch, args.rounds, args.round_ms, lambda msg: print(msg, flush=True)))
-        except Exception as e:  # noqa: BLE001 - a case of its own, the run goes on
-            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-            print(f"[{name}] failed: {errors[name]}", flush=True)
+        return run_case(name, arch, args.rounds, args.round_ms, lambda msg: print(msg, flush=True))
+
+    rows, errors = each_case(names, one)
     device = arch.device_name or arch.name
     write_results(NAME, {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"),
                          "seconds": round(time.perf_counter() - t0, 1), "rows": rows, "errors": errors},

@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import refusal, write_results
+from bench_setup import chosen_cases, each_case, write_results
 
 NAME = "check_w4a16_wgmma"
 GROUP = 128
@@ -128,10 +128,8 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(CASES))
         return 0
-    names = args.only or list(CASES)
-    why = refusal(NAME, names, CASES, "case")
-    if why:
-        print(why, file=sys.stderr)
+    names = chosen_cases(NAME, args.only, CASES)
+    if names is None:
         return 2
     import tvm
     from bench_setup import torch_fp32_accumulation
@@ -140,18 +138,15 @@ def main(argv=None) -> int:
 
     torch_fp32_accumulation()
     arch = CUDA.from_device(tvm.cuda(0))
-    rows, errors = [], {}
-    for name in names:
+    def one(name: str) -> dict:
         print(f"[{name}]", flush=True)
-        try:
-            rows.append(run_case(name, arch, args.topk, lambda msg: print(msg, flush=True)))
-            r = rows[-1]
-            print(f"[{name}] new {r['new_ms']} ms ({r['new_vs_cublas']:.2f}x cuBLAS, verified={r['new_verified']}), "
-                  f"all {r['all_ms']} ms ({r['all_vs_cublas']:.2f}x, {r['all_best']}), cuBLAS {r['torch_fp16_ms']} ms",
-                  flush=True)
-        except Exception as e:  # noqa: BLE001 - a row of its own, the run goes on
-            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-            print(f"[{name}] failed: {errors[name]}", flush=True)
+        r = run_case(name, arch, args.topk, lambda msg: print(msg, flush=True))
+        print(f"[{name}] new {r['new_ms']} ms ({r['new_vs_cublas']:.2f}x cuBLAS, verified={r['new_verified']}), "
+              f"all {r['all_ms']} ms ({r['all_vs_cublas']:.2f}x, {r['all_best']}), cuBLAS {r['torch_fp16_ms']} ms",
+              flush=True)
+        return r
+
+    rows, errors = each_case(names, one)
     device = arch.device_name or arch.name
     write_results(NAME, {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows,
                          "errors": errors}, markdown(rows, device))

@@ -27,3 +27,16 @@ def test_the_table_has_a_row_per_case():
                           "Config[matmul_wgmma]", 5.0)
     text = bench_quant.markdown([row], "NVIDIA H200")
     assert "| fp8 4096³ | 0.1000 | torch._scaled_mm | 0.1200 | 1.20x | 1374 TFLOPS |" in text
+
+
+def test_each_case_keeps_the_rows_and_a_failed_cases_one_line_error(capsys):
+    import bench_setup
+
+    def one(name):
+        if name == "bad":
+            raise RuntimeError("Traceback (most recent call last):\n  File x\nValueError: odd shape")
+        return [name, name] if name == "two" else name
+
+    rows, errors = bench_setup.each_case(["a", "bad", "two"], one)
+    assert rows == ["a", "two", "two"] and list(errors) == ["bad"]
+    assert errors["bad"] == "RuntimeError: ValueError: odd shape" and "[bad] failed" in capsys.readouterr().out
