@@ -115,11 +115,7 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0, give_up
     ensure_context(dev.index)
     run(len(arg_sets))  # warm-up: module load, clocks, every input copy touched once
     per_launch = _queued_probe_ms(run)
-    if give_up_ms is not None and per_launch > give_up_ms:
-        return Timing.of([per_launch])
-    if per_launch >= max(LONG_LAUNCH_MS, budget_ms):
-        # a launch longer than the whole budget: its probe is its timing. Five samples more
-        # would add seconds where a naive schedule runs a second a launch, and no precision
+    if timed_by_probe(per_launch, budget_ms, give_up_ms):
         return Timing.of([per_launch])
     if dev.index not in _CLOCKS_UP:
         _CLOCKS_UP.add(dev.index)
@@ -146,6 +142,14 @@ def time_launches(launch, arg_sets: list, dev, budget_ms: float = 100.0, give_up
 #: more launches would cost seconds where a naive schedule runs a second a launch (stock Dlight's
 #: of a 8192-token attention: most of that tune's 25 s, H200)
 LONG_LAUNCH_MS = 10.0
+
+
+def timed_by_probe(per_launch_ms: float, budget_ms: float, give_up_ms: float | None = None) -> bool:
+    """Whether a launch the probe found ``per_launch_ms`` long is timed no further (the probe's
+    time is its one sample): slower than ``give_up_ms`` (the caller knows it cannot win), or a
+    long launch (:data:`LONG_LAUNCH_MS`) that outlasts the whole budget, where five samples more
+    would add seconds (a naive schedule runs a second a launch) and no precision."""
+    return (give_up_ms is not None and per_launch_ms > give_up_ms) or per_launch_ms >= max(LONG_LAUNCH_MS, budget_ms)
 
 
 def _queued_probe_ms(run) -> float:

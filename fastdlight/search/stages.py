@@ -23,8 +23,8 @@ from fastdlight.measure.gpu_turns import GPU_TURNS
 from fastdlight.measure.graph_timing import GRAPH_BELOW_MS, MIN_GRAPH_MS, LaunchGraph
 from fastdlight.compiler.artifacts import BuildArtifact, BuildRequest
 from fastdlight.search.results import CompileResult, Failure
-from fastdlight.measure.timing import (HEAT_LIGHT_MS, LONG_LAUNCH_MS, Timing, flush_bytes_for, function_name, heat,
-                                       launch_estimate_ms, time_module)
+from fastdlight.measure.timing import (HEAT_LIGHT_MS, Timing, flush_bytes_for, function_name, heat,
+                                       launch_estimate_ms, time_module, timed_by_probe)
 from fastdlight.measure.workload import Workload
 from fastdlight.search.options import TuneOptions
 from fastdlight.compiler.pool import probe_pool, shared_pool
@@ -298,10 +298,10 @@ class Timer:
         if self.graph:  # only ever with "rotate"
             try:
                 estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
-                if (give_up_ms is not None and estimate > give_up_ms) or estimate >= max(LONG_LAUNCH_MS, budget_ms):
-                    # no finalist, or a launch that outlasts the budget (a naive schedule's
-                    # second): no graph. Booked as the run's timings are (a queued first timing
-                    # of a graph run would stay eligible as a finalist: pick_finalists)
+                if timed_by_probe(estimate, budget_ms, give_up_ms):
+                    # no finalist, or a launch that outlasts the budget: no graph. Booked as the
+                    # run's timings are (a queued first timing of a graph run would stay eligible
+                    # as a finalist: pick_finalists)
                     return Timing.of([estimate], graph=True)
                 return self._graph_time(module[name], wl.dev, estimate, budget_ms, graph_ms)
             except Exception:  # noqa: BLE001 - a kernel a graph cannot hold gets a queued timing
