@@ -43,18 +43,17 @@ from tvm.script import tirx as T
 from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
+from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
 from fastdlight.schedules.attention.plan import AttentionPlan
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.wgmma.template import register_codegen_fixes
 from fastdlight.schedules.wgmma.tma import L2_PROMO_256B, SWIZZLE_128B
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
-#: an sm_90 CTA's shared memory (opt-in), where no target says otherwise
-SM90_SMEM_BYTES = 227 * 1024
 
 
 def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
-             smem_bytes: int = SM90_SMEM_BYTES) -> AttentionPlan | None:
+             smem_bytes: int = SM90_SMEM_OPTIN) -> AttentionPlan | None:
     """The plan of ``config`` for ``func`` on a GPU of ``num_sms`` SMs (a persistent config's
     grid) and ``smem_bytes`` of shared memory a CTA (whether O's tile fits beside the ring), or
     None where the template does not take them."""
