@@ -21,6 +21,7 @@ from fastdlight.policies.wgmma import (
     SM90_SMEM_OPTIN,
     SMEM_BYTES_PER_CYCLE,
     WGMMA_EFFICIENCY,
+    staging_bytes,
 )
 
 KIND = "matmul_wgmma_dequant"
@@ -42,11 +43,6 @@ BLOCK_X = (64, 128, 192, 256)
 #: packed words (16) and the addressing: m64n256 with two consumer warpgroups (232 registers),
 #: m64n128 with three (152)
 MAX_ACC = {2: 128, 3: 64}
-#: shared memory besides the stage ring: two 8 KB staging chunks a consumer, barriers, alignment
-def staging_bytes(consumers: int) -> int:
-    return consumers * 2 * 64 * 64 * 2 + 2048
-
-
 def dequant_wgmma_fits(shape: WeightOnlyShape) -> bool:
     """Whether the template takes ``shape`` (any number of rows; the policy offers it for prefill)."""
     return (shape.bits == 4 and shape.dtype == "float16" and shape.out_dtype == "float16"
@@ -156,7 +152,7 @@ class DequantTile:
         return self.bx // 64
 
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + staging_bytes(self.consumers)
+        return self.stages * self.stage_bytes + staging_bytes(self.consumers, 2)
 
     def fits(self) -> bool:
         return (dequant_wgmma_fits(self.shape) and self.bx in BLOCK_X and self.consumers in MAX_ACC
