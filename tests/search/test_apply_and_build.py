@@ -283,9 +283,11 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot
     timer._heat = lambda r: heated.append(r.index)
     out = timer.retime_fastest(results)
     assert heated == [0]
-    assert retimed == [(i, 30) for i in (0, 1, 2, 3)] * RETIME_ROUNDS  # in turns, the budget split
+    # in turns, the budget split; after the first round, the two 20% and 30% behind sit out
+    assert retimed == [(i, 30) for i in (0, 1, 2, 3)] + [(i, 30) for i in (0, 1)] * (RETIME_ROUNDS - 1)
     assert out[3].latency_ms == 0.65 and out[4].latency_ms == 2.0
     assert out[0].timing.samples_ms == (0.5,) * RETIME_ROUNDS  # the hot timing replaces the first
+    assert out[3].timing.samples_ms == (0.65,)  # its one hot turn is its timing
     assert [r.timing.hot for r in out] == [True] * 4 + [False]
 
 

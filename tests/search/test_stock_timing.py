@@ -218,7 +218,7 @@ def test_hot_turns_of_a_short_kernel_are_short_and_a_long_ones_take_the_budget(g
 def test_each_finalist_is_captured_once_for_all_its_hot_turns(gpu, monkeypatch):
     """A capture costs the host about as long as the replays it times: a finalist's graph is
     kept for its rounds (and its own heat), and freed when the turns end."""
-    fake = gpu({"ours0": 0.005, "ours1": 0.0055, "ours2": 0.006})
+    fake = gpu({"ours0": 0.005, "ours1": 0.0055, "ours2": 0.0056})
     timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=90, screen_ms=10))
     measured = [timer.measure(ours(i)) for i in range(3)]
     # the first pass only picks finalists: its graphs are shorter than a hot turn's
@@ -277,3 +277,10 @@ def test_in_a_graph_run_a_launch_longer_than_the_budget_is_timed_by_its_estimate
     assert "stock" not in fake.captures and stock.timing.samples_ms == (1000.0,) and stock.timing.graph
     timer.measure(ours(1))
     assert fake.captures == ["ours1"]
+
+
+def test_finalists_far_behind_after_a_hot_round_take_no_more_turns():
+    samples = {0: [1.0, 1.02], 1: [1.1], 2: [1.2, 1.16], 3: [], 4: [0.5]}
+    assert stages.out_of_the_race(samples, failed={4: None}) == {2}  # 4 failed; 3 has no samples
+    assert stages.out_of_the_race({0: [1.0]}, failed={}) == set()
+    assert stages.out_of_the_race({}, failed={}) == set()
