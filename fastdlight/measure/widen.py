@@ -1,7 +1,8 @@
 """The float64 twin of a PrimFunc and its naive schedule: the reference a tuning run checks
 candidates against when no numpy reference is given (see :mod:`fastdlight.search.reference`).
 Nothing here is shared with any template: the schedule is :func:`tiled_reference_schedule` for a
-plain contraction, stock Dlight's Fallback rule for everything else."""
+plain contraction, :func:`staged_reference_schedule` for several reductions among which plain
+contractions (attention), stock Dlight's Fallback rule for everything else."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
     """The float64 twin of ``func`` (:func:`widen_to_float64`), ready for ``tvm.compile``.
     Its schedule is one thread per output element with every reduction serial in its thread,
     nothing shared with any template: :func:`tiled_reference_schedule` where the twin is one
-    plain contraction, else stock Dlight's Fallback rule (injective blocks inlined), which then
+    plain contraction, :func:`staged_reference_schedule` where it holds contractions among
+    other reductions, else stock Dlight's Fallback rule (injective blocks inlined), which then
     also schedules ``func`` as it is, as :data:`OWN_DTYPES`, where its own arithmetic may cancel
     beyond the elementwise bound."""
     from tvm.s_tir import dlight as dl
@@ -79,7 +81,7 @@ def naive_reference_module(func: tirx.PrimFunc, target) -> tvm.IRModule:
     if wide.attrs is None or "global_symbol" not in wide.attrs:
         wide = wide.with_attr("global_symbol", "main")
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    tiled = tiled_reference_schedule(wide)
+    tiled = tiled_reference_schedule(wide) or staged_reference_schedule(wide)
     funcs = {} if tiled is not None else {"main": wide}
     if wants_own_dtype_run(func):
         funcs[OWN_DTYPES] = func.with_attr("global_symbol", OWN_DTYPES)
@@ -133,21 +135,84 @@ def tiled_reference_schedule(func: tirx.PrimFunc):
     if len(reductions) != 1 or infos[0] is not reductions[0]:
         return None
     info, epilogues = reductions[0], infos[1:]
-    kinds, extents = info.dom_kind(), info.dom()
-    block = sch.get(info.block_rv)
-    if (set(kinds) - {"S", "R"} or kinds.count("S") < 2 or not _plain_operands(block)
-            or not all(isinstance(e, (int, tirx.IntImm)) for e in extents)
+    if (not _tileable(sch, info)
             or not all(e.is_injective() and _plain_operands(sch.get(e.block_rv)) for e in epilogues)):
         return None
-    s_ext = [int(e) for e, k in zip(extents, kinds) if k == "S"]
-    r_total = math.prod(int(e) for e, k in zip(extents, kinds) if k == "R")
-    if s_ext[-1] % TILE or s_ext[-2] % TILE or r_total % TILE:
-        return None
     try:
-        _tile(sch, info.block_rv, kinds, [e.block_rv for e in epilogues])
+        _tile(sch, info.block_rv, info.dom_kind(), [e.block_rv for e in epilogues])
     except s_tir.ScheduleError:  # an epilogue that does not fit the thread's one output
         return None
     return sch
+
+
+def _tileable(sch, info) -> bool:
+    """Whether a block is a plain contraction :func:`_tile` can stage: a reduction of two
+    operands or more (not a row's max or sum), spatial and reduction axes only, at least two
+    spatial, static extents, operands indexed by iteration variables alone, the last two
+    spatial extents and the reduction divisible by :data:`TILE`."""
+    kinds, extents = info.dom_kind(), info.dom()
+    block = sch.get(info.block_rv)
+    outputs = {w.source.name for w in block.writes}
+    if (not info.is_reduction() or set(kinds) - {"S", "R"} or kinds.count("S") < 2
+            or len({r.source.name for r in block.reads} - outputs) < 2 or not _plain_operands(block)
+            or not all(isinstance(e, (int, tirx.IntImm)) for e in extents)):
+        return False
+    s_ext = [int(e) for e, k in zip(extents, kinds) if k == "S"]
+    r_total = math.prod(int(e) for e, k in zip(extents, kinds) if k == "R")
+    return not (s_ext[-1] % TILE or s_ext[-2] % TILE or r_total % TILE)
+
+
+def staged_reference_schedule(func: tirx.PrimFunc):
+    """A schedule for a float64 twin of several reduction blocks, at least one of them a plain
+    contraction (attention: the scores, the row max and sum, the weighted values), with every
+    block a kernel of its own: the contractions tiled (:func:`_tile`), every other block one
+    thread per output (:data:`NAIVE_BLOCK_THREADS` a block) with its reduction serial. An
+    elementwise block is inlined into its readers unless a contraction reads it: inlined there,
+    it would be computed again for every output of the contraction that reads its value
+    (attention's exponentials once per head-dimension column). Each output is still summed in
+    one thread in the naive order, so the values are Fallback's. None for any other function."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None or sum(i.is_reduction() for i in infos) < 2 or not any(_tileable(sch, i) for i in infos):
+        return None
+    tiled = {sch.get(i.block_rv).name_hint for i in infos if _tileable(sch, i)}
+    try:
+        for info in infos:
+            readers = {sch.get(c).name_hint for c in sch.get_consumers(info.block_rv)}
+            if info.is_injective() and readers and not readers & tiled:
+                sch.compute_inline(info.block_rv)
+        for info in normalize_prim_func(sch):
+            if sch.get(info.block_rv).name_hint in tiled:
+                _tile(sch, info.block_rv, info.dom_kind(), [])
+            else:
+                _one_thread_per_output(sch, info.block_rv, info.dom_kind())
+    except (s_tir.ScheduleError, ValueError):  # a primitive refused, or a fused extent past int32
+        return None
+    return sch if _global_bytes(sch.mod["main"]) <= STAGED_MAX_BYTES else None
+
+
+#: at most this many bytes of float64 intermediates in global memory for the staged schedule
+#: (attention at B1 H32 T8192: the scores and the exponentials, 17 GB each; Fallback, which
+#: inlines the exponentials, keeps the scores only)
+STAGED_MAX_BYTES = 40 << 30
+
+
+def _global_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of the buffers the function's root block allocates in global memory."""
+    root = func.body.block
+    return sum(math.prod(int(d) for d in b.shape) * b.dtype.bits // 8
+               for b in root.alloc_buffers if b.scope() == "global")
+
+
+def _one_thread_per_output(sch, rv, kinds: str) -> None:
+    loops = sch.get_loops(rv)
+    spatial = [l for l, k in zip(loops, kinds) if k == "S"]
+    sch.reorder(*spatial, *[l for l, k in zip(loops, kinds) if k != "S"])
+    bx, tx = sch.split(sch.fuse(*spatial) if spatial else sch.add_unit_loop(rv), [None, NAIVE_BLOCK_THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
 
 
 def _tile(sch, rv, kinds: str, epilogues) -> None:
@@ -170,7 +235,7 @@ def _tile(sch, rv, kinds: str, epilogues) -> None:
     for i, region in enumerate(block.reads):
         if region.source.same_as(out):
             continue
-        cache = sch.cache_read(rv, i, "shared")
+        cache = sch.cache_read(rv, i, "shared", consumer_blocks=[rv])  # not the others reading it
         sch.compute_at(cache, ko)
         sch.storage_align(cache, 0, axis=-2, factor=TILE, offset=1)  # rows in distinct banks
         own = sch.get_loops(cache)[len(sch.get_loops(rv)) - 1:]  # below ko (unit loops dropped)
@@ -185,11 +250,12 @@ def _tile(sch, rv, kinds: str, epilogues) -> None:
 
 
 def _plain_operands(block: tirx.SBlock) -> bool:
-    """Every region the block reads or writes is indexed by its iteration variables alone."""
+    """Every region the block reads or writes is indexed by its iteration variables alone (or
+    by a constant: a batch of one, whose axis normalization drops)."""
     ivars = {iv.var for iv in block.iter_vars}
     for region in list(block.reads) + list(block.writes):
         for r in region.region:
-            if not (isinstance(r.min, tirx.Var) and r.min in ivars
+            if not ((isinstance(r.min, tirx.Var) and r.min in ivars or isinstance(r.min, tirx.IntImm))
                     and isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1):
                 return False
     return True

@@ -175,3 +175,49 @@ def test_the_reference_runs_on_absolute_inputs_only_for_sums_of_products(op, run
     expected = reference.naive_expected(None, SimpleNamespace(func=op.func))
     assert seen == runs
     assert (expected.magnitudes[0] is not None) == (True in runs)
+
+
+@pytest.mark.parametrize("op", [ops.attention(1, 2, 256, 256, 64), ops.attention(2, 2, 128, 256, 128, causal=True)],
+                         ids=["b1", "b2_causal"])
+def test_attention_gets_a_kernel_a_block_with_its_two_contractions_tiled(op):
+    wide = widen.widen_to_float64(op.func)
+    assert widen.tiled_reference_schedule(wide) is None and widen.staged_reference_schedule(wide) is not None
+    src = _source(widen.naive_reference_module(op.func, H100))
+    kernels = [k for k in src.split("__global__")[1:] if "{" in k.split(";")[0]]  # definitions, not declarations
+    # the scores, the row max, the exponentials (read by a contraction: not inlined there), the
+    # weighted values, the row sum, the output; the scaling is inlined into its two readers
+    assert len(kernels) == 6 and sum("__shared__" in k for k in kernels) == 2
+    assert "half" not in "".join(kernels) and compile_cubin(src, H100).binary
+
+
+@pytest.mark.parametrize("op", [ops.attention(1, 4, 128, 128, 64, kv_heads=2), ops.softmax(64, 256)],
+                         ids=["gqa", "softmax"])
+def test_no_staged_schedule_without_a_plain_contraction(op):
+    # grouped heads read K and V at h // group: not indexed by iteration variables alone
+    assert widen.staged_reference_schedule(widen.widen_to_float64(op.func)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_staged_and_the_fallback_attention_reference_give_the_same_bits(causal):
+    from tvm.s_tir import dlight as dl
+
+    from fastdlight.compiler.compile import build
+    from fastdlight.measure.workload import param_buffers, static_shape
+
+    op = ops.attention(1, 2, 128, 256, 64, causal=causal)
+    wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
+    with H100:
+        fallback = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
+    staged = widen.naive_reference_module(op.func, H100)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    params = param_buffers(wide)
+    inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(b)), dev) for b in params[:-1]]
+    outs = []
+    for mod in (staged, fallback):
+        out = tvm.runtime.empty(static_shape(params[-1]), "float64", dev)
+        build(mod, "cuda")[mod["main"].attrs["global_symbol"]](*inputs, out)
+        outs.append(out.numpy())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0], outs[1])
