@@ -14,7 +14,12 @@ are tuned at once), so the sums may exceed the wall time: they say which stage t
     time           timing candidates on the GPU (GPU turn held), split below
     time: queued / capture / replays / hot turns
                    queued launches (before a run times from graphs), capturing graphs,
-                   replaying the first pass's graphs, the finalists' hot turns
+                   replaying the first pass's graphs, the finalists' hot turns (their
+                   graphs' captures counted in "time: capture" as well)
+    time: estimate / input copies
+                   the few queued launches that size a first-pass graph (the first launch
+                   of a kernel loads its module onto the GPU), a function's rotated input
+                   copies on a GPU (made once)
     load           loading a built library into this process
     gpu wait       waiting for the GPU turn (another function's probe or timing holds it)
     workload       making a function's random inputs on the GPU

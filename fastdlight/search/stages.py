@@ -263,8 +263,9 @@ class Timer:
 
     def _sets(self, wl: Workload) -> list:
         if self.device not in self._arg_sets:
-            self._arg_sets[self.device] = (wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate"
-                                           else [wl.args])
+            with clock.stage("time: input copies"):
+                self._arg_sets[self.device] = (wl.timing_arg_sets(self.arch.l2_bytes) if self.opts.timing == "rotate"
+                                               else [wl.args])
         return self._arg_sets[self.device]
 
     @contextlib.contextmanager
@@ -298,7 +299,8 @@ class Timer:
         name = function_name(module, wl.func)
         if self.graph:  # only ever with "rotate"
             try:
-                estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
+                with clock.stage("time: estimate"):
+                    estimate = launch_estimate_ms(module[name], arg_sets, wl.dev)
                 if timed_by_probe(estimate, budget_ms, give_up_ms):
                     # no finalist, or a launch that outlasts the budget: no graph. Booked as the
                     # run's timings are (a queued first timing of a graph run would stay eligible

@@ -284,3 +284,14 @@ def test_finalists_far_behind_after_a_hot_round_take_no_more_turns():
     assert stages.out_of_the_race(samples, failed={4: None}) == {2}  # 4 failed; 3 has no samples
     assert stages.out_of_the_race({0: [1.0]}, failed={}) == set()
     assert stages.out_of_the_race({}, failed={}) == set()
+
+
+def test_the_first_passs_graph_sizing_and_input_copies_are_stages_of_their_own(gpu, monkeypatch):
+    gpu({"ours0": 0.005, "ours1": 0.006})
+    booked, stage = [], stages.clock.stage
+    monkeypatch.setattr(stages.clock, "stage", lambda name: booked.append(name) or stage(name))
+    timer = stages.Timer(H200, FakeWorkload, TuneOptions(budget_ms=30, screen_ms=10))
+    timer.measure(ours(0))  # queued, then (a short kernel) from a graph
+    timer.measure(ours(1))  # from a graph, sized by a few queued launches
+    assert booked.count("time: input copies") == 1  # made once
+    assert booked.count("time: estimate") == 1 and booked.count("time: capture") == 2
