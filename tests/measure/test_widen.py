@@ -102,6 +102,12 @@ def test_narrow_blocks_give_the_same_bits_as_dlights_own_fallback():
                          ids=["nt", "bias_relu", "batched"])
 def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
     """Both sum each output in the same order in float64: equal to the last bit."""
+    _assert_same_bits_as_fallback(op)
+
+
+def _assert_same_bits_as_fallback(op):
+    """The reference module of ``op`` and Dlight's Fallback schedule of its float64 twin give
+    the same bits on the same random inputs."""
     from tvm.s_tir import dlight as dl
 
     from fastdlight.compiler.compile import build
@@ -110,15 +116,15 @@ def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
     wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
     with H100:
         fallback = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
-    tiled = widen.naive_reference_module(op.func, H100)
+    ours = widen.naive_reference_module(op.func, H100)
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     params = param_buffers(wide)
     inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(b)), dev) for b in params[:-1]]
     outs = []
-    for mod in (tiled, fallback):
+    for mod in (ours, fallback):
         out = tvm.runtime.empty(static_shape(params[-1]), "float64", dev)
-        build(mod, "cuda")["main"](*inputs, out)
+        build(mod, "cuda")[mod["main"].attrs["global_symbol"]](*inputs, out)
         outs.append(out.numpy())
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -200,24 +206,4 @@ def test_no_staged_schedule_without_a_plain_contraction(op):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_the_staged_and_the_fallback_attention_reference_give_the_same_bits(causal):
-    from tvm.s_tir import dlight as dl
-
-    from fastdlight.compiler.compile import build
-    from fastdlight.measure.workload import param_buffers, static_shape
-
-    op = ops.attention(1, 2, 128, 256, 64, causal=causal)
-    wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
-    with H100:
-        fallback = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
-    staged = widen.naive_reference_module(op.func, H100)
-    dev = tvm.cuda(0)
-    rng = np.random.default_rng(0)
-    params = param_buffers(wide)
-    inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(b)), dev) for b in params[:-1]]
-    outs = []
-    for mod in (staged, fallback):
-        out = tvm.runtime.empty(static_shape(params[-1]), "float64", dev)
-        build(mod, "cuda")[mod["main"].attrs["global_symbol"]](*inputs, out)
-        outs.append(out.numpy())
-    assert np.all(np.isfinite(outs[0]))
-    np.testing.assert_array_equal(outs[0], outs[1])
+    _assert_same_bits_as_fallback(ops.attention(1, 2, 128, 256, 64, causal=causal))
