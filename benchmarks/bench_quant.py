@@ -20,12 +20,12 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_results  # noqa: E402
+from bench_setup import chosen_cases, each_case, write_case_results  # noqa: E402
 
 NAME = "bench_quant"
 LLAMA = {"qkv": (12288, 4096), "o": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}
@@ -201,10 +201,7 @@ def main(argv=None) -> int:
         return row
 
     rows, errors = each_case(names, one)
-    device = arch.device_name or arch.name
-    data = {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"),
-            "rows": [asdict(r) for r in rows], "errors": errors}
-    write_results(NAME, data, markdown(rows, device))
+    write_case_results(NAME, arch, rows, errors, markdown)
     return 0 if rows else 1
 
 

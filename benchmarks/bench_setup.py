@@ -38,6 +38,19 @@ def write_results(name: str, data: dict, md: str, echo: bool = True) -> None:
         print(md)
 
 
+def write_case_results(name: str, arch, rows: list, errors: dict, markdown, **fields) -> None:
+    """:func:`write_results` of a run over cases (:func:`each_case`) on ``arch``: the benchmark,
+    the device, the date, ``fields``, the rows (dataclass rows as dicts) and the failed cases'
+    errors; the markdown is ``markdown(rows, device)``."""
+    import dataclasses
+    import time
+
+    device = arch.device_name or arch.name
+    data = {"benchmark": name, "device": device, "date": time.strftime("%Y-%m-%d"), **fields,
+            "rows": [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in rows], "errors": errors}
+    write_results(name, data, markdown(rows, device))
+
+
 _NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tlparse", "Set TORCH_LOGS",
           "For more information", "from user code", "Exception raised from")
 

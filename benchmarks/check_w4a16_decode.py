@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_results
+from bench_setup import chosen_cases, each_case, write_case_results
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -217,10 +217,7 @@ def main(argv=None) -> int:
         return run_case(name, arch, args.rounds, args.round_ms, lambda msg: print(msg, flush=True))
 
     rows, errors = each_case(names, one)
-    device = arch.device_name or arch.name
-    write_results(NAME, {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"),
-                         "seconds": round(time.perf_counter() - t0, 1), "rows": rows, "errors": errors},
-                  markdown(rows, device))
+    write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
     return 0 if rows and not errors else 1
 
 

@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_results
+from bench_setup import chosen_cases, each_case, write_case_results
 
 NAME = "check_w4a16_wgmma"
 GROUP = 128
@@ -147,9 +147,7 @@ def main(argv=None) -> int:
         return r
 
     rows, errors = each_case(names, one)
-    device = arch.device_name or arch.name
-    write_results(NAME, {"benchmark": NAME, "device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows,
-                         "errors": errors}, markdown(rows, device))
+    write_case_results(NAME, arch, rows, errors, markdown)
     return 0 if rows and not errors else 1
 
 
