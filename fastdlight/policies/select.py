@@ -81,9 +81,8 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     (see :func:`stock_configs`) and ``recorded`` (a MetaSchedule database's records of the
     function) join the first set, to be measured against the policy's configs; ``stock_last``
     (nothing is timed, so stock could not win anyway): stock is a set of its own after the
-    policies', built only when all of theirs fail (always so for a fused attention). ``match``:
-    :func:`match_tensor_core` of
-    ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
+    policies', built only when all of theirs fail (always so for a fused attention).
+    ``match``: :func:`match_tensor_core` of ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
     sets = []
     attention = match_attention(func)
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
