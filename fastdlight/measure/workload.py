@@ -19,6 +19,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.measure import clock, host
+from fastdlight.measure.arena import copies_of, nbytes
 from fastdlight.measure.inputs import index_bounds, known_input_values, random_bits_inputs
 from fastdlight.measure.timing import rotation_copies
 
@@ -117,10 +118,6 @@ def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _nbytes(t) -> int:
-    return math.prod(t.shape) * tvm.DataType(str(t.dtype)).bits // 8
-
-
 def params_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of all of ``func``'s buffers (static shapes: ValueError otherwise)."""
     return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
@@ -176,7 +173,7 @@ class Workload:
             self.args = [tvm.runtime.empty(static_shape(buf), str(buf.dtype), self.dev) if arr is None
                          else to_device(arr, str(buf.dtype), self.dev) for buf, arr in zip(self.buffers, host)]
         self._arg_sets: list[list] | None = None
-        self.bytes = sum(_nbytes(t) for t in self.args)
+        self.bytes = sum(nbytes(t) for t in self.args)
 
     def copy(self, dev, device_lock=None) -> Workload:
         """The same inputs on ``dev`` (made once: random inputs of a large function take the
@@ -193,17 +190,16 @@ class Workload:
 
     def timing_arg_sets(self, l2_bytes: int) -> list[list]:
         """Argument lists for "rotate" timing: ``self.args`` first, then device copies of the
-        inputs (outputs shared), as many as :func:`rotation_copies` asks. Made once."""
+        inputs (outputs shared), as many as :func:`rotation_copies` asks, each input's copies in
+        one allocation (:func:`.arena.copies_of`). Made once."""
         if self._arg_sets is None:
             inputs = [i for i in range(len(self.args)) if i not in self.out_idx]
-            in_bytes = sum(_nbytes(self.args[i]) for i in inputs)
+            in_bytes = sum(nbytes(self.args[i]) for i in inputs)
             sets = [list(self.args)]
-            for _ in range(rotation_copies(in_bytes, l2_bytes) - 1):
-                args = list(self.args)
-                for i in inputs:
-                    args[i] = tvm.runtime.empty(self.args[i].shape, self.args[i].dtype, self.dev)
-                    args[i].copyfrom(self.args[i])
-                sets.append(args)
+            extra = rotation_copies(in_bytes, l2_bytes) - 1
+            copies = {i: copies_of(self.args[i], extra) for i in inputs}
+            for k in range(extra):
+                sets.append([copies[i][k] if i in copies else a for i, a in enumerate(self.args)])
             self._arg_sets = sets
         return self._arg_sets
 
