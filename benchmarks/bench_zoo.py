@@ -93,7 +93,7 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
     os.close(fd)
     lock = gpu_lock_of(args, gpu)
     cmd = [sys.executable, CHILD_SCRIPT, "--child", f"{name}:{size}", "--row-file", path, "--topk", str(args.topk),
-           "--tune-jobs", str(args.tune_jobs),
+           "--tune-jobs", str(args.tune_jobs), "--tune-workers", str(args.tune_workers),
            *(["--skip-compile"] if args.skip_compile else []), *(["--skip-stock"] if args.skip_stock else []),
            *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", lock] if lock else [])]
@@ -185,6 +185,15 @@ def gpu_list(args) -> list[str]:
     return [g.strip() for g in args.gpus.split(",") if g.strip()]
 
 
+def tune_workers_per_gpu(cpus: int, gpus: int) -> int:
+    """Build processes for each case's tuning where ``gpus`` cases tune at once (one per GPU's
+    turn): an equal share of the CPUs, one of it left to the tuning process. Each tuner would
+    otherwise start a process per CPU but two: two tunes on 32 CPUs ran 60 build processes
+    (and the other cases' stock builds and torch.compile beside them), and a tune's builds took
+    1.7-2.2 times the worker-seconds they took on a machine of 16 CPUs to itself."""
+    return max(1, cpus // gpus - 1)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the models (name, family, sizes) and exit")
@@ -196,6 +205,9 @@ def parse_args(argv):
     ap.add_argument("--topk", type=int, default=20)
     ap.add_argument("--tune-jobs", type=int, default=0,
                     help="functions a model's tuning works on at once (default: ApplyFastTuning's)")
+    ap.add_argument("--tune-workers", type=int, default=0,
+                    help="build processes of a case's tuning (default: the tuner's, one per CPU but two; with "
+                         "--gpus of several GPUs, whose cases tune at once, each GPU's share of the CPUs)")
     ap.add_argument("--db", default="", help="the tuning database dir (default: a fresh one per case)")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--skip-stock", action="store_true", help="leave stock Dlight's build and timing out")
@@ -315,6 +327,8 @@ def main(argv=None) -> int:
             print("error: --jobs needs --time-limit > 0 (each case runs in a process of its own)", file=sys.stderr)
             return 2
         args.gpu_lock = os.path.join(tempfile.mkdtemp(prefix="bench_zoo_"), "gpu.lock")
+    if not args.tune_workers and len(gpus) > 1:
+        args.tune_workers = tune_workers_per_gpu(os.cpu_count() or 1, len(gpus))
     earlier = finished_rows(args.resume) if args.resume else {}
     if earlier is None:
         print(f"error: --resume {args.resume}: not a bench_zoo.jsonl (one JSON row a line)", file=sys.stderr)

@@ -159,7 +159,7 @@ def tune(prepared, arch, db: str, args):
     from fastdlight.relax.apply_fast_tuning import DEFAULT_JOBS
 
     tuning = ApplyFastTuning(topk=args.topk, target=arch, meta_database_dir=db, progress=False,
-                             jobs=args.tune_jobs or DEFAULT_JOBS)
+                             jobs=args.tune_jobs or DEFAULT_JOBS, max_workers=args.tune_workers or None)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -286,3 +286,17 @@ def test_bad_gpus_are_refused_in_one_line(argv, capsys):
     assert bench_zoo.main(["--models", "resnet50", "--time-limit", "60", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --gpus ") and "\n" not in err
+
+
+def test_each_gpus_tune_gets_its_share_of_the_cpus_and_the_child_is_told(tmp_path, monkeypatch):
+    assert bench_zoo.tune_workers_per_gpu(32, 2) == 15 and bench_zoo.tune_workers_per_gpu(2, 4) == 1
+    fake = tmp_path / "child.py"
+    fake.write_text(
+        "import json, sys\n"
+        "workers = sys.argv[sys.argv.index('--tune-workers') + 1]\n"
+        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {'workers': workers}},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+    args = bench_zoo.parse_args(["--time-limit", "60", "--tune-workers", "7"])
+    assert bench_zoo.child_case("resnet50", "1", args).errors["workers"] == "7"
+    assert bench_zoo.parse_args([]).tune_workers == 0  # the tuner's own default
