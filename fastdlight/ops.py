@@ -26,7 +26,7 @@ from fastdlight.analysis.decode_attention import (
 from fastdlight.analysis.weight_only import PER_WORD, WeightOnlyShape, weight_only_func
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES, default_out_dtype
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
-from fastdlight.measure.inputs import INPUT_VALUES, RANDOM_BITS
+from fastdlight.measure.inputs import DISTINCT_INDICES, INPUT_VALUES, RANDOM_BITS
 
 
 @dataclass
@@ -410,6 +410,8 @@ def decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits=32, appende
     flops = 4.0 * batch * kv_heads * rows * keys * head_dim
     known = ({"lengths": float(seq_kv)} if paged else {}) | ({TICKETS: 0.0} if merged else {})
     func = decode_paged_func(shape, batch * width + 3, width) if paged else decode_split_func(shape, seq_kv)
+    if paged:
+        func = func.with_attr(DISTINCT_INDICES, ["pages"])
     return Op("decode_attention", func.with_attr(INPUT_VALUES, known) if known else func, ref, flops,
               shape.cache_bytes(seq_kv))
 

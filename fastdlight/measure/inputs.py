@@ -35,6 +35,20 @@ def random_bits_inputs(func: tirx.PrimFunc) -> set[str]:
     return {str(name) for name in func.attrs[RANDOM_BITS]}
 
 
+#: a PrimFunc attribute: the names of index parameters whose values are distinct, as a paged
+#: cache's page table is (a sequence's pages are its own): random indices drawn with repeats
+#: read some pages twice, from the L2 the second time, and timed a paged kernel faster than the
+#: cache it stands for
+DISTINCT_INDICES = "fastdlight.distinct_indices"
+
+
+def distinct_index_inputs(func: tirx.PrimFunc) -> set[str]:
+    """The :data:`DISTINCT_INDICES` of ``func`` (empty when it has none)."""
+    if func.attrs is None or DISTINCT_INDICES not in func.attrs:
+        return set()
+    return {str(name) for name in func.attrs[DISTINCT_INDICES]}
+
+
 def index_bounds(func: tirx.PrimFunc) -> dict[str, int]:
     """Integer parameters whose values index another buffer (a gather, a quantization group
     index), each with the smallest extent it indexes: random values beyond it would read out

@@ -20,7 +20,7 @@ from tvm import tirx
 
 from fastdlight.measure import clock, host
 from fastdlight.measure.arena import copies_of, nbytes
-from fastdlight.measure.inputs import index_bounds, known_input_values, random_bits_inputs
+from fastdlight.measure.inputs import distinct_index_inputs, index_bounds, known_input_values, random_bits_inputs
 from fastdlight.measure.timing import rotation_copies
 
 #: integer outputs are poisoned with this (a computed result is very unlikely to equal it)
@@ -138,7 +138,7 @@ def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
     (:func:`~fastdlight.measure.inputs.random_bits_inputs`), else random (:func:`random_array`)."""
     rng = np.random.default_rng(seed)
     bounds, known, outs = index_bounds(func), known_input_values(func), set(output_indices(func))
-    every_bit = random_bits_inputs(func)
+    every_bit, distinct = random_bits_inputs(func), distinct_index_inputs(func)
     host: list[np.ndarray | None] = []
     for i, buf in enumerate(param_buffers(func)):
         shape, dtype, name = static_shape(buf), str(buf.dtype), str(buf.name)
@@ -147,13 +147,24 @@ def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
         elif name in known:
             host.append(np.full(shape, known[name], dtype=np.float32 if dtype == "bfloat16" else dtype))
         elif name in bounds:
-            host.append(rng.integers(0, bounds[name], size=shape).astype(dtype))
+            host.append(_indices(rng, bounds[name], shape, name in distinct).astype(dtype))
         elif name in every_bit:
             info = np.iinfo(dtype)
             host.append(rng.integers(info.min, int(info.max) + 1, size=shape, dtype=np.int64).astype(dtype))
         else:
             host.append(random_array(shape, dtype, rng))
     return host
+
+
+def _indices(rng, bound: int, shape, distinct: bool) -> np.ndarray:
+    """Random indices below ``bound``; ``distinct``: none repeated (a random choice without
+    replacement) where ``bound`` has enough values, which :func:`host_inputs` requires."""
+    count = math.prod(shape)
+    if not distinct:
+        return rng.integers(0, bound, size=shape)
+    if count > bound:
+        raise ValueError(f"{count} distinct indices asked below {bound}")
+    return rng.permutation(bound)[:count].reshape(shape)
 
 
 class Workload:

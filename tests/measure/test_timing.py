@@ -208,6 +208,38 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
     assert idx.min() >= 0 and idx.max() < 32 and len(np.unique(idx)) > 8
 
 
+def _gather_of(rows: int):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def gather(table: T.Buffer((rows, 8), "float16"), idx: T.Buffer((4, 32), "int32"),
+               out: T.Buffer((4, 32, 8), "float16")):
+        for b, i, j in T.grid(4, 32, 8):
+            with T.sblock("out"):
+                vb, vi, vj = T.axis.remap("SSS", [b, i, j])
+                out[vb, vi, vj] = table[idx[vb, vi], vj]
+
+    return gather
+
+
+def test_indices_marked_distinct_repeat_no_value_and_too_many_are_refused():
+    """A page table: drawn with repeats, some pages were read twice (the second time from the
+    L2) and a paged kernel timed faster than the cache it stands for."""
+    plain = workload.host_inputs(_gather_of(160))[1]
+    assert len(np.unique(plain)) < plain.size  # 128 draws below 160: repeats, as before
+    marked = _gather_of(160).with_attr(inputs.DISTINCT_INDICES, ["idx"])
+    idx = workload.host_inputs(marked)[1]
+    assert idx.shape == (4, 32) and len(np.unique(idx)) == 128 and idx.min() >= 0 and idx.max() < 160
+    with pytest.raises(ValueError, match="128 distinct indices asked below 100"):
+        workload.host_inputs(_gather_of(100).with_attr(inputs.DISTINCT_INDICES, ["idx"]))
+
+
+def test_a_paged_decode_ops_page_table_has_no_page_twice():
+    op = ops.decode_attention(2, 4, 1, 1000, 64, splits=4, page_size=16)
+    table = workload.host_inputs(op.func)[3]
+    assert table.shape == (2, 63) and len(np.unique(table)) == table.size
+
+
 def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
     from tvm.script import tirx as T
 
