@@ -21,8 +21,13 @@ With ``pipeline_stages`` 3-4 the tiles go through a ring of that many stages in 
 instead: each thread copies the values it will read with ``cp.async`` (so no barrier), a commit
 group a tile, ``stages - 1`` tiles in flight while one is moved to registers and scored.
 
-The merge (``kind == "decode_combine"``, :func:`build_combine`) has a kernel of its own: a CTA per
-output row whose warps fold the chunks into a running max, sum and weighted row.
+From a paged cache a key's address needs its page's table entry first: the register-set
+stream reads a tile's entries a tile ahead (:func:`build_kernel`'s ``fetch_pages``), so its K and
+V loads do not wait for a table load each round trip.
+
+The merge (``kind == "decode_combine"``, :func:`.decode_combine.build_combine`) has a kernel of
+its own: a CTA per output row whose warps fold the chunks into a running max, sum and weighted
+row.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.decode_combine import build_combine
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -137,6 +143,34 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             key = T.meta_var(key_of(start, step, u, slot))
             load(kr, (buf * U + u) * E, Kf, Knf, Tf, bg, key, end, e0, n_cache)
             load(vr, (buf * U + u) * E, Vf, Vnf, Tf, bg, key, end, e0, n_cache)
+
+    @T.macro
+    def fetch_pages(pg, buf, step, Tf, bg, start, end, slot):
+        """(Paged, register sets.) The table entries of tile ``step``'s keys into page set
+        ``buf``, read a tile ahead of the loads that use them: read with them, each tile's K and
+        V loads waited for a table load first, two round trips a tile where a contiguous cache
+        has one."""
+        for u in T.unroll(U):
+            key = T.meta_var(key_of(start, step, u, slot))
+            if key < end:
+                pg[buf * U + u] = T.Cast("int64", Tf[T.Cast("int64", bg // G) * width + key // T.int64(page)])
+            else:
+                pg[buf * U + u] = T.int64(0)
+
+    @T.macro
+    def fetch_paged(kr, vr, pg, buf, step, Kf, Vf, bg, start, end, slot, e0):
+        """Tile ``step``'s K and V values into register set ``buf``, at the pages page set
+        ``buf`` holds (zeros past the chunk)."""
+        for u in T.unroll(U):
+            key = T.meta_var(key_of(start, step, u, slot))
+            for v in T.unroll(V8):
+                if key < end:
+                    at = T.meta_var(((pg[buf * U + u] * G + bg % G) * page + key % T.int64(page)) * D + e0 + v * VECTOR)
+                    copy16(kr, (buf * U + u) * E + v * VECTOR, Kf, at)
+                    copy16(vr, (buf * U + u) * E + v * VECTOR, Vf, at)
+                else:
+                    zero16(kr, (buf * U + u) * E + v * VECTOR)
+                    zero16(vr, (buf * U + u) * E + v * VECTOR)
 
     def ring_base(st, u, kv, tid):
         """Where thread ``tid``'s values of load ``u`` (K: ``kv`` 0, V: 1) of ring stage ``st`` start."""
@@ -230,8 +264,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     tail = merge_last if shape.merged else no_merge
 
     @T.macro
-    def stream_registers(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
-                         n_cache, tid):
+    def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
+                         e0, n_cache, tid):
         """Two register sets: tile t + 1's loads are issued before tile t is used."""
         fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
         for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
@@ -241,7 +275,23 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
 
     @T.macro
-    def stream_staged(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+    def stream_pages_ahead(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
+                           slot, e0, n_cache, tid):
+        """(Paged.) As :func:`stream_registers`, each tile's page entries read a tile earlier
+        (page set t % 2 for tile t)."""
+        fetch_pages(pg, 0, T.int64(0), Tf, bg, start, end, slot)
+        fetch_pages(pg, 1, T.int64(1), Tf, bg, start, end, slot)
+        fetch_paged(kr, vr, pg, 0, T.int64(0), Kf, Vf, bg, start, end, slot, e0)
+        for pair in T.serial((chunk + T.int64(2 * tile - 1)) // T.int64(2 * tile)):
+            fetch_paged(kr, vr, pg, 1, pair * 2 + 1, Kf, Vf, bg, start, end, slot, e0)
+            fetch_pages(pg, 0, pair * 2 + 2, Tf, bg, start, end, slot)
+            consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
+            fetch_paged(kr, vr, pg, 0, pair * 2 + 2, Kf, Vf, bg, start, end, slot, e0)
+            fetch_pages(pg, 1, pair * 2 + 3, Tf, bg, start, end, slot)
+            consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
+
+    @T.macro
+    def stream_staged(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
                       n_cache, tid):
         """A ring of ``stages`` tiles in shared memory, ``stages - 1`` in flight while one is
         used: a tile is moved to registers before the copy that reuses its stage is issued."""
@@ -255,7 +305,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             consume(kr, vr, 0, step, qr, sc, mr, lr, acc, top, start, end, slot)
         T.ptx["cp.async.wait_group"](0)
 
-    stream = stream_staged if staged else stream_registers
+    stream = stream_staged if staged else (stream_pages_ahead if page else stream_registers)
+    page_sets = 2 * U if page and not staged else 1  # (the register sets' page entries)
 
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
@@ -278,6 +329,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         qr = T.alloc_buffer((R * E,), "float32", scope="local")
         kr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
         vr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
+        pg = T.alloc_buffer((page_sets,), "int64", scope="local")
         sc = T.alloc_buffer((U * R,), "float32", scope="local")
         mr = T.alloc_buffer((R,), "float32", scope="local")
         lr = T.alloc_buffer((R,), "float32", scope="local")
@@ -305,8 +357,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             lr[r] = T.float32(0)
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
-        stream(kr, vr, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0, nk[0],
-               tid)
+        stream(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+               nk[0], tid)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
             for r in T.unroll(R):
@@ -362,80 +414,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
     def kernel():
         body(q, k, v, kn, vn, table, lengths, o, m, l, tickets, y)
-
-    return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
-
-
-def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
-    """The TIRx kernel that merges the chunks (a :func:`decode_combine_func` of ``shape``): a
-    CTA per output row; each warp folds every ``warps``-th chunk into a running max, sum and
-    weighted row (lanes over the head dim, ``D / 32`` values each), then the warps' results
-    meet in shared memory. Same parameters, same result."""
-    B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
-    V, threads, dtype = D // 32, warps * 32, shape.dtype
-    rounds = -(-S // warps)
-    o_in, m_in, l_in, out = func.params
-
-    @T.macro
-    def body(O, M, L, Y):
-        T.device_entry()
-        row = T.cta_id([B * G * R])
-        tid = T.thread_id([threads])
-        pool = T.SMEMPool()
-        m_s = pool.alloc((warps,), "float32", align=16)
-        l_s = pool.alloc((warps,), "float32", align=16)
-        o_s = pool.alloc((warps * D,), "float32", align=16)
-        pool.commit()
-        Of = T.decl_buffer((B * G * S * R * D,), "float32", data=O.data)
-        Mf = T.decl_buffer((B * G * S * R,), "float32", data=M.data)
-        Lf = T.decl_buffer((B * G * S * R,), "float32", data=L.data)
-        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        st = T.alloc_buffer((4,), "float32", scope="local")  # max, sum, the chunk's weights
-        acc = T.alloc_buffer((V,), "float32", scope="local")
-        ov = T.alloc_buffer((V,), "float32", scope="local")
-        warp = T.meta_var(tid // 32)
-        lane = T.meta_var(tid % 32)
-        bg = T.meta_var(row // R)
-        r = T.meta_var(row % R)
-        st[0] = T.float32(EMPTY_MAX)
-        st[1] = T.float32(0)
-        for v in T.unroll(V):
-            acc[v] = T.float32(0)
-        for i in T.unroll(rounds):  # unrolled: every round's loads issued before the first is used
-            chunk = T.meta_var(i * warps + warp)
-            if chunk < S:
-                at = T.meta_var((bg * S + chunk) * R + r)
-                for v in T.vectorized(V):
-                    ov[v] = Of[at * D + lane * V + v]
-                top = T.meta_var(T.max(st[0], Mf[at]))
-                st[2] = T.exp(st[0] - top)
-                st[3] = T.exp(Mf[at] - top)
-                st[1] = st[1] * st[2] + Lf[at] * st[3]
-                for v in T.unroll(V):
-                    acc[v] = acc[v] * st[2] + ov[v] * st[3]
-                st[0] = top
-        if lane == 0:
-            m_s[warp] = st[0]
-            l_s[warp] = st[1]
-        for v in T.unroll(V):
-            o_s[warp * D + lane * V + v] = acc[v]
-        T.cuda.cta_sync()
-        for it in T.serial(-(-D // threads)):
-            e = T.meta_var(it * threads + tid)
-            if e < D:
-                st[0] = m_s[0]
-                for w in T.serial(1, warps):
-                    st[0] = T.max(st[0], m_s[w])
-                st[1] = T.float32(0)
-                st[2] = T.float32(0)
-                for w in T.serial(warps):
-                    st[1] = st[1] + T.exp(m_s[w] - st[0]) * l_s[w]
-                    st[2] = st[2] + T.exp(m_s[w] - st[0]) * o_s[w * D + e]
-                Yf[row * D + e] = T.Cast(dtype, st[2] / st[1])
-
-    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
-    def kernel():
-        body(o_in, m_in, l_in, out)
 
     return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
 
