@@ -454,15 +454,13 @@ def _output_block_inlined(normalized: tirx.PrimFunc, blocks, anchor: str):
 
 
 def _reads(block, out_names: set[str], param_names: set[str], iter_vars) -> tuple:
-    """One access per buffer the block loads (its own accumulators left out), in load order."""
-    groups: dict[str, list] = {}
-    buffers = {}
+    """One access per buffer the block loads (its own accumulators left out), in load order.
+    Buffers are told apart by identity: two of one name (a fused function's parameters, before
+    our pipeline renames them) are two accesses, whose indices may not even have one rank."""
+    groups: dict = {}
     for ld in _loads(block.body):
-        n = str(ld.source.name)
-        if n in out_names:
-            continue
-        groups.setdefault(n, []).append(ld)
-        buffers[n] = ld.source
-    return tuple(_make_access(_tensor(buffers[n]), n in param_names, lds, iter_vars) for n, lds in groups.items())
+        if str(ld.source.name) not in out_names:
+            groups.setdefault(ld.source, []).append(ld)
+    return tuple(_make_access(_tensor(buf), str(buf.name) in param_names, lds, iter_vars) for buf, lds in groups.items())
 
 

@@ -234,3 +234,16 @@ def test_the_analysis_cache_keeps_each_functions_buffer_names():
     assert tvm_ffi.structural_equal(first, second)
     assert analyze(first).reads[0].name == "A"
     assert analyze(second).reads[0].name == "weight" and analyze(second).write.name == "weight_t"
+
+
+def test_two_parameters_of_one_name_are_two_reads():
+    """A fused function can hold two parameters of one name (FuseTIR gave EfficientNet's
+    squeeze-excite one): grouped by name, a [1, 32] and a [1, 7, 7, 32] buffer were one access
+    whose 2-index and 4-index loads the footprint walked by the larger rank (IndexError)."""
+    scale = te.placeholder((1, 32), "float16", name="x")
+    data = te.placeholder((1, 7, 7, 32), "float16", name="x")
+    out = te.compute((1, 7, 7, 32), lambda n, h, w, c: data[n, h, w, c] * scale[0, c], name="out")
+    func = te.create_prim_func([scale, data, out])
+    assert [str(p.name) for p in func.params][:2] == ["x", "x"]
+    info = analyze(func)
+    assert sorted(len(r.tensor.shape) for r in info.reads) == [2, 4]
