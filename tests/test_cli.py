@@ -225,3 +225,10 @@ def test_help_and_arch(capsys):
     assert main(["arch", "--target", "nvidia/nvidia-a100"]) == 0
     out = capsys.readouterr().out
     assert "sm_80" in out and "108 SMs" in out
+
+
+def test_python_dash_m_fastdlight_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "fastdlight", "arch", "--target", "nvidia/nvidia-a100"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert done.returncode == 0 and "sm_80" in done.stdout, done.stderr

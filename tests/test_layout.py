@@ -21,7 +21,7 @@ FLOORS = [
     ("fastdlight.search",),
     ("fastdlight.relax", "fastdlight.ops"),
     ("fastdlight.export", "fastdlight.dlight", "fastdlight.torch_backend", "fastdlight.rpc_server"),
-    ("fastdlight.cli",),
+    ("fastdlight.cli", "fastdlight.__main__"),
 ]
 
 
