@@ -21,6 +21,13 @@ import zoo_models
 import zoo_rows
 
 
+def fake_child(tmp_path, monkeypatch, name: str, script: str) -> None:
+    """A stand-in for the case process: ``script`` runs as ``bench_zoo``'s child."""
+    fake = tmp_path / name
+    fake.write_text(script)
+    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
+
+
 def test_list_prints_every_model_with_its_family_and_sizes_quickly():
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, SCRIPT, "--list"], capture_output=True, text=True, timeout=60, check=False)
@@ -118,8 +125,7 @@ def test_the_dry_run_imports_and_prepares_a_small_model_on_the_cpu(tmp_path, mon
 def test_a_case_whose_process_dies_keeps_its_row_and_says_why(tmp_path, monkeypatch):
     """child_case on a stand-in child that saves a row at stage "tune" and aborts, as a CUDA
     illegal address in a tuning measurement does."""
-    fake = tmp_path / "fake_child.py"
-    fake.write_text(
+    fake_child(tmp_path, monkeypatch, "fake_child.py",
         "import json, os, sys\n"
         "row_file = sys.argv[sys.argv.index('--row-file') + 1]\n"
         "json.dump({'model': 'gpt2_2l', 'family': 'transformers', 'size': '1x512', 'stage': 'tune',\n"
@@ -127,7 +133,6 @@ def test_a_case_whose_process_dies_keeps_its_row_and_says_why(tmp_path, monkeypa
         "print(\"terminate called after throwing an instance of 'tvm::ffi::Error'\", file=sys.stderr)\n"
         "print('  what():  CUDA Runtime Error: cudaErrorIllegalAddress (700)', file=sys.stderr)\n"
         "sys.stderr.flush(); os.abort()\n")
-    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
     args = bench_zoo.parse_args(["--time-limit", "60"])
     row = bench_zoo.child_case("gpt2_2l", "1x512", args)
     assert row.imported and row.torch_eager_ms == 1.9 and row.stage == "tune"
@@ -136,13 +141,11 @@ def test_a_case_whose_process_dies_keeps_its_row_and_says_why(tmp_path, monkeypa
 
 
 def test_a_case_past_its_time_limit_is_killed_and_names_its_stage(tmp_path, monkeypatch):
-    fake = tmp_path / "slow_child.py"
-    fake.write_text(
+    fake_child(tmp_path, monkeypatch, "slow_child.py",
         "import json, sys, time\n"
         "row_file = sys.argv[sys.argv.index('--row-file') + 1]\n"
         "json.dump({'model': 'resnet50', 'family': 'torchvision', 'size': '1', 'stage': 'build'}, open(row_file, 'w'))\n"
         "time.sleep(60)\n")
-    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
     t0 = time.perf_counter()
     row = bench_zoo.child_case("resnet50", "1", bench_zoo.parse_args(["--time-limit", "2"]))
     assert time.perf_counter() - t0 < 30
@@ -173,15 +176,13 @@ def test_cases_run_at_once_take_the_gpu_turn_one_at_a_time(tmp_path):
 
 
 def test_jobs_keep_the_rows_in_the_order_of_the_cases(tmp_path, monkeypatch):
-    fake = tmp_path / "child.py"
-    fake.write_text(
+    fake_child(tmp_path, monkeypatch, "child.py",
         "import json, sys, time\n"
         "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
         "assert '--gpu-lock' in sys.argv\n"
         "time.sleep(0.5 if name == 'resnet50' else 0.0)\n"
         "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done'},\n"
         "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
-    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
     args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60"])
     args.gpu_lock = str(tmp_path / "gpu.lock")
     jsonl = tmp_path / "rows.jsonl"
@@ -261,8 +262,7 @@ os.kill(os.getpid(), signal.SIGTERM)
 def test_gpus_spread_the_cases_each_on_one_gpu_with_that_gpus_turn(tmp_path, monkeypatch):
     """--gpus 0,1 --jobs 2: the two cases running at once see different GPUs and take different
     turn locks; a third case goes to the GPU that a finished case left."""
-    fake = tmp_path / "child.py"
-    fake.write_text(
+    fake_child(tmp_path, monkeypatch, "child.py",
         "import json, os, sys, time\n"
         "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
         "lock = sys.argv[sys.argv.index('--gpu-lock') + 1]\n"
@@ -270,7 +270,6 @@ def test_gpus_spread_the_cases_each_on_one_gpu_with_that_gpus_turn(tmp_path, mon
         "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done',\n"
         "           'errors': {'seen': os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + lock}},\n"
         "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
-    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
     args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60", "--gpus", "0,1"])
     args.gpu_lock = str(tmp_path / "gpu.lock")
     rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1"), ("swin_t", "1")], args,
@@ -290,13 +289,11 @@ def test_bad_gpus_are_refused_in_one_line(argv, capsys):
 
 def test_each_gpus_tune_gets_its_share_of_the_cpus_and_the_child_is_told(tmp_path, monkeypatch):
     assert bench_zoo.tune_workers_per_gpu(32, 2) == 15 and bench_zoo.tune_workers_per_gpu(2, 4) == 1
-    fake = tmp_path / "child.py"
-    fake.write_text(
+    fake_child(tmp_path, monkeypatch, "child.py",
         "import json, sys\n"
         "workers = sys.argv[sys.argv.index('--tune-workers') + 1]\n"
         "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {'workers': workers}},\n"
         "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
-    monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
     args = bench_zoo.parse_args(["--time-limit", "60", "--tune-workers", "7"])
     assert bench_zoo.child_case("resnet50", "1", args).errors["workers"] == "7"
     assert bench_zoo.parse_args([]).tune_workers == 0  # the tuner's own default
