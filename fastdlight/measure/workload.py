@@ -158,7 +158,7 @@ def host_inputs(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray | None]:
 
 def _indices(rng, bound: int, shape, distinct: bool) -> np.ndarray:
     """Random indices below ``bound``; ``distinct``: none repeated (a random choice without
-    replacement) where ``bound`` has enough values, which :func:`host_inputs` requires."""
+    replacement; ValueError where ``bound`` has too few values)."""
     count = math.prod(shape)
     if not distinct:
         return rng.integers(0, bound, size=shape)
