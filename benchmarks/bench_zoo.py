@@ -32,7 +32,9 @@ stock Dlight's build, ``torch.compile``'s compile), then takes the GPU (a file l
 torch's timings, stock Dlight's, the tuning, the tuned build and fastdlight's timing
 (``zoo_case.py``). Timings never overlap one another; another case's weight upload and torch.compile's first
 call (a few milliseconds of GPU work) may fall inside a timing's many samples. Tuning seconds
-include builds that share the CPU with other cases' CPU stages. ``--gpus 0,1`` spreads the
+include builds that share the CPU with other cases' CPU stages; with several cases at once each
+tune gets its GPU's share of the CPUs' build processes (``--tune-workers``) and each
+torch.compile its case's share of compile processes. ``--gpus 0,1`` spreads the
 cases over several GPUs of one machine: each case sees one (``CUDA_VISIBLE_DEVICES``) and takes
 that GPU's turn, so two cases time at once, each on its own GPU.
 """
@@ -97,7 +99,7 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
            *(["--skip-compile"] if args.skip_compile else []), *(["--skip-stock"] if args.skip_stock else []),
            *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", lock] if lock else [])]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else None
+    env = case_env(os.environ, gpu, args.jobs, os.cpu_count() or 1)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
@@ -183,6 +185,23 @@ def gpu_missing() -> str | None:
 
 def gpu_list(args) -> list[str]:
     return [g.strip() for g in args.gpus.split(",") if g.strip()]
+
+
+#: torch.compile's (Inductor's) own setting for the processes that compile its kernels
+INDUCTOR_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def case_env(environ, gpu: str | None, jobs: int, cpus: int) -> dict:
+    """A case process's environment: its one GPU (``--gpus``) and, with several cases at once,
+    its share of the CPUs for torch.compile's kernel compiles (Inductor starts a compile
+    process per CPU in every case otherwise, beside the other cases' tunes), unless the caller
+    set it."""
+    env = dict(environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    if jobs > 1 and INDUCTOR_THREADS not in env:
+        env[INDUCTOR_THREADS] = str(max(1, cpus // jobs))
+    return env
 
 
 def tune_workers_per_gpu(cpus: int, gpus: int) -> int:

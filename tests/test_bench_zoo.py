@@ -297,3 +297,10 @@ def test_each_gpus_tune_gets_its_share_of_the_cpus_and_the_child_is_told(tmp_pat
     args = bench_zoo.parse_args(["--time-limit", "60", "--tune-workers", "7"])
     assert bench_zoo.child_case("resnet50", "1", args).errors["workers"] == "7"
     assert bench_zoo.parse_args([]).tune_workers == 0  # the tuner's own default
+
+
+def test_a_case_gets_its_gpu_and_with_others_at_once_a_share_of_torch_compiles_processes():
+    env = bench_zoo.case_env({"PATH": "/bin"}, "1", jobs=4, cpus=32)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env[bench_zoo.INDUCTOR_THREADS] == "8" and env["PATH"] == "/bin"
+    assert bench_zoo.INDUCTOR_THREADS not in bench_zoo.case_env({}, None, jobs=1, cpus=32)
+    assert bench_zoo.case_env({bench_zoo.INDUCTOR_THREADS: "3"}, None, jobs=4, cpus=32)[bench_zoo.INDUCTOR_THREADS] == "3"
