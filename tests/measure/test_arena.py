@@ -1,6 +1,8 @@
 """Copies carved from one allocation (``measure.arena``), on the CPU; the GPU test runs a kernel
 on them."""
 
+import gc
+
 import numpy as np
 import pytest
 import tvm
@@ -49,8 +51,6 @@ def test_a_kernel_takes_a_copy_and_the_copies_outlive_the_arena_handle():
     a, b = (_tensor(rng.standard_normal((4, 8)).astype("float32")) for _ in range(2))
     a_copies, b_copies = arena.copies_of(a, 5), arena.copies_of(b, 5)
     out = tvm.runtime.empty((4, 8), "float32", tvm.cpu(0))
-    import gc
-
     gc.collect()
     for ac, bc in zip(a_copies, b_copies):
         fn(ac, bc, out)
