@@ -119,14 +119,22 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             else:
                 zero16(dst, base + v * v_stride)
 
+    def page_entry(table, bg, key):
+        """The table's entry for the page holding key ``key`` of K/V head ``bg``'s sequence."""
+        return T.Cast("int64", table[T.Cast("int64", bg // G) * width + key // T.int64(page)])
+
+    def pool_key(entry, bg, key):
+        """Where in the pool key ``key`` of K/V head ``bg`` is, its page's table entry given:
+        slot ``key % page`` of that page."""
+        return (entry * G + bg % G) * page + key % T.int64(page)
+
     @T.macro
     def load_paged(dst, base, cache, new, table, bg, key, end, e0, n_cache):
         """The same from a page pool: key ``key`` is slot ``key % page`` of the sequence's page
         ``key // page`` (its table's entry)."""
         for v in T.unroll(V8):
             if key < end:
-                at = T.meta_var((T.Cast("int64", table[T.Cast("int64", bg // G) * width + key // T.int64(page)]) * G
-                                 + bg % G) * page + key % T.int64(page))
+                at = T.meta_var(pool_key(page_entry(table, bg, key), bg, key))
                 copy16(dst, base + v * v_stride, cache, at * D + e0 + v * VECTOR)
             else:
                 zero16(dst, base + v * v_stride)
@@ -153,7 +161,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         for u in T.unroll(U):
             key = T.meta_var(key_of(start, step, u, slot))
             if key < end:
-                pg[buf * U + u] = T.Cast("int64", Tf[T.Cast("int64", bg // G) * width + key // T.int64(page)])
+                pg[buf * U + u] = page_entry(Tf, bg, key)
             else:
                 pg[buf * U + u] = T.int64(0)
 
@@ -165,7 +173,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             key = T.meta_var(key_of(start, step, u, slot))
             for v in T.unroll(V8):
                 if key < end:
-                    at = T.meta_var(((pg[buf * U + u] * G + bg % G) * page + key % T.int64(page)) * D + e0 + v * VECTOR)
+                    at = T.meta_var(pool_key(pg[buf * U + u], bg, key) * D + e0 + v * VECTOR)
                     copy16(kr, (buf * U + u) * E + v * VECTOR, Kf, at)
                     copy16(vr, (buf * U + u) * E + v * VECTOR, Vf, at)
                 else:
