@@ -175,9 +175,11 @@ def staged_reference_schedule(func: tirx.PrimFunc):
 
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
-    if infos is None or sum(i.is_reduction() for i in infos) < 2 or not any(_tileable(sch, i) for i in infos):
+    if infos is None or sum(i.is_reduction() for i in infos) < 2:
         return None
     tiled = {sch.get(i.block_rv).name_hint for i in infos if _tileable(sch, i)}
+    if not tiled:
+        return None
     try:
         for info in infos:
             readers = {sch.get(c).name_hint for c in sch.get_consumers(info.block_rv)}
