@@ -35,8 +35,10 @@ call (a few milliseconds of GPU work) may fall inside a timing's many samples. T
 include builds that share the CPU with other cases' CPU stages; with several cases at once each
 tune gets its GPU's share of the CPUs' build processes (``--tune-workers``) and each
 torch.compile its case's share of compile processes. ``--gpus 0,1`` spreads the
-cases over several GPUs of one machine: each case sees one (``CUDA_VISIBLE_DEVICES``) and takes
-that GPU's turn, so two cases time at once, each on its own GPU.
+cases over several GPUs of one machine: each case sees one (``CUDA_VISIBLE_DEVICES``), takes
+that GPU's turn and runs on that GPU's slice of the CPUs, so two cases time at once, each on its
+own GPU; ``--jobs`` equal to the GPUs' number then runs each case as on a machine of one GPU and
+its share of the cores.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
            "--tune-jobs", str(args.tune_jobs), "--tune-workers", str(args.tune_workers),
            *(["--skip-compile"] if args.skip_compile else []), *(["--skip-stock"] if args.skip_stock else []),
            *(["--db", args.db] if args.db else []),
-           *(["--gpu-lock", lock] if lock else [])]
+           *(["--gpu-lock", lock] if lock else []),
+           *(["--cpus", ",".join(map(str, share))] if (share := cpu_share(gpu_list(args), gpu)) else [])]
     env = case_env(os.environ, gpu, args.jobs, os.cpu_count() or 1)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
@@ -134,6 +137,19 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
         row.reason = row.reason or f"{row.stage}: {why}"
         row.seconds = round(time.perf_counter() - t0, 1)
     return row
+
+
+def cpu_share(gpus: list[str], gpu: str | None, cpus: list[int] | None = None) -> list[int]:
+    """The CPUs a case on ``gpu`` runs on where ``--gpus`` names several: that GPU's equal slice
+    of the CPUs this run may use, so that a case tunes as on a machine of one GPU and its share
+    of the cores. Without pinning, the build processes of the tune on one GPU and the other
+    GPU's torch.compile and stock builds took each other's cores (a tune's builds took 1.7-2.2
+    times the worker-seconds they took alone). Empty: no pinning (one GPU, or none named)."""
+    if gpu is None or len(gpus) < 2:
+        return []
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    per, i = len(cpus) // len(gpus), gpus.index(gpu)
+    return cpus[i * per:(i + 1) * per] if per else []
 
 
 def gpu_lock_of(args, gpu: str | None) -> str | None:
@@ -241,9 +257,13 @@ def parse_args(argv):
     ap.add_argument("--gpus", default="",
                     help="GPUs to spread the cases over (e.g. 0,1): each case runs on one, taking that GPU's "
                          "turn; needs --jobs >= their number")
+    ap.add_argument("--start-before", type=float, default=0.0,
+                    help="start no case once this many seconds of the run have passed (0: no limit): the rest "
+                         "are left to a --resume, where a case cut short by an outside time limit is lost")
     ap.add_argument("--gpu-lock", help=argparse.SUPPRESS)  # the GPU turn's lock file, set by main
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME:SIZE, run by child_case
     ap.add_argument("--row-file", help=argparse.SUPPRESS)
+    ap.add_argument("--cpus", default="", help=argparse.SUPPRESS)  # the CPUs a case runs on (cpu_share)
     return ap.parse_args(argv)
 
 
@@ -282,6 +302,10 @@ def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
 
     def one(case: tuple[str, str]) -> Row:
         name, size = case
+        if args.start_before and time.perf_counter() - t_start > args.start_before:
+            spec = zoo_models.MODELS[name]
+            return Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)],
+                       stage="start", reason=f"not started: --start-before {args.start_before:g} s passed")
         if args.dry_run:
             row = dry_case(name, size, args.target)
         elif args.time_limit > 0:
@@ -295,7 +319,7 @@ def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
             print(f"[{name} {size}: {row.seconds} s] {'ok' if row.stage == 'done' else row.reason}", flush=True)
         return row
 
-    done_lock = threading.Lock()
+    done_lock, t_start = threading.Lock(), time.perf_counter()
     chooser = GpuChooser(gpu_list(args))
     jobs = 1 if args.dry_run or args.time_limit <= 0 else max(1, args.jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -309,6 +333,8 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         name, size = args.child.split(":")
+        if args.cpus:  # before torch and TVM start their thread pools
+            os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
 
         def save(row: Row) -> None:
             tmp = args.row_file + ".tmp"

@@ -219,6 +219,19 @@ def test_resume_keeps_the_finished_cases_and_runs_the_rest(tmp_path, monkeypatch
     assert [(r["model"], r["stage"]) for r in rows] == [("resnet50", "done"), ("mobilenet_v2", "done")]
 
 
+def test_no_case_starts_after_start_before_and_none_is_written_as_finished(tmp_path, monkeypatch):
+    fake_child(tmp_path, monkeypatch, "child.py",
+        "import json, sys, time\n"
+        "time.sleep(0.3)\n"
+        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done'},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    args = bench_zoo.parse_args(["--time-limit", "60", "--start-before", "0.1"])
+    jsonl = tmp_path / "rows.jsonl"
+    rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1")], args, str(jsonl))
+    assert [r.stage for r in rows] == ["done", "start"] and "--start-before" in rows[1].reason
+    assert list(bench_zoo.finished_rows(str(jsonl))) == [("resnet50", "1")]
+
+
 def test_resume_from_a_file_that_is_not_rows_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "notes.txt"
     bad.write_text("not json\n")
@@ -297,6 +310,22 @@ def test_each_gpus_tune_gets_its_share_of_the_cpus_and_the_child_is_told(tmp_pat
     args = bench_zoo.parse_args(["--time-limit", "60", "--tune-workers", "7"])
     assert bench_zoo.child_case("resnet50", "1", args).errors["workers"] == "7"
     assert bench_zoo.parse_args([]).tune_workers == 0  # the tuner's own default
+
+
+def test_with_several_gpus_each_case_runs_on_its_gpus_slice_of_the_cpus(tmp_path, monkeypatch):
+    assert bench_zoo.cpu_share(["0", "1"], "1", list(range(32))) == list(range(16, 32))
+    assert bench_zoo.cpu_share(["3", "5", "7"], "5", [0, 2, 4, 6, 8, 10, 12]) == [4, 6]
+    assert bench_zoo.cpu_share(["0"], "0", [0, 1]) == [] and bench_zoo.cpu_share([], None) == []
+    fake_child(tmp_path, monkeypatch, "child.py",
+        "import json, os, sys\n"
+        "cpus = sys.argv[sys.argv.index('--cpus') + 1] if '--cpus' in sys.argv else ''\n"
+        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {'cpus': cpus}},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    args = bench_zoo.parse_args(["--time-limit", "60", "--jobs", "2", "--gpus", "0,1"])
+    mine = sorted(os.sched_getaffinity(0))
+    want = ",".join(map(str, mine[len(mine) // 2:]))
+    assert bench_zoo.child_case("resnet50", "1", args, "1").errors["cpus"] == want
+    assert bench_zoo.child_case("resnet50", "1", bench_zoo.parse_args(["--time-limit", "60"])).errors["cpus"] == ""
 
 
 def test_a_case_gets_its_gpu_and_with_others_at_once_a_share_of_torch_compiles_processes():
