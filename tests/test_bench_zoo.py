@@ -28,6 +28,17 @@ def fake_child(tmp_path, monkeypatch, name: str, script: str) -> None:
     monkeypatch.setattr(bench_zoo, "CHILD_SCRIPT", str(fake))
 
 
+def fake_done_child(tmp_path, monkeypatch, body: str, errors: str = "{}") -> None:
+    """A case process that runs ``body`` (with ``json``, ``os``, ``sys``, ``time`` and the case's
+    model as ``name``), then saves its row as finished, with the dict expression ``errors``."""
+    fake_child(tmp_path, monkeypatch, "child.py",
+        "import json, os, sys, time\n"
+        "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
+        + body +
+        f"json.dump({{'model': name, 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {errors}}},\n"
+        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+
+
 def test_list_prints_every_model_with_its_family_and_sizes_quickly():
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, SCRIPT, "--list"], capture_output=True, text=True, timeout=60, check=False)
@@ -176,13 +187,9 @@ def test_cases_run_at_once_take_the_gpu_turn_one_at_a_time(tmp_path):
 
 
 def test_jobs_keep_the_rows_in_the_order_of_the_cases(tmp_path, monkeypatch):
-    fake_child(tmp_path, monkeypatch, "child.py",
-        "import json, sys, time\n"
-        "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
+    fake_done_child(tmp_path, monkeypatch,
         "assert '--gpu-lock' in sys.argv\n"
-        "time.sleep(0.5 if name == 'resnet50' else 0.0)\n"
-        "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done'},\n"
-        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+        "time.sleep(0.5 if name == 'resnet50' else 0.0)\n")
     args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60"])
     args.gpu_lock = str(tmp_path / "gpu.lock")
     jsonl = tmp_path / "rows.jsonl"
@@ -220,11 +227,7 @@ def test_resume_keeps_the_finished_cases_and_runs_the_rest(tmp_path, monkeypatch
 
 
 def test_no_case_starts_after_start_before_and_none_is_written_as_finished(tmp_path, monkeypatch):
-    fake_child(tmp_path, monkeypatch, "child.py",
-        "import json, sys, time\n"
-        "time.sleep(0.3)\n"
-        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done'},\n"
-        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    fake_done_child(tmp_path, monkeypatch, "time.sleep(0.3)\n")
     args = bench_zoo.parse_args(["--time-limit", "60", "--start-before", "0.1"])
     jsonl = tmp_path / "rows.jsonl"
     rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1")], args, str(jsonl))
@@ -275,14 +278,10 @@ os.kill(os.getpid(), signal.SIGTERM)
 def test_gpus_spread_the_cases_each_on_one_gpu_with_that_gpus_turn(tmp_path, monkeypatch):
     """--gpus 0,1 --jobs 2: the two cases running at once see different GPUs and take different
     turn locks; a third case goes to the GPU that a finished case left."""
-    fake_child(tmp_path, monkeypatch, "child.py",
-        "import json, os, sys, time\n"
-        "name = sys.argv[sys.argv.index('--child') + 1].split(':')[0]\n"
+    fake_done_child(tmp_path, monkeypatch,
         "lock = sys.argv[sys.argv.index('--gpu-lock') + 1]\n"
-        "time.sleep(0.6 if name == 'resnet50' else 0.1)\n"
-        "json.dump({'model': name, 'family': 'x', 'size': '1', 'stage': 'done',\n"
-        "           'errors': {'seen': os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + lock}},\n"
-        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+        "time.sleep(0.6 if name == 'resnet50' else 0.1)\n",
+        errors="{'seen': os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + lock}")
     args = bench_zoo.parse_args(["--jobs", "2", "--time-limit", "60", "--gpus", "0,1"])
     args.gpu_lock = str(tmp_path / "gpu.lock")
     rows = bench_zoo.run_cases([("resnet50", "1"), ("mobilenet_v2", "1"), ("swin_t", "1")], args,
@@ -302,11 +301,7 @@ def test_bad_gpus_are_refused_in_one_line(argv, capsys):
 
 def test_each_gpus_tune_gets_its_share_of_the_cpus_and_the_child_is_told(tmp_path, monkeypatch):
     assert bench_zoo.tune_workers_per_gpu(32, 2) == 15 and bench_zoo.tune_workers_per_gpu(2, 4) == 1
-    fake_child(tmp_path, monkeypatch, "child.py",
-        "import json, sys\n"
-        "workers = sys.argv[sys.argv.index('--tune-workers') + 1]\n"
-        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {'workers': workers}},\n"
-        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    fake_done_child(tmp_path, monkeypatch, "", errors="{'workers': sys.argv[sys.argv.index('--tune-workers') + 1]}")
     args = bench_zoo.parse_args(["--time-limit", "60", "--tune-workers", "7"])
     assert bench_zoo.child_case("resnet50", "1", args).errors["workers"] == "7"
     assert bench_zoo.parse_args([]).tune_workers == 0  # the tuner's own default
@@ -316,11 +311,8 @@ def test_with_several_gpus_each_case_runs_on_its_gpus_slice_of_the_cpus(tmp_path
     assert bench_zoo.cpu_share(["0", "1"], "1", list(range(32))) == list(range(16, 32))
     assert bench_zoo.cpu_share(["3", "5", "7"], "5", [0, 2, 4, 6, 8, 10, 12]) == [4, 6]
     assert bench_zoo.cpu_share(["0"], "0", [0, 1]) == [] and bench_zoo.cpu_share([], None) == []
-    fake_child(tmp_path, monkeypatch, "child.py",
-        "import json, os, sys\n"
-        "cpus = sys.argv[sys.argv.index('--cpus') + 1] if '--cpus' in sys.argv else ''\n"
-        "json.dump({'model': 'resnet50', 'family': 'x', 'size': '1', 'stage': 'done', 'errors': {'cpus': cpus}},\n"
-        "          open(sys.argv[sys.argv.index('--row-file') + 1], 'w'))\n")
+    fake_done_child(tmp_path, monkeypatch, "cpus = sys.argv[sys.argv.index('--cpus') + 1] if '--cpus' in sys.argv else ''\n",
+                    errors="{'cpus': cpus}")
     args = bench_zoo.parse_args(["--time-limit", "60", "--jobs", "2", "--gpus", "0,1"])
     mine = sorted(os.sched_getaffinity(0))
     want = ",".join(map(str, mine[len(mine) // 2:]))
