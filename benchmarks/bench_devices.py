@@ -76,6 +76,10 @@ def tune(mod, arch, devices, topk: int, jobs: int | None) -> dict:
 
 
 def differing(one: dict, many: dict) -> list[str]:
+    """The functions whose winners differ: another kind, or a time more than 3% apart; each
+    winner with its place among the policy's configs (``#0`` its first; none for stock Dlight),
+    and ``same config`` where both runs picked one config (then the two times are the same
+    kernel measured twice, not two picks)."""
     out = []
     for name, a in one.items():
         b = many.get(name)
@@ -83,8 +87,14 @@ def differing(one: dict, many: dict) -> list[str]:
             continue
         kinds = (a.config.kind if a.config else None, b.config.kind if b.config else None)
         if kinds[0] != kinds[1] or abs(b.latency_ms / a.latency_ms - 1) > SAME_WITHIN:
-            out.append(f"{name}: {kinds[0]} {a.latency_ms:.4f} ms / {kinds[1]} {b.latency_ms:.4f} ms")
+            same = " (same config)" if a.config is not None and a.config == b.config else ""
+            out.append(f"{name}: {_winner(a)} {a.latency_ms:.4f} ms / {_winner(b)} {b.latency_ms:.4f} ms{same}")
     return out
+
+
+def _winner(entry) -> str:
+    kind = entry.config.kind if entry.config else None
+    return f"{kind} #{entry.rank}" if entry.rank is not None else str(kind)
 
 
 def warm_up(devices, arch) -> None:

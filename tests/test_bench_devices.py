@@ -38,3 +38,22 @@ def test_a_row_shows_each_run_and_both_ratios():
     table = bench_devices.markdown([row, {"model": "broken", "error": "ValueError: no"}]).splitlines()
     assert table[2] == "| m | 0,1 | 10 (4) | 8 (8) | 5 (8) | 1.0 / 1.25 / 2.0 | 2.0x | 1.6x | 1 / 0 |"
     assert table[3].endswith("| ValueError: no |")
+
+
+def test_differing_winners_name_their_place_and_a_kernel_measured_twice():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_devices
+
+    from fastdlight.config import Config
+    from fastdlight.relax.apply_fast_tuning import FunctionReport
+
+    tile = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,))
+    one = {"f": FunctionReport("f", "tuned", 1.0, tile, 0.0100, rank=2),
+           "g": FunctionReport("g", "tuned", 1.0, tile, 0.0100, rank=0),
+           "h": FunctionReport("h", "tuned", 1.0, None, 0.0100)}
+    many = {"f": FunctionReport("f", "tuned", 1.0, tile, 0.0130, rank=2),
+            "g": FunctionReport("g", "tuned", 1.0, Config("matmul_tc", block=(64, 64), warp=(32, 32), rstep=(32,)), 0.0101, rank=5),
+            "h": FunctionReport("h", "tuned", 1.0, None, 0.0102)}
+    assert bench_devices.differing(one, many) == [
+        "f: matmul_wgmma #2 0.0100 ms / matmul_wgmma #2 0.0130 ms (same config)",
+        "g: matmul_wgmma #0 0.0100 ms / matmul_tc #5 0.0101 ms"]
