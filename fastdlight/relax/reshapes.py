@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.ir import IRModule
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import CallPattern, ExprPattern, OrPattern, is_op, rewrite_call, wildcard
 
 from fastdlight.relax.rewrites import call_to, static_shape
 
@@ -182,9 +182,22 @@ RULES = (_merge_rule, _unary_rule, _binary_rule, _last_axis_rule, _slice_rule)
 
 
 def _rules_pass(name: str, rule_makers) -> tvm.transform.Pass:
-    """A Relax pass applying the rules of ``rule_makers`` in rounds until none changes a function."""
+    """A Relax pass applying the rules of ``rule_makers`` in rounds until none changes a function.
+
+    Each round is one ``rewrite_call`` of all the rules' patterns at once, each match handed to
+    its rule by the op it is a call of (the rules' ops do not overlap): a ``rewrite_call`` that
+    changes anything costs a rebuild of the whole function, and a round of one call a rule took
+    five of them (Swin-T: 35 calls, 4.7 s of ``for_inference``'s 10.6 on two cores)."""
     bindings = _Bindings()
     rules = [rule(bindings) for rule in rule_makers]
+    pattern = _any_of([p for p, _ in rules])
+    by_op = {op: rewrite for p, rewrite in rules for op in _root_ops(p)}
+
+    def rewrite(call, matches):
+        if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+            return call
+        rule = by_op.get(call.op.name)
+        return call if rule is None else rule(call, matches)
 
     @tvm.transform.module_pass(opt_level=0, name=name)
     def run(mod: IRModule, _ctx) -> IRModule:
@@ -194,15 +207,21 @@ def _rules_pass(name: str, rule_makers) -> tvm.transform.Pass:
                 continue
             for _ in range(MAX_ROUNDS):
                 before = func
-                for pattern, rewrite in rules:
-                    bindings.update(func)
-                    func = rewrite_call(pattern, rewrite, func)
+                bindings.update(func)
+                func = rewrite_call(pattern, rewrite, func)
                 if before.same_as(func) or tvm_ffi.structural_equal(before, func):
                     break
             out[gvar] = relax.analysis.remove_all_unused(func)
         return out
 
     return run
+
+
+def _root_ops(pattern) -> list[str]:
+    """The ops whose calls ``pattern`` (a call pattern or alternatives of them) matches."""
+    if isinstance(pattern, OrPattern):
+        return _root_ops(pattern.left) + _root_ops(pattern.right)
+    return [pattern.op.expr.name] if isinstance(pattern, CallPattern) and isinstance(pattern.op, ExprPattern) else []
 
 
 def sink_reshapes() -> tvm.transform.Pass:

@@ -186,3 +186,15 @@ def test_reshape_chains_become_one_reshape_or_none():
     x = np.random.default_rng(0).standard_normal((2, 4, 16)).astype("float32")
     for want, got in zip(run_cpu(Chains, [x]), run_cpu(merged, [x])):
         np.testing.assert_allclose(got, want)
+
+
+def test_each_op_belongs_to_one_rule_so_one_pattern_can_serve_them_all():
+    """A round matches every rule's pattern at once and hands each match to a rule by its op: a
+    rule whose ops another rule also roots would never see its matches."""
+    from fastdlight.relax import reshapes
+
+    rules = [rule(reshapes._Bindings()) for rule in reshapes.RULES]
+    ops = [set(reshapes._root_ops(pattern)) for pattern, _ in rules]
+    assert all(ops)
+    flat = [op for rule_ops in ops for op in rule_ops]
+    assert len(flat) == len(set(flat)), flat
