@@ -16,6 +16,7 @@ means in compile-only mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -65,9 +66,25 @@ def _cuda_compile_callback(code, *_):
     target = tvm.target.Target.current(allow_none=True)
     if target is None:
         raise RuntimeError("tvm_callback_cuda_compile called outside a target scope")
-    cubin = compile_cubin(code, target)
+    cubin = compile_cubin(code, target, threads=_COMPILE_THREADS[-1])
     _LAST_CUBIN[:] = [cubin]
     return bytearray(cubin.binary)
+
+
+#: kernels of one module compiled at a time by the callback (:func:`compile_threads`)
+_COMPILE_THREADS = [1]
+
+
+@contextlib.contextmanager
+def compile_threads(threads: int):
+    """Within it, the callback optimizes up to ``threads`` kernels of a module at a time: for a
+    model's build, whose module holds all its kernels (a build worker's holds one, and the
+    workers already fill the CPUs)."""
+    _COMPILE_THREADS.append(max(1, threads))
+    try:
+        yield
+    finally:
+        _COMPILE_THREADS.pop()
 
 
 def install_compile_callback() -> None:

@@ -315,21 +315,22 @@ def cuda_compiler() -> str:
 NVRTC_REJECTED = "NVRTC rejected this source; nvcc compiled it. NVRTC said:"
 
 
-def compile_cubin(source: str, target, timeout: float = 300.0) -> Cubin:
+def compile_cubin(source: str, target, timeout: float = 300.0, threads: int = 1) -> Cubin:
     """Compile CUDA ``source`` to a cubin for ``target``'s arch, parse ptxas' resource report,
     and raise :class:`CompileError` (with the log) when it does not compile. NVRTC first where
-    :func:`cuda_compiler` picks it; a source it rejects gets nvcc's verdict too."""
+    :func:`cuda_compiler` picks it; a source it rejects gets nvcc's verdict too. ``threads``:
+    kernels of the source optimized at a time (:func:`.nvrtc.split_compile`)."""
     arch = nvcc_arch(target)
     if cuda_compiler() == "nvrtc":
         try:
-            return _cubin(*nvrtc.compile_source(source, arch))
+            return _cubin(*nvrtc.compile_source(source, arch, threads))
         except nvrtc.NvrtcError as e:
-            cubin = _nvcc_cubin(source, arch, timeout)
+            cubin = _nvcc_cubin(source, arch, timeout, threads)
             return dataclasses.replace(cubin, log=f"{NVRTC_REJECTED}\n{str(e)[-2000:]}\n{cubin.log}")
-    return _nvcc_cubin(source, arch, timeout)
+    return _nvcc_cubin(source, arch, timeout, threads)
 
 
-def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
+def _nvcc_cubin(source: str, arch: str, timeout: float, threads: int = 1) -> Cubin:
     nvcc = nvrtc.nvcc_command()
     digits = arch[3:]
     with tempfile.TemporaryDirectory(prefix="fastdlight_") as tmp:
@@ -339,7 +340,8 @@ def _nvcc_cubin(source: str, arch: str, timeout: float) -> Cubin:
             f.write(source)
         cmd = [
             nvcc, "--cubin", "-O3", f"-gencode=arch=compute_{digits},code=sm_{digits}",
-            "-Xptxas=-v", *nvrtc.LANGUAGE_FLAGS, "-diag-suppress=177,550", "-o", out_path, src_path,
+            "-Xptxas=-v", *nvrtc.LANGUAGE_FLAGS, *nvrtc.split_compile(threads), "-diag-suppress=177,550",
+            "-o", out_path, src_path,
         ]  # fmt: skip
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -19,12 +19,14 @@ reshapes, casts) once at compile time instead of at every call: with numpy where
 
 from __future__ import annotations
 
+import os
+
 import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir import IRModule
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
-from fastdlight.compiler.build_task import install_compile_callback
+from fastdlight.compiler.build_task import compile_threads, install_compile_callback
 from fastdlight.compiler.compile import PASS_CONFIG, as_target, tir_pipeline
 from fastdlight.compiler.compile import build as build_prim_funcs
 from fastdlight.relax.aligned import tma_aligned_matmuls
@@ -239,10 +241,12 @@ def build(mod: IRModule, target) -> tvm.runtime.Module:
     PrimFunc keeps the schedule it has; a module of PrimFuncs only is built as it is."""
     target = as_target(target)
     install_compile_callback()  # the kernels that run are compiled as the tuner compiled them
-    if not has_relax_functions(mod):
-        return build_prim_funcs(mod, target)
-    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
-        return tvm.compile(mod, target=target, relax_pipeline=lowering(target), tir_pipeline=tir_pipeline(mod))
+    # one module holds every kernel: optimized on all the CPUs this process may use
+    with compile_threads(len(os.sched_getaffinity(0))):
+        if not has_relax_functions(mod):
+            return build_prim_funcs(mod, target)
+        with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+            return tvm.compile(mod, target=target, relax_pipeline=lowering(target), tir_pipeline=tir_pipeline(mod))
 
 
 def compile_model(mod: IRModule, target=None, *, tuning: ApplyFastTuning | None = None, **tune_kwargs):

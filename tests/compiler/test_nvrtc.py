@@ -135,6 +135,56 @@ def test_nvrtc_and_nvcc_report_the_same_kernel(monkeypatch, softmax_source):
     assert "Used" in by_nvrtc.log and "k_kernel" in by_nvrtc.log
 
 
+@pytest.fixture(scope="module")
+def two_kernels_source() -> str:
+    """The softmax twice, as two kernels of one module (a model's build compiles all of its)."""
+    config = DefaultPolicy(_softmax_rows, H100).emit_config(1)[0]
+    with H100.target:
+        scheduled = apply_config(_softmax_rows, config)
+    func = scheduled if isinstance(scheduled, tvm.tirx.PrimFunc) else scheduled.mod["main"]
+    mod = tvm.IRModule({"k": func.with_attr("global_symbol", "k"), "k2": func.with_attr("global_symbol", "k2")})
+    return cuda_source(build(mod, H100.target))
+
+
+@pytest.mark.parametrize("compiler", ["nvcc", pytest.param("nvrtc", marks=needs_nvrtc)])
+def test_kernels_of_one_module_compiled_at_a_time_are_the_same_machine_code(monkeypatch, two_kernels_source, compiler):
+    monkeypatch.setenv(COMPILER_ENV, compiler)
+    one = compile_cubin(two_kernels_source, H100.target)
+    two = compile_cubin(two_kernels_source, H100.target, threads=2)
+    kernels = _text_sections(one.binary)
+    assert len(kernels) >= 2 and _text_sections(two.binary) == kernels
+    assert two.log.count("Used") == one.log.count("Used") == len(kernels)  # ptxas' report of each
+
+
+def test_what_the_compiler_prints_meanwhile_goes_to_the_log_not_the_terminal(capfd):
+    """NVRTC's split-compile threads print ptxas' advisories on the process's standard error."""
+    with nvrtc._stderr_kept(True) as printed:
+        os.write(2, b"ptxas info    : (C7508) Potential Performance Loss\n")
+    assert printed.text == "ptxas info    : (C7508) Potential Performance Loss\n"
+    assert capfd.readouterr().err == ""
+    with nvrtc._stderr_kept(False) as printed:
+        os.write(2, b"shown\n")
+    assert printed.text == "" and capfd.readouterr().err == "shown\n"
+
+
+def test_the_compile_callback_uses_the_threads_its_caller_gives(monkeypatch):
+    """A model's build asks for the CPUs (:func:`compile_threads`); a build worker's one kernel
+    gets one thread."""
+    from types import SimpleNamespace
+
+    from fastdlight.compiler import build_task
+
+    seen = []
+    monkeypatch.setattr(build_task, "compile_cubin",
+                        lambda code, target, threads=1: seen.append(threads) or SimpleNamespace(binary=b"cubin"))
+    with H100.target:
+        build_task._cuda_compile_callback("source")
+        with build_task.compile_threads(6):
+            build_task._cuda_compile_callback("source")
+        build_task._cuda_compile_callback("source")
+    assert seen == [1, 6, 1]
+
+
 def _text_sections(cubin: bytes) -> dict[str, bytes]:
     """The ELF's ``.text.*`` sections (the machine code) by name."""
     import struct
@@ -179,7 +229,7 @@ def test_the_light_traits_give_the_same_machine_code(monkeypatch, softmax_source
 def test_a_source_nvrtc_rejects_gets_nvccs_verdict(monkeypatch, softmax_source):
     calls = []
 
-    def reject(source, arch):
+    def reject(source, arch, threads=1):
         calls.append(arch)
         raise nvrtc.NvrtcError("NVRTC failed for sm_90: made up")
 

@@ -58,6 +58,25 @@ def test_the_tuned_functions_are_what_the_build_runs(tuned):
         assert f"{name}_kernel" in src
 
 
+def test_a_models_build_compiles_its_kernels_on_every_cpu_it_may_use(tuned, monkeypatch):
+    """The module of a model holds all its kernels; the build optimizes them at a time."""
+    import contextlib
+    import os
+
+    from fastdlight.relax import pipeline
+
+    asked = []
+
+    @contextlib.contextmanager
+    def recorded(threads):
+        asked.append(threads)
+        yield
+
+    monkeypatch.setattr(pipeline, "compile_threads", recorded)
+    assert "_kernel" in cuda_source(fastdlight.build(tuned[1], H100.target))
+    assert asked == [len(os.sched_getaffinity(0))]
+
+
 def test_tvm_default_pipeline_would_refuse_and_reschedule(tuned):
     """Why fastdlight.build exists: TVM's legalize passes on a tuned module change its functions."""
     _, out, _ = tuned
