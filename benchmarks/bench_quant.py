@@ -16,7 +16,6 @@ must read (the packed weights and scales for 4-bit). Writes ``$OUT/bench_quant.j
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_case_results  # noqa: E402
+from bench_setup import case_arguments, each_case, gpu_arch, write_case_results  # noqa: E402
 
 NAME = "bench_quant"
 LLAMA = {"qkv": (12288, 4096), "o": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}
@@ -177,24 +176,12 @@ def markdown(rows: list[Row], device: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
-    ap.add_argument("--topk", type=int, default=20)
-    ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    args = ap.parse_args(argv)
-    if args.list:
-        print("\n".join(CASES))
-        return 0
-    names = chosen_cases(NAME, args.only, CASES)
-    if names is None:
-        return 2
-    import tvm
+    parsed = case_arguments(NAME, __doc__.splitlines()[0], CASES, argv, topk=20)
+    if isinstance(parsed, int):
+        return parsed
+    args, names = parsed
+    arch = gpu_arch()
 
-    from bench_setup import torch_fp32_accumulation
-    from fastdlight.arch import CUDA
-
-    torch_fp32_accumulation()
-    arch = CUDA.from_device(tvm.cuda(0))
     def one(name: str) -> Row:
         row = run_case(name, CASES[name], arch, args.topk)
         print(f"[{name}] {row.ratio:.2f}x ({row.ours_ms} ms vs {row.baseline_ms})", flush=True)

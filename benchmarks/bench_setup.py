@@ -100,6 +100,33 @@ def chosen_cases(bench: str, only, known) -> list[str] | None:
     return names
 
 
+def case_arguments(bench: str, description: str, cases, argv, topk: int):
+    """A case benchmark's ``--only``, ``--topk`` and ``--list``: ``(args, names)``, or the exit
+    code once ``--list`` printed the cases (0) or a name was refused in one line (2)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
+    ap.add_argument("--topk", type=int, default=topk)
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(cases))
+        return 0
+    names = chosen_cases(bench, args.only, cases)
+    return 2 if names is None else (args, names)
+
+
+def gpu_arch():
+    """GPU 0's :class:`~fastdlight.arch.CUDA`, with cuBLAS held to fp32 accumulation."""
+    import tvm
+
+    from fastdlight.arch import CUDA
+
+    torch_fp32_accumulation()
+    return CUDA.from_device(tvm.cuda(0))
+
+
 def each_case(names, run_one) -> tuple[list, dict[str, str]]:
     """``run_one(name)`` for each case (a row, or a list of rows), and each failed case's
     one-line error by name: a case that fails is reported and the run goes on."""

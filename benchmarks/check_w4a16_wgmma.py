@@ -14,7 +14,6 @@ out of L2, alternating rounds of 100 ms (``bench_gemm_hopper.paired_rounds``, me
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_case_results
+from bench_setup import case_arguments, each_case, gpu_arch, write_case_results
 
 NAME = "check_w4a16_wgmma"
 GROUP = 128
@@ -120,24 +119,12 @@ def markdown(rows: list[dict], device: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    args = ap.parse_args(argv)
-    if args.list:
-        print("\n".join(CASES))
-        return 0
-    names = chosen_cases(NAME, args.only, CASES)
-    if names is None:
-        return 2
-    import tvm
-    from bench_setup import torch_fp32_accumulation
+    parsed = case_arguments(NAME, __doc__.splitlines()[0], CASES, argv, topk=8)
+    if isinstance(parsed, int):
+        return parsed
+    args, names = parsed
+    arch = gpu_arch()
 
-    from fastdlight.arch import CUDA
-
-    torch_fp32_accumulation()
-    arch = CUDA.from_device(tvm.cuda(0))
     def one(name: str) -> dict:
         print(f"[{name}]", flush=True)
         r = run_case(name, arch, args.topk, lambda msg: print(msg, flush=True))
