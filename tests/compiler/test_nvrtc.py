@@ -50,13 +50,18 @@ def _softmax_rows(a: T.handle, b: T.handle):
             B[vi, vk] = T.Cast("float16", T.exp(T.Cast("float32", A[vi, vk]) - M[vi]) / S[vi])
 
 
-@pytest.fixture(scope="module")
-def softmax_source() -> str:
+def _softmax_source(*names: str) -> str:
+    """The CUDA of a module with the scheduled softmax under each of ``names``."""
     config = DefaultPolicy(_softmax_rows, H100).emit_config(1)[0]
     with H100.target:
         scheduled = apply_config(_softmax_rows, config)
     func = scheduled if isinstance(scheduled, tvm.tirx.PrimFunc) else scheduled.mod["main"]
-    return cuda_source(build(tvm.IRModule({"main": func.with_attr("global_symbol", "k")}), H100.target))
+    return cuda_source(build(tvm.IRModule({n: func.with_attr("global_symbol", n) for n in names}), H100.target))
+
+
+@pytest.fixture(scope="module")
+def softmax_source() -> str:
+    return _softmax_source("k")
 
 
 def test_prepared_source_starts_with_the_shared_includes_and_drops_the_host_header():
@@ -137,13 +142,8 @@ def test_nvrtc_and_nvcc_report_the_same_kernel(monkeypatch, softmax_source):
 
 @pytest.fixture(scope="module")
 def two_kernels_source() -> str:
-    """The softmax twice, as two kernels of one module (a model's build compiles all of its)."""
-    config = DefaultPolicy(_softmax_rows, H100).emit_config(1)[0]
-    with H100.target:
-        scheduled = apply_config(_softmax_rows, config)
-    func = scheduled if isinstance(scheduled, tvm.tirx.PrimFunc) else scheduled.mod["main"]
-    mod = tvm.IRModule({"k": func.with_attr("global_symbol", "k"), "k2": func.with_attr("global_symbol", "k2")})
-    return cuda_source(build(mod, H100.target))
+    """The softmax twice in one module (a model's build compiles all its kernels in one)."""
+    return _softmax_source("k", "k2")
 
 
 @pytest.mark.parametrize("compiler", ["nvcc", pytest.param("nvrtc", marks=needs_nvrtc)])
