@@ -235,7 +235,8 @@ class _Printed:
 @contextlib.contextmanager
 def _stderr_kept(keep: bool):
     """With ``keep``, what the process writes to its standard error meanwhile, as ``.text``:
-    NVRTC's split-compile threads print ptxas' advisories there, not into the program's log."""
+    NVRTC's split-compile threads print ptxas' advisories there, not into the program's log
+    (whatever else the process prints meanwhile lands in the log too, not on the terminal)."""
     printed = _Printed()
     if not keep:
         yield printed

@@ -186,8 +186,8 @@ def _rules_pass(name: str, rule_makers) -> tvm.transform.Pass:
 
     Each round is one ``rewrite_call`` of all the rules' patterns at once, each match handed to
     its rule by the op it is a call of (the rules' ops do not overlap): a ``rewrite_call`` that
-    changes anything costs a rebuild of the whole function, and a round of one call a rule took
-    five of them (Swin-T: 35 calls, 4.7 s of ``for_inference``'s 10.6 on two cores)."""
+    changes anything costs a rebuild of the whole function, and a round used to be five of
+    them, one a rule (Swin-T: 35 calls, 4.7 s of ``for_inference``'s 10.6 on two cores)."""
     bindings = _Bindings()
     rules = [rule(bindings) for rule in rule_makers]
     pattern = _any_of([p for p, _ in rules])
