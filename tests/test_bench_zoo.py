@@ -320,6 +320,17 @@ def test_with_several_gpus_each_case_runs_on_its_gpus_slice_of_the_cpus(tmp_path
     assert bench_zoo.child_case("resnet50", "1", bench_zoo.parse_args(["--time-limit", "60"])).errors["cpus"] == ""
 
 
+def test_a_case_process_pins_itself_to_its_cpus_before_its_work(tmp_path, monkeypatch):
+    mine = sorted(os.sched_getaffinity(0))
+    seen = []
+    monkeypatch.setattr(bench_zoo, "gpu_case", lambda *a, **k: seen.append(sorted(os.sched_getaffinity(0))))
+    try:
+        bench_zoo.main(["--child", "resnet50:1", "--row-file", str(tmp_path / "row.json"), "--cpus", str(mine[-1])])
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert seen == [[mine[-1]]]
+
+
 def test_a_case_gets_its_gpu_and_with_others_at_once_a_share_of_torch_compiles_processes():
     env = bench_zoo.case_env({"PATH": "/bin"}, "1", jobs=4, cpus=32)
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env[bench_zoo.INDUCTOR_THREADS] == "8" and env["PATH"] == "/bin"
