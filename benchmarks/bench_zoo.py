@@ -63,7 +63,7 @@ sys.path.insert(0, HERE)
 import zoo_models
 from bench_setup import unknown_names
 from zoo_case import dry_case, gpu_case
-from zoo_rows import Row, markdown, row_from
+from zoo_rows import Row, markdown, new_row, row_from
 
 NAME = "bench_zoo"
 #: the script a case's process runs (``--child NAME:SIZE``)
@@ -123,8 +123,7 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
         with open(path) as f:
             row = row_from(json.load(f))
     except (OSError, ValueError):
-        spec = zoo_models.MODELS[name]
-        row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)], stage="start")
+        row = new_row(name, zoo_models.MODELS[name], size, stage="start")
     finally:
         os.unlink(path)
     if row.stage != "done":
@@ -303,9 +302,8 @@ def run_cases(cases: list[tuple[str, str]], args, jsonl: str) -> list[Row]:
     def one(case: tuple[str, str]) -> Row:
         name, size = case
         if args.start_before and time.perf_counter() - t_start > args.start_before:
-            spec = zoo_models.MODELS[name]
-            return Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)],
-                       stage="start", reason=f"not started: --start-before {args.start_before:g} s passed")
+            return new_row(name, zoo_models.MODELS[name], size, stage="start",
+                           reason=f"not started: --start-before {args.start_before:g} s passed")
         if args.dry_run:
             row = dry_case(name, size, args.target)
         elif args.time_limit > 0:

@@ -18,7 +18,7 @@ import warnings
 
 import zoo_models
 from bench_setup import one_line
-from zoo_rows import Row
+from zoo_rows import Row, new_row
 
 
 class Case:
@@ -27,7 +27,7 @@ class Case:
     def __init__(self, name: str, size: str, save=None):
         spec = zoo_models.MODELS[name]
         self.spec, self.save = spec, save or (lambda row: None)
-        self.row = Row(name, spec.family, size, inputs=[[list(s), d] for s, d in spec.inputs_at(size)])
+        self.row = new_row(name, spec, size)
         self.inference_mod = None  # the for_inference module, once imported
         self._since = time.perf_counter()
 

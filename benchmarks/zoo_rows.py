@@ -40,6 +40,11 @@ class Row:
     tune_stage_s: dict = field(default_factory=dict)  # the cold tune's seconds per tuner stage (clock)
 
 
+def new_row(name: str, spec, size: str, **fields) -> Row:
+    """A case's row before any stage has run: the model, its family, its inputs at ``size``."""
+    return Row(name, spec.family, size, inputs=[[list(shape), dtype] for shape, dtype in spec.inputs_at(size)], **fields)
+
+
 #: lines of an error's message that say nothing of the error itself
 def row_from(data: dict) -> Row:
     names = {f.name for f in fields(Row)}
