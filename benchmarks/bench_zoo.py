@@ -102,7 +102,7 @@ def child_case(name: str, size: str, args, gpu: str | None = None) -> Row:
            *(["--db", args.db] if args.db else []),
            *(["--gpu-lock", lock] if lock else []),
            *(["--cpus", ",".join(map(str, share))] if (share := cpu_share(gpu_list(args), gpu)) else [])]
-    env = case_env(os.environ, gpu, args.jobs, os.cpu_count() or 1)
+    env = case_env(os.environ, gpu, args.jobs, len(os.sched_getaffinity(0)))
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         # its own process group: the tuner's workers go with it at the time limit
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
             return 2
         args.gpu_lock = os.path.join(tempfile.mkdtemp(prefix="bench_zoo_"), "gpu.lock")
     if not args.tune_workers and len(gpus) > 1:
-        args.tune_workers = tune_workers_per_gpu(os.cpu_count() or 1, len(gpus))
+        args.tune_workers = tune_workers_per_gpu(len(os.sched_getaffinity(0)), len(gpus))
     earlier = finished_rows(args.resume) if args.resume else {}
     if earlier is None:
         print(f"error: --resume {args.resume}: not a bench_zoo.jsonl (one JSON row a line)", file=sys.stderr)
