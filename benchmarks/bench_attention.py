@@ -91,6 +91,30 @@ def list_cases() -> str:
     return "\n".join(lines)
 
 
+def torch_calls(case: Case, arg_sets) -> list:
+    """torch's ``scaled_dot_product_attention`` of ``case``, a callable per input copy of
+    ``arg_sets`` (our workload's tensors, shared through DLPack)."""
+    import torch
+
+    def sdpa(q, k, v):
+        mask = None
+        # one query aligned to the bottom right sees every key: no mask (a mask tensor would
+        # take torch off its flash kernel for nothing)
+        if case.causal and case.seq_q != case.seq_kv and case.seq_q > 1:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(case.seq_q, case.seq_kv)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=case.causal and case.seq_q == case.seq_kv > 1,
+            enable_gqa=bool(case.kv_heads and case.kv_heads != case.heads))
+
+    fns = []
+    for args_ in arg_sets:
+        q, k, v = (torch.from_dlpack(a) for a in args_[:3])
+        fns.append(lambda q=q, k=k, v=v: sdpa(q, k, v))
+    return fns
+
+
 def run_case(name: str, case: Case, args) -> Row:
     import torch
 
@@ -117,22 +141,7 @@ def run_case(name: str, case: Case, args) -> Row:
     fn = best.module[function_name(best.module, op.func)]
     row.ours_ms = time_graph(fn, arg_sets, wl.dev, args.budget_ms, per_launch_ms=best.latency_ms).median_ms
 
-    def sdpa(q, k, v):
-        mask = None
-        # one query aligned to the bottom right sees every key: no mask (a mask tensor would
-        # take torch off its flash kernel for nothing)
-        if case.causal and case.seq_q != case.seq_kv and case.seq_q > 1:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask = causal_lower_right(case.seq_q, case.seq_kv)
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=case.causal and case.seq_q == case.seq_kv > 1,
-            enable_gqa=bool(case.kv_heads and case.kv_heads != case.heads))
-
-    fns = []
-    for args_ in arg_sets:
-        q, k, v = (torch.from_dlpack(a) for a in args_[:3])
-        fns.append(lambda q=q, k=k, v=v: sdpa(q, k, v))
+    fns = torch_calls(case, arg_sets)
     with torch.no_grad():
         row.torch_ms = time_torch_graph(fns, args.budget_ms, row.ours_ms).median_ms
     for side in ("ours", "torch"):

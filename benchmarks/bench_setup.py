@@ -1,6 +1,6 @@
 """What the benchmarks set up the same way: a log under ``$OUT``, cuBLAS held to fp32
-accumulation (as fastdlight's kernels accumulate), so the two sides compute the same thing, and
-a trace of the kernels a call runs."""
+accumulation (as fastdlight's kernels accumulate), so the two sides compute the same thing, a
+trace of the kernels a call runs, and kernels timed in alternating rounds."""
 
 from __future__ import annotations
 
@@ -172,3 +172,37 @@ def kernel_trace(fn) -> list[dict]:
         if us and e.count >= TRACE_CALLS:  # kernels of every call, not one-off setup copies
             rows.append({"kernel": e.key[:90], "us": round(us / TRACE_CALLS, 2), "launches": e.count // TRACE_CALLS})
     return sorted(rows, key=lambda r: -r["us"])
+
+
+class KernelTimer:
+    """``ms -> median ms a launch`` of one built kernel (a :class:`CompileResult`), replayed
+    from a CUDA graph over the workload's rotated input copies ``sets``."""
+
+    def __init__(self, result, sets, dev):
+        from fastdlight.measure.timing import function_name
+
+        self.launch = result.module[function_name(result.module, result._func)]
+        self.sets, self.dev, self.per_launch = sets, dev, max(result.latency_ms or 0.01, 0.002)
+
+    def __call__(self, ms: float) -> float:
+        from fastdlight.measure.graph_timing import time_graph
+
+        return time_graph(self.launch, self.sets, self.dev, ms, self.per_launch).median_ms
+
+
+def timed_rounds(timers: dict, rounds: int, round_ms: float) -> tuple[dict, dict]:
+    """Median of ``rounds`` timings of each timer (``ms -> median ms``), in alternating order,
+    each after an untimed run of its own, so that clocks and neighbours drift alike for all; a
+    timer that raises is dropped (its error kept)."""
+    times, errors = {k: [] for k in timers}, {}
+    keys = list(timers)
+    for i in range(rounds):
+        for key in keys if i % 2 == 0 else keys[::-1]:
+            if key in errors:
+                continue
+            try:
+                timers[key](round_ms / 3)
+                times[key].append(timers[key](round_ms))
+            except Exception as e:  # noqa: BLE001 - a row with its error
+                errors[key] = one_line(e)[:300]
+    return {k: (sorted(v)[len(v) // 2] if v and k not in errors else None) for k, v in times.items()}, errors

@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import chosen_cases, each_case, write_case_results
+from bench_setup import KernelTimer, chosen_cases, each_case, timed_rounds, write_case_results
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -75,39 +75,6 @@ def case_configs(name: str, op, arch) -> list:
     return out
 
 
-class Timer:
-    """``ms -> median ms a launch`` of one built kernel, replayed from a CUDA graph over the
-    workload's rotated input copies."""
-
-    def __init__(self, result, sets, dev):
-        from fastdlight.measure.timing import function_name
-
-        self.launch = result.module[function_name(result.module, result._func)]
-        self.sets, self.dev, self.per_launch = sets, dev, max(result.latency_ms or 0.01, 0.002)
-
-    def __call__(self, ms: float) -> float:
-        from fastdlight.measure.graph_timing import time_graph
-
-        return time_graph(self.launch, self.sets, self.dev, ms, self.per_launch).median_ms
-
-
-def timed_rounds(timers: dict, rounds: int, round_ms: float) -> tuple[dict, dict]:
-    """Median of ``rounds`` timings of each timer, in alternating order, each after an untimed
-    run of its own; a timer that raises is dropped (its error kept)."""
-    times, errors = {k: [] for k in timers}, {}
-    keys = list(timers)
-    for i in range(rounds):
-        for key in keys if i % 2 == 0 else keys[::-1]:
-            if key in errors:
-                continue
-            try:
-                timers[key](round_ms / 3)
-                times[key].append(timers[key](round_ms))
-            except Exception as e:  # noqa: BLE001 - a row with its error
-                errors[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    return {k: (sorted(v)[len(v) // 2] if v and k not in errors else None) for k, v in times.items()}, errors
-
-
 def run_case(name: str, arch, rounds: int, round_ms: float, log) -> list[dict]:
     import tvm
 
@@ -139,12 +106,12 @@ def run_case(name: str, arch, rounds: int, round_ms: float, log) -> list[dict]:
     wl = Workload(op.func, dev, seed=0)
     sets = wl.timing_arg_sets(arch.l2_bytes)
     wl16 = Workload(fp16_best._func, dev, seed=0)
-    timers, errors_setup = {"fp16": Timer(fp16_best, wl16.timing_arg_sets(arch.l2_bytes), dev)}, {}
+    timers, errors_setup = {"fp16": KernelTimer(fp16_best, wl16.timing_arg_sets(arch.l2_bytes), dev)}, {}
     for i, c in enumerate(configs):
         r = results.get(c)
         if r is not None and r.verified and r.module is not None:
             try:
-                timers[i] = Timer(r, sets, dev)
+                timers[i] = KernelTimer(r, sets, dev)
             except Exception as e:  # noqa: BLE001 - a row with its error
                 errors_setup[i] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     medians, errors = timed_rounds(timers, rounds, round_ms)

@@ -6,9 +6,14 @@ and ``bn`` keys per step of the K/V ring, ``pipeline_stages`` steps deep; ``pers
 per SM walks the tiles (emitted beside each tile where the tiles outnumber the SMs). What bounds it:
 
 * registers: a consumer thread holds the scores of its rows (``bn / 2`` fp32), the output rows
-  (``D / 2``) and the probabilities as 16-bit pairs (``bn / 4``); ptxas checks every instruction
-  against the kernel's entry budget (65536 / threads), so their sum stays under it with room
-  for addresses and row statistics;
+  (``D / 2``) and the probabilities as 16-bit pairs (``bn / 4``); their sum stays under what
+  ``setmaxnreg`` gives a consumer (the producer keeps 24) with room for addresses and row
+  statistics. ptxas allocates the consumers' code to that count (FlashAttention-3's 128x176
+  tile for head dim 128 is such a tile: 204 of 240 registers, over the 168 of the entry budget);
+* key tiles wider than 128 come on the persistent grid and without a causal mask only: there
+  they compiled without spills at head dims 64 and 128 (NVRTC 13.0); on the grid of a CTA a
+  tile ptxas spilled 24 bytes at 144, 176 and 192 keys, and the causal mask's tests 400-700
+  bytes at 176 and 192 keys (head dim 128);
 * shared memory: the Q tile and ``stages`` K and V tiles;
 * the grid: a tile of fewer rows makes more CTAs where there are few (batch 1, short prompts).
 """
@@ -22,14 +27,23 @@ from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
 
 #: registers a consumer thread needs beside its fragments (addresses, row statistics, loop state)
 OVERHEAD_REGS = 8
-TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128), (128, 176))
+#: registers a producer thread keeps (setmaxnreg): it only issues TMA loads
+PRODUCER_REGS = 24
+TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128), (128, 160), (128, 176), (128, 192))
+#: the widest key tile a CTA-a-tile grid takes (see the module's docstring)
+WIDEST_UNPERSISTENT = 128
+
+
+def consumer_regs(consumers: int) -> int:
+    """Registers ``setmaxnreg`` gives a consumer thread beside the producer's 24: a multiple of
+    8, at most 240 (two consumers: 240; three: 160)."""
+    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * consumers) // 8 * 8)
 
 
 def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_SMEM_OPTIN) -> bool:
-    threads = 128 * (1 + bm // 64)
     fragments = bn // 2 + shape.head_dim // 2 + bn // 4
     smem_bytes = 2 * shape.head_dim * (bm + 2 * stages * bn) + 1024 + 64
-    return fragments + OVERHEAD_REGS <= 65536 // threads and smem_bytes <= smem
+    return fragments + OVERHEAD_REGS <= consumer_regs(bm // 64) and smem_bytes <= smem
 
 
 def query_tiles(shape: AttentionShape, bm: int) -> int:
@@ -37,16 +51,29 @@ def query_tiles(shape: AttentionShape, bm: int) -> int:
     return -(-shape.seq_q // bm) * shape.batch * shape.heads
 
 
+def key_padding(shape: AttentionShape, bm: int, bn: int) -> float:
+    """Keys computed per key a row needs: the last tile's past the sequence end, and (causal)
+    the tiles that straddle each query tile's diagonal, which grow with ``bn``."""
+    tiles_of = lambda last_key: min(-(-last_key // bn), -(-shape.seq_kv // bn))  # noqa: E731
+    if not shape.causal:
+        return tiles_of(shape.seq_kv) * bn / shape.seq_kv
+    q_tiles = -(-shape.seq_q // bm)
+    computed = sum(tiles_of((qt + 1) * bm + shape.offset) * bn * bm for qt in range(q_tiles))
+    needed = sum(min(row + 1 + shape.offset, shape.seq_kv) for row in range(shape.seq_q))
+    return computed / max(needed, 1)
+
+
 def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) -> float:
     """Waves of CTAs, weighted by how much of each step is useful: a narrow key tile pays the
-    softmax's fixed costs (max, exp, shuffles) and a barrier round trip per fewer keys, and a
-    shallow ring exposes load latency."""
+    softmax's fixed costs (max, exp, shuffles) and a barrier round trip per fewer keys, a wide
+    one computes more masked keys at the diagonal and the sequence end, and a shallow ring
+    exposes load latency."""
     waves = -(-query_tiles(shape, bm) // sm_count)
     padding = -(-shape.seq_q // bm) * bm / shape.seq_q  # rows computed for nothing at the tail
     per_step = 1.0 + 16.0 / bn + (0.1 if stages < 3 else 0.0)
     # one consumer warpgroup has no other's GEMMs to hide its softmax behind
     alone = 1.4 if bm == 64 else 1.0
-    return waves * bm * padding * per_step * alone
+    return waves * bm * padding * key_padding(shape, bm, bn) * per_step * alone
 
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
@@ -58,12 +85,14 @@ def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[
     options = []
     for bm, bn in TILES:
         for stages in (2, 3, 4):
-            if fits(shape, bm, bn, stages, arch.smem_per_block_optin):
+            wide_ok = bn <= WIDEST_UNPERSISTENT or not shape.causal
+            if wide_ok and fits(shape, bm, bn, stages, arch.smem_per_block_optin):
                 options.append((cost(shape, bm, bn, stages, arch.sm_count), bm, bn, stages))
     options.sort()
     configs = []
     for c, bm, bn, stages in options:
-        configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c))
+        if bn <= WIDEST_UNPERSISTENT:
+            configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c))
         # where the tiles outnumber the SMs, the same tile on a persistent grid: measured either
         # way round by shape (H200: 18% faster on GPT-2's d64 causal shape, 2-9% slower at d128)
         if query_tiles(shape, bm) > arch.sm_count:

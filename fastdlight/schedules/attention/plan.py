@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from fastdlight.analysis.attention import AttentionShape
+from fastdlight.policies.attention import PRODUCER_REGS, consumer_regs
 from fastdlight.schedules.wgmma.tma import SWIZZLE_BYTES, Operand
 
 ABBR = {"float16": "f16", "bfloat16": "bf16"}
-#: registers a producer thread keeps (setmaxnreg): it only issues TMA loads
-PRODUCER_REGS = 24
 LOG2E = 1.4426950408889634
 
 
@@ -56,7 +55,7 @@ class AttentionPlan:
     @property
     def consumer_regs(self) -> int:
         """What the SM's 64K registers leave each consumer thread (a multiple of 8, at most 240)."""
-        return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * self.consumers) // 8 * 8)
+        return consumer_regs(self.consumers)
 
     @property
     def bh(self) -> int:

@@ -1,0 +1,149 @@
+"""Fused attention's tiles on one GPU, at fixed configs (no tuning): each config built, verified
+against the function's float64 twin and timed beside torch's ``scaled_dot_product_attention``.
+
+    python benchmarks/check_attention_tiles.py [--only prefill_8k ...] [--tiles 128x176x2p,128x128x3p]
+        [--rounds 5] [--round-ms 60] [--list]
+
+The cases are ``bench_attention``'s. A tile is ``BMxBNxSTAGES`` with ``p`` for the persistent
+grid; without ``--tiles`` a case takes every config the attention policy emits for it. Every
+verified config and torch are timed in CUDA graphs, inputs rotated out of L2, in alternating
+rounds (medians): a row a config with ms, TFLOPS, the ratio to torch, registers and the verdict;
+a config that fails to build or verify is a row with its error. Writes
+``$OUT/check_attention_tiles.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_attention import CASES, torch_calls  # noqa: E402
+from bench_setup import KernelTimer, chosen_cases, each_case, timed_rounds, write_case_results  # noqa: E402
+
+NAME = "check_attention_tiles"
+TILE = re.compile(r"^(\d+)x(\d+)x(\d+)(p?)$")
+
+
+def parse_tiles(text: str) -> list | str:
+    """The configs of ``--tiles``, or a one-line complaint naming the first bad one."""
+    from fastdlight.config import Config
+
+    configs = []
+    for part in (t for t in text.split(",") if t):
+        m = TILE.match(part.strip())
+        if m is None:
+            return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p] (e.g. 128x176x2p)"
+        bm, bn, stages = (int(g) for g in m.groups()[:3])
+        configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, persistent=bool(m.group(4))))
+    return configs
+
+
+def label_of(config) -> str:
+    bm, bn = config.block
+    return f"{bm}x{bn}, {config.pipeline_stages} stages" + (", persistent" if config.persistent else "")
+
+
+def run_case(name: str, arch, configs, rounds: int, round_ms: float) -> list[dict]:
+    import torch
+
+    from fastdlight import ops
+    from fastdlight.analysis.attention import match_attention
+    from fastdlight.measure.graph_timing import time_torch_graph
+    from fastdlight.measure.workload import Workload
+    from fastdlight.policies.attention import attention_configs
+    from fastdlight.search.runner import apply_and_build
+
+    case = CASES[name]
+    op = ops.attention(case.batch, case.heads, case.seq_q, case.seq_kv, case.head_dim,
+                       kv_heads=case.kv_heads, causal=case.causal, dtype=case.dtype)
+    configs = configs or attention_configs(match_attention(op.func), arch, topk=64)
+    t0 = time.perf_counter()
+    built, _ = apply_and_build(op.func, configs, arch, check="all", budget_ms=10, progress=False)
+    results = {r.config: r for r in built}
+    build_s = round(time.perf_counter() - t0, 1)
+    wl = Workload(op.func, seed=1)
+    sets = wl.timing_arg_sets(arch.l2_bytes)
+    timers = {i: KernelTimer(results[c], sets, wl.dev) for i, c in enumerate(configs)
+              if c in results and results[c].verified and results[c].module is not None}
+    fns = torch_calls(case, sets)
+
+    def torch_timer(ms: float) -> float:
+        with torch.no_grad():
+            return time_torch_graph(fns, ms, 0.1).median_ms
+
+    timers["torch"] = torch_timer
+    medians, errors = timed_rounds(timers, rounds, round_ms)
+    torch_ms = medians.get("torch")
+    rows = []
+    for i, c in enumerate(configs):
+        r, ms = results.get(c), medians.get(i)
+        error = errors.get(i) or ("" if r is not None and r.verified else
+                                  (r.failure.message.splitlines()[0] if r is not None and r.failure else
+                                   (r.check_message if r is not None else "not built") or "not verified"))
+        rows.append({"case": name, "shape": case.describe(), "config": label_of(c), "ms": round(ms, 5) if ms else None,
+                     "tflops": round(op.flops / (ms * 1e-3) / 1e12, 1) if ms else None,
+                     "vs_torch": round(torch_ms / ms, 3) if ms and torch_ms else None,
+                     "registers": r.registers if r is not None else None,
+                     "spill_bytes": r.spill_bytes if r is not None else None,
+                     "verified": bool(r is not None and r.verified), "error": error})
+        print(f"  {rows[-1]['config']:<30} {rows[-1]['ms'] or '-':>9} ms {rows[-1]['tflops'] or '-':>7} TFLOPS "
+              f"{rows[-1]['vs_torch'] or '-':>6}x  verified={rows[-1]['verified']} {error}", flush=True)
+    rows.append({"case": name, "shape": case.describe(), "config": "torch SDPA", "ms": round(torch_ms, 5) if torch_ms else None,
+                 "tflops": round(op.flops / (torch_ms * 1e-3) / 1e12, 1) if torch_ms else None, "vs_torch": 1.0,
+                 "error": errors.get("torch", ""), "build_s": build_s})
+    print(f"  torch SDPA {rows[-1]['ms']} ms ({rows[-1]['tflops']} TFLOPS); build and verify {build_s} s", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    lines = [f"{NAME}, {device}, {time.strftime('%Y-%m-%d')}: fixed attention configs against torch SDPA, CUDA graphs, "
+             "inputs rotated out of L2, medians of alternating rounds", "",
+             "| case | shape | config | ms | TFLOPS | vs torch | registers | verified | error |", "|" + "---|" * 9]
+    for r in rows:
+        ms = f"{r['ms']:.4f}" if r.get("ms") else "-"
+        vs = f"{r['vs_torch']:.3f}x" if r.get("vs_torch") else "-"
+        lines.append(f"| {r['case']} | {r['shape']} | {r['config']} | {ms} | {r.get('tflops') or '-'} | {vs} "
+                     f"| {r.get('registers') or '-'} | {r.get('verified', '-')} | {r.get('error') or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
+    ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p] comma-separated (default: the policy's)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--round-ms", type=float, default=60.0)
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{n}: {c.describe()}" for n, c in CASES.items()))
+        return 0
+    configs = parse_tiles(args.tiles)
+    if isinstance(configs, str):
+        print(configs, file=sys.stderr)
+        return 2
+    names = chosen_cases(NAME, args.only, CASES)
+    if names is None:
+        return 2
+    from bench_setup import gpu_arch
+
+    arch = gpu_arch()
+    t0 = time.perf_counter()
+
+    def one(name: str) -> list[dict]:
+        print(f"[{name}]", flush=True)
+        return run_case(name, arch, configs, args.rounds, args.round_ms)
+
+    rows, errors = each_case(names, one)
+    write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
+    return 0 if rows and not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
