@@ -194,3 +194,18 @@ def test_a_persistent_grid_takes_every_tile_once_and_evens_out_the_causal_work(s
     assert max(work) - sum(work) / ctas <= key_tiles(0)
     in_order = [sum(key_tiles(t) for t in range(cta, n, ctas)) for cta in range(ctas)]
     assert max(work) <= max(in_order) and max(work) - min(work) < max(in_order) - min(in_order)
+
+
+def test_without_a_causal_mask_the_ctas_running_at_once_read_few_heads():
+    """Non-causal tiles come a head at a time (the K/V the CTAs of a round stream stays in L2);
+    causal ones every head's heaviest first, so each round's work is even."""
+    for causal, most_heads in ((False, 3), (True, 32)):
+        func = ops.attention(1, 32, 8192, 8192, 128, causal=causal).func
+        config = next(c for c in attention_configs(match_attention(func), H100, 8) if c.persistent)
+        plan = plan_for(func, config, H100.sm_count)
+        for it in range(int(plan.tiles_per_cta)):
+            tiles = [int(plan.tile_of(cta, it)) for cta in range(int(plan.ctas))]
+            heads = {int(plan.head_of(t)) for t in tiles if t < int(plan.tiles)}
+            assert len(heads) <= most_heads
+        every = {(int(plan.head_of(t)), int(plan.query_tile(t))) for t in range(int(plan.tiles))}
+        assert len(every) == int(plan.tiles)

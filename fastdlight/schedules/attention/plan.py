@@ -96,13 +96,24 @@ class AttentionPlan:
         and 14.6% at B8 H12 T1024; snaked, 0% and 3.1%."""
         return it * self.ctas + cta + it % 2 * (self.ctas - 1 - 2 * cta)
 
+    @property
+    def heads_outer(self) -> bool:
+        """Whether consecutive tiles are the query tiles of one head (without a causal mask):
+        the CTAs running at once then stream the K/V of a head or two, which stay in L2, where
+        with the heads innermost (causal: every head's heaviest tile first) they stream the K/V
+        of every head at once, four CTAs to a head at B1 H32 on 132 SMs."""
+        return not self.shape.causal
+
     def query_tile(self, tile):
-        """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
+        """The query tile (block of rows) of tile ``tile``: causal, the last first (the heaviest),
+        every head's before the next; else in order within each head."""
+        if self.heads_outer:
+            return tile % self.q_tiles
         return self.q_tiles - 1 - tile // self.bh
 
     def head_of(self, tile):
         """The (batch * heads) row of tile ``tile``."""
-        return tile % self.bh
+        return tile // self.q_tiles if self.heads_outer else tile % self.bh
 
     def kv_head(self, bh):
         """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""
