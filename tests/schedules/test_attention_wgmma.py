@@ -5,6 +5,7 @@ registers for P·V, TMA loads and a producer warpgroup; shapes the template does
 no config."""
 
 import dataclasses
+import heapq
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -198,7 +199,7 @@ def test_a_persistent_grid_takes_every_tile_once_and_evens_out_the_causal_work(s
 
 def test_without_a_causal_mask_the_ctas_running_at_once_read_few_heads():
     """Non-causal tiles come a head at a time (the K/V the CTAs of a round stream stays in L2);
-    causal ones every head's heaviest first, so each round's work is even."""
+    causal ones on a persistent grid every head's heaviest first, so each round's work is even."""
     for causal, most_heads in ((False, 3), (True, 32)):
         func = ops.attention(1, 32, 8192, 8192, 128, causal=causal).func
         config = next(c for c in attention_configs(match_attention(func), H100, 8) if c.persistent)
@@ -209,3 +210,23 @@ def test_without_a_causal_mask_the_ctas_running_at_once_read_few_heads():
             assert len(heads) <= most_heads
         every = {(int(plan.head_of(t)), int(plan.query_tile(t))) for t in range(int(plan.tiles))}
         assert len(every) == int(plan.tiles)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 4096, 4096, 128), (8, 12, 1024, 1024, 64), (4, 32, 2048, 2048, 128),
+                                   (1, 32, 1000, 1000, 128), (3, 5, 700, 700, 64)])
+def test_causal_tiles_of_a_cta_each_come_in_blocks_of_heads_heaviest_first(shape):
+    """A CTA a tile, causal: the first wave reads a few heads' K/V, every tile comes once, and
+    the SMs, each taking the next tile as it frees up, end within 3.5% of the mean work (or
+    the heaviest tile's, where the tiles are fewer than the SMs)."""
+    func = ops.attention(*shape, causal=True).func
+    plan = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2), H100.sm_count)
+    n, sms = int(plan.tiles), H100.sm_count
+    order = [(int(plan.head_of(t)), int(plan.query_tile(t))) for t in range(n)]
+    assert len(set(order)) == n
+    assert len({h for h, _ in order[:sms]}) <= plan.head_block + 1
+    free = [(0, sm) for sm in range(sms)]
+    for _, qt in order:  # the next tile to the SM that frees up first
+        work, sm = heapq.heappop(free)
+        heapq.heappush(free, (work + int(plan.kv_tiles(qt)), sm))
+    works = [w for w, _ in free]
+    assert max(works) <= max(1.035 * sum(works) / sms + 1, int(plan.kv_tiles(plan.q_tiles - 1)))

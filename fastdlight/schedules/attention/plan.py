@@ -34,6 +34,8 @@ class AttentionPlan:
     stages: int
     max_ctas: int | None = None
     pingpong: bool = False
+    #: the GPU's SMs (how many tiles run at once: :attr:`head_block`)
+    sms: int = 132
     #: O leaves through shared memory and TMA stores (where the SM's shared memory holds a tile
     #: of it beside the ring), else by 32-bit stores from registers
     stage_o: bool = False
@@ -97,23 +99,39 @@ class AttentionPlan:
         return it * self.ctas + cta + it % 2 * (self.ctas - 1 - 2 * cta)
 
     @property
-    def heads_outer(self) -> bool:
-        """Whether consecutive tiles are the query tiles of one head (without a causal mask):
-        the CTAs running at once then stream the K/V of a head or two, which stay in L2, where
-        with the heads innermost (causal: every head's heaviest tile first) they stream the K/V
-        of every head at once, four CTAs to a head at B1 H32 on 132 SMs."""
-        return not self.shape.causal
+    def head_block(self) -> int:
+        """Heads whose query tiles come together (:meth:`query_tile`), so that the CTAs running
+        at once stream the K/V of these heads, which stay in L2, not of every head (at B1 H32
+        on 132 SMs: four CTAs to a head). Without a causal mask, one (the tiles weigh the same).
+        Causal on a CTA-a-tile grid, enough heads for the SMs (the hardware hands each free SM
+        the next tile, heaviest first within the block, which evens the work out); causal on
+        a persistent grid, every head (the snake's rounds even the work out only when each
+        round's tiles weigh the same)."""
+        if not self.shape.causal:
+            return 1
+        if self.max_ctas is not None:
+            return self.bh
+        # a whole number of blocks: a smaller last block's heavy tiles would come last, when
+        # the other SMs run out of work (B1 H32 T4096 in blocks of 5: the busiest SM 16% over)
+        least = -(-self.sms // self.q_tiles)
+        return next(g for g in range(min(least, self.bh), self.bh + 1) if self.bh % g == 0)
+
+    def _block_position(self, tile):
+        """``(head, position)`` of ``tile`` within its block of :attr:`head_block` heads: the
+        block's heads take turns, ``position`` counting the query tiles from the heaviest."""
+        g = self.head_block
+        if g == 1:
+            return tile // self.q_tiles, tile % self.q_tiles
+        block, i = tile // (g * self.q_tiles), tile % (g * self.q_tiles)
+        return block * g + i % g, i // g
 
     def query_tile(self, tile):
-        """The query tile (block of rows) of tile ``tile``: causal, the last first (the heaviest),
-        every head's before the next; else in order within each head."""
-        if self.heads_outer:
-            return tile % self.q_tiles
-        return self.q_tiles - 1 - tile // self.bh
+        """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
+        return self.q_tiles - 1 - self._block_position(tile)[1]
 
     def head_of(self, tile):
         """The (batch * heads) row of tile ``tile``."""
-        return tile // self.q_tiles if self.heads_outer else tile % self.bh
+        return self._block_position(tile)[0]
 
     def kv_head(self, bh):
         """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""

@@ -1,7 +1,8 @@
 """Fused attention on Hopper: one TIRx kernel (``kernel.tvmscript``, built with the TIRx
 pipeline) for an :func:`~fastdlight.analysis.attention.attention_func`.
 
-The grid walks the query tiles (``bm`` rows of one batch and head), heaviest (causal) first:
+The grid walks the query tiles (``bm`` rows of one batch and head), a few heads' at a time so
+that their K/V stays in L2 (``AttentionPlan.head_block``), heaviest (causal) first within them:
 a CTA per tile, or, for a persistent config, a CTA per SM taking tiles ``b, b + SMs, ...`` (on the
 H200 the persistent grid ran GPT-2's B8 H12 T1024 d64 causal 18% faster, the d128 shapes 2-9%
 slower: the tuner times both). In each CTA:
@@ -65,7 +66,7 @@ def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
         # two or more consumers take turns at the tensor cores (H200, 2026-11-30: 0-7% faster at
         # every shape and tile timed, never slower beyond noise)
         plan = AttentionPlan(shape, bm, bn, config.pipeline_stages, num_sms if config.persistent else None,
-                             pingpong=bm >= 128, stage_o=True)
+                             pingpong=bm >= 128, stage_o=True, sms=num_sms)
     except ValueError:
         return None
     return plan if plan.smem_bytes() <= smem_bytes else dataclasses.replace(plan, stage_o=False)
