@@ -8,12 +8,10 @@ per SM walks the tiles (emitted beside each tile where the tiles outnumber the S
 * registers: a consumer thread holds the scores of its rows (``bn / 2`` fp32), the output rows
   (``D / 2``) and the probabilities as 16-bit pairs (``bn / 4``); their sum stays under what
   ``setmaxnreg`` gives a consumer (the producer keeps 24) with room for addresses and row
-  statistics. ptxas allocates the consumers' code to that count (FlashAttention-3's 128x176
-  tile for head dim 128 is such a tile: 204 of 240 registers, over the 168 of the entry budget);
-* key tiles wider than 128 come on the persistent grid and without a causal mask only: there
-  they compiled without spills at head dims 64 and 128 (NVRTC 13.0); on the grid of a CTA a
-  tile ptxas spilled 24 bytes at 144, 176 and 192 keys, and the causal mask's tests 400-700
-  bytes at 176 and 192 keys (head dim 128);
+  statistics. ptxas allocates the consumers' code to that count. Key tiles of 144-192
+  (FlashAttention-3 takes 128x176 at head dim 128) compile so, but ran slower than 128x128 at
+  B1 H32 T8192 d128 on an H200 (2026-11-30: 1.85 against 1.81 ms, three stages; 2.05-2.14
+  against 1.99 before the tile order kept K/V in L2) and are not emitted;
 * shared memory: the Q tile and ``stages`` K and V tiles;
 * the grid: a tile of fewer rows makes more CTAs where there are few (batch 1, short prompts).
 """
@@ -29,9 +27,7 @@ from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
 OVERHEAD_REGS = 8
 #: registers a producer thread keeps (setmaxnreg): it only issues TMA loads
 PRODUCER_REGS = 24
-TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128), (128, 160), (128, 176), (128, 192))
-#: the widest key tile a CTA-a-tile grid takes (see the module's docstring)
-WIDEST_UNPERSISTENT = 128
+TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
 
 
 def consumer_regs(consumers: int) -> int:
@@ -85,14 +81,12 @@ def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[
     options = []
     for bm, bn in TILES:
         for stages in (2, 3, 4):
-            wide_ok = bn <= WIDEST_UNPERSISTENT or not shape.causal
-            if wide_ok and fits(shape, bm, bn, stages, arch.smem_per_block_optin):
+            if fits(shape, bm, bn, stages, arch.smem_per_block_optin):
                 options.append((cost(shape, bm, bn, stages, arch.sm_count), bm, bn, stages))
     options.sort()
     configs = []
     for c, bm, bn, stages in options:
-        if bn <= WIDEST_UNPERSISTENT:
-            configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c))
+        configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, cost=c))
         # where the tiles outnumber the SMs, the same tile on a persistent grid: measured either
         # way round by shape (H200: 18% faster on GPT-2's d64 causal shape, 2-9% slower at d128)
         if query_tiles(shape, bm) > arch.sm_count:
