@@ -206,3 +206,39 @@ def timed_rounds(timers: dict, rounds: int, round_ms: float) -> tuple[dict, dict
             except Exception as e:  # noqa: BLE001 - a row with its error
                 errors[key] = one_line(e)[:300]
     return {k: (sorted(v)[len(v) // 2] if v and k not in errors else None) for k, v in times.items()}, errors
+
+
+class Sampler:
+    """SM clock (MHz) and power (W) from ``nvidia-smi``, sampled in a thread."""
+
+    def __init__(self):
+        import threading
+
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        import subprocess
+        import time
+
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5).stdout.split(",")
+                self.samples.append((time.perf_counter(), float(out[0]), float(out[1])))
+            except Exception:  # noqa: BLE001 - no reading this time
+                time.sleep(0.1)
+
+    def between(self, t0: float, t1: float) -> dict:
+        return self.within([(t0, t1)])
+
+    def within(self, spans) -> dict:
+        """Mean clock and power of the samples inside any of ``spans`` ((start, end) pairs)."""
+        rows = [s for s in self.samples if any(t0 <= s[0] <= t1 for t0, t1 in spans)]
+        if not rows:
+            return {"clock_mhz": None, "power_w": None}
+        return {"clock_mhz": sum(r[1] for r in rows) / len(rows), "power_w": sum(r[2] for r in rows) / len(rows)}
+
+    def stop(self):
+        self._stop.set()

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -31,7 +29,7 @@ import tvm  # noqa: E402
 from tvm import te  # noqa: E402
 
 from bench_gemm_hopper import matmul_func, torch_matmuls  # noqa: E402
-from bench_setup import torch_gpu_missing, write_results  # noqa: E402
+from bench_setup import Sampler, torch_gpu_missing, write_results  # noqa: E402
 from fastdlight.arch import auto_arch  # noqa: E402
 from fastdlight.policies.wgmma import WgmmaPolicy  # noqa: E402
 from fastdlight.relax.gated import gated_product  # noqa: E402
@@ -88,33 +86,6 @@ def policy_config(func, arch, tile):
     c = next((c for c in configs if c.cluster == cluster), None) or dataclasses.replace(
         configs[0], cluster=cluster, cluster_axis=configs[0].cluster_axis if cluster > 1 else "m")
     return dataclasses.replace(c, pipeline_stages=tile[4] if len(tile) > 4 else c.pipeline_stages)
-
-
-class Sampler:
-    """SM clock (MHz) and power (W) from ``nvidia-smi``, sampled in a thread."""
-
-    def __init__(self):
-        self.samples, self._stop = [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5).stdout.split(",")
-                self.samples.append((time.perf_counter(), float(out[0]), float(out[1])))
-            except Exception:  # noqa: BLE001 - no reading this time
-                time.sleep(0.1)
-
-    def between(self, t0: float, t1: float) -> dict:
-        rows = [s for s in self.samples if t0 <= s[0] <= t1]
-        if not rows:
-            return {"clock_mhz": None, "power_w": None}
-        return {"clock_mhz": float(np.mean([r[1] for r in rows])), "power_w": float(np.mean([r[2] for r in rows]))}
-
-    def stop(self):
-        self._stop.set()
 
 
 def timed(run, sampler: Sampler, heat_s: float) -> dict:

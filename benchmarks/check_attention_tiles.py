@@ -2,13 +2,15 @@
 against the function's float64 twin and timed beside torch's ``scaled_dot_product_attention``.
 
     python benchmarks/check_attention_tiles.py [--only prefill_8k ...] [--tiles 128x176x2p,128x128x3p]
-        [--rounds 5] [--round-ms 60] [--list]
+        [--rounds 5] [--round-ms 60] [--clocks] [--list]
 
 The cases are ``bench_attention``'s. A tile is ``BMxBNxSTAGES`` with ``p`` for the persistent
 grid; without ``--tiles`` a case takes every config the attention policy emits for it. Every
 verified config and torch are timed in CUDA graphs, inputs rotated out of L2, in alternating
 rounds (medians): a row a config with ms, TFLOPS, the ratio to torch, registers and the verdict;
-a config that fails to build or verify is a row with its error. Writes
+a config that fails to build or verify is a row with its error. ``--clocks`` samples the SM
+clock and board power (``nvidia-smi``) while each side runs: both sides of a ratio run at the
+power limit, and the clock each holds there is part of its speed. Writes
 ``$OUT/check_attention_tiles.json`` and ``.md``.
 """
 
@@ -24,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_attention import CASES, torch_calls  # noqa: E402
-from bench_setup import KernelTimer, chosen_cases, each_case, timed_rounds, write_case_results  # noqa: E402
+from bench_setup import KernelTimer, Sampler, chosen_cases, each_case, timed_rounds, write_case_results  # noqa: E402
 
 NAME = "check_attention_tiles"
 TILE = re.compile(r"^(\d+)x(\d+)x(\d+)(p?)$")
@@ -49,7 +51,19 @@ def label_of(config) -> str:
     return f"{bm}x{bn}, {config.pipeline_stages} stages" + (", persistent" if config.persistent else "")
 
 
-def run_case(name: str, arch, configs, rounds: int, round_ms: float) -> list[dict]:
+def watched(timers: dict, windows: dict) -> dict:
+    """``timers`` that note when each ran (``windows[key]``: (start, end) pairs)."""
+    def wrap(key, timer):
+        def run(ms: float) -> float:
+            t0 = time.perf_counter()
+            out = timer(ms)
+            windows.setdefault(key, []).append((t0, time.perf_counter()))
+            return out
+        return run
+    return {key: wrap(key, timer) for key, timer in timers.items()}
+
+
+def run_case(name: str, arch, configs, rounds: int, round_ms: float, sampler=None) -> list[dict]:
     import torch
 
     from fastdlight import ops
@@ -78,7 +92,13 @@ def run_case(name: str, arch, configs, rounds: int, round_ms: float) -> list[dic
             return time_torch_graph(fns, ms, 0.1).median_ms
 
     timers["torch"] = torch_timer
-    medians, errors = timed_rounds(timers, rounds, round_ms)
+    windows: dict = {}
+    medians, errors = timed_rounds(watched(timers, windows), rounds, round_ms)
+    clocks = {}
+    if sampler is not None:
+        for key, spans in windows.items():
+            seen = sampler.within(spans)
+            clocks[key] = {k: round(v) if v is not None else None for k, v in seen.items()}
     torch_ms = medians.get("torch")
     rows = []
     for i, c in enumerate(configs):
@@ -91,13 +111,15 @@ def run_case(name: str, arch, configs, rounds: int, round_ms: float) -> list[dic
                      "vs_torch": round(torch_ms / ms, 3) if ms and torch_ms else None,
                      "registers": r.registers if r is not None else None,
                      "spill_bytes": r.spill_bytes if r is not None else None,
-                     "verified": bool(r is not None and r.verified), "error": error})
+                     "verified": bool(r is not None and r.verified), "error": error, **clocks.get(i, {})})
         print(f"  {rows[-1]['config']:<30} {rows[-1]['ms'] or '-':>9} ms {rows[-1]['tflops'] or '-':>7} TFLOPS "
-              f"{rows[-1]['vs_torch'] or '-':>6}x  verified={rows[-1]['verified']} {error}", flush=True)
+              f"{rows[-1]['vs_torch'] or '-':>6}x  verified={rows[-1]['verified']} {error}"
+              f"{'  %s MHz %s W' % (rows[-1].get('clock_mhz'), rows[-1].get('power_w')) if sampler else ''}", flush=True)
     rows.append({"case": name, "shape": case.describe(), "config": "torch SDPA", "ms": round(torch_ms, 5) if torch_ms else None,
                  "tflops": round(op.flops / (torch_ms * 1e-3) / 1e12, 1) if torch_ms else None, "vs_torch": 1.0,
-                 "error": errors.get("torch", ""), "build_s": build_s})
-    print(f"  torch SDPA {rows[-1]['ms']} ms ({rows[-1]['tflops']} TFLOPS); build and verify {build_s} s", flush=True)
+                 "error": errors.get("torch", ""), "build_s": build_s, **clocks.get("torch", {})})
+    print(f"  torch SDPA {rows[-1]['ms']} ms ({rows[-1]['tflops']} TFLOPS); build and verify {build_s} s"
+          f"{'  %s MHz %s W' % (rows[-1].get('clock_mhz'), rows[-1].get('power_w')) if sampler else ''}", flush=True)
     return rows
 
 
@@ -119,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p] comma-separated (default: the policy's)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--round-ms", type=float, default=60.0)
+    ap.add_argument("--clocks", action="store_true", help="sample the SM clock and board power while each runs")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -135,12 +158,15 @@ def main(argv=None) -> int:
 
     arch = gpu_arch()
     t0 = time.perf_counter()
+    sampler = Sampler() if args.clocks else None
 
     def one(name: str) -> list[dict]:
         print(f"[{name}]", flush=True)
-        return run_case(name, arch, configs, args.rounds, args.round_ms)
+        return run_case(name, arch, configs, args.rounds, args.round_ms, sampler)
 
     rows, errors = each_case(names, one)
+    if sampler is not None:
+        sampler.stop()
     write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
     return 0 if rows and not errors else 1
 
