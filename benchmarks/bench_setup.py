@@ -117,6 +117,26 @@ def case_arguments(bench: str, description: str, cases, argv, topk: int):
     return 2 if names is None else (args, names)
 
 
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    """A markdown table under a title line: ``header``'s columns, a row of cells each."""
+    lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def rounds_parser(description: str, round_ms: float):
+    """The arguments of a benchmark that times fixed configs in alternating rounds
+    (:func:`timed_rounds`): ``--only``, ``--rounds``, ``--round-ms``, ``--list``; the caller adds its own."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--round-ms", type=float, default=round_ms)
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    return ap
+
+
 def gpu_arch():
     """GPU 0's :class:`~fastdlight.arch.CUDA`, with cuBLAS held to fp32 accumulation."""
     import tvm

@@ -16,7 +16,6 @@ power limit, and the clock each holds there is part of its speed. Writes
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -26,7 +25,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_attention import CASES, torch_calls  # noqa: E402
-from bench_setup import KernelTimer, Sampler, chosen_cases, each_case, timed_rounds, write_case_results  # noqa: E402
+from bench_setup import (  # noqa: E402
+    KernelTimer,
+    Sampler,
+    chosen_cases,
+    each_case,
+    rounds_parser,
+    table,
+    timed_rounds,
+    write_case_results,
+)
 
 NAME = "check_attention_tiles"
 TILE = re.compile(r"^(\d+)x(\d+)x(\d+)(p?)$")
@@ -124,25 +132,18 @@ def run_case(name: str, arch, configs, rounds: int, round_ms: float, sampler=Non
 
 
 def markdown(rows: list[dict], device: str) -> str:
-    lines = [f"{NAME}, {device}, {time.strftime('%Y-%m-%d')}: fixed attention configs against torch SDPA, CUDA graphs, "
-             "inputs rotated out of L2, medians of alternating rounds", "",
-             "| case | shape | config | ms | TFLOPS | vs torch | registers | verified | error |", "|" + "---|" * 9]
-    for r in rows:
-        ms = f"{r['ms']:.4f}" if r.get("ms") else "-"
-        vs = f"{r['vs_torch']:.3f}x" if r.get("vs_torch") else "-"
-        lines.append(f"| {r['case']} | {r['shape']} | {r['config']} | {ms} | {r.get('tflops') or '-'} | {vs} "
-                     f"| {r.get('registers') or '-'} | {r.get('verified', '-')} | {r.get('error') or ''} |")
-    return "\n".join(lines) + "\n"
+    title = (f"{NAME}, {device}, {time.strftime('%Y-%m-%d')}: fixed attention configs against torch SDPA, CUDA graphs, "
+             "inputs rotated out of L2, medians of alternating rounds")
+    cells = [[r["case"], r["shape"], r["config"], f"{r['ms']:.4f}" if r.get("ms") else "-", r.get("tflops") or "-",
+              f"{r['vs_torch']:.3f}x" if r.get("vs_torch") else "-", r.get("registers") or "-", r.get("verified", "-"),
+              r.get("error") or ""] for r in rows]
+    return table(title, ["case", "shape", "config", "ms", "TFLOPS", "vs torch", "registers", "verified", "error"], cells)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
+    ap = rounds_parser(__doc__.splitlines()[0], round_ms=60.0)
     ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p] comma-separated (default: the policy's)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--round-ms", type=float, default=60.0)
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and board power while each runs")
-    ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
     if args.list:
         print("\n".join(f"{n}: {c.describe()}" for n, c in CASES.items()))

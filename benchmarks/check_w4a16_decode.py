@@ -16,7 +16,6 @@ with its error. Writes ``$OUT/check_w4a16_decode.json`` and ``.md``. About 30-50
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import KernelTimer, chosen_cases, each_case, timed_rounds, write_case_results
+from bench_setup import KernelTimer, chosen_cases, each_case, rounds_parser, table, timed_rounds, write_case_results
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -147,24 +146,16 @@ def run_case(name: str, arch, rounds: int, round_ms: float, log) -> list[dict]:
 
 
 def markdown(rows: list[dict], device: str) -> str:
-    lines = [(f"check_w4a16_decode, {device}, {time.strftime('%Y-%m-%d')}: W4A16 (group 128) decode GEMV at fixed "
-              "configs, CUDA graphs, inputs rotated out of L2, medians of alternating rounds"), "",
-             "| case | config | ms | GB/s | vs fp16 GEMV | registers | verified | error |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ms = f"{r['ms']:.4f}" if r.get("ms") else "-"
-        vs = f"{r['vs_fp16']:.2f}x" if r.get("vs_fp16") else "-"
-        lines.append(f"| {r['case']} | {r['label']} | {ms} | {r.get('gbs') or '-'} | {vs} | {r.get('registers') or '-'} "
-                     f"| {r.get('verified')} | {r.get('error') or ''} |")
-    return "\n".join(lines) + "\n"
+    title = (f"check_w4a16_decode, {device}, {time.strftime('%Y-%m-%d')}: W4A16 (group 128) decode GEMV at fixed "
+             "configs, CUDA graphs, inputs rotated out of L2, medians of alternating rounds")
+    cells = [[r["case"], r["label"], f"{r['ms']:.4f}" if r.get("ms") else "-", r.get("gbs") or "-",
+              f"{r['vs_fp16']:.2f}x" if r.get("vs_fp16") else "-", r.get("registers") or "-", r.get("verified"),
+              r.get("error") or ""] for r in rows]
+    return table(title, ["case", "config", "ms", "GB/s", "vs fp16 GEMV", "registers", "verified", "error"], cells)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=[], help="case names (default: all)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--round-ms", type=float, default=30.0)
-    ap.add_argument("--list", action="store_true", help="print the cases and their configs and exit")
+    ap = rounds_parser(__doc__.splitlines()[0], round_ms=30.0)
     args = ap.parse_args(argv)
     if args.list:
         for name, configs in CONFIGS.items():
