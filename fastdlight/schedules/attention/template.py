@@ -91,6 +91,21 @@ def _pack(dtype: str, low: str, high: str) -> str:
     return f"T.bitwise_or(T.shift_left({half(high)}, T.uint32(16)), {half(low)})"
 
 
+def _row_half(s_regs: int) -> list[str]:
+    """TVMScript of the scores of row half ``h`` in a thread's ``s_regs`` accumulators (wgmma's
+    layout: registers 4i + 2h and 4i + 2h + 1)."""
+    return [f"k_s[{4 * i + j} + h * 2]" for i in range(s_regs // 4) for j in (0, 1)]
+
+
+def _tree(combine: str, leaves: list[str]) -> str:
+    """One expression combining ``leaves`` pairwise, level by level (``combine``: a format of
+    two operands), so that its depth is log2 of their count."""
+    while len(leaves) > 1:
+        pairs = [combine.format(a, b) for a, b in zip(leaves[::2], leaves[1::2])]
+        leaves = pairs + ([leaves[-1]] if len(leaves) % 2 else [])
+    return leaves[0]
+
+
 def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
     register_codegen_fixes()
@@ -100,7 +115,9 @@ def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     text = (_kernel_text().replace("{NAME}", "attention_wgmma").replace("{PARAMS}", params)
             .replace("{Q}", inputs[0]).replace("{K}", inputs[1]).replace("{V}", inputs[2]).replace("{O}", names[-1])
             .replace("{PACK_P}", _pack(plan.shape.dtype, "k_s[2 * i]", "k_s[2 * i + 1]"))
-            .replace("{PACK_O}", _pack(plan.shape.dtype, "k_o[2 * i] * k_t[i % 2]", "k_o[2 * i + 1] * k_t[i % 2]")))
+            .replace("{PACK_O}", _pack(plan.shape.dtype, "k_o[2 * i] * k_t[i % 2]", "k_o[2 * i + 1] * k_t[i % 2]"))
+            .replace("{MAX_TREE}", _tree("T.max({}, {})", _row_half(plan.s_regs)))
+            .replace("{SUM_TREE}", _tree("({} + {})", _row_half(plan.s_regs))))
     q, k, v = plan.operands()
     env = {"T": T, "P": plan, "K_QOP": q, "K_KOP": k, "K_VOP": v, "K_DTYPE": plan.shape.dtype, "K_PAIR": f"{plan.shape.dtype}x2",
            "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "range": range}
