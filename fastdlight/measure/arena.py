@@ -42,14 +42,20 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def nbytes(t) -> int:
-    """Bytes a tensor's allocation holds: as TVM's runtime sizes it, each element a whole
-    number of bytes (a bool takes one)."""
+def data_bytes(shape, dtype) -> int:
+    """Bytes TVM allocates for a tensor of ``shape`` and ``dtype``: its elements' bits rounded
+    up to a whole byte once (sub-byte types packed; a bool is 8 bits), as the runtime's
+    ``GetDataSize`` counts them."""
     n = 1
-    for d in t.shape:
+    for d in shape:
         n *= int(d)
-    dt = tvm.runtime.DataType(str(t.dtype))
-    return n * ((dt.bits * dt.lanes + 7) // 8)
+    dt = tvm.runtime.DataType(str(dtype))
+    return (n * dt.bits * dt.lanes + 7) // 8
+
+
+def nbytes(t) -> int:
+    """Bytes a tensor's allocation holds (:func:`data_bytes`)."""
+    return data_bytes(t.shape, t.dtype)
 
 
 def _aligned(n: int) -> int:

@@ -19,7 +19,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.measure import clock, host
-from fastdlight.measure.arena import copies_of, nbytes
+from fastdlight.measure.arena import copies_of, data_bytes, nbytes
 from fastdlight.measure.inputs import distinct_index_inputs, index_bounds, known_input_values, random_bits_inputs
 from fastdlight.measure.timing import rotation_copies
 
@@ -119,8 +119,8 @@ def to_host(t: tvm.runtime.Tensor) -> np.ndarray:
 
 
 def params_bytes(func: tirx.PrimFunc) -> int:
-    """Bytes of all of ``func``'s buffers (static shapes: ValueError otherwise)."""
-    return sum(math.prod(static_shape(b)) * tvm.DataType(str(b.dtype)).bits // 8 for b in param_buffers(func))
+    """Bytes of all of ``func``'s buffers as allocated (static shapes: ValueError otherwise)."""
+    return sum(data_bytes(static_shape(b), b.dtype) for b in param_buffers(func))
 
 
 def poison_value(dtype: str):

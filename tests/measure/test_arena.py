@@ -60,6 +60,24 @@ def test_a_kernel_takes_a_copy_and_the_copies_outlive_the_arena_handle():
 def test_nbytes_counts_whole_bytes_per_element():
     assert arena.nbytes(tvm.runtime.empty((3, 4), "float16", tvm.cpu(0))) == 24
     assert arena.nbytes(tvm.runtime.empty((10,), "bool", tvm.cpu(0))) == 10
+
+
+def test_a_functions_buffers_count_as_the_runtime_allocates_them():
+    """One count of a tensor's bytes for the arena and for a function's parameters: sub-byte
+    types packed, a bool a byte."""
+    from tvm.script import tirx as T
+
+    from fastdlight.measure.workload import params_bytes
+
+    @T.prim_func(s_tir=True)
+    def f(a: T.Buffer((7,), "int4"), b: T.Buffer((10,), "bool"), c: T.Buffer((3, 4), "float16")):
+        for i in range(7):
+            with T.sblock("s"):
+                vi = T.axis.spatial(7, i)
+                a[vi] = a[vi]
+
+    assert arena.data_bytes((7,), "int4") == 4
+    assert params_bytes(f) == 4 + 10 + 24
     assert arena.nbytes(tvm.runtime.empty((), "float32", tvm.cpu(0))) == 4
 
 
