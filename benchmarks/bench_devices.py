@@ -11,8 +11,8 @@ a time as the run on ``--devices`` (so that the ratio is not only the concurrenc
 default, a repeat of the first run). A
 row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
 where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
-the seconds each GPU's turn was held, the tuning process's CPU seconds,
-and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
+the seconds each GPU's turn was held, the tuning process's CPU seconds, the function that took
+longest from its start to its pick (a wall that more GPUs cannot cut below), and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
 than 3 % apart, for the run on ``--devices`` and for the second run on GPU 0 (how far two runs on
 one GPU differ). Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
@@ -64,6 +64,7 @@ def tune(mod, arch, devices, topk: int, jobs: int | None) -> dict:
     report = {e.function: e for e in tuning.report if e.status in ("tuned", "database")}
     stages = {k: round(v, 1) for k, v in sorted(tuning.stage_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.5}
     return {"seconds": round(seconds, 2), "candidates": sum(e.candidates for e in report.values()),
+            "longest": longest_function(report.values()),
             "jobs": tuning.jobs, "report": report, "stages": stages,
             # functions (and dispatchers' checks) each GPU timed
             "functions_per_gpu": {str(i): n - given.get(i, 0) for i, n in GPU_TURNS.given.items()
@@ -73,6 +74,17 @@ def tune(mod, arch, devices, topk: int, jobs: int | None) -> dict:
             "gpu_held_s": {str(i): round(s - held.get(i, 0.0), 1) for i, s in GPU_TURNS.held_s().items()
                            if s > held.get(i, 0.0)},
             "process_cpu_s": round(cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)}
+
+
+def longest_function(entries) -> dict:
+    """The function whose tuning took longest (its report's seconds, from its start to its
+    pick): the functions are tuned side by side, so the run takes at least that long whatever
+    the GPUs."""
+    entries = [e for e in entries if e.seconds is not None]
+    if not entries:
+        return {}
+    e = max(entries, key=lambda e: e.seconds)
+    return {"function": e.function, "s": round(e.seconds, 2), "candidates": e.candidates}
 
 
 def differing(one: dict, many: dict) -> list[str]:
@@ -122,7 +134,7 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
         row.update({f"{k}_s": r["seconds"], f"{k}_jobs": r["jobs"], f"{k}_candidates": r["candidates"],
                     f"{k}_per_s": rate[k] and round(rate[k], 2), f"{k}_stages": r["stages"],
                     f"{k}_functions_per_gpu": r["functions_per_gpu"], f"{k}_gpu_held_s": r["gpu_held_s"],
-                    f"{k}_process_cpu_s": r["process_cpu_s"]})
+                    f"{k}_process_cpu_s": r["process_cpu_s"], f"{k}_longest": r["longest"]})
     row["speedup"] = round(rate["many"] / rate["one"], 2) if rate["many"] and rate["one"] else None
     row["speedup_same_jobs"] = round(rate["many"] / rate["one_wide"], 2) if rate["many"] and rate["one_wide"] else None
     row["differing"] = differing(one["report"], many["report"])
@@ -132,15 +144,19 @@ def bench(name: str, devices, topk: int, jobs: int | None, arch) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | GPUs | s (1 GPU, its jobs) | s (1 GPU, jobs of GPUs) | s (GPUs) | candidates/s | ratio "
-             "| ratio at equal jobs | winners differing (GPUs / GPU 0 again) |", "|" + "---|" * 9]
+             "| ratio at equal jobs | winners differing (GPUs / GPU 0 again) | longest function s (1 GPU / GPUs) |",
+             "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r['error']} |")
+            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
+        longest = " / ".join(f"{x['s']} ({x['function']})" if x else "-"
+                             for x in (r.get("one_longest") or {}, r.get("many_longest") or {}))
         lines.append(f"| {r['model']} | {','.join(map(str, r['devices']))} | {r['one_s']} ({r['one_jobs']}) "
                      f"| {r['one_wide_s']} ({r['one_wide_jobs']}) | {r['many_s']} ({r['many_jobs']}) "
                      f"| {r['one_per_s']} / {r['one_wide_per_s']} / {r['many_per_s']} | {r['speedup']}x "
-                     f"| {r['speedup_same_jobs']}x | {len(r['differing'])} / {len(r.get('differing_one_gpu', []))} |")
+                     f"| {r['speedup_same_jobs']}x | {len(r['differing'])} / {len(r.get('differing_one_gpu', []))} "
+                     f"| {longest} |")
     return "\n".join(lines) + "\n"
 
 

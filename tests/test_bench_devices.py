@@ -34,10 +34,23 @@ def test_a_row_shows_each_run_and_both_ratios():
     row = {"model": "m", "devices": [0, 1], "one_s": 10, "one_jobs": 4, "one_wide_s": 8, "one_wide_jobs": 8,
            "many_s": 5, "many_jobs": 8, "one_per_s": 1.0, "one_wide_per_s": 1.25, "many_per_s": 2.0,
            "speedup": 2.0, "speedup_same_jobs": 1.6, "differing": ["f: matmul_tc 0.0100 ms / matmul_tc 0.0120 ms"],
-           "differing_one_gpu": []}
+           "differing_one_gpu": [], "one_longest": {"function": "attention", "s": 6.5, "candidates": 8},
+           "many_longest": {}}
     table = bench_devices.markdown([row, {"model": "broken", "error": "ValueError: no"}]).splitlines()
-    assert table[2] == "| m | 0,1 | 10 (4) | 8 (8) | 5 (8) | 1.0 / 1.25 / 2.0 | 2.0x | 1.6x | 1 / 0 |"
-    assert table[3].endswith("| ValueError: no |")
+    assert table[2] == "| m | 0,1 | 10 (4) | 8 (8) | 5 (8) | 1.0 / 1.25 / 2.0 | 2.0x | 1.6x | 1 / 0 | 6.5 (attention) / - |"
+    assert table[3].endswith("| ValueError: no | - |")
+
+
+def test_the_longest_function_is_the_one_that_took_longest_from_start_to_pick():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_devices
+
+    from fastdlight.relax.apply_fast_tuning import FunctionReport
+
+    entries = [FunctionReport("add", "tuned", 0.8, candidates=4), FunctionReport("matmul", "tuned", 5.25, candidates=20),
+               FunctionReport("norm", "database", 0.1)]
+    assert bench_devices.longest_function(entries) == {"function": "matmul", "s": 5.25, "candidates": 20}
+    assert bench_devices.longest_function([]) == {}
 
 
 def test_differing_winners_name_their_place_and_a_kernel_measured_twice():
