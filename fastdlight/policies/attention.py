@@ -55,8 +55,7 @@ def key_padding(shape: AttentionShape, bm: int, bn: int) -> float:
         return tiles_of(shape.seq_kv) * bn / shape.seq_kv
     q_tiles = -(-shape.seq_q // bm)
     computed = sum(tiles_of((qt + 1) * bm + shape.offset) * bn * bm for qt in range(q_tiles))
-    needed = sum(min(row + 1 + shape.offset, shape.seq_kv) for row in range(shape.seq_q))
-    return computed / max(needed, 1)
+    return computed / max(shape.pairs, 1)
 
 
 def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) -> float:

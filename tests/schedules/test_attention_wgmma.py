@@ -230,3 +230,15 @@ def test_causal_tiles_of_a_cta_each_come_in_blocks_of_heads_heaviest_first(shape
         heapq.heappush(free, (work + int(plan.kv_tiles(qt)), sm))
     works = [w for w, _ in free]
     assert max(works) <= max(1.035 * sum(works) / sms + 1, int(plan.kv_tiles(plan.q_tiles - 1)))
+
+
+def test_the_cost_counts_the_keys_a_wide_tile_computes_for_nothing():
+    """Keys computed per key needed: the sequence end's padding, and (causal) the diagonal
+    tiles' masked keys, which grow with the key tile."""
+    from fastdlight.policies.attention import key_padding
+
+    full = match_attention(ops.attention(1, 32, 8192, 8192, 128).func)
+    assert key_padding(full, 128, 128) == 1.0
+    assert key_padding(full, 128, 176) == 47 * 176 / 8192
+    causal = match_attention(ops.attention(1, 32, 4096, 4096, 128, causal=True).func)
+    assert 1.0 < key_padding(causal, 128, 64) < key_padding(causal, 128, 128) < key_padding(causal, 128, 192)
