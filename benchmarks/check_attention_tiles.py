@@ -30,6 +30,7 @@ from bench_setup import (  # noqa: E402
     Sampler,
     chosen_cases,
     each_case,
+    gpu_arch,
     rounds_parser,
     table,
     timed_rounds,
@@ -155,8 +156,6 @@ def main(argv=None) -> int:
     names = chosen_cases(NAME, args.only, CASES)
     if names is None:
         return 2
-    from bench_setup import gpu_arch
-
     arch = gpu_arch()
     t0 = time.perf_counter()
     sampler = Sampler() if args.clocks else None

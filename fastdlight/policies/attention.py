@@ -22,6 +22,7 @@ from fastdlight.analysis.attention import AttentionShape, fused_fits
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
+from fastdlight.policies.wgmma import consumer_regs as wgmma_consumer_regs
 
 #: registers a consumer thread needs beside its fragments (addresses, row statistics, loop state)
 OVERHEAD_REGS = 8
@@ -33,7 +34,7 @@ TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
 def consumer_regs(consumers: int) -> int:
     """Registers ``setmaxnreg`` gives a consumer thread beside the producer's 24: a multiple of
     8, at most 240 (two consumers: 240; three: 160)."""
-    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * consumers) // 8 * 8)
+    return min(240, wgmma_consumer_regs(consumers, PRODUCER_REGS))
 
 
 def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_SMEM_OPTIN) -> bool:

@@ -26,10 +26,10 @@ def consumer_warpgroups(bm: int, wm: int) -> int:
     return 2 if bm == wm else bm // wm
 
 
-def consumer_regs(consumers: int) -> int:
-    """Registers a consumer thread gets (setmaxnreg: a multiple of 8): 232 for two warpgroups,
-    152 for three."""
-    return (65536 - 128 * PRODUCER_REGS) // (128 * consumers) // 8 * 8
+def consumer_regs(consumers: int, producer_regs: int = PRODUCER_REGS) -> int:
+    """Registers a consumer thread gets (setmaxnreg: a multiple of 8) beside a producer
+    warpgroup of ``producer_regs`` a thread: 232 for two warpgroups, 152 for three."""
+    return (65536 - 128 * producer_regs) // (128 * consumers) // 8 * 8
 
 
 def max_acc_regs(consumers: int) -> int:
