@@ -233,6 +233,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.unroll(E):
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
+    chunk_loop = T.unroll if S <= 32 else T.serial
+
     @T.macro
     def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
         """(A merged shape.) Each thread's writes made visible, the CTA takes a ticket for its
@@ -253,11 +255,11 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 if idx < R * D:
                     row = T.meta_var(bg * S * R + idx // D)  # chunk 0's row; chunk p's is R * p on
                     st[0] = Mf[row]
-                    for p in T.serial(1, S):
+                    for p in chunk_loop(1, S):
                         st[0] = T.max(st[0], Mf[row + p * R])
                     st[1] = T.float32(0)
                     st[2] = T.float32(0)
-                    for p in T.serial(S):
+                    for p in chunk_loop(S):
                         st[3] = T.exp(Mf[row + p * R] - st[0])
                         st[1] = st[1] + st[3] * Lf[row + p * R]
                         st[2] = st[2] + st[3] * Of[(row + p * R) * D + idx % D]
@@ -269,7 +271,21 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
         T.evaluate(0)
 
-    tail = merge_last if shape.merged else no_merge
+    @T.macro
+    def write_out(Y, bid, idx, merged):
+        """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows, final: its chunk
+        holds every key, so there is nothing to wait for or merge."""
+        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
+        Yf[bid * R * D + idx] = T.Cast(dtype, merged[1] / merged[2])
+
+    @T.macro
+    def no_write(Y, bid, idx, merged):
+        T.evaluate(0)
+
+    # one chunk: the step writes the output itself (no tickets, no last CTA); more: the last CTA
+    # of a (batch, K/V head) folds the chunks (unrolled above where few: their loads together)
+    tail = merge_last if shape.merged and S > 1 else no_merge
+    finish = write_out if shape.merged and S == 1 else no_write
 
     @T.macro
     def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
@@ -408,6 +424,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     Mf[bid * R + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
                                                      T.float32(EMPTY_MAX))
                     Lf[bid * R + r] = merged[2]
+                finish(Y, bid, idx, merged)
         tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
