@@ -1,15 +1,16 @@
 """Decode attention (one query token per sequence against a KV cache) through the model path,
 against torch's ``scaled_dot_product_attention`` (its flash decoding), both in CUDA graphs.
 
-    python benchmarks/bench_decode_attention.py [--cases b1_h32,b16_h32] [--topk 8] [--merge kernel|step]
+    python benchmarks/bench_decode_attention.py [--cases b1_h32,b16_h32] [--topk 8] [--merge auto|kernel|step]
     python benchmarks/bench_decode_attention.py --paged 16 [--cases ...]
     python benchmarks/bench_decode_attention.py --list
 
 Per case, ``CacheAttention`` (``softmax(q Kᵀ * scale) V`` with the query heads of a K/V head as
 the rows of one matmul, the cache length symbolic) is exported with ``torch.export``, prepared by
 ``for_inference`` (fp16 in and out), tuned at the case's length by ``compile_model`` (the
-rewrite makes it the split-KV pair: chunk step and merge; ``--merge step``: one chunk step whose
-last CTA a head merges, ``FASTDLIGHT_DECODE_MERGE``) and run by the VM; torch runs SDPA on
+rewrite makes it the split-KV step: a chunk step whose last CTA a head merges where the chunks
+are few, else the pair of chunk step and merge; ``--merge kernel|step``: one form always,
+``FASTDLIGHT_DECODE_MERGE``) and run by the VM; torch runs SDPA on
 ``[B, H, 1, D]`` queries over the ``[B, G, L, D]`` cache (``enable_gqa`` where G < H). TB/s: the
 cache's bytes over the time. ``max_rel_err``: fastdlight against SDPA, relative to its largest
 element. ``--paged N`` instead times the chunk step alone, tuned at each case's split count
@@ -183,8 +184,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of --list")
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    ap.add_argument("--merge", choices=("kernel", "step"), default="kernel",
-                    help="where the chunks are merged: a kernel of their own, or the chunk step's last CTA")
+    ap.add_argument("--merge", choices=("auto", "kernel", "step"), default="auto",
+                    help="where the chunks are merged: the chunk step's last CTA where they are few (auto), "
+                         "a kernel of their own, or the step always")
     ap.add_argument("--paged", type=int, default=0, metavar="N",
                     help="time the chunk step from a contiguous cache and from pages of N tokens instead")
     args = ap.parse_args(argv)

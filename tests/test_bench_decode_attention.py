@@ -21,8 +21,9 @@ def test_list_needs_no_torch_and_a_bad_case_is_one_line():
         "unknown case(s) nope; known: b1_h32, b16_h32, b64_h32_2k, b1_gqa_8k")
 
 
-@pytest.mark.parametrize("case", ["b1_h32", "b1_gqa_8k"])
-def test_each_case_prepares_into_the_split_pair(case):
+@pytest.mark.parametrize("case, merge_kernel", [("b1_h32", False), ("b1_gqa_8k", True)])
+def test_each_case_prepares_into_the_split_kv_step(case, merge_kernel):
+    """B1 H32 (17 chunks) merges in its step; 8 K/V heads (66 chunks) keep the merge kernel."""
     torch = pytest.importorskip("torch")
     import bench_decode_attention as bench
 
@@ -33,7 +34,7 @@ def test_each_case_prepares_into_the_split_pair(case):
     mod, dim = bench.relax_module(bench.cache_attention_module(), example)
     assert dim in str(mod["main"].params[1].ty.shape)
     names = {gv.name_hint for gv, _ in prepare("nvidia/nvidia-h100")(mod).functions_items()}
-    assert {"decode_attention", "decode_combine"} <= names
+    assert "decode_attention" in names and ("decode_combine" in names) == merge_kernel
     assert not any("softmax" in n or "matmul" in n for n in names)
 
 

@@ -19,9 +19,10 @@ B, G, R, D = 1, 2, 4, 32
 
 
 def decode_module(appended: bool = True, scores_out: bool = False, rows: int = R,
-                  dtype: str = "float16") -> tvm.IRModule:
+                  dtype: str = "float16", kv_heads: int = G) -> tvm.IRModule:
     """``softmax(q Kᵀ * scale) V`` over ``concat(cache, new)`` (or the cache alone), as
     ``for_inference`` leaves a decode step's attention; ``rows`` query rows a K/V head."""
+    G = kv_heads  # noqa: N806 - the module's name for it
     n = tirx.Var("n", "int64")
     q = relax.Var("q", relax.TensorType((B, G, rows, D), dtype))
     kc, vc = (relax.Var(x, relax.TensorType((B, G, n, D), dtype)) for x in ("k_cache", "v_cache"))
@@ -117,7 +118,24 @@ def test_merged_in_the_step_it_is_one_call_with_zero_tickets_and_the_same_values
         np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
 
 
+@pytest.mark.parametrize("kv_heads, form, one_call", [
+    (32, "", True),  # 17 chunks on 132 SMs: merged in the step by default
+    (2, "", False),  # 128 chunks: the pair
+    (32, "kernel", False),
+    (2, "step", True),
+])
+def test_the_merge_form_follows_the_chunk_count_unless_asked(kv_heads, form, one_call, monkeypatch):
+    from fastdlight.analysis.decode_attention import match_decode_split
+
+    monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", form)
+    fused = decode_attention("nvidia/nvidia-h100")(decode_module(False, rows=1, kv_heads=kv_heads))
+    assert calls(fused).count("decode_combine") == (0 if one_call else 1)
+    step = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
+    shape = match_decode_split(step)[0]
+    assert shape.merged == one_call and shape.splits == (17 if kv_heads == 32 else 128)
+
+
 def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):
     monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", "elsewhere")
-    with pytest.raises(ValueError, match="FASTDLIGHT_DECODE_MERGE='elsewhere': expected 'kernel' or 'step'"):
+    with pytest.raises(ValueError, match="FASTDLIGHT_DECODE_MERGE='elsewhere': expected one of 'auto', 'kernel', 'step'"):
         decode_attention("nvidia/nvidia-h100")(decode_module())

@@ -27,6 +27,10 @@ CASES = {
     "merged_llama3": (1, 8, 4, 1000, 128, 33, True, "float16", 0, True),
     "merged_empty_chunks": (1, 8, 4, 5, 128, 33, True, "float16", 0, True),
     "merged_paged16_b2": (2, 8, 4, 1000, 128, 17, False, "float16", 16, True),
+    # the last CTA's merge unrolled (17 chunks); one chunk: each CTA writes its output itself
+    "merged_b1_h32": (1, 32, 1, 4096, 128, 17, False, "float16", 0, True),
+    "merged_one_chunk": (16, 32, 1, 4096, 128, 1, False, "float16", 0, True),
+    "merged_one_chunk_token_bf16": (3, 4, 4, 777, 64, 1, True, "bfloat16", 0, True),
 }
 
 

@@ -110,6 +110,19 @@ def test_a_merged_step_compiles_for_every_config_with_its_ticket_and_fences(page
         assert "atomicAdd" in src and src.count("tvm_builtin_cuda_thread_fence();") == 2
 
 
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_a_merged_step_of_one_chunk_writes_its_output_without_tickets(symbolic):
+    """One chunk a (batch, K/V head): nothing to merge, so no fence, no ticket, no last CTA."""
+    shape = DecodeAttentionShape(16, 32, 1, 128, 1, appended=False, merged=True)
+    func = decode_split_func(shape, tirx.Var("n", "int64") if symbolic else 4096)
+    configs = decode_attention_configs(match_decode_split(func), H100)
+    for config, kernel in kernels(func, configs):
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
+        assert "atomicAdd" not in src and "thread_fence" not in src
+        assert "out_ptr[" in src and "merged_ptr[1] / merged_ptr[2]" in src, config
+
+
 @pytest.mark.parametrize("page_size, appended, symbolic", [(0, False, True), (0, True, False), (16, False, False)])
 @pytest.mark.parametrize("stages", [3, 4])
 def test_a_staged_step_copies_its_tiles_asynchronously_without_spills(page_size, appended, symbolic, stages):
