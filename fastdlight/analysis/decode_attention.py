@@ -336,6 +336,12 @@ def split_fits(shape: DecodeAttentionShape) -> bool:
     return shape.rows <= MAX_ROWS and shape.head_dim in HEAD_DIMS
 
 
+def merge_scratch(shape: DecodeAttentionShape) -> int:
+    """Bytes of shared memory a merged step's last CTA merges the chunks in: each chunk's max
+    (then weight) and sum of every row, and each row's weighted sum (4 where it merges nothing)."""
+    return 4 * (2 * shape.splits * shape.rows + shape.rows) if shape.merged and shape.splits > 1 else 4
+
+
 def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warps: int) -> bool:
     """Whether ``(tile, dims_per_lane, warps)`` lays out: whole 16-byte loads, a key's lanes
     within a warp, the tile a whole number of loads a thread, the merge in shared memory."""
@@ -345,7 +351,7 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
     if lanes > 32 or 32 % lanes or not 1 <= warps <= 8:
         return False
     slots = warps * (32 // lanes)
-    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 <= MAX_SHARED_BYTES
+    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 
 def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
@@ -354,7 +360,7 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
     (two stages are what the register sets already give)."""
     ring = stages * tile * shape.head_dim * 2 * 2
     return stages >= 3 and ring + warps * shape.rows * shape.head_dim * 4 + 2 * warps * shape.rows * 4 + 16 \
-        <= MAX_SHARED_BYTES
+        + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
