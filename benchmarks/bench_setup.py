@@ -161,6 +161,25 @@ def each_case(names, run_one) -> tuple[list, dict[str, str]]:
     return rows, errors
 
 
+def run_cases(bench: str, names, arch, run_one, markdown, finish=None) -> int:
+    """A fixed-config benchmark's run: each case's name printed, then its rows by
+    ``run_one(name)`` (:func:`each_case`), ``finish()`` (where given), the results written with
+    the run's seconds (:func:`write_case_results`); the exit code: 0 when every case gave rows."""
+    import time
+
+    t0 = time.perf_counter()
+
+    def one(name: str):
+        print(f"[{name}]", flush=True)
+        return run_one(name)
+
+    rows, errors = each_case(names, one)
+    if finish is not None:
+        finish()
+    write_case_results(bench, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
+    return 0 if rows and not errors else 1
+
+
 def torch_fp32_accumulation() -> None:
     import torch
 

@@ -29,12 +29,11 @@ from bench_setup import (  # noqa: E402
     KernelTimer,
     Sampler,
     chosen_cases,
-    each_case,
     gpu_arch,
     rounds_parser,
+    run_cases,
     table,
     timed_rounds,
-    write_case_results,
 )
 
 NAME = "check_attention_tiles"
@@ -157,18 +156,9 @@ def main(argv=None) -> int:
     if names is None:
         return 2
     arch = gpu_arch()
-    t0 = time.perf_counter()
     sampler = Sampler() if args.clocks else None
-
-    def one(name: str) -> list[dict]:
-        print(f"[{name}]", flush=True)
-        return run_case(name, arch, configs, args.rounds, args.round_ms, sampler)
-
-    rows, errors = each_case(names, one)
-    if sampler is not None:
-        sampler.stop()
-    write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
-    return 0 if rows and not errors else 1
+    return run_cases(NAME, names, arch, lambda name: run_case(name, arch, configs, args.rounds, args.round_ms, sampler),
+                     markdown, finish=sampler.stop if sampler is not None else None)
 
 
 if __name__ == "__main__":

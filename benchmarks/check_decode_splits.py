@@ -26,15 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode_attention import CASES  # noqa: E402
-from bench_setup import (  # noqa: E402
-    chosen_cases,
-    each_case,
-    gpu_arch,
-    rounds_parser,
-    table,
-    timed_rounds,
-    write_case_results,
-)
+from bench_setup import chosen_cases, gpu_arch, rounds_parser, run_cases, table, timed_rounds  # noqa: E402
 
 NAME = "check_decode_splits"
 FORMS = ("pair", "step")
@@ -206,15 +198,8 @@ def main(argv=None) -> int:
     if names is None:
         return 2
     arch = gpu_arch()
-    t0 = time.perf_counter()
-
-    def one(name: str) -> list[dict]:
-        print(f"[{name}]", flush=True)
-        return run_case(name, arch, splits, forms, args.topk, args.rounds, args.round_ms)
-
-    rows, errors = each_case(names, one)
-    write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
-    return 0 if rows and not errors else 1
+    return run_cases(NAME, names, arch, lambda name: run_case(name, arch, splits, forms, args.topk, args.rounds,
+                                                               args.round_ms), markdown)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import KernelTimer, chosen_cases, each_case, rounds_parser, table, timed_rounds, write_case_results
+from bench_setup import KernelTimer, chosen_cases, rounds_parser, run_cases, table, timed_rounds
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -169,14 +169,8 @@ def main(argv=None) -> int:
     from fastdlight.arch import CUDA
 
     arch = CUDA.from_device(tvm.cuda(0))
-    t0 = time.perf_counter()
-    def one(name: str) -> list[dict]:
-        print(f"[{name}]", flush=True)
-        return run_case(name, arch, args.rounds, args.round_ms, lambda msg: print(msg, flush=True))
-
-    rows, errors = each_case(names, one)
-    write_case_results(NAME, arch, rows, errors, markdown, seconds=round(time.perf_counter() - t0, 1))
-    return 0 if rows and not errors else 1
+    return run_cases(NAME, names, arch, lambda name: run_case(name, arch, args.rounds, args.round_ms,
+                                                               lambda msg: print(msg, flush=True)), markdown)
 
 
 if __name__ == "__main__":

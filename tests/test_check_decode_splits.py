@@ -39,3 +39,27 @@ def test_the_table_has_a_row_each_with_dashes_for_what_is_missing():
     md = cds.markdown(rows, "NVIDIA H200").splitlines()
     assert md[-2].startswith("| b1_h32 | 17 | step | block=[16], thread=[8] | 0.0200 | 3.35 | 1.083x | 64 | True |")
     assert md[-1] == "| b1_h32 | - | torch SDPA | - | - | - | 1.000x | - | - | RuntimeError: x |"
+
+
+def test_a_run_of_cases_writes_every_row_and_each_failure_and_exits_by_them(tmp_path, monkeypatch, capsys):
+    import json
+    import types
+
+    import bench_setup
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    arch = types.SimpleNamespace(device_name="NVIDIA H200", name="cuda")
+    finished = []
+
+    def run_one(name):
+        if name == "bad":
+            raise RuntimeError("no GPU memory\nmore")
+        return [{"case": name, "ms": 1.0}]
+
+    code = bench_setup.run_cases("check_x", ["good", "bad"], arch, run_one, lambda rows, device: f"{len(rows)} rows\n",
+                                 finish=lambda: finished.append(True))
+    data = json.loads((tmp_path / "check_x.json").read_text())
+    assert code == 1 and finished == [True]
+    assert data["rows"] == [{"case": "good", "ms": 1.0}] and data["errors"] == {"bad": "RuntimeError: no GPU memory"}
+    assert "[good]" in capsys.readouterr().out and (tmp_path / "check_x.md").read_text() == "1 rows\n"
+    assert bench_setup.run_cases("check_x", ["good"], arch, run_one, lambda rows, device: "") == 0

@@ -7,9 +7,9 @@ merged form, one call of a chunk step whose last CTA of each (batch, K/V head) m
 (its ticket counters a constant of the module: zeros, left zero by every call), where a shape has
 at most :data:`STEP_MERGE_SPLITS` chunks, and the pair (a merge kernel of its own) where it has
 more; ``step`` and ``kernel`` ask for one form always. On an H200 (2026-11-30, fixed configs
-against torch SDPA in CUDA graphs) the merged step was 2.5% faster at B1 H32 with 17 chunks and
-0.6% with one chunk (B16, where it writes the output itself), the pair 1.3-1.9x faster at B1
-with 8 K/V heads and 66 chunks (the last CTA folds them alone).
+against torch SDPA in CUDA graphs) the merged step was 0.6-2.5% faster at B1 H32 with 17
+chunks and 0.6% with one chunk (B16, where it writes the output itself), the pair 1.25x faster
+at B1 with 8 K/V heads and 66 chunks (the last CTA merges them alone, after every other CTA).
 """
 
 from __future__ import annotations
