@@ -26,7 +26,9 @@ from fastdlight.policies.wgmma import consumer_regs as wgmma_consumer_regs
 
 #: registers a consumer thread needs beside its fragments (addresses, row statistics, loop state)
 OVERHEAD_REGS = 8
-#: registers a producer thread keeps (setmaxnreg): it only issues TMA loads
+#: registers a producer thread keeps (setmaxnreg): it only issues TMA loads. On a persistent grid
+#: it also works out each round's tile, which spills 8-32 bytes at 24 (sm_90a builds,
+#: 2026-11-30); 32 would leave two consumers 232, not 240 (not yet timed)
 PRODUCER_REGS = 24
 TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
 
@@ -38,7 +40,10 @@ def consumer_regs(consumers: int) -> int:
 
 
 def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_SMEM_OPTIN) -> bool:
-    fragments = bn // 2 + shape.head_dim // 2 + bn // 4
+    # scores, O, P as 16-bit pairs; a causal mask's test holds about one more register for every
+    # four scores (192x128 d64 causal spilled 72 bytes at 160 registers, the same tile without
+    # the mask none)
+    fragments = bn // 2 + shape.head_dim // 2 + bn // 4 + (bn // 4 if shape.causal else 0)
     smem_bytes = 2 * shape.head_dim * (bm + 2 * stages * bn) + 1024 + 64
     return fragments + OVERHEAD_REGS <= consumer_regs(bm // 64) and smem_bytes <= smem
 

@@ -28,8 +28,13 @@ def consumer_warpgroups(bm: int, wm: int) -> int:
 
 def consumer_regs(consumers: int, producer_regs: int = PRODUCER_REGS) -> int:
     """Registers a consumer thread gets (setmaxnreg: a multiple of 8) beside a producer
-    warpgroup of ``producer_regs`` a thread: 232 for two warpgroups, 152 for three."""
-    return (65536 - 128 * producer_regs) // (128 * consumers) // 8 * 8
+    warpgroup of ``producer_regs`` a thread: 232 for two warpgroups, 152 for three.
+    ``setmaxnreg`` only moves registers within what the CTA got at launch, each thread's share
+    of the 64K rounded down to 8 (168 at 384 threads: 64512 in all, not 65536); asking the
+    consumers for more than the producer freed would wait forever."""
+    threads = 128 * (consumers + 1)
+    pool = threads * (65536 // threads // 8 * 8)
+    return (pool - 128 * producer_regs) // (128 * consumers) // 8 * 8
 
 
 def max_acc_regs(consumers: int) -> int:

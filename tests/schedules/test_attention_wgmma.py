@@ -132,6 +132,25 @@ def test_where_tiles_outnumber_the_sms_each_tile_also_comes_on_a_persistent_grid
         Config("matmul", block=(64, 64), thread=(8, 8), persistent=True).validate()
 
 
+def test_the_causal_mask_counts_in_a_tiles_registers():
+    """A causal mask's test takes registers of its own: the three-consumer 192x128 tile is not
+    offered where it would spill (d64 causal: 72 bytes at 160 registers), and is where it fits.
+    The consumers' registers are what the producer frees of the CTA's launch share."""
+    from fastdlight.policies.attention import consumer_regs, fits
+    from fastdlight.policies.wgmma import consumer_regs as wgmma_consumer_regs
+
+    assert (consumer_regs(2), consumer_regs(3)) == (240, 160)
+    assert (wgmma_consumer_regs(2, 40), wgmma_consumer_regs(3, 40), wgmma_consumer_regs(2, 32)) == (232, 152, 232)
+    for consumers, producer in ((2, 24), (2, 32), (2, 40), (3, 24), (3, 40)):
+        threads = 128 * (consumers + 1)
+        assert 128 * (producer + consumers * wgmma_consumer_regs(consumers, producer)) <= \
+            threads * (65536 // threads // 8 * 8)
+    gpt2 = match_attention(ops.attention(8, 12, 1024, 1024, 64, causal=True).func)
+    plain = match_attention(ops.attention(8, 12, 1024, 1024, 64).func)
+    assert not fits(gpt2, 192, 128, 3) and fits(plain, 192, 128, 3) and fits(gpt2, 192, 64, 3)
+    assert all(c.block != (192, 128) for c in attention_configs(gpt2, H100, 64))
+
+
 def test_consumers_take_turns_and_release_k_and_v_apart():
     """Two consumers (128 rows) take turns at the tensor cores: each waits on its own named
     barrier (1 + its index, 256 threads) and passes the turn to the other's; one consumer (64
