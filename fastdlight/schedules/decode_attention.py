@@ -25,9 +25,9 @@ From a paged cache a key's address needs its page's table entry first: the regis
 stream reads a tile's entries a tile ahead (:func:`build_kernel`'s ``fetch_pages``), so its K and
 V loads do not wait for a table load each round trip.
 
-The merge (``kind == "decode_combine"``, :func:`.decode_combine.build_combine`) has a kernel of
-its own: a CTA per output row whose warps fold the chunks into a running max, sum and weighted
-row.
+The merge is a kernel of its own (``kind == "decode_combine"``, :func:`.decode_combine.build_combine`:
+a CTA per output row), or, for a merged shape, the chunk step's last CTA of each (batch, K/V
+head) (``merge_last``); with one chunk each CTA writes its output itself.
 """
 
 from __future__ import annotations
