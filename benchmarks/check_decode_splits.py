@@ -173,11 +173,12 @@ def run_case(name: str, arch, splits: list[int], forms: list[str], topk: int, ro
 def markdown(rows: list[dict], device: str) -> str:
     title = (f"{NAME}, {device}, {time.strftime('%Y-%m-%d')}: split-KV decode attention at fixed split counts "
              "against torch SDPA, CUDA graphs, inputs rotated out of L2, medians of alternating rounds")
-    cells = [[r["case"], r.get("splits") or "-", r["form"], r.get("config") or "-", f"{r['ms']:.4f}" if r.get("ms") else "-",
-              r.get("tbs") or "-", f"{r['vs_torch']:.3f}x" if r.get("vs_torch") else "-", r.get("registers") or "-",
+    header = ["case", "splits", "form", "config", "ms", "TB/s", "vs torch", "registers", "verified", "error"]
+    cells = [[r["case"], r.get("splits") or "-", r["form"], r.get("config") or "-",
+              f"{r['ms']:.4f}" if r.get("ms") else "-", r.get("tbs") or "-",
+              f"{r['vs_torch']:.3f}x" if r.get("vs_torch") else "-", r.get("registers") or "-",
               r.get("verified", "-"), r.get("error") or ""] for r in rows]
-    return table(title, ["case", "splits", "form", "config", "ms", "TB/s", "vs torch", "registers", "verified", "error"],
-                 cells)
+    return table(title, header, cells)
 
 
 def main(argv=None) -> int:

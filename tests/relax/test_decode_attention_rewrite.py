@@ -137,5 +137,6 @@ def test_the_merge_form_follows_the_chunk_count_unless_asked(kv_heads, form, one
 
 def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):
     monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", "elsewhere")
-    with pytest.raises(ValueError, match="FASTDLIGHT_DECODE_MERGE='elsewhere': expected one of 'auto', 'kernel', 'step'"):
+    expected = "FASTDLIGHT_DECODE_MERGE='elsewhere': expected one of 'auto', 'kernel', 'step'"
+    with pytest.raises(ValueError, match=expected):
         decode_attention("nvidia/nvidia-h100")(decode_module())
