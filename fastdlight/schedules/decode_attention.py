@@ -45,8 +45,8 @@ from fastdlight.analysis.decode_attention import (
     combine_fits,
     layout_fits,
     match_decode_combine,
-    merge_scratch,
     match_decode_split,
+    merge_scratch,
     split_fits,
     staged_fits,
 )
