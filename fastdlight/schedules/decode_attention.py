@@ -27,7 +27,7 @@ V loads do not wait for a table load each round trip.
 
 The merge is a kernel of its own (``kind == "decode_combine"``, :func:`.decode_combine.build_combine`:
 a CTA per output row), or, for a merged shape, the chunk step's last CTA of each (batch, K/V
-head) (``merge_last``); with one chunk each CTA writes its output itself.
+head); with one chunk each CTA writes its output itself (:func:`.decode_combine.merge_tails`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
-from fastdlight.schedules.decode_combine import build_combine
+from fastdlight.schedules.decode_combine import build_combine, merge_tails
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -235,84 +235,9 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.unroll(E):
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
-    lane_chunks = -(-S // 32)  # chunks a lane of a merging warp takes
-
-    @T.macro
-    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
-        """(A merged shape.) Each thread's writes made visible, the CTA takes a ticket for its
-        (batch, K/V head); the CTA that takes the last merges every chunk of it and leaves the
-        counter at zero. The chunks' maxima and sums go to shared memory once, a warp a row
-        turns them into each chunk's weight and the row's sum, and then each output element is
-        a weighted sum of the chunks' rows, its loads independent (unrolled) so that they are in
-        flight together: a thread folding the chunks one by one waits out an L2 round trip a
-        chunk (H200: 9.5 us at 66 chunks of four rows)."""
-        Tf = T.decl_buffer((B * G,), "int32", data=Tickets.data)
-        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        lane = T.meta_var(tid % 32)
-        T.cuda.thread_fence()
-        T.cuda.cta_sync()
-        if tid == 0:
-            ticket[0] = T.cuda.atomic_add(T.address_of(Tf[bg]), 1)
-            last[0] = ticket[0]
-        T.cuda.cta_sync()
-        if last[0] == S - 1:
-            T.cuda.thread_fence()  # the other CTAs' chunks, fenced before their tickets
-            # w_s: [S, R] maxima (then weights), [S, R] sums, [R] the rows' weighted sums
-            for it in T.serial((S * R + threads - 1) // threads):
-                j = T.meta_var(it * threads + tid)
-                if j < S * R:
-                    w_s[j] = Mf[bg * S * R + j]
-                    w_s[S * R + j] = Lf[bg * S * R + j]
-            T.cuda.cta_sync()
-            for rr in T.serial((R + warps - 1) // warps):
-                r = T.meta_var(rr * warps + tid // 32)
-                if r < R:  # a warp a row: its lanes take chunks lane, lane + 32, ...
-                    st[0] = T.min_value("float32")
-                    for c in T.unroll(lane_chunks):
-                        if c * 32 + lane < S:
-                            st[0] = T.max(st[0], w_s[(c * 32 + lane) * R + r])
-                    for o in T.unroll(5):
-                        st[0] = T.max(st[0], T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), st[0], 16 >> o, 32, 32))
-                    st[1] = T.float32(0)
-                    for c in T.unroll(lane_chunks):
-                        if c * 32 + lane < S:
-                            st[2] = T.exp(w_s[(c * 32 + lane) * R + r] - st[0])
-                            w_s[(c * 32 + lane) * R + r] = st[2]
-                            st[1] = st[1] + st[2] * w_s[S * R + (c * 32 + lane) * R + r]
-                    for o in T.unroll(5):
-                        st[1] = st[1] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), st[1], 16 >> o, 32, 32)
-                    if lane == 0:
-                        w_s[2 * S * R + r] = st[1]
-            T.cuda.cta_sync()
-            for it in T.serial((R * D + threads - 1) // threads):
-                idx = T.meta_var(it * threads + tid)
-                if idx < R * D:
-                    st[3] = T.float32(0)
-                    for p in T.unroll(S):
-                        st[3] = st[3] + w_s[p * R + idx // D] * Of[(bg * S + p) * R * D + idx]
-                    Yf[bg * R * D + idx] = T.Cast(dtype, st[3] / w_s[2 * S * R + idx // D])
-            if tid == 0:
-                Tf[bg] = 0
-
-    @T.macro
-    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
-        T.evaluate(0)
-
-    @T.macro
-    def write_out(Y, bid, idx, merged):
-        """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows, final: its chunk
-        holds every key, so there is nothing to wait for or merge."""
-        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        Yf[bid * R * D + idx] = T.Cast(dtype, merged[1] / merged[2])
-
-    @T.macro
-    def no_write(Y, bid, idx, merged):
-        T.evaluate(0)
-
     # one chunk: the step writes the output itself (no tickets, no last CTA); more: the last CTA
     # of a (batch, K/V head) folds the chunks
-    tail = merge_last if shape.merged and S > 1 else no_merge
-    finish = write_out if shape.merged and S == 1 else no_write
+    tail, finish = merge_tails(shape, threads, warps)
 
     @T.macro
     def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
