@@ -100,6 +100,21 @@ def chosen_cases(bench: str, only, known) -> list[str] | None:
     return names
 
 
+def cases_to_run(bench: str, args, cases, listing: str, refusals=()):
+    """The case names a benchmark's parsed ``args`` ask for (``--only``), or its exit code:
+    0 once ``--list`` printed ``listing``, 2 once the first of ``refusals`` that is a one-line
+    complaint (a string; parsed values are not) or an unknown case name was printed."""
+    if args.list:
+        print(listing)
+        return 0
+    refused = next((r for r in refusals if isinstance(r, str)), None)
+    if refused is not None:
+        print(refused, file=sys.stderr)
+        return 2
+    names = chosen_cases(bench, args.only, cases)
+    return 2 if names is None else names
+
+
 def case_arguments(bench: str, description: str, cases, argv, topk: int):
     """A case benchmark's ``--only``, ``--topk`` and ``--list``: ``(args, names)``, or the exit
     code once ``--list`` printed the cases (0) or a name was refused in one line (2)."""
@@ -110,11 +125,8 @@ def case_arguments(bench: str, description: str, cases, argv, topk: int):
     ap.add_argument("--topk", type=int, default=topk)
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
-    if args.list:
-        print("\n".join(cases))
-        return 0
-    names = chosen_cases(bench, args.only, cases)
-    return 2 if names is None else (args, names)
+    names = cases_to_run(bench, args, cases, "\n".join(cases))
+    return names if isinstance(names, int) else (args, names)
 
 
 def table(title: str, header: list[str], rows: list[list]) -> str:

@@ -28,7 +28,7 @@ from bench_attention import CASES, torch_calls  # noqa: E402
 from bench_setup import (  # noqa: E402
     KernelTimer,
     Sampler,
-    chosen_cases,
+    cases_to_run,
     gpu_arch,
     rounds_parser,
     run_cases,
@@ -145,16 +145,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p] comma-separated (default: the policy's)")
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and board power while each runs")
     args = ap.parse_args(argv)
-    if args.list:
-        print("\n".join(f"{n}: {c.describe()}" for n, c in CASES.items()))
-        return 0
     configs = parse_tiles(args.tiles)
-    if isinstance(configs, str):
-        print(configs, file=sys.stderr)
-        return 2
-    names = chosen_cases(NAME, args.only, CASES)
-    if names is None:
-        return 2
+    names = cases_to_run(NAME, args, CASES, "\n".join(f"{n}: {c.describe()}" for n, c in CASES.items()), (configs,))
+    if isinstance(names, int):
+        return names
     arch = gpu_arch()
     sampler = Sampler() if args.clocks else None
     return run_cases(NAME, names, arch, lambda name: run_case(name, arch, configs, args.rounds, args.round_ms, sampler),

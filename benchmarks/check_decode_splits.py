@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode_attention import CASES  # noqa: E402
-from bench_setup import chosen_cases, gpu_arch, rounds_parser, run_cases, table, timed_rounds  # noqa: E402
+from bench_setup import cases_to_run, gpu_arch, rounds_parser, run_cases, table, timed_rounds  # noqa: E402
 
 NAME = "check_decode_splits"
 FORMS = ("pair", "step")
@@ -187,17 +187,11 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", default=",".join(FORMS), help="pair (a merge kernel), step (merged in the step)")
     ap.add_argument("--topk", type=int, default=4, help="configs of the chunk step's policy a count and form")
     args = ap.parse_args(argv)
-    if args.list:
-        print("\n".join(f"{n}: B{c[0]} H{c[1]}/G{c[2]} L{c[3]} d{c[4]}" for n, c in CASES.items()))
-        return 0
     splits, forms = parse_list(args.splits), parse_list(args.forms, FORMS)
-    for parsed in (splits, forms):
-        if isinstance(parsed, str):
-            print(parsed, file=sys.stderr)
-            return 2
-    names = chosen_cases(NAME, args.only, CASES)
-    if names is None:
-        return 2
+    listing = "\n".join(f"{n}: B{c[0]} H{c[1]}/G{c[2]} L{c[3]} d{c[4]}" for n, c in CASES.items())
+    names = cases_to_run(NAME, args, CASES, listing, (splits, forms))
+    if isinstance(names, int):
+        return names
     arch = gpu_arch()
     return run_cases(NAME, names, arch, lambda name: run_case(name, arch, splits, forms, args.topk, args.rounds,
                                                                args.round_ms), markdown)

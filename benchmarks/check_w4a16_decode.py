@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_setup import KernelTimer, chosen_cases, rounds_parser, run_cases, table, timed_rounds
+from bench_setup import KernelTimer, cases_to_run, rounds_parser, run_cases, table, timed_rounds
 
 NAME = "check_w4a16_decode"
 GROUP = 128
@@ -157,13 +157,11 @@ def markdown(rows: list[dict], device: str) -> str:
 def main(argv=None) -> int:
     ap = rounds_parser(__doc__.splitlines()[0], round_ms=30.0)
     args = ap.parse_args(argv)
-    if args.list:
-        for name, configs in CONFIGS.items():
-            print(name, *(label_of(config_of(*c)) for c in configs), sep="\n  ")
-        return 0
-    names = chosen_cases(NAME, args.only, CASES)
-    if names is None:
-        return 2
+    listing = "\n".join("\n  ".join([name, *(label_of(config_of(*c)) for c in configs)])
+                        for name, configs in CONFIGS.items())
+    names = cases_to_run(NAME, args, CASES, listing)
+    if isinstance(names, int):
+        return names
     import tvm
 
     from fastdlight.arch import CUDA

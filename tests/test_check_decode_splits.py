@@ -63,3 +63,17 @@ def test_a_run_of_cases_writes_every_row_and_each_failure_and_exits_by_them(tmp_
     assert data["rows"] == [{"case": "good", "ms": 1.0}] and data["errors"] == {"bad": "RuntimeError: no GPU memory"}
     assert "[good]" in capsys.readouterr().out and (tmp_path / "check_x.md").read_text() == "1 rows\n"
     assert bench_setup.run_cases("check_x", ["good"], arch, run_one, lambda rows, device: "") == 0
+
+
+def test_the_cases_to_run_or_the_exit_code_of_a_listing_or_a_refusal(capsys):
+    import types
+
+    import bench_setup
+
+    cases = {"a": 1, "b": 2}
+    ask = lambda **kw: types.SimpleNamespace(**({"list": False, "only": []} | kw))  # noqa: E731
+    assert bench_setup.cases_to_run("x", ask(list=True), cases, "a\nb") == 0 and capsys.readouterr().out == "a\nb\n"
+    assert bench_setup.cases_to_run("x", ask(), cases, "", ([17], "x: bad --splits", "later")) == 2
+    assert capsys.readouterr().err == "x: bad --splits\n"
+    assert bench_setup.cases_to_run("x", ask(only=["c"]), cases, "", ([17],)) == 2
+    assert "unknown case(s) ['c']; known: a, b" in capsys.readouterr().err
