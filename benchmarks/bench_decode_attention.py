@@ -6,16 +6,16 @@ against torch's ``scaled_dot_product_attention`` (its flash decoding), both in C
     python benchmarks/bench_decode_attention.py --list
 
 Per case, ``CacheAttention`` (``softmax(q Kᵀ * scale) V`` with the query heads of a K/V head as
-the rows of one matmul, the cache length symbolic) is exported with ``torch.export``, prepared by
-``for_inference`` (fp16 in and out), tuned at the case's length by ``compile_model`` (the
+the rows of one matmul, the cache length symbolic) is exported with ``torch.export``, prepared
+by ``for_inference`` (fp16 in and out), tuned at the case's length by ``compile_model`` (the
 rewrite makes it the split-KV step: a chunk step whose last CTA a head merges where the chunks
 are few, else the pair of chunk step and merge; ``--merge kernel|step``: one form always,
-``FASTDLIGHT_DECODE_MERGE``) and run by the VM; torch runs SDPA on
-``[B, H, 1, D]`` queries over the ``[B, G, L, D]`` cache (``enable_gqa`` where G < H); both sides
-cycle through copies of the inputs (the same tensors, shared by DLPack) so that no launch finds
-its cache in L2. TB/s: the cache's bytes over the time. ``max_rel_err``: fastdlight against
-SDPA, relative to its largest element. ``--paged N`` instead times the chunk step alone, tuned at each case's split count
-from a contiguous cache and from a cache in pages of N tokens (a pool, a page table shuffled, the
+``FASTDLIGHT_DECODE_MERGE``) and run by the VM; torch runs SDPA on ``[B, H, 1, D]`` queries over
+the ``[B, G, L, D]`` cache (``enable_gqa`` where G < H); both sides cycle through copies of the
+inputs (the same tensors, shared by DLPack) so that no launch finds its cache in L2. TB/s: the
+cache's bytes over the time. ``max_rel_err``: fastdlight against SDPA, relative to its largest
+element. ``--paged N`` instead times the chunk step alone, tuned at each case's split count from
+a contiguous cache and from a cache in pages of N tokens (a pool, a page table shuffled, the
 lengths read at run time), both by the tuner's own timing. Writes
 ``$OUT/bench_decode_attention.json`` and ``.md``.
 """

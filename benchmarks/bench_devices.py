@@ -12,8 +12,8 @@ default, a repeat of the first run). A
 row: seconds, candidates built (the reports' sum), candidates per second of each and the ratios,
 where each run's time went (its stages: builds, the GPU's turn, ...), the functions each GPU timed,
 the seconds each GPU's turn was held, the tuning process's CPU seconds, the function that took
-longest from its start to its pick (a wall that more GPUs cannot cut below), and the functions whose winners differ from the one-GPU run's: another config kind, or a time more
-than 3 % apart, for the run on ``--devices`` and for the second run on GPU 0 (how far two runs on
+longest from its start to its pick (a wall that more GPUs cannot cut below), and the functions
+whose winners differ from the one-GPU run's: another config kind, or a time more than 3 % apart, for the run on ``--devices`` and for the second run on GPU 0 (how far two runs on
 one GPU differ). Writes ``$OUT/bench_devices.json`` and ``.md``.
 """
 
