@@ -289,24 +289,47 @@ def test_epilogue_reads_of_other_inputs_are_prefetched_into_registers_within_the
         assert ("*(float2*)(bias_ptr" in src) == (config.block[1] == 128)
 
 
-def test_reads_that_are_not_adjacent_pairs_stay_direct_loads():
-    """A per-row scale and a transposed tensor have no two adjacent elements per thread: they
-    stay loads in the epilogue, masked past the edges, and the kernel still compiles."""
+def test_reads_that_are_not_adjacent_pairs_stay_direct_loads_except_rows_and_scalars():
+    """A transposed tensor has no two adjacent elements per thread: it stays a load in the
+    epilogue, masked past the edges. A per-row scale is the same across a thread's columns: its
+    two rows a slice are loaded before the main loop, as is a one-element scale (once, no mask);
+    the kernel still compiles without spills."""
     from tvm import te
 
     m, n, k = 1000, 520, 264
     A, B = te.placeholder((m, k), "float16", name="A"), te.placeholder((n, k), "float16", name="B")
     scale, T_ = te.placeholder((m,), "float16", name="scale"), te.placeholder((n, m), "float16", name="Gt")
+    one = te.placeholder((1,), "float16", name="one")
     r = te.reduce_axis((0, k), name="k")
     C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[j, r].astype("float32"), axis=r), name="C")
-    D = te.compute((m, n), lambda i, j: C[i, j].astype("float16") * scale[i] + T_[j, i], name="D")
-    func = te.create_prim_func([A, B, scale, T_, D])
+    D = te.compute((m, n), lambda i, j: C[i, j].astype("float16") * scale[i] * one[0] + T_[j, i], name="D")
+    func = te.create_prim_func([A, B, scale, one, T_, D])
     match = match_wgmma(func)[0]
     epi = extract_epilogue(func, match)
-    assert epi.pairable == (False, False) and epi.guarded
+    kinds = {r.buffer: (r.row_only, r.scalar) for r in epi.reads}
+    assert kinds == {"scale": (True, False), "one": (False, True), "Gt": (False, False)}
+    assert epi.pairable == (False, False, False) and epi.guarded
     (_, src, cubin), = compile_all([(func, wgmma(128, 128))])
     check_hopper_kernel(src, cubin, 128)
-    assert "k_x0" not in src
+    held = {p.read.buffer: p.reg for p in epi.prefetches(Plan(match, 128, 128, 64, 4, 8, 132))}
+    assert set(held) == {"scale", "one"} and f"{held['one']}_ptr[0] = one_ptr[0]" in src
+    assert "Gt_ptr[" in src and "scale_ptr[" in src
+
+
+def test_per_tensor_scales_are_loaded_once_and_leave_the_epilogue_unmasked():
+    """FP8's per-tensor scales (one float32 each): two registers loaded before the main loop,
+    and no element of the epilogue tests its bounds (TMA clips the stores)."""
+    op = ops.matmul_scaled(4096, 4096, 4096, "float8_e4m3fn", "float16", "tensor")
+    match = match_wgmma(op.func)[0]
+    epi = extract_epilogue(op.func, match)
+    assert [(r.buffer, r.scalar) for r in epi.reads] == [("SA", True), ("SB", True)]
+    for bm, bn, wm in ((128, 256, 64), (256, 192, 128)):  # 192 accumulators: past the budget
+        plan = Plan(match, bm, bn, wm, 4, 8, 132)
+        assert [p.registers(plan) for p in epi.prefetches(plan)] == [1, 1]
+        assert "if_then_else" not in epi.value(plan, 0)
+    (_, src, cubin), = compile_all([(op.func, fp8_wgmma(128, 256))])
+    check_hopper_kernel(src, cubin, 256, "e4m3")
+    assert src.count("SA_ptr[") == 1 and src.count("SB_ptr[") == 1
 
 
 def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():

@@ -57,6 +57,11 @@ class Read:
     indices: tuple[str, ...]
     dtype: str
     per_row: bool  # the index involves the output row: one value per accumulator
+    #: every index a constant inside the tensor (a per-tensor scale): one value for the kernel
+    scalar: bool = False
+    #: indexed by the output row and not the column (a per-row scale): the same value across a
+    #: thread's columns, two rows a 64-row slice
+    row_only: bool = False
 
     @property
     def words(self) -> int:
@@ -96,8 +101,25 @@ class Prefetch:
         return f"k_x{self.index}"
 
     def registers(self, plan: Plan) -> int:
+        if self.read.scalar:
+            return 1
+        if self.read.row_only:
+            return plan.m_per_wg * 2
         pairs = self.depth * plan.chunk_cols // 4 if self.read.per_row else plan.out_bn // 8
         return pairs * self.read.words
+
+    @property
+    def reg_dtype(self) -> str:
+        """Scalars and rows are held as values; pairs of 16-bit values packed in a word."""
+        return self.read.dtype if self.read.scalar or self.read.row_only or self.read.words == 2 else "uint32"
+
+    def element(self, plan: Plan, q: str, e: int) -> str:
+        """The register text of the read's element ``k_col + e`` in chunk ``q`` (linear)."""
+        if self.read.scalar:
+            return f"{self.reg}[0]"
+        if self.read.row_only:
+            return f"{self.reg}[k_mi * 2 + k_h]"
+        return self.read.element(self.reg, self.slot(plan, q), e)
 
     def slot(self, plan: Plan, q: str) -> str:
         """The register slot of the pair ``k_j, k_h`` of chunk ``q`` (``k_c`` for column-only)."""
@@ -128,8 +150,15 @@ class Epilogue:
         shared by every row and mostly hits the L1 cache."""
         chosen, live = [], plan.acc_regs
         chunks = plan.m_per_wg * plan.out_chunks
+        for i, read in enumerate(self.reads):
+            # a scalar's register costs less than its direct loads' addresses and guards: held
+            # even past the budget; a row's two values a slice where they fit
+            held = Prefetch(i, read, 1)
+            if read.scalar or read.row_only and live + held.registers(plan) <= MAX_LIVE_REGS:
+                chosen.append(held)
+                live += held.registers(plan)
         order = sorted(range(len(self.reads)), key=lambda i: not self.reads[i].per_row)
-        for i in (i for i in order if self.pairable[i]):
+        for i in (i for i in order if self.pairable[i] and not self.reads[i].row_only):
             read = self.reads[i]
             depth = chunks
             if read.per_row:  # as many chunks as fit, up to the whole tile
@@ -163,7 +192,7 @@ class Epilogue:
         text = self.text.replace("K_UP", f"k_acc[k_reg + {plan.pair_regs + e}]").replace("K_ACC", f"k_acc[k_reg + {e}]")
         prefetches = self.prefetches(plan)
         for p in prefetches:
-            text = text.replace(p.read.text, p.read.element(p.reg, p.slot(plan, self.chunk(plan)), e))
+            text = text.replace(p.read.text, p.element(plan, self.chunk(plan), e))
         text = wrap(self.substitute(text, plan, e))
         if len(prefetches) < len(self.reads):
             zero = zero or f'T.Cast("{plan.match.out_dtype}", 0)'
@@ -189,7 +218,7 @@ class Epilogue:
 
     def registers(self, plan: Plan, indent: str) -> str:
         """Allocations of the prefetch registers (one statement per line, or a no-op)."""
-        lines = [f'{p.reg} = T.alloc_buffer(({p.registers(plan)},), "{"uint32" if p.read.words == 1 else p.read.dtype}", scope="local")'
+        lines = [f'{p.reg} = T.alloc_buffer(({p.registers(plan)},), "{p.reg_dtype}", scope="local")'
                  for p in self.prefetches(plan)]
         return ("\n" + indent).join(lines) or "T.evaluate(0)"
 
@@ -206,10 +235,25 @@ class Epilogue:
         body += ["k_col = T.meta_var(k_j * 8 + (k_lane % 4) * 2)", self.substitute(load, plan, 0, mi, c)]
         return [" " * 4 * d + line for d, line in enumerate(nest)] + [" " * 4 * len(nest) + b for b in body]
 
+    def _row_loads(self, p: Prefetch, plan: Plan) -> list[str]:
+        """A loop nest loading the thread's two rows of each slice into ``p``'s registers
+        (zeros past the last row)."""
+        value = self.substitute(f"T.if_then_else({self.in_bounds(plan, 0, True, 'k_mi', '0')}, {p.read.text}, "
+                                f'T.Cast("{p.read.dtype}", 0))', plan, 0, "k_mi", "0")
+        return ["for k_mi in T.unroll(K_PLAN.m_per_wg):", "    for k_h in T.unroll(2):",
+                "        k_row = T.meta_var(k_r0 + 8 * k_h)", "        k_col = T.meta_var(0)",
+                f"        {p.reg}[k_mi * 2 + k_h] = {value}"]
+
     def prefetch(self, plan: Plan, indent: str) -> str:
         """At a tile's start: load the first chunks of every prefetched read."""
         out = []
         for p in self.prefetches(plan):
+            if p.read.scalar:
+                out.append(f"{p.reg}[0] = {p.read.text}")
+                continue
+            if p.read.row_only:
+                out += self._row_loads(p, plan)
+                continue
             out.append(f"for {'k_q' if p.read.per_row else 'k_c'} in T.unroll({p.depth if p.read.per_row else plan.out_chunks}):")
             out += ["    " + line for line in self._loads(p, plan, "k_q", "k_q")]
         return ("\n" + indent).join(out) or "T.evaluate(0)"
@@ -218,7 +262,7 @@ class Epilogue:
         """After the store loop's chunk ``q``: load chunk ``q + depth`` of every ring."""
         out, total = [], plan.m_per_wg * plan.out_chunks
         for p in self.prefetches(plan):
-            if p.read.per_row and p.depth < total:
+            if p.read.per_row and not p.read.row_only and p.depth < total:
                 out.append(f"if {self.chunk(plan, p.depth)} < {total}:")
                 out += ["    " + line for line in self._loads(p, plan, self.chunk(plan, p.depth), self.chunk(plan))]
         return ("\n" + indent).join(out) or "T.evaluate(0)"
@@ -308,7 +352,23 @@ def _read(text: str, param: tirx.Var, index_text: str, names: tuple[str | None, 
     one per tile)."""
     indices = tuple(i.strip() for i in index_text.split(","))
     rows = names[1:-1] if len(names) >= 3 else names[:-1]
-    return Read(text, str(param.name), indices, str(param.dtype), any(r is not None and r in indices for r in rows))
+    per_row = any(r is not None and r in indices for r in rows)
+    col = names[-1] if names else None
+    words = set(re.findall(r"\b\w+\b", index_text))
+    return Read(text, str(param.name), indices, str(param.dtype), per_row,
+                scalar=_constant_inside(indices, param), row_only=per_row and col not in words)
+
+
+def _constant_inside(indices: tuple[str, ...], param) -> bool:
+    """Every index an integer literal inside the tensor's static shape."""
+    shape = list(getattr(param, "shape", ()))
+    if len(shape) != len(indices):
+        return False
+    for idx, dim in zip(indices, shape):
+        found = re.fullmatch(r"(?:T\.int(?:32|64)\()?(\d+)\)?", idx)
+        if found is None or not isinstance(dim, tirx.IntImm) or int(found.group(1)) >= dim.value:
+            return False
+    return True
 
 
 def _pairable(read: Read, param, names: tuple[str | None, ...], match: WgmmaMatch) -> bool:
