@@ -5,7 +5,8 @@ against the function's float64 twin and timed beside torch's ``scaled_dot_produc
         [--rounds 5] [--round-ms 60] [--clocks] [--list]
 
 The cases are ``bench_attention``'s. A tile is ``BMxBNxSTAGES`` with ``p`` for the persistent
-grid; without ``--tiles`` a case takes every config the attention policy emits for it. Every
+grid or ``m`` for the mma.sync kernel (``attention_mma``, the one GPUs before Hopper get); without
+``--tiles`` a case takes every config the attention policy emits for it. Every
 verified config and torch are timed in CUDA graphs, inputs rotated out of L2, in alternating
 rounds (medians): a row a config with ms, TFLOPS, the ratio to torch, registers and the verdict;
 a config that fails to build or verify is a row with its error. ``--clocks`` samples the SM
@@ -37,7 +38,7 @@ from bench_setup import (  # noqa: E402
 )
 
 NAME = "check_attention_tiles"
-TILE = re.compile(r"^(\d+)x(\d+)x(\d+)(p?)$")
+TILE = re.compile(r"^(\d+)x(\d+)x(\d+)([pm]?)$")
 
 
 def parse_tiles(text: str) -> list | str:
@@ -48,15 +49,20 @@ def parse_tiles(text: str) -> list | str:
     for part in (t for t in text.split(",") if t):
         m = TILE.match(part.strip())
         if m is None:
-            return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p] (e.g. 128x176x2p)"
+            return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p|m] (e.g. 128x176x2p, 128x64x2m)"
         bm, bn, stages = (int(g) for g in m.groups()[:3])
-        configs.append(Config("attention_wgmma", block=(bm, bn), pipeline_stages=stages, persistent=bool(m.group(4))))
+        kind = "attention_mma" if m.group(4) == "m" else "attention_wgmma"
+        try:
+            configs.append(Config(kind, block=(bm, bn), pipeline_stages=stages, persistent=m.group(4) == "p"))
+        except ValueError as e:
+            return f"{NAME}: tile {part!r}: {e}"
     return configs
 
 
 def label_of(config) -> str:
     bm, bn = config.block
-    return f"{bm}x{bn}, {config.pipeline_stages} stages" + (", persistent" if config.persistent else "")
+    mma = "mma.sync " if config.kind == "attention_mma" else ""
+    return f"{mma}{bm}x{bn}, {config.pipeline_stages} stages" + (", persistent" if config.persistent else "")
 
 
 def watched(timers: dict, windows: dict) -> dict:

@@ -177,12 +177,13 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
     return shape if params_agree(func, want) else None
 
 
-#: head dims the fused Hopper template covers (a 128-byte swizzled row is 64 fp16 columns)
+#: head dims the fused templates cover (the wgmma one: a 128-byte swizzled row is 64 fp16 columns)
 FUSED_HEAD_DIMS = (64, 128)
 
 
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
-    """Whether the fused attention template takes ``shape`` on a GPU of ``sm_version`` (e.g. 90);
-    elsewhere the naive TIR would run as several kernels, slower than the unfused model graph,
-    so a model rewrite should leave attention as it found it."""
-    return sm_version >= 90 and shape.head_dim in FUSED_HEAD_DIMS and shape.dtype in ("float16", "bfloat16")
+    """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version`` (e.g. 90:
+    wgmma; 80 and later: mma.sync); elsewhere the naive TIR would run as several kernels,
+    slower than the unfused model graph, so a model rewrite should leave attention as it found
+    it."""
+    return sm_version >= 80 and shape.head_dim in FUSED_HEAD_DIMS and shape.dtype in ("float16", "bfloat16")

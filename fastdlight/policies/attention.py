@@ -1,5 +1,6 @@
-"""Fused attention on Hopper: which tiles the ``attention_wgmma`` template should try, from the
-SM's shared memory and registers and the shape's work per CTA.
+"""Fused attention: which tiles the ``attention_wgmma`` template (Hopper) or, on other GPUs from
+sm_80, the ``attention_mma`` one should try, from the SM's shared memory and registers and the
+shape's work per CTA.
 
 A config is ``block = (bm, bn)``: ``bm`` query rows per CTA (one consumer warpgroup per 64)
 and ``bn`` keys per step of the K/V ring, ``pipeline_stages`` steps deep; ``persistent``: a CTA
@@ -31,6 +32,12 @@ OVERHEAD_REGS = 8
 #: 2026-11-30); 32 would leave two consumers 232, not 240 (not yet timed)
 PRODUCER_REGS = 24
 TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
+#: the mma.sync kernel's tiles (a warp each 16 query rows; keys a step): FlashAttention-2 runs
+#: 128 x 64 at head dim 128 and 128 x 128 at 64 on sm_80
+MMA_TILES = ((128, 64), (64, 64), (128, 32), (128, 128), (64, 128))
+#: registers an mma.sync attention thread may hold in fragments: Q's (D / 4, kept for the tile),
+#: the scores (bn / 2), O (D / 2) and P (bn / 4), under 255 with room for addresses
+MMA_FRAGMENT_REGS = 200
 
 
 def consumer_regs(consumers: int) -> int:
@@ -77,12 +84,36 @@ def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) ->
     return waves * bm * padding * key_padding(shape, bm, bn) * per_step * alone
 
 
+def mma_fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int) -> bool:
+    """Whether the mma.sync kernel's tile fits: its fragments in registers, Q and the K/V ring
+    in ``smem``, and the K/V copies even over its threads (16 bytes a thread a step)."""
+    d = shape.head_dim
+    fragments = d // 4 + bn // 2 + d // 2 + bn // 4
+    return (fragments <= MMA_FRAGMENT_REGS and 2 * d * (bm + 2 * stages * bn) <= smem
+            and bn * d // 8 % (2 * bm) == 0)
+
+
+def mma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
+    """``attention_mma`` configs for ``shape`` on ``arch`` (sm_80 and later), cheapest predicted
+    first (the wgmma template's estimate: waves, padding and a step's fixed costs)."""
+    options = []
+    for bm, bn in MMA_TILES:
+        for stages in (2, 3):
+            if mma_fits(shape, bm, bn, stages, arch.smem_per_block_optin):
+                options.append((cost(shape, bm, bn, stages, arch.sm_count), bm, bn, stages))
+    return [Config("attention_mma", block=(bm, bn), pipeline_stages=stages, cost=c)
+            for c, bm, bn, stages in sorted(options)[:topk]]
+
+
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
-    """Configs for ``shape`` on ``arch``, cheapest predicted first; none where the template
-    does not take the shape (no wgmma, another head dim or dtype: :func:`fused_fits`)."""
+    """Configs for ``shape`` on ``arch``, cheapest predicted first: the wgmma template's on
+    Hopper (``sm_90a``), the mma.sync one's on other GPUs from sm_80; none where neither takes
+    the shape (an older GPU, another head dim or dtype: :func:`fused_fits`)."""
     major, minor = arch.compute_capability
-    if not arch.has_wgmma or not fused_fits(shape, 10 * major + minor):
+    if not fused_fits(shape, 10 * major + minor):
         return []
+    if not arch.has_wgmma:
+        return mma_attention_configs(shape, arch, topk)
     options = []
     for bm, bn in TILES:
         for stages in (2, 3, 4):

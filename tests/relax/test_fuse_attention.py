@@ -18,7 +18,7 @@ from fastdlight.relax.fuse_attention import fused_attention
 from fastdlight.relax.pipeline import prim_funcs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
+H100, A100, T4 = "nvidia/nvidia-h100", "nvidia/nvidia-a100", "nvidia/nvidia-t4"
 S, D = 16, 64
 
 
@@ -249,10 +249,12 @@ def test_what_the_template_does_not_take_stays_as_it_is(mod):
     assert fused_attention(H100)(mod).same_as(mod)
 
 
-def test_an_sm80_target_leaves_the_graph_unchanged():
+def test_an_sm80_target_fuses_and_an_sm75_one_leaves_the_graph_unchanged():
+    """sm_80 has the mma.sync template; sm_75 no fused template at all."""
     for mod in (sdpa(mask=additive(causal_keep(S, S))), hand_written(), nn_attention()):
-        assert fused_attention(A100)(mod).same_as(mod)
-        assert not any(match_attention(f) for f in prepare(A100)(mod).functions.values()
+        assert len(attention_calls(prepare(A100)(mod))) == 1
+        assert fused_attention(T4)(mod).same_as(mod)
+        assert not any(match_attention(f) for f in prepare(T4)(mod).functions.values()
                        if isinstance(f, tvm.tirx.PrimFunc))
 
 

@@ -84,20 +84,20 @@ class AttentionTemplate(ScheduleTemplate):
         return None if plan is None else build_kernel(func, plan)
 
 
-def _pack(dtype: str, low: str, high: str) -> str:
+def pack_text(dtype: str, low: str, high: str) -> str:
     """TVMScript of a 32-bit word holding fp32 values ``low`` and ``high`` as two ``dtype``s."""
     def half(value: str) -> str:
         return f'T.Cast("uint32", T.reinterpret("uint16", T.Cast("{dtype}", {value})))'
     return f"T.bitwise_or(T.shift_left({half(high)}, T.uint32(16)), {half(low)})"
 
 
-def _row_half(s_regs: int) -> list[str]:
+def row_half(s_regs: int) -> list[str]:
     """TVMScript of the scores of row half ``h`` in a thread's ``s_regs`` accumulators (wgmma's
     layout: registers 4i + 2h and 4i + 2h + 1)."""
     return [f"k_s[{4 * i + j} + h * 2]" for i in range(s_regs // 4) for j in (0, 1)]
 
 
-def _tree(combine: str, leaves: list[str]) -> str:
+def tree_text(combine: str, leaves: list[str]) -> str:
     """One expression combining ``leaves`` pairwise, level by level (``combine``: a format of
     two operands), so that its depth is log2 of their count."""
     while len(leaves) > 1:
@@ -109,27 +109,36 @@ def _tree(combine: str, leaves: list[str]) -> str:
 def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` under ``plan``: same parameters, same result."""
     register_codegen_fixes()
+    q, k, v = plan.operands()
+    env = {"K_QOP": q, "K_KOP": k, "K_VOP": v, "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B}
+    return script_kernel(func, plan, KERNEL_SOURCE, "attention_wgmma", env)
+
+
+def script_kernel(func: tirx.PrimFunc, plan, source: pathlib.Path, name: str, env: dict) -> tirx.PrimFunc:
+    """The kernel of ``source`` for ``func`` under ``plan`` (its ``shape`` and ``s_regs``): the
+    function's parameters and names, the packing and row-statistics text placed, parsed with
+    ``env`` beside ``T``, ``P`` (the plan) and the dtype names."""
     names = [str(p.name) for p in func.params]
     inputs = names[:-1] * 3 if len(names) == 2 else names[:-1]  # a packed QKV tensor is all three
     params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
-    text = (_kernel_text().replace("{NAME}", "attention_wgmma").replace("{PARAMS}", params)
+    dtype = plan.shape.dtype
+    text = (kernel_text(source).replace("{NAME}", name).replace("{PARAMS}", params)
             .replace("{Q}", inputs[0]).replace("{K}", inputs[1]).replace("{V}", inputs[2]).replace("{O}", names[-1])
-            .replace("{PACK_P}", _pack(plan.shape.dtype, "k_s[2 * i]", "k_s[2 * i + 1]"))
-            .replace("{PACK_O}", _pack(plan.shape.dtype, "k_o[2 * i] * k_t[i % 2]", "k_o[2 * i + 1] * k_t[i % 2]"))
-            .replace("{MAX_TREE}", _tree("T.max({}, {})", _row_half(plan.s_regs)))
-            .replace("{SUM_TREE}", _tree("({} + {})", _row_half(plan.s_regs))))
-    q, k, v = plan.operands()
-    env = {"T": T, "P": plan, "K_QOP": q, "K_KOP": k, "K_VOP": v, "K_DTYPE": plan.shape.dtype, "K_PAIR": f"{plan.shape.dtype}x2",
-           "K_SWIZZLE_128B": SWIZZLE_128B, "K_L2_256B": L2_PROMO_256B, "range": range}
+            .replace("{PACK_P}", pack_text(dtype, "k_s[2 * i]", "k_s[2 * i + 1]"))
+            .replace("{PACK_O}", pack_text(dtype, "k_o[2 * i] * k_t[i % 2]", "k_o[2 * i + 1] * k_t[i % 2]"))
+            .replace("{MAX_TREE}", tree_text("T.max({}, {})", row_half(plan.s_regs)))
+            .replace("{SUM_TREE}", tree_text("({} + {})", row_half(plan.s_regs))))
+    env = {"T": T, "P": plan, "K_DTYPE": dtype, "K_PAIR": f"{dtype}x2", "range": range, **env}
     kernel = tvm.script.from_source(text, extra_vars=env)
     return as_tirx_kernel(kernel, func)
 
 
 @functools.cache
-def _kernel_text() -> str:
-    """The kernel with its blocks placed: ``{NAME: tile}`` at an indentation becomes block
-    ``NAME`` (a ``#@block NAME`` .. ``#@end`` section of the source) with ``{t}`` = ``tile``."""
-    text, _, rest = KERNEL_SOURCE.read_text().partition("\n# --- blocks")
+def kernel_text(source: pathlib.Path) -> str:
+    """The kernel of ``source`` with its blocks placed: ``{NAME: tile}`` at an indentation
+    becomes block ``NAME`` (a ``#@block NAME`` .. ``#@end`` section of the source) with ``{t}`` =
+    ``tile``."""
+    text, _, rest = source.read_text().partition("\n# --- blocks")
     blocks = dict(re.findall(r"#@block (\w+)\n(.*?)#@end", rest, flags=re.S))
 
     def place(m: re.Match) -> str:

@@ -1,0 +1,174 @@
+"""The mma.sync attention kernel's compile-time numbers for one (shape, config): warps and
+tiles, the shared-memory layout (XOR-swizzled 16-byte chunks), where each operand's rows are,
+the fragments' register counts and the order the CTAs take the query tiles in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+
+from fastdlight.analysis.attention import AttentionShape
+
+LOG2E = 1.4426950408889634
+#: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
+CHUNK = 8
+MMA_NAME = {"float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+            "bfloat16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"}
+
+
+@dataclass(frozen=True)
+class MmaAttentionPlan:
+    """A CTA computes ``bm`` query rows of one (batch, head): a warp each 16 of them. The
+    ``bn``-key tiles of K and V stream through a ``stages``-deep ring of ``cp.async`` copies."""
+
+    shape: AttentionShape
+    bm: int
+    bn: int
+    stages: int
+
+    def __post_init__(self):
+        d = self.shape.head_dim
+        if self.bm % 16 or self.bm > 128 or self.bn % 16 or self.bn > 128 or d % 16 or d > 256:
+            raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} at head dim {d}")
+        if self.stages < 2 or self.shape.dtype not in MMA_NAME:
+            raise ValueError("the mma.sync attention kernel needs two stages or more, fp16 or bf16")
+
+    # --- the grid ---------------------------------------------------------------------------
+
+    @property
+    def warps(self) -> int:
+        return self.bm // 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def bh(self) -> int:
+        return self.shape.batch * self.shape.heads
+
+    @property
+    def q_tiles(self) -> int:
+        return -(-self.shape.seq_q // self.bm)
+
+    @property
+    def ctas(self) -> int:
+        return self.q_tiles * self.bh
+
+    def query_tile(self, bid):
+        """CTA ``bid``'s query tile: every head's tile of one row block before the next, the
+        heaviest (causal: the last rows, seeing the most keys) first."""
+        qt = bid // self.bh
+        return self.q_tiles - 1 - qt if self.shape.causal else qt
+
+    def head_of(self, bid):
+        """CTA ``bid``'s (batch, head), as ``batch * heads + head``."""
+        return bid % self.bh
+
+    def kv_tiles(self, qt):
+        """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
+        s = self.shape
+        total = -(-s.seq_kv // self.bn)
+        if not s.causal:
+            return total
+        return tirx.min(((qt + 1) * self.bm + s.offset + self.bn - 1) // self.bn, total)
+
+    def visible(self, row, col):
+        s = self.shape
+        seen = col < s.seq_kv
+        return tirx.all(seen, col <= row + s.offset) if s.causal else seen
+
+    def needs_mask(self, j, qt):
+        """Whether key tile ``j`` holds keys some row of query tile ``qt`` must not see."""
+        s = self.shape
+        last = (j + 1) * self.bn
+        past_end = last > s.seq_kv
+        return tirx.any(past_end, last - 1 > qt * self.bm + s.offset) if s.causal else past_end
+
+    @property
+    def scale_log2(self) -> float:
+        return self.shape.scale * LOG2E
+
+    @property
+    def mma(self) -> str:
+        return MMA_NAME[self.shape.dtype]
+
+    # --- registers ----------------------------------------------------------------------------
+
+    @property
+    def q_regs(self) -> int:
+        """Q's A fragments, held for the whole tile: four words a 16-column step of D."""
+        return self.shape.head_dim // 4
+
+    @property
+    def s_regs(self) -> int:
+        """Scores of a warp's 16 rows by ``bn`` keys: four fp32 an 8-key slice."""
+        return self.bn // 2
+
+    @property
+    def o_regs(self) -> int:
+        return self.shape.head_dim // 2
+
+    @property
+    def p_regs(self) -> int:
+        """P as A fragments: four words a 16-key step."""
+        return self.bn // 4
+
+    # --- shared memory ------------------------------------------------------------------------
+
+    @property
+    def chunks(self) -> int:
+        """16-byte chunks of a row of D elements."""
+        return self.shape.head_dim // CHUNK
+
+    @property
+    def q_elems(self) -> int:
+        return self.bm * self.shape.head_dim
+
+    @property
+    def kv_elems(self) -> int:
+        return self.bn * self.shape.head_dim
+
+    def smem_bytes(self) -> int:
+        return 2 * (self.q_elems + 2 * self.stages * self.kv_elems)
+
+    def at(self, row, chunk):
+        """Element offset of chunk ``chunk`` of tile row ``row``: the chunk's bits XOR the
+        row's low three, so the 8 rows an ldmatrix matrix reads fall in 8 different banks."""
+        return row * self.shape.head_dim + tirx.bitwise_xor(chunk, row % 8) * CHUNK
+
+    # --- the operands in global memory --------------------------------------------------------
+
+    def index(self, which: int, bh, token, chunk) -> list:
+        """Indices of the first element of chunk ``chunk`` of row ``token`` of operand ``which``
+        (0 Q, 1 K, 2 V) for the query (batch, head) ``bh``: K and V read head ``h // group``."""
+        s = self.shape
+        b, h = bh // s.heads, bh % s.heads
+        head = h if which == 0 else h // s.group
+        col = chunk * CHUNK
+        layout = s.operand_layouts[which]
+        if layout == "packed":
+            return [b, token, head + (0, s.heads, s.heads + s.kv_heads)[which], col]
+        return [b, token, head, col] if layout == "bthd" else [b, head, token, col]
+
+    def seq(self, which: int) -> int:
+        return self.shape.seq_q if which == 0 else self.shape.seq_kv
+
+    # --- copies -------------------------------------------------------------------------------
+
+    def copy_steps(self, buf, stage, which: int, first, rows: int) -> int:
+        """cp.async steps of the CTA's threads to copy ``rows`` rows (16 bytes a thread a step)."""
+        return rows * self.chunks // self.threads
+
+    def copy_args(self, operands, buf, stage, which: int, first, rows: int, bh, slot) -> list:
+        """Operands of the ``cp.async`` of chunk ``slot`` (of ``rows * chunks``) into ``buf``
+        (at ``stage`` of its ring, or ``None``): destination, source, 16 bytes, and the bytes
+        to read (0 past the operand's end: zeros; the address clamped to its last row)."""
+        row, chunk = slot // self.chunks, slot % self.chunks
+        token = first + row
+        last = self.seq(which) - 1
+        at = self.at(row, chunk)
+        dst = buf.ptr_to([at] if stage is None else [stage, at])
+        src = operands[which].ptr_to(self.index(which, bh, tirx.min(token, last), chunk))
+        return [dst, src, 16, tirx.Select(token <= last, tirx.const(16, "uint32"), tirx.const(0, "uint32"))]

@@ -1,0 +1,77 @@
+"""Fused attention with mma.sync, CPU only: the configs the attention policy emits on sm_80 and
+sm_89 (head dims 64 and 128, causal or not, GQA, bf16, the heads' layouts, ragged ends) compile
+to cubins without spills, with cp.async copies that zero-fill past the ends, ldmatrix (transposed
+for V) and m16n8k16 mma.sync; tiles the kernel cannot take get no plan."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import tvm
+
+from fastdlight import ops
+from fastdlight.analysis.attention import AttentionShape, attention_func, match_attention
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.config import Config
+from fastdlight.policies.attention import mma_attention_configs
+from fastdlight.schedules import apply_config
+from fastdlight.schedules.base import ScheduleError
+from fastdlight.schedules.attention.mma_plan import MmaAttentionPlan
+from fastdlight.schedules.attention.mma_template import mma_plan_for
+
+A100, L4 = CUDA("nvidia/nvidia-a100"), CUDA("nvidia/nvidia-l4")
+
+SHAPES = {
+    "causal_d128_tail": (A100, AttentionShape(1, 8, 1000, 1000, 128, 8, causal=True)),
+    "gqa_bf16_bottom_right": (A100, AttentionShape(2, 8, 300, 4097, 64, 2, causal=True, dtype="bfloat16")),
+    "bthd_sm89": (L4, AttentionShape(2, 8, 777, 777, 128, 2, layout="bthd")),
+    "packed_qkv": (A100, AttentionShape(1, 12, 500, 500, 64, 12, causal=True, layout="packed")),
+}
+
+
+def compile_kernel(arch, func, config):
+    with arch.target:
+        kernel = apply_config(func, config)
+    src = cuda_source(build(tvm.IRModule({"main": kernel}), arch.target))
+    return src, compile_cubin(src, arch.target)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_best_configs_compile_without_spills(name):
+    arch, shape = SHAPES[name]
+    func = attention_func(shape)
+    configs = mma_attention_configs(shape, arch, 2)
+    assert configs and all(c.kind == "attention_mma" for c in configs)
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda c: compile_kernel(arch, func, c), configs))
+    t = "bf16" if shape.dtype == "bfloat16" else "f16"
+    for config, (src, cubin) in zip(configs, built):
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in src
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+        assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src  # src-size: zeros past the ends
+        assert "wgmma" not in src and "__shfl_xor_sync" in src
+        assert cubin.spill_bytes == 0 and cubin.registers <= 255, (config, cubin.spill_bytes)
+
+
+def test_the_plan_refuses_tiles_the_kernel_cannot_take():
+    shape = AttentionShape(1, 8, 512, 512, 128, 8)
+    func = attention_func(shape)
+    for block, stages in (((128, 64), 1), ((144, 64), 2), ((128, 144), 2)):
+        assert mma_plan_for(func, Config("attention_mma", block=block, pipeline_stages=stages)) is None
+    d64 = attention_func(AttentionShape(1, 8, 512, 512, 64, 8))  # 16 keys of 8 chunks: 128 copies, 256 threads
+    assert mma_plan_for(d64, Config("attention_mma", block=(128, 16), pipeline_stages=2)) is None
+    assert mma_plan_for(func, Config("attention_mma", block=(128, 64), pipeline_stages=3), smem_bytes=99 * 1024) is None
+    plan = mma_plan_for(func, Config("attention_mma", block=(128, 64), pipeline_stages=2))
+    assert isinstance(plan, MmaAttentionPlan) and (plan.threads, plan.q_regs, plan.s_regs, plan.o_regs) == (256, 32, 32, 64)
+    assert mma_plan_for(ops.softmax(4, 8).func, Config("attention_mma", block=(128, 64), pipeline_stages=2)) is None
+
+
+def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80():
+    shape = match_attention(ops.attention(1, 32, 4096, 4096, 128, causal=True).func)
+    for config in mma_attention_configs(shape, L4, 8):
+        bm, bn = config.block
+        assert 2 * 128 * (bm + 2 * config.pipeline_stages * bn) <= L4.smem_per_block_optin
+    assert len(mma_attention_configs(shape, A100, 8)) > len(mma_attention_configs(shape, L4, 8))
+    t4 = CUDA("nvidia/nvidia-t4")
+    with t4.target, pytest.raises(ScheduleError, match="not applicable"):
+        apply_config(attention_func(shape), Config("attention_mma", block=(128, 64), pipeline_stages=2))
