@@ -177,13 +177,23 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
     return shape if params_agree(func, want) else None
 
 
-#: head dims the fused templates cover (the wgmma one: a 128-byte swizzled row is 64 fp16 columns)
-FUSED_HEAD_DIMS = (64, 128)
 
 
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
-    """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version`` (e.g. 90:
-    wgmma; 80 and later: mma.sync); elsewhere the naive TIR would run as several kernels,
-    slower than the unfused model graph, so a model rewrite should leave attention as it found
-    it."""
-    return sm_version >= 80 and shape.head_dim in FUSED_HEAD_DIMS and shape.dtype in ("float16", "bfloat16")
+    """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version``: from sm_80
+    the mma.sync one (:func:`mma_head_dim`), on Hopper also the wgmma one (head dims
+    :data:`FUSED_HEAD_DIMS`); elsewhere the naive TIR would run as several kernels, slower than
+    the unfused model graph, so a model rewrite should leave attention as it found it."""
+    return sm_version >= 80 and mma_head_dim(shape.head_dim) and shape.dtype in ("float16", "bfloat16")
+
+
+def mma_head_dim(head_dim: int) -> bool:
+    """Head dims the mma.sync template takes: 16-column steps of its products, Q's and O's
+    fragments in registers (Phi-3's 96, Phi-2's 80, up to 192)."""
+    return head_dim % 16 == 0 and head_dim <= MMA_MAX_HEAD_DIM
+
+
+#: head dims the wgmma template covers (a 128-byte swizzled row is 64 fp16 columns)
+FUSED_HEAD_DIMS = (64, 128)
+#: the largest head dim whose Q (D / 4) and O (D / 2) fragments fit beside 64 keys' scores
+MMA_MAX_HEAD_DIM = 192

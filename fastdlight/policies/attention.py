@@ -19,7 +19,7 @@ per SM walks the tiles (emitted beside each tile where the tiles outnumber the S
 
 from __future__ import annotations
 
-from fastdlight.analysis.attention import AttentionShape, fused_fits
+from fastdlight.analysis.attention import FUSED_HEAD_DIMS, AttentionShape, fused_fits
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -34,7 +34,7 @@ PRODUCER_REGS = 24
 TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
 #: the mma.sync kernel's tiles (a warp each 16 query rows; keys a step): FlashAttention-2 runs
 #: 128 x 64 at head dim 128 and 128 x 128 at 64 on sm_80
-MMA_TILES = ((128, 64), (64, 64), (128, 32), (128, 128), (64, 128))
+MMA_TILES = ((128, 64), (64, 64), (128, 32), (128, 128), (64, 128), (64, 32))
 #: registers an mma.sync attention thread may hold in fragments: Q's (D / 4, kept for the tile),
 #: the scores (bn / 2), O (D / 2) and P (bn / 4), under 255 with room for addresses
 MMA_FRAGMENT_REGS = 200
@@ -89,7 +89,8 @@ def mma_fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int) ->
     in ``smem``, and the K/V copies even over its threads (16 bytes a thread a step)."""
     d = shape.head_dim
     fragments = d // 4 + bn // 2 + d // 2 + bn // 4
-    return (fragments <= MMA_FRAGMENT_REGS and 2 * d * (bm + 2 * stages * bn) <= smem
+    row = -(-d // 64) * 64  # shared-memory rows pad to whole swizzle groups
+    return (fragments <= MMA_FRAGMENT_REGS and 2 * row * (bm + 2 * stages * bn) <= smem
             and bn * d // 8 % (2 * bm) == 0)
 
 
@@ -107,12 +108,13 @@ def mma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> l
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch``, cheapest predicted first: the wgmma template's on
-    Hopper (``sm_90a``), the mma.sync one's on other GPUs from sm_80; none where neither takes
-    the shape (an older GPU, another head dim or dtype: :func:`fused_fits`)."""
+    Hopper (``sm_90a``) at its head dims, the mma.sync one's on other GPUs from sm_80 and at
+    other head dims; none where neither takes the shape (an older GPU, a head dim or dtype
+    neither covers: :func:`fused_fits`)."""
     major, minor = arch.compute_capability
     if not fused_fits(shape, 10 * major + minor):
         return []
-    if not arch.has_wgmma:
+    if not arch.has_wgmma or shape.head_dim not in FUSED_HEAD_DIMS:
         return mma_attention_configs(shape, arch, topk)
     options = []
     for bm, bn in TILES:

@@ -13,7 +13,7 @@ from fastdlight.analysis.attention import AttentionShape, attention_func, match_
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.config import Config
-from fastdlight.policies.attention import mma_attention_configs
+from fastdlight.policies.attention import attention_configs, mma_attention_configs
 from fastdlight.schedules import apply_config
 from fastdlight.schedules.base import ScheduleError
 from fastdlight.schedules.attention.mma_plan import MmaAttentionPlan
@@ -26,6 +26,10 @@ SHAPES = {
     "gqa_bf16_bottom_right": (A100, AttentionShape(2, 8, 300, 4097, 64, 2, causal=True, dtype="bfloat16")),
     "bthd_sm89": (L4, AttentionShape(2, 8, 777, 777, 128, 2, layout="bthd")),
     "packed_qkv": (A100, AttentionShape(1, 12, 500, 500, 64, 12, causal=True, layout="packed")),
+    # head dims the wgmma template lacks, on Hopper too (rows padded to whole swizzle groups)
+    "d96_hopper": (CUDA("nvidia/nvidia-h100"), AttentionShape(1, 32, 1000, 1000, 96, 8, causal=True)),
+    "d80_sm89": (L4, AttentionShape(2, 8, 333, 333, 80, 8)),
+    "d160_bf16": (A100, AttentionShape(1, 8, 512, 700, 160, 8, causal=True, dtype="bfloat16")),
 }
 
 
@@ -64,6 +68,14 @@ def test_the_plan_refuses_tiles_the_kernel_cannot_take():
     plan = mma_plan_for(func, Config("attention_mma", block=(128, 64), pipeline_stages=2))
     assert isinstance(plan, MmaAttentionPlan) and (plan.threads, plan.q_regs, plan.s_regs, plan.o_regs) == (256, 32, 32, 64)
     assert mma_plan_for(ops.softmax(4, 8).func, Config("attention_mma", block=(128, 64), pipeline_stages=2)) is None
+
+
+def test_hopper_gets_the_mma_kernel_only_at_head_dims_the_wgmma_one_lacks():
+    h100 = CUDA("nvidia/nvidia-h100")
+    kinds = {d: {c.kind for c in attention_configs(AttentionShape(1, 8, 512, 512, d, 8), h100, 8)}
+             for d in (64, 80, 96, 128, 192, 256, 40)}
+    assert kinds == {64: {"attention_wgmma"}, 80: {"attention_mma"}, 96: {"attention_mma"},
+                     128: {"attention_wgmma"}, 192: {"attention_mma"}, 256: set(), 40: set()}
 
 
 def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80():

@@ -88,7 +88,9 @@ def test_the_attention_policy_goes_first_from_sm80():
     first = next(candidate_sets(func, A100, 8))  # the mma.sync template's configs
     assert first.policy == "AttentionPolicy" and {c.kind for c in first.configs} == {"attention_mma"}
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(func, CUDA("nvidia/nvidia-t4"), 8))
-    odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim the template does not cover
+    odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim only the mma.sync template covers
+    assert {c.kind for c in next(candidate_sets(odd, H100, 8)).configs} == {"attention_mma"}
+    odd = ops.attention(1, 8, 512, 512, 40).func  # one neither covers
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(odd, H100, 8))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import AttentionShape
+from fastdlight.analysis.attention import AttentionShape, mma_head_dim
 
 LOG2E = 1.4426950408889634
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
@@ -29,7 +29,7 @@ class MmaAttentionPlan:
 
     def __post_init__(self):
         d = self.shape.head_dim
-        if self.bm % 16 or self.bm > 128 or self.bn % 16 or self.bn > 128 or d % 16 or d > 256:
+        if self.bm % 16 or self.bm > 128 or self.bn % 16 or self.bn > 128 or not mma_head_dim(d):
             raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} at head dim {d}")
         if self.stages < 2 or self.shape.dtype not in MMA_NAME:
             raise ValueError("the mma.sync attention kernel needs two stages or more, fp16 or bf16")
@@ -123,12 +123,18 @@ class MmaAttentionPlan:
         return self.shape.head_dim // CHUNK
 
     @property
+    def row_elems(self) -> int:
+        """A tile row's elements in shared memory: D rounded up to 64 (a whole number of 8-chunk
+        swizzle groups: head dims such as 80 and 96 pad their rows)."""
+        return -(-self.shape.head_dim // 64) * 64
+
+    @property
     def q_elems(self) -> int:
-        return self.bm * self.shape.head_dim
+        return self.bm * self.row_elems
 
     @property
     def kv_elems(self) -> int:
-        return self.bn * self.shape.head_dim
+        return self.bn * self.row_elems
 
     def smem_bytes(self) -> int:
         return 2 * (self.q_elems + 2 * self.stages * self.kv_elems)
@@ -136,7 +142,7 @@ class MmaAttentionPlan:
     def at(self, row, chunk):
         """Element offset of chunk ``chunk`` of tile row ``row``: the chunk's bits XOR the
         row's low three, so the 8 rows an ldmatrix matrix reads fall in 8 different banks."""
-        return row * self.shape.head_dim + tirx.bitwise_xor(chunk, row % 8) * CHUNK
+        return row * self.row_elems + tirx.bitwise_xor(chunk, row % 8) * CHUNK
 
     # --- the operands in global memory --------------------------------------------------------
 

@@ -41,7 +41,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from fastdlight.analysis.attention import match_attention
+from fastdlight.analysis.attention import FUSED_HEAD_DIMS, match_attention
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -59,7 +59,8 @@ def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
     grid) and ``smem_bytes`` of shared memory a CTA (whether O's tile fits beside the ring), or
     None where the template does not take them."""
     shape = match_attention(func)
-    if shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16"):
+    if (shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16")
+            or shape.head_dim not in FUSED_HEAD_DIMS):
         return None
     (bm, bn) = config.block
     try:
