@@ -5,8 +5,8 @@ against the function's float64 twin and timed beside torch's ``scaled_dot_produc
         [--rounds 5] [--round-ms 60] [--clocks] [--list]
 
 The cases are ``bench_attention``'s. A tile is ``BMxBNxSTAGES`` with ``p`` for the persistent
-grid or ``m`` for the mma.sync kernel (``attention_mma``, the one GPUs before Hopper get); without
-``--tiles`` a case takes every config the attention policy emits for it. Every
+grid, or ``m`` (``m32``: warps of 32 rows) for the mma.sync kernel (``attention_mma``, what GPUs
+without wgmma get); without ``--tiles`` a case takes every config the attention policy emits. Every
 verified config and torch are timed in CUDA graphs, inputs rotated out of L2, in alternating
 rounds (medians): a row a config with ms, TFLOPS, the ratio to torch, registers and the verdict;
 a config that fails to build or verify is a row with its error. ``--clocks`` samples the SM
@@ -38,7 +38,7 @@ from bench_setup import (  # noqa: E402
 )
 
 NAME = "check_attention_tiles"
-TILE = re.compile(r"^(\d+)x(\d+)x(\d+)([pm]?)$")
+TILE = re.compile(r"^(\d+)x(\d+)x(\d+)(p|m|m32)?$")
 
 
 def parse_tiles(text: str) -> list | str:
@@ -51,9 +51,11 @@ def parse_tiles(text: str) -> list | str:
         if m is None:
             return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p|m] (e.g. 128x176x2p, 128x64x2m)"
         bm, bn, stages = (int(g) for g in m.groups()[:3])
-        kind = "attention_mma" if m.group(4) == "m" else "attention_wgmma"
+        mma = (m.group(4) or "").startswith("m")
+        warp = (32,) if m.group(4) == "m32" else (16,) if mma else ()
         try:
-            configs.append(Config(kind, block=(bm, bn), pipeline_stages=stages, persistent=m.group(4) == "p"))
+            configs.append(Config("attention_mma" if mma else "attention_wgmma", block=(bm, bn), warp=warp,
+                                  pipeline_stages=stages, persistent=m.group(4) == "p"))
         except ValueError as e:
             return f"{NAME}: tile {part!r}: {e}"
     return configs
@@ -61,7 +63,7 @@ def parse_tiles(text: str) -> list | str:
 
 def label_of(config) -> str:
     bm, bn = config.block
-    mma = "mma.sync " if config.kind == "attention_mma" else ""
+    mma = f"mma.sync (warps of {(config.warp or (16,))[0]}) " if config.kind == "attention_mma" else ""
     return f"{mma}{bm}x{bn}, {config.pipeline_stages} stages" + (", persistent" if config.persistent else "")
 
 

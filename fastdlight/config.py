@@ -40,7 +40,7 @@ KINDS = (
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
     "matmul_wgmma_dequant",  # prefill rows against 4-bit weights on Hopper: block=(weight rows, activation rows); sm_90a
     "attention_wgmma",  # fused attention on Hopper: block = (query rows, keys a step); sm_90a
-    "attention_mma",  # fused attention with mma.sync (sm_80+): block = (query rows, a warp each 16; keys a step)
+    "attention_mma",  # fused attention with mma.sync (sm_80+): block = (query rows, keys a step), warp = (rows a warp,)
     "decode_attention",  # split-KV decode attention: block=(keys a step,), thread=(values of a key a lane,), warp=(warps,)
     "decode_combine",  # the merge of its chunks: block=(head dim,), thread=(values a lane,), warp=(warps,)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
@@ -117,7 +117,7 @@ class Config:
         if self.kind == "attention_wgmma":
             return 128 * (1 + self.block[0] // 64)  # a producer and a warpgroup per 64 query rows
         if self.kind == "attention_mma":
-            return 2 * self.block[0]  # a warp per 16 query rows
+            return 32 * self.block[0] // (self.warp[0] if self.warp else 16)  # a warp per 16 or 32 query rows
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
         if self.kind in ("decode_attention", "decode_combine"):
@@ -144,9 +144,16 @@ class Config:
             return
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
+        if self.kind == "attention_mma":
+            rows = self.warp[0] if self.warp else 16
+            if len(self.block) != 2 or self.warp not in ((), (16,), (32,)) or self.block[0] % rows or self.thread \
+                    or self.rstep:
+                raise ValueError("an mma.sync attention config is block=(query rows, keys a step) and optionally "
+                                 "warp=(16 or 32 query rows a warp, dividing the block's,) only")
         if self.kind in ("attention_wgmma", "attention_mma"):
             rows = 64 if self.kind == "attention_wgmma" else 16
-            if len(self.block) != 2 or self.block[0] % rows or self.thread or self.warp or self.rstep:
+            if len(self.block) != 2 or self.block[0] % rows or self.thread or self.rstep \
+                    or (self.warp and self.kind == "attention_wgmma"):
                 raise ValueError(f"an attention config is block=(query rows, a multiple of {rows}; keys a step) only")
             if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
                 raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
@@ -211,7 +218,7 @@ class Config:
         if self.kind == "prebuilt":
             return f"Config[prebuilt](#{self.block[0]})"
         parts = [f"block={list(self.block)}"]
-        if self.kind in TENSOR_CORE_KINDS:
+        if self.kind in TENSOR_CORE_KINDS or self.kind == "attention_mma" and self.warp:
             parts.append(f"warp={list(self.warp)}")
         elif self.thread:
             parts.append(f"thread={list(self.thread)}")

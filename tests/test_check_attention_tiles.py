@@ -17,9 +17,10 @@ def test_tiles_parse_into_configs_and_a_bad_one_is_named():
     assert [(c.block, c.pipeline_stages, c.persistent) for c in configs] == [((128, 128), 3, True), ((128, 64), 2, False)]
     assert cat.label_of(configs[0]) == "128x128, 3 stages, persistent"
     assert "'128x'" in cat.parse_tiles("128x128x2,128x")
-    mma = cat.parse_tiles("128x64x2m")[0]  # the mma.sync kernel's
-    assert mma.kind == "attention_mma" and cat.label_of(mma) == "mma.sync 128x64, 2 stages"
-    assert "multiple of 16" in cat.parse_tiles("24x64x2m")
+    mma, mma32 = cat.parse_tiles("128x64x2m,128x64x2m32")  # the mma.sync kernel's
+    assert mma.kind == "attention_mma" and cat.label_of(mma) == "mma.sync (warps of 16) 128x64, 2 stages"
+    assert mma32.warp == (32,) and cat.label_of(mma32) == "mma.sync (warps of 32) 128x64, 2 stages"
+    assert "dividing the block's" in cat.parse_tiles("24x64x2m")
 
 
 def test_a_bad_tile_or_case_is_one_line_and_exit_2():

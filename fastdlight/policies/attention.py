@@ -32,12 +32,16 @@ OVERHEAD_REGS = 8
 #: 2026-11-30); 32 would leave two consumers 232, not 240 (not yet timed)
 PRODUCER_REGS = 24
 TILES = ((128, 128), (128, 64), (192, 64), (192, 128), (64, 128))
-#: the mma.sync kernel's tiles (a warp each 16 query rows; keys a step): FlashAttention-2 runs
-#: 128 x 64 at head dim 128 and 128 x 128 at 64 on sm_80
+#: the mma.sync kernel's tiles (query rows, keys a step): FlashAttention-2 runs 128 x 64 at head
+#: dim 128 and 128 x 128 at 64 on sm_80, warps of 32 rows
 MMA_TILES = ((128, 64), (64, 64), (128, 32), (128, 128), (64, 128), (64, 32))
-#: registers an mma.sync attention thread may hold in fragments: Q's (D / 4, kept for the tile),
-#: the scores (bn / 2), O (D / 2) and P (bn / 4), under 255 with room for addresses
-MMA_FRAGMENT_REGS = 200
+#: query rows a warp: one m16 tile (Q's fragments held in registers) or two (sharing each K and V
+#: fragment: half the shared-memory reads a product, Q's fragments re-read each step)
+MMA_WARP_ROWS = (32, 16)
+#: registers an mma.sync attention thread may hold in fragments (Q's, the scores, O and P), under
+#: 255 with room for addresses (sm_80 builds, 2026-11-30: 200 at d96, 128x64 in warps of 32,
+#: spilled 8 bytes at 255 registers; 184 at d128, 128x32, took 244 without spills)
+MMA_FRAGMENT_REGS = 192
 
 
 def consumer_regs(consumers: int) -> int:
@@ -84,26 +88,29 @@ def cost(shape: AttentionShape, bm: int, bn: int, stages: int, sm_count: int) ->
     return waves * bm * padding * key_padding(shape, bm, bn) * per_step * alone
 
 
-def mma_fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int) -> bool:
-    """Whether the mma.sync kernel's tile fits: its fragments in registers, Q and the K/V ring
-    in ``smem``, and the K/V copies even over its threads (16 bytes a thread a step)."""
-    d = shape.head_dim
-    fragments = d // 4 + bn // 2 + d // 2 + bn // 4
+def mma_fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int, wm: int = 16) -> bool:
+    """Whether the mma.sync kernel's tile fits: its fragments in registers (``wm // 16`` m16 tiles
+    a warp), Q and the K/V ring in ``smem``, and the K/V copies even over its threads (16 bytes a
+    thread a step)."""
+    d, mt = shape.head_dim, wm // 16
+    fragments = (d // 4 if mt == 1 else 4 * mt) + mt * (bn // 2 + d // 2 + bn // 4)
     row = -(-d // 64) * 64  # shared-memory rows pad to whole swizzle groups
-    return (fragments <= MMA_FRAGMENT_REGS and 2 * row * (bm + 2 * stages * bn) <= smem
-            and bn * d // 8 % (2 * bm) == 0)
+    return (fragments <= MMA_FRAGMENT_REGS and 2 * row * (bm + 2 * stages * bn) <= smem and bm % wm == 0
+            and bn * d // 8 % (32 * bm // wm) == 0)
 
 
 def mma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """``attention_mma`` configs for ``shape`` on ``arch`` (sm_80 and later), cheapest predicted
-    first (the wgmma template's estimate: waves, padding and a step's fixed costs)."""
+    first (the wgmma template's estimate: waves, padding and a step's fixed costs; warps of 32
+    rows first among equals)."""
     options = []
     for bm, bn in MMA_TILES:
-        for stages in (2, 3):
-            if mma_fits(shape, bm, bn, stages, arch.smem_per_block_optin):
-                options.append((cost(shape, bm, bn, stages, arch.sm_count), bm, bn, stages))
-    return [Config("attention_mma", block=(bm, bn), pipeline_stages=stages, cost=c)
-            for c, bm, bn, stages in sorted(options)[:topk]]
+        for wm in MMA_WARP_ROWS:
+            for stages in (2, 3):
+                if mma_fits(shape, bm, bn, stages, arch.smem_per_block_optin, wm):
+                    options.append((cost(shape, bm, bn, stages, arch.sm_count), -wm, bm, bn, stages))
+    return [Config("attention_mma", block=(bm, bn), warp=(-neg,), pipeline_stages=stages, cost=c)
+            for c, neg, bm, bn, stages in sorted(options)[:topk]]
 
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:

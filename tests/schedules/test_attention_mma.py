@@ -57,6 +57,22 @@ def test_the_best_configs_compile_without_spills(name):
         assert cubin.spill_bytes == 0 and cubin.registers <= 255, (config, cubin.spill_bytes)
 
 
+def test_warps_of_32_rows_share_each_fragment_and_compile_without_spills():
+    """Two m16 tiles a warp: each ldmatrix of V (and of K) feeds both tiles' mma.sync, twice the
+    products a load of warps of 16 rows; Q's fragments are re-read at each step instead of held."""
+    shape = AttentionShape(1, 8, 1000, 1000, 128, 2, causal=True)
+    warp32 = [c for c in mma_attention_configs(shape, A100, 16) if c.warp == (32,)]
+    assert warp32 and all(c.num_threads == c.block[0] for c in warp32)
+    per_v_load = {}
+    for rows in (16, 32):
+        config = Config("attention_mma", block=(128, 32), warp=(rows,), pipeline_stages=2)
+        src, cubin = compile_kernel(A100, attention_func(shape), config)
+        body = src[src.index("__global__"):]
+        per_v_load[rows] = body.count("mma_sync_aligned_m16n8k16") / body.count("ldmatrix_sync_aligned_m8n8_x4_trans")
+        assert cubin.spill_bytes == 0 and cubin.registers <= 255
+    assert per_v_load == {16: 4.0, 32: 8.0}  # S and P·V products over the V loads of a key tile
+
+
 def test_the_plan_refuses_tiles_the_kernel_cannot_take():
     shape = AttentionShape(1, 8, 512, 512, 128, 8)
     func = attention_func(shape)
@@ -83,7 +99,7 @@ def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80()
     for config in mma_attention_configs(shape, L4, 8):
         bm, bn = config.block
         assert 2 * 128 * (bm + 2 * config.pipeline_stages * bn) <= L4.smem_per_block_optin
-    assert len(mma_attention_configs(shape, A100, 8)) > len(mma_attention_configs(shape, L4, 8))
+    assert len(mma_attention_configs(shape, A100, 64)) > len(mma_attention_configs(shape, L4, 64))
     t4 = CUDA("nvidia/nvidia-t4")
     with t4.target, pytest.raises(ScheduleError, match="not applicable"):
         apply_config(attention_func(shape), Config("attention_mma", block=(128, 64), pipeline_stages=2))

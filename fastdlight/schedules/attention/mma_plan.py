@@ -19,18 +19,22 @@ MMA_NAME = {"float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 
 @dataclass(frozen=True)
 class MmaAttentionPlan:
-    """A CTA computes ``bm`` query rows of one (batch, head): a warp each 16 of them. The
-    ``bn``-key tiles of K and V stream through a ``stages``-deep ring of ``cp.async`` copies."""
+    """A CTA computes ``bm`` query rows of one (batch, head): a warp each ``wm`` of them (16: one
+    m16 tile, Q's fragments held in registers; 32: two, sharing each K and V fragment, Q's
+    fragments re-read from shared memory at each step). The ``bn``-key tiles of K and V stream
+    through a ``stages``-deep ring of ``cp.async`` copies."""
 
     shape: AttentionShape
     bm: int
     bn: int
     stages: int
+    wm: int = 16
 
     def __post_init__(self):
         d = self.shape.head_dim
-        if self.bm % 16 or self.bm > 128 or self.bn % 16 or self.bn > 128 or not mma_head_dim(d):
-            raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} at head dim {d}")
+        if (self.wm not in (16, 32) or self.bm % self.wm or self.bm > 128 or self.bn % 16 or self.bn > 128
+                or not mma_head_dim(d)):
+            raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} (warps of {self.wm}) at head dim {d}")
         if self.stages < 2 or self.shape.dtype not in MMA_NAME:
             raise ValueError("the mma.sync attention kernel needs two stages or more, fp16 or bf16")
 
@@ -38,7 +42,16 @@ class MmaAttentionPlan:
 
     @property
     def warps(self) -> int:
-        return self.bm // 16
+        return self.bm // self.wm
+
+    @property
+    def mt(self) -> int:
+        """m16 tiles a warp: its rows over 16."""
+        return self.wm // 16
+
+    @property
+    def q_in_regs(self) -> bool:
+        return self.mt == 1
 
     @property
     def threads(self) -> int:
@@ -98,12 +111,18 @@ class MmaAttentionPlan:
 
     @property
     def q_regs(self) -> int:
-        """Q's A fragments, held for the whole tile: four words a 16-column step of D."""
-        return self.shape.head_dim // 4
+        """Q's A fragments: held for the whole tile (four words a 16-column step of D), or those
+        of one step for each m16 tile."""
+        return self.shape.head_dim // 4 if self.q_in_regs else 4 * self.mt
+
+    def q_at(self, mt, kk):
+        """Where the A fragment of m16 tile ``mt`` at D step ``kk`` is in the Q registers."""
+        return kk * 4 if self.q_in_regs else mt * 4
 
     @property
     def s_regs(self) -> int:
-        """Scores of a warp's 16 rows by ``bn`` keys: four fp32 an 8-key slice."""
+        """Scores of an m16 tile's 16 rows by ``bn`` keys: four fp32 an 8-key slice (the
+        registers of the scores, O and P hold ``mt`` such slices)."""
         return self.bn // 2
 
     @property
@@ -178,3 +197,8 @@ class MmaAttentionPlan:
         dst = buf.ptr_to([at] if stage is None else [stage, at])
         src = operands[which].ptr_to(self.index(which, bh, tirx.min(token, last), chunk))
         return [dst, src, 16, tirx.Select(token <= last, tirx.const(16, "uint32"), tirx.const(0, "uint32"))]
+
+    def q_frag_at(self, warp, lane, mt, kk):
+        """Where lane ``lane`` of ``warp`` points its ldmatrix of Q's m16 tile ``mt`` at D step
+        ``kk``: row ``lane % 16`` of the tile, the step's first or second 8 columns."""
+        return self.at(warp * self.wm + mt * 16 + lane % 16, kk * 2 + lane // 16)

@@ -45,7 +45,7 @@ def mma_plan_for(func: tirx.PrimFunc, config: Config, smem_bytes: int | None = N
     if shape is None or config.kind != "attention_mma" or config.persistent:
         return None
     try:
-        plan = MmaAttentionPlan(shape, *config.block, config.pipeline_stages)
+        plan = MmaAttentionPlan(shape, *config.block, config.pipeline_stages, *config.warp)
     except ValueError:
         return None
     if (plan.bn * plan.chunks) % plan.threads or (smem_bytes is not None and plan.smem_bytes() > smem_bytes):
@@ -64,4 +64,4 @@ class MmaAttentionTemplate(ScheduleTemplate):
         if arch is not None and 10 * arch.compute_capability[0] + arch.compute_capability[1] < MIN_SM:
             return None
         plan = mma_plan_for(func, config, arch.smem_per_block_optin if arch is not None else None)
-        return None if plan is None else script_kernel(func, plan, KERNEL_SOURCE, "attention_mma", {})
+        return None if plan is None else script_kernel(func, plan, KERNEL_SOURCE, "attention_mma", {}, at="mt * ")

@@ -92,10 +92,10 @@ def pack_text(dtype: str, low: str, high: str) -> str:
     return f"T.bitwise_or(T.shift_left({half(high)}, T.uint32(16)), {half(low)})"
 
 
-def row_half(s_regs: int) -> list[str]:
+def row_half(s_regs: int, at: str = "") -> list[str]:
     """TVMScript of the scores of row half ``h`` in a thread's ``s_regs`` accumulators (wgmma's
-    layout: registers 4i + 2h and 4i + 2h + 1)."""
-    return [f"k_s[{4 * i + j} + h * 2]" for i in range(s_regs // 4) for j in (0, 1)]
+    and mma.sync's layout: registers 4i + 2h and 4i + 2h + 1), from offset ``at`` on."""
+    return [f"k_s[{at}{4 * i + j} + h * 2]" for i in range(s_regs // 4) for j in (0, 1)]
 
 
 def tree_text(combine: str, leaves: list[str]) -> str:
@@ -115,20 +115,24 @@ def build_kernel(func: tirx.PrimFunc, plan: AttentionPlan) -> tirx.PrimFunc:
     return script_kernel(func, plan, KERNEL_SOURCE, "attention_wgmma", env)
 
 
-def script_kernel(func: tirx.PrimFunc, plan, source: pathlib.Path, name: str, env: dict) -> tirx.PrimFunc:
+def script_kernel(func: tirx.PrimFunc, plan, source: pathlib.Path, name: str, env: dict,
+                  at: str = "") -> tirx.PrimFunc:
     """The kernel of ``source`` for ``func`` under ``plan`` (its ``shape`` and ``s_regs``): the
     function's parameters and names, the packing and row-statistics text placed, parsed with
-    ``env`` beside ``T``, ``P`` (the plan) and the dtype names."""
+    ``env`` beside ``T``, ``P`` (the plan) and the dtype names. ``at``: an offset (text, e.g.
+    ``"mt * "``) before which each register array's current slice starts: the scores at ``at
+    P.s_regs``, O at ``at P.o_regs``, P at ``at P.p_regs`` and the row statistics at ``at 4``."""
     names = [str(p.name) for p in func.params]
     inputs = names[:-1] * 3 if len(names) == 2 else names[:-1]  # a packed QKV tensor is all three
     params = ", ".join(f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
     dtype = plan.shape.dtype
+    s, o, t = (f"{at}{n} + " if at else "" for n in ("P.s_regs", "P.o_regs", "4"))
     text = (kernel_text(source).replace("{NAME}", name).replace("{PARAMS}", params)
             .replace("{Q}", inputs[0]).replace("{K}", inputs[1]).replace("{V}", inputs[2]).replace("{O}", names[-1])
-            .replace("{PACK_P}", pack_text(dtype, "k_s[2 * i]", "k_s[2 * i + 1]"))
-            .replace("{PACK_O}", pack_text(dtype, "k_o[2 * i] * k_t[i % 2]", "k_o[2 * i + 1] * k_t[i % 2]"))
-            .replace("{MAX_TREE}", tree_text("T.max({}, {})", row_half(plan.s_regs)))
-            .replace("{SUM_TREE}", tree_text("({} + {})", row_half(plan.s_regs))))
+            .replace("{PACK_P}", pack_text(dtype, f"k_s[{s}2 * i]", f"k_s[{s}2 * i + 1]"))
+            .replace("{PACK_O}", pack_text(dtype, f"k_o[{o}2 * i] * k_t[{t}i % 2]", f"k_o[{o}2 * i + 1] * k_t[{t}i % 2]"))
+            .replace("{MAX_TREE}", tree_text("T.max({}, {})", row_half(plan.s_regs, s)))
+            .replace("{SUM_TREE}", tree_text("({} + {})", row_half(plan.s_regs, s))))
     env = {"T": T, "P": plan, "K_DTYPE": dtype, "K_PAIR": f"{dtype}x2", "range": range, **env}
     kernel = tvm.script.from_source(text, extra_vars=env)
     return as_tirx_kernel(kernel, func)
