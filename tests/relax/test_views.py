@@ -64,9 +64,10 @@ def inputs():
 
 @pytest.fixture(scope="module")
 def prepared():
-    # the unfused form (fused attention left out): the matmuls of attention as other GPUs and
-    # head dims get them
-    return prepare(H100.target, fuse_attention=False)(Attention), prepare(A100.target)(Attention)
+    # the unfused form (fused attention left out): the matmuls of attention as head dims no
+    # fused template takes get them, with and without wgmma's views
+    return (prepare(H100.target, fuse_attention=False)(Attention),
+            prepare(A100.target, fuse_attention=False)(Attention))
 
 
 def test_the_head_split_and_merge_copies_are_gone_and_the_matmuls_read_in_place(prepared):

@@ -51,7 +51,8 @@ def test_the_best_configs_compile_without_spills(name):
     t = "bf16" if shape.dtype == "bfloat16" else "f16"
     for config, (src, cubin) in zip(configs, built):
         assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in src
-        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
         assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src  # src-size: zeros past the ends
         assert "wgmma" not in src and "__shfl_xor_sync" in src
         assert cubin.spill_bytes == 0 and cubin.registers <= 255, (config, cubin.spill_bytes)
@@ -82,7 +83,8 @@ def test_the_plan_refuses_tiles_the_kernel_cannot_take():
     assert mma_plan_for(d64, Config("attention_mma", block=(128, 16), pipeline_stages=2)) is None
     assert mma_plan_for(func, Config("attention_mma", block=(128, 64), pipeline_stages=3), smem_bytes=99 * 1024) is None
     plan = mma_plan_for(func, Config("attention_mma", block=(128, 64), pipeline_stages=2))
-    assert isinstance(plan, MmaAttentionPlan) and (plan.threads, plan.q_regs, plan.s_regs, plan.o_regs) == (256, 32, 32, 64)
+    assert isinstance(plan, MmaAttentionPlan)
+    assert (plan.threads, plan.q_regs, plan.s_regs, plan.o_regs) == (256, 32, 32, 64)
     assert mma_plan_for(ops.softmax(4, 8).func, Config("attention_mma", block=(128, 64), pipeline_stages=2)) is None
 
 

@@ -130,7 +130,8 @@ def script_kernel(func: tirx.PrimFunc, plan, source: pathlib.Path, name: str, en
     text = (kernel_text(source).replace("{NAME}", name).replace("{PARAMS}", params)
             .replace("{Q}", inputs[0]).replace("{K}", inputs[1]).replace("{V}", inputs[2]).replace("{O}", names[-1])
             .replace("{PACK_P}", pack_text(dtype, f"k_s[{s}2 * i]", f"k_s[{s}2 * i + 1]"))
-            .replace("{PACK_O}", pack_text(dtype, f"k_o[{o}2 * i] * k_t[{t}i % 2]", f"k_o[{o}2 * i + 1] * k_t[{t}i % 2]"))
+            .replace("{PACK_O}", pack_text(dtype, f"k_o[{o}2 * i] * k_t[{t}i % 2]",
+                                           f"k_o[{o}2 * i + 1] * k_t[{t}i % 2]"))
             .replace("{MAX_TREE}", tree_text("T.max({}, {})", row_half(plan.s_regs, s)))
             .replace("{SUM_TREE}", tree_text("({} + {})", row_half(plan.s_regs, s))))
     env = {"T": T, "P": plan, "K_DTYPE": dtype, "K_PAIR": f"{dtype}x2", "range": range, **env}
