@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import AttentionShape, mma_head_dim
+from fastdlight.analysis.attention import mma_head_dim
+from fastdlight.schedules.attention.plan import AttentionTiles
 
-LOG2E = 1.4426950408889634
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
 CHUNK = 8
 MMA_NAME = {"float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -18,16 +18,12 @@ MMA_NAME = {"float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 
 
 @dataclass(frozen=True)
-class MmaAttentionPlan:
+class MmaAttentionPlan(AttentionTiles):
     """A CTA computes ``bm`` query rows of one (batch, head): a warp each ``wm`` of them (16: one
     m16 tile, Q's fragments held in registers; 32: two, sharing each K and V fragment, Q's
     fragments re-read from shared memory at each step). The ``bn``-key tiles of K and V stream
     through a ``stages``-deep ring of ``cp.async`` copies."""
 
-    shape: AttentionShape
-    bm: int
-    bn: int
-    stages: int
     wm: int = 16
 
     def __post_init__(self):
@@ -58,14 +54,6 @@ class MmaAttentionPlan:
         return 32 * self.warps
 
     @property
-    def bh(self) -> int:
-        return self.shape.batch * self.shape.heads
-
-    @property
-    def q_tiles(self) -> int:
-        return -(-self.shape.seq_q // self.bm)
-
-    @property
     def ctas(self) -> int:
         return self.q_tiles * self.bh
 
@@ -78,30 +66,6 @@ class MmaAttentionPlan:
     def head_of(self, bid):
         """CTA ``bid``'s (batch, head), as ``batch * heads + head``."""
         return bid % self.bh
-
-    def kv_tiles(self, qt):
-        """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
-        s = self.shape
-        total = -(-s.seq_kv // self.bn)
-        if not s.causal:
-            return total
-        return tirx.min(((qt + 1) * self.bm + s.offset + self.bn - 1) // self.bn, total)
-
-    def visible(self, row, col):
-        s = self.shape
-        seen = col < s.seq_kv
-        return tirx.all(seen, col <= row + s.offset) if s.causal else seen
-
-    def needs_mask(self, j, qt):
-        """Whether key tile ``j`` holds keys some row of query tile ``qt`` must not see."""
-        s = self.shape
-        last = (j + 1) * self.bn
-        past_end = last > s.seq_kv
-        return tirx.any(past_end, last - 1 > qt * self.bm + s.offset) if s.causal else past_end
-
-    @property
-    def scale_log2(self) -> float:
-        return self.shape.scale * LOG2E
 
     @property
     def mma(self) -> str:
@@ -118,21 +82,6 @@ class MmaAttentionPlan:
     def q_at(self, mt, kk):
         """Where the A fragment of m16 tile ``mt`` at D step ``kk`` is in the Q registers."""
         return kk * 4 if self.q_in_regs else mt * 4
-
-    @property
-    def s_regs(self) -> int:
-        """Scores of an m16 tile's 16 rows by ``bn`` keys: four fp32 an 8-key slice (the
-        registers of the scores, O and P hold ``mt`` such slices)."""
-        return self.bn // 2
-
-    @property
-    def o_regs(self) -> int:
-        return self.shape.head_dim // 2
-
-    @property
-    def p_regs(self) -> int:
-        """P as A fragments: four words a 16-key step."""
-        return self.bn // 4
 
     # --- shared memory ------------------------------------------------------------------------
 

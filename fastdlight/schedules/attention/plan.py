@@ -22,16 +22,74 @@ def _strides(dims: tuple[int, ...], elem_bytes: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class AttentionPlan:
-    """A CTA computes ``bm`` query rows of one (batch, head) at a time: ``bm / 64`` consumer
-    warpgroups of 64 rows each, and a producer warpgroup streaming ``bn``-key tiles of K and V
-    through a ``stages``-deep ring. ``max_ctas``: the grid's size at most (a persistent grid, a
-    CTA per SM, walks the tiles; None: a CTA per tile)."""
+class AttentionTiles:
+    """What both fused attention kernels share of a tiling: ``bm`` query rows of one (batch,
+    head) a CTA, ``bn``-key tiles of K and V through a ``stages``-deep ring; which tiles a query
+    tile reads and masks, and the fragments' register counts (the m16/m64 accumulator layouts
+    give a thread the same share of each tile's columns)."""
 
     shape: AttentionShape
     bm: int
     bn: int
     stages: int
+
+    @property
+    def bh(self) -> int:
+        return self.shape.batch * self.shape.heads
+
+    @property
+    def q_tiles(self) -> int:
+        return -(-self.shape.seq_q // self.bm)
+
+    def kv_tiles(self, qt):
+        """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
+        s = self.shape
+        total = -(-s.seq_kv // self.bn)
+        if not s.causal:
+            return total
+        last_key = (qt + 1) * self.bm + s.offset  # one past the last key the tile's last row sees
+        return tirx.min((last_key + self.bn - 1) // self.bn, total)
+
+    def visible(self, row, col):
+        """Whether query ``row`` sees key ``col`` (a key past the end: no)."""
+        s = self.shape
+        seen = col < s.seq_kv
+        return tirx.all(seen, col <= row + s.offset) if s.causal else seen
+
+    def needs_mask(self, j, qt):
+        """Whether key tile ``j`` holds keys some row of query tile ``qt`` must not see: past
+        the end, or (causal) past the diagonal of the tile's first row."""
+        s = self.shape
+        last = (j + 1) * self.bn  # one past the tile's last key
+        past_end = last > s.seq_kv
+        return tirx.any(past_end, last - 1 > qt * self.bm + s.offset) if s.causal else past_end
+
+    @property
+    def scale_log2(self) -> float:
+        return self.shape.scale * LOG2E
+
+    @property
+    def s_regs(self) -> int:
+        """fp32 accumulator registers of a thread's share of its rows' scores (bn keys)."""
+        return self.bn // 2
+
+    @property
+    def o_regs(self) -> int:
+        return self.shape.head_dim // 2
+
+    @property
+    def p_regs(self) -> int:
+        """P as A fragments: 16-bit pairs, four words a 16-key step."""
+        return self.bn // 4
+
+
+@dataclass(frozen=True)
+class AttentionPlan(AttentionTiles):
+    """A CTA computes ``bm`` query rows of one (batch, head) at a time: ``bm / 64`` consumer
+    warpgroups of 64 rows each, and a producer warpgroup streaming ``bn``-key tiles of K and V
+    through a ``stages``-deep ring. ``max_ctas``: the grid's size at most (a persistent grid, a
+    CTA per SM, walks the tiles; None: a CTA per tile)."""
+
     max_ctas: int | None = None
     pingpong: bool = False
     #: the GPU's SMs (how many tiles run at once: :attr:`head_block`)
@@ -60,20 +118,12 @@ class AttentionPlan:
         return consumer_regs(self.consumers)
 
     @property
-    def bh(self) -> int:
-        return self.shape.batch * self.shape.heads
-
-    @property
     def heads(self) -> int:
         return self.shape.heads
 
     @property
     def seq_q(self) -> int:
         return self.shape.seq_q
-
-    @property
-    def q_tiles(self) -> int:
-        return -(-self.shape.seq_q // self.bm)
 
     @property
     def tiles(self) -> int:
@@ -137,33 +187,6 @@ class AttentionPlan:
         """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""
         s = self.shape
         return bh // s.heads * s.kv_heads + bh % s.heads // s.group
-
-    def kv_tiles(self, qt):
-        """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
-        s = self.shape
-        total = -(-s.seq_kv // self.bn)
-        if not s.causal:
-            return total
-        last_key = (qt + 1) * self.bm + s.offset  # one past the last key the tile's last row sees
-        return tirx.min((last_key + self.bn - 1) // self.bn, total)
-
-    def visible(self, row, col):
-        """Whether query ``row`` sees key ``col`` (a key past the end: no)."""
-        s = self.shape
-        seen = col < s.seq_kv
-        return tirx.all(seen, col <= row + s.offset) if s.causal else seen
-
-    def needs_mask(self, j, qt):
-        """Whether key tile ``j`` holds keys some row of query tile ``qt`` must not see: past
-        the end, or (causal) past the diagonal of the tile's first row."""
-        s = self.shape
-        last = (j + 1) * self.bn  # one past the tile's last key
-        past_end = last > s.seq_kv
-        return tirx.any(past_end, last - 1 > qt * self.bm + s.offset) if s.causal else past_end
-
-    @property
-    def scale_log2(self) -> float:
-        return self.shape.scale * LOG2E
 
     # --- shared memory ----------------------------------------------------------------------
 
@@ -267,19 +290,6 @@ class AttentionPlan:
         return eb * d * (self.bm + 2 * self.stages * self.bn) + 4 * self.o_stage_words + 1024 + 64
 
     # --- wgmma ------------------------------------------------------------------------------
-
-    @property
-    def s_regs(self) -> int:
-        """fp32 accumulator registers of a thread's share of the m64 x bn scores."""
-        return self.bn // 2
-
-    @property
-    def o_regs(self) -> int:
-        return self.shape.head_dim // 2
-
-    @property
-    def p_regs(self) -> int:
-        return self.bn // 4
 
     @property
     def d_steps(self) -> int:
