@@ -61,9 +61,10 @@ CASES = {
     "prefill_causal_gpt2": Case(8, 12, 1024, 1024, 64, causal=True),
     "prefill_8k": Case(1, 32, 8192, 8192, 128),
     "prefill_gqa_2k": Case(1, 32, 2048, 2048, 128, kv_heads=8, causal=True),
-    # head dims only the mma.sync template covers: Phi-3-mini's 96, Phi-2's 80
+    # head dims only the mma.sync template covers: Phi-3-mini's 96, Phi-2's 80, Gemma-7B's 256
     "prefill_phi3_d96": Case(1, 32, 2048, 2048, 96, causal=True),
     "prefill_phi2_d80": Case(4, 32, 1024, 1024, 80, causal=True),
+    "prefill_gemma_d256": Case(1, 16, 2048, 2048, 256, causal=True),
     "decode_b1": Case(1, 32, 1, 4096, 128, causal=True),
     "decode_b16": Case(16, 32, 1, 4096, 128, causal=True),
     "decode_b64_2k": Case(64, 32, 1, 2048, 128, causal=True),

@@ -188,12 +188,20 @@ def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
 
 
 def mma_head_dim(head_dim: int) -> bool:
-    """Head dims the mma.sync template takes: 16-column steps of its products, Q's and O's
-    fragments in registers (Phi-3's 96, Phi-2's 80, up to 192)."""
+    """Head dims the mma.sync template takes: 16-column steps of its products, O's fragments in
+    registers (Phi-2's 80, Phi-3's 96, Gemma's 256)."""
     return head_dim % 16 == 0 and head_dim <= MMA_MAX_HEAD_DIM
+
+
+def q_in_registers(head_dim: int, warp_rows: int) -> bool:
+    """Whether the mma.sync template holds a warp's Q fragments for the whole tile (one m16 tile
+    a warp, D / 4 registers) rather than re-reading them from shared memory at each step."""
+    return warp_rows == 16 and head_dim <= MMA_HELD_Q_HEAD_DIM
 
 
 #: head dims the wgmma template covers (a 128-byte swizzled row is 64 fp16 columns)
 FUSED_HEAD_DIMS = (64, 128)
-#: the largest head dim whose Q (D / 4) and O (D / 2) fragments fit beside 64 keys' scores
-MMA_MAX_HEAD_DIM = 192
+#: the largest head dim whose O fragments (D / 2) fit beside a key tile's scores and P
+MMA_MAX_HEAD_DIM = 256
+#: the largest head dim whose Q fragments (D / 4) are held beside O's
+MMA_HELD_Q_HEAD_DIM = 192

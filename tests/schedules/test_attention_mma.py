@@ -30,6 +30,8 @@ SHAPES = {
     "d96_hopper": (CUDA("nvidia/nvidia-h100"), AttentionShape(1, 32, 1000, 1000, 96, 8, causal=True)),
     "d80_sm89": (L4, AttentionShape(2, 8, 333, 333, 80, 8)),
     "d160_bf16": (A100, AttentionShape(1, 8, 512, 700, 160, 8, causal=True, dtype="bfloat16")),
+    # Gemma's 256: Q's fragments re-read from shared memory, O's 128 registers held
+    "d256_gqa": (A100, AttentionShape(1, 8, 1000, 1000, 256, 4, causal=True)),
 }
 
 
@@ -93,7 +95,7 @@ def test_hopper_gets_the_mma_kernel_only_at_head_dims_the_wgmma_one_lacks():
     kinds = {d: {c.kind for c in attention_configs(AttentionShape(1, 8, 512, 512, d, 8), h100, 8)}
              for d in (64, 80, 96, 128, 192, 256, 40)}
     assert kinds == {64: {"attention_wgmma"}, 80: {"attention_mma"}, 96: {"attention_mma"},
-                     128: {"attention_wgmma"}, 192: {"attention_mma"}, 256: set(), 40: set()}
+                     128: {"attention_wgmma"}, 192: {"attention_mma"}, 256: {"attention_mma"}, 40: set()}
 
 
 def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80():

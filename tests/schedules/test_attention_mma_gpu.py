@@ -24,6 +24,7 @@ CASES = {
     "d80_tail": ((2, 4, 300, 517, 80), dict()),
     "d32_causal": ((2, 4, 256, 256, 32), dict(causal=True)),
     "d192_bf16": ((1, 4, 200, 200, 192), dict(causal=True, dtype="bfloat16")),
+    "d256_gqa_tail": ((1, 8, 333, 333, 256), dict(kv_heads=4, causal=True)),
 }
 #: the heads as models hold them before splitting: the function of that layout, checked against
 #: the reference of its Q, K and V transposed to [B, H, T, D]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import mma_head_dim
+from fastdlight.analysis.attention import mma_head_dim, q_in_registers
 from fastdlight.schedules.attention.plan import AttentionTiles
 
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
@@ -20,9 +20,9 @@ MMA_NAME = {"float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 @dataclass(frozen=True)
 class MmaAttentionPlan(AttentionTiles):
     """A CTA computes ``bm`` query rows of one (batch, head): a warp each ``wm`` of them (16: one
-    m16 tile, Q's fragments held in registers; 32: two, sharing each K and V fragment, Q's
-    fragments re-read from shared memory at each step). The ``bn``-key tiles of K and V stream
-    through a ``stages``-deep ring of ``cp.async`` copies."""
+    m16 tile, Q's fragments held in registers up to head dim 192; 32: two, sharing each K and V
+    fragment; elsewhere Q's fragments are re-read from shared memory at each step). The
+    ``bn``-key tiles of K and V stream through a ``stages``-deep ring of ``cp.async`` copies."""
 
     wm: int = 16
 
@@ -47,7 +47,7 @@ class MmaAttentionPlan(AttentionTiles):
 
     @property
     def q_in_regs(self) -> bool:
-        return self.mt == 1
+        return q_in_registers(self.shape.head_dim, self.wm)
 
     @property
     def threads(self) -> int:
