@@ -107,3 +107,16 @@ def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80()
     t4 = CUDA("nvidia/nvidia-t4")
     with t4.target, pytest.raises(ScheduleError, match="not applicable"):
         apply_config(attention_func(shape), Config("attention_mma", block=(128, 64), pipeline_stages=2))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiles_come_in_the_wgmma_templates_order(causal):
+    """The same dealing as the wgmma template's CTA-a-tile grid: a head's tiles together without
+    a causal mask, blocks of heads that fill the SMs with it (the K/V a wave streams stays in
+    L2), every tile once."""
+    shape = AttentionShape(1, 32, 4096, 4096, 128, 32, causal=causal)
+    plan = mma_plan_for(attention_func(shape), Config("attention_mma", block=(128, 64), pipeline_stages=2), sms=132)
+    n = int(plan.ctas)
+    order = [(int(plan.head_of(t)), int(plan.query_tile(t))) for t in range(n)]
+    assert len(set(order)) == n == 32 * 32
+    assert len({h for h, _ in order[:132]}) == (5 if not causal else 8)  # 132 CTAs: 4.1 heads; blocks of 8

@@ -25,6 +25,14 @@ class MmaAttentionPlan(AttentionTiles):
     ``bn``-key tiles of K and V stream through a ``stages``-deep ring of ``cp.async`` copies."""
 
     wm: int = 16
+    #: the GPU's SMs (how many tiles run at once: the tiles of ``head_block`` heads come together
+    #: so that the K/V they stream stays in L2)
+    sms: int = 132
+
+    @property
+    def max_ctas(self) -> None:
+        """A CTA a query tile (no persistent grid)."""
+        return None
 
     def __post_init__(self):
         d = self.shape.head_dim
@@ -56,16 +64,6 @@ class MmaAttentionPlan(AttentionTiles):
     @property
     def ctas(self) -> int:
         return self.q_tiles * self.bh
-
-    def query_tile(self, bid):
-        """CTA ``bid``'s query tile: every head's tile of one row block before the next, the
-        heaviest (causal: the last rows, seeing the most keys) first."""
-        qt = bid // self.bh
-        return self.q_tiles - 1 - qt if self.shape.causal else qt
-
-    def head_of(self, bid):
-        """CTA ``bid``'s (batch, head), as ``batch * heads + head``."""
-        return bid % self.bh
 
     @property
     def mma(self) -> str:

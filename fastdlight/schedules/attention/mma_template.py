@@ -17,6 +17,8 @@ A CTA computes ``bm`` query rows of one (batch, head), a warp each 16 of them:
 * O is divided by the row sums and stored from registers, two adjacent columns a 32-bit store.
 
 Causal tiles past a query tile's diagonal are never loaded; GQA reads K/V head ``h // group``.
+The CTAs take the query tiles in the wgmma template's order (a head's tiles together, causal
+ones in blocks of heads that fill the SMs, heaviest first), so the K/V a wave streams stays in L2.
 """
 
 from __future__ import annotations
@@ -38,14 +40,15 @@ KERNEL_SOURCE = pathlib.Path(__file__).with_name("mma_kernel.tvmscript")
 MIN_SM = 80
 
 
-def mma_plan_for(func: tirx.PrimFunc, config: Config, smem_bytes: int | None = None) -> MmaAttentionPlan | None:
-    """The plan of ``config`` for ``func``, or None where the kernel does not take them (or its
-    shared memory is more than ``smem_bytes``)."""
+def mma_plan_for(func: tirx.PrimFunc, config: Config, smem_bytes: int | None = None,
+                 sms: int = 132) -> MmaAttentionPlan | None:
+    """The plan of ``config`` for ``func`` on a GPU of ``sms`` SMs, or None where the kernel does
+    not take them (or its shared memory is more than ``smem_bytes``)."""
     shape = match_attention(func)
     if shape is None or config.kind != "attention_mma" or config.persistent:
         return None
     try:
-        plan = MmaAttentionPlan(shape, *config.block, config.pipeline_stages, *config.warp)
+        plan = MmaAttentionPlan(shape, *config.block, config.pipeline_stages, *(config.warp or (16,)), sms)
     except ValueError:
         return None
     if (plan.bn * plan.chunks) % plan.threads or (smem_bytes is not None and plan.smem_bytes() > smem_bytes):
@@ -63,5 +66,5 @@ class MmaAttentionTemplate(ScheduleTemplate):
         arch = CUDA(target) if target is not None else None
         if arch is not None and 10 * arch.compute_capability[0] + arch.compute_capability[1] < MIN_SM:
             return None
-        plan = mma_plan_for(func, config, arch.smem_per_block_optin if arch is not None else None)
+        plan = mma_plan_for(func, config, *((arch.smem_per_block_optin, arch.sm_count) if arch is not None else ()))
         return None if plan is None else script_kernel(func, plan, KERNEL_SOURCE, "attention_mma", {}, at="mt * ")

@@ -24,9 +24,9 @@ def _strides(dims: tuple[int, ...], elem_bytes: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class AttentionTiles:
     """What both fused attention kernels share of a tiling: ``bm`` query rows of one (batch,
-    head) a CTA, ``bn``-key tiles of K and V through a ``stages``-deep ring; which tiles a query
-    tile reads and masks, and the fragments' register counts (the m16/m64 accumulator layouts
-    give a thread the same share of each tile's columns)."""
+    head) a CTA, ``bn``-key tiles of K and V through a ``stages``-deep ring; the order the tiles
+    are dealt in, which tiles a query tile reads and masks, and the fragments' register counts
+    (the m16/m64 accumulator layouts give a thread the same share of each tile's columns)."""
 
     shape: AttentionShape
     bm: int
@@ -40,6 +40,44 @@ class AttentionTiles:
     @property
     def q_tiles(self) -> int:
         return -(-self.shape.seq_q // self.bm)
+
+    # the order the tiles are dealt in (a subclass has ``sms``, the GPU's SMs, and ``max_ctas``,
+    # a persistent grid's size or None)
+
+    @property
+    def head_block(self) -> int:
+        """Heads whose query tiles come together (:meth:`query_tile`), so that the CTAs running
+        at once stream the K/V of these heads, which stay in L2, not of every head (at B1 H32
+        on 132 SMs: four CTAs to a head). Without a causal mask, one (the tiles weigh the same).
+        Causal on a CTA-a-tile grid, enough heads for the SMs (the hardware hands each free SM
+        the next tile, heaviest first within the block, which evens the work out); causal on
+        a persistent grid, every head (the snake's rounds even the work out only when each
+        round's tiles weigh the same)."""
+        if not self.shape.causal:
+            return 1
+        if self.max_ctas is not None:
+            return self.bh
+        # a whole number of blocks: a smaller last block's heavy tiles would come last, when
+        # the other SMs run out of work (B1 H32 T4096 in blocks of 5: the busiest SM 16% over)
+        least = -(-self.sms // self.q_tiles)
+        return next(g for g in range(min(least, self.bh), self.bh + 1) if self.bh % g == 0)
+
+    def _block_position(self, tile):
+        """``(head, position)`` of ``tile`` within its block of :attr:`head_block` heads: the
+        block's heads take turns, ``position`` counting the query tiles from the heaviest."""
+        g = self.head_block
+        if g == 1:
+            return tile // self.q_tiles, tile % self.q_tiles
+        block, i = tile // (g * self.q_tiles), tile % (g * self.q_tiles)
+        return block * g + i % g, i // g
+
+    def query_tile(self, tile):
+        """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
+        return self.q_tiles - 1 - self._block_position(tile)[1]
+
+    def head_of(self, tile):
+        """The (batch * heads) row of tile ``tile``."""
+        return self._block_position(tile)[0]
 
     def kv_tiles(self, qt):
         """K/V tiles query tile ``qt`` reads: all, or (causal) up to its last row's diagonal."""
@@ -147,41 +185,6 @@ class AttentionPlan(AttentionTiles):
         order, gave the busiest CTA 12.5% more key tiles to read than the mean at B1 H32 T4096
         and 14.6% at B8 H12 T1024; snaked, 0% and 3.1%."""
         return it * self.ctas + cta + it % 2 * (self.ctas - 1 - 2 * cta)
-
-    @property
-    def head_block(self) -> int:
-        """Heads whose query tiles come together (:meth:`query_tile`), so that the CTAs running
-        at once stream the K/V of these heads, which stay in L2, not of every head (at B1 H32
-        on 132 SMs: four CTAs to a head). Without a causal mask, one (the tiles weigh the same).
-        Causal on a CTA-a-tile grid, enough heads for the SMs (the hardware hands each free SM
-        the next tile, heaviest first within the block, which evens the work out); causal on
-        a persistent grid, every head (the snake's rounds even the work out only when each
-        round's tiles weigh the same)."""
-        if not self.shape.causal:
-            return 1
-        if self.max_ctas is not None:
-            return self.bh
-        # a whole number of blocks: a smaller last block's heavy tiles would come last, when
-        # the other SMs run out of work (B1 H32 T4096 in blocks of 5: the busiest SM 16% over)
-        least = -(-self.sms // self.q_tiles)
-        return next(g for g in range(min(least, self.bh), self.bh + 1) if self.bh % g == 0)
-
-    def _block_position(self, tile):
-        """``(head, position)`` of ``tile`` within its block of :attr:`head_block` heads: the
-        block's heads take turns, ``position`` counting the query tiles from the heaviest."""
-        g = self.head_block
-        if g == 1:
-            return tile // self.q_tiles, tile % self.q_tiles
-        block, i = tile // (g * self.q_tiles), tile % (g * self.q_tiles)
-        return block * g + i % g, i // g
-
-    def query_tile(self, tile):
-        """The query tile (block of rows) of tile ``tile``: the last first (causal: the heaviest)."""
-        return self.q_tiles - 1 - self._block_position(tile)[1]
-
-    def head_of(self, tile):
-        """The (batch * heads) row of tile ``tile``."""
-        return self._block_position(tile)[0]
 
     def kv_head(self, bh):
         """The K/V head (row of the [B*G] axis) query head ``bh`` (of [B*H]) reads."""
