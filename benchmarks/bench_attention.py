@@ -61,10 +61,12 @@ CASES = {
     "prefill_causal_gpt2": Case(8, 12, 1024, 1024, 64, causal=True),
     "prefill_8k": Case(1, 32, 8192, 8192, 128),
     "prefill_gqa_2k": Case(1, 32, 2048, 2048, 128, kv_heads=8, causal=True),
-    # head dims only the mma.sync template covers: Phi-3-mini's 96, Phi-2's 80, Gemma-7B's 256
+    # head dims only the mma.sync template covers: Phi-3-mini's 96, Phi-2's 80, Gemma-7B's 256, SD's 40
     "prefill_phi3_d96": Case(1, 32, 2048, 2048, 96, causal=True),
     "prefill_phi2_d80": Case(4, 32, 1024, 1024, 80, causal=True),
     "prefill_gemma_d256": Case(1, 16, 2048, 2048, 256, causal=True),
+    # Stable Diffusion 1.5's first UNet block: 64x64 latents, 8 heads of 40, batch 2 (guidance)
+    "prefill_sd15_d40": Case(2, 8, 4096, 4096, 40),
     "decode_b1": Case(1, 32, 1, 4096, 128, causal=True),
     "decode_b16": Case(16, 32, 1, 4096, 128, causal=True),
     "decode_b64_2k": Case(64, 32, 1, 2048, 128, causal=True),

@@ -188,15 +188,21 @@ def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
 
 
 def mma_head_dim(head_dim: int) -> bool:
-    """Head dims the mma.sync template takes: 16-column steps of its products, O's fragments in
-    registers (Phi-2's 80, Phi-3's 96, Gemma's 256)."""
-    return head_dim % 16 == 0 and head_dim <= MMA_MAX_HEAD_DIM
+    """Head dims the mma.sync template takes: whole 16-byte chunks a row, O's fragments in
+    registers (Stable Diffusion's 40, Phi-2's 80, Phi-3's 96, Gemma's 256)."""
+    return head_dim % 8 == 0 and head_dim <= MMA_MAX_HEAD_DIM
+
+
+def mma_padded_dim(head_dim: int) -> int:
+    """The head dim the mma.sync template computes over: whole 16-column steps of its products
+    (40 -> 48; the padding's columns are zeros in Q, K and V, and O's are not stored)."""
+    return -(-head_dim // 16) * 16
 
 
 def q_in_registers(head_dim: int, warp_rows: int) -> bool:
     """Whether the mma.sync template holds a warp's Q fragments for the whole tile (one m16 tile
     a warp, D / 4 registers) rather than re-reading them from shared memory at each step."""
-    return warp_rows == 16 and head_dim <= MMA_HELD_Q_HEAD_DIM
+    return warp_rows == 16 and mma_padded_dim(head_dim) <= MMA_HELD_Q_HEAD_DIM
 
 
 #: head dims the wgmma template covers (a 128-byte swizzled row is 64 fp16 columns)

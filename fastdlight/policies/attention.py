@@ -19,7 +19,8 @@ per SM walks the tiles (emitted beside each tile where the tiles outnumber the S
 
 from __future__ import annotations
 
-from fastdlight.analysis.attention import FUSED_HEAD_DIMS, AttentionShape, fused_fits, q_in_registers
+from fastdlight.analysis.attention import (FUSED_HEAD_DIMS, AttentionShape, fused_fits, mma_padded_dim,
+                                           q_in_registers)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -93,7 +94,7 @@ def mma_fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int, wm
     """Whether the mma.sync kernel's tile fits: its fragments in registers (``wm // 16`` m16 tiles
     a warp), Q and the K/V ring in ``smem``, and the K/V copies even over its threads (16 bytes a
     thread a step)."""
-    d, mt = shape.head_dim, wm // 16
+    d, mt = mma_padded_dim(shape.head_dim), wm // 16
     fragments = (d // 4 if q_in_registers(d, wm) else 4 * mt) + mt * (bn // 2 + d // 2 + bn // 4)
     row = -(-d // 64) * 64  # shared-memory rows pad to whole swizzle groups
     return (fragments <= MMA_FRAGMENT_REGS and 2 * row * (bm + 2 * stages * bn) <= smem and bm % wm == 0

@@ -32,6 +32,8 @@ SHAPES = {
     "d160_bf16": (A100, AttentionShape(1, 8, 512, 700, 160, 8, causal=True, dtype="bfloat16")),
     # Gemma's 256: Q's fragments re-read from shared memory, O's 128 registers held
     "d256_gqa": (A100, AttentionShape(1, 8, 1000, 1000, 256, 4, causal=True)),
+    # Stable Diffusion 1.5's 40 (computed over 48, the padding zeros), its cross-attention's 77 keys
+    "d40_cross": (A100, AttentionShape(2, 8, 4096, 77, 40, 8)),
 }
 
 
@@ -93,9 +95,10 @@ def test_the_plan_refuses_tiles_the_kernel_cannot_take():
 def test_hopper_gets_the_mma_kernel_only_at_head_dims_the_wgmma_one_lacks():
     h100 = CUDA("nvidia/nvidia-h100")
     kinds = {d: {c.kind for c in attention_configs(AttentionShape(1, 8, 512, 512, d, 8), h100, 8)}
-             for d in (64, 80, 96, 128, 192, 256, 40)}
+             for d in (64, 80, 96, 128, 192, 256, 40, 20, 264)}
     assert kinds == {64: {"attention_wgmma"}, 80: {"attention_mma"}, 96: {"attention_mma"},
-                     128: {"attention_wgmma"}, 192: {"attention_mma"}, 256: {"attention_mma"}, 40: set()}
+                     128: {"attention_wgmma"}, 192: {"attention_mma"}, 256: {"attention_mma"},
+                     40: {"attention_mma"}, 20: set(), 264: set()}
 
 
 def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80():

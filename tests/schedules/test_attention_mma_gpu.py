@@ -25,6 +25,9 @@ CASES = {
     "d32_causal": ((2, 4, 256, 256, 32), dict(causal=True)),
     "d192_bf16": ((1, 4, 200, 200, 192), dict(causal=True, dtype="bfloat16")),
     "d256_gqa_tail": ((1, 8, 333, 333, 256), dict(kv_heads=4, causal=True)),
+    # head dims of 8-column multiples, computed over whole 16-column steps (zeros past D)
+    "d40_cross": ((2, 8, 1000, 77, 40), dict()),
+    "d72_causal_bf16": ((1, 4, 300, 300, 72), dict(causal=True, dtype="bfloat16")),
 }
 #: the heads as models hold them before splitting: the function of that layout, checked against
 #: the reference of its Q, K and V transposed to [B, H, T, D]

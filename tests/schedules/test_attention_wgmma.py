@@ -90,7 +90,7 @@ def test_the_attention_policy_goes_first_from_sm80():
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(func, CUDA("nvidia/nvidia-t4"), 8))
     odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim only the mma.sync template covers
     assert {c.kind for c in next(candidate_sets(odd, H100, 8)).configs} == {"attention_mma"}
-    odd = ops.attention(1, 8, 512, 512, 40).func  # one neither covers
+    odd = ops.attention(1, 8, 512, 512, 20).func  # one neither covers
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(odd, H100, 8))
 
 

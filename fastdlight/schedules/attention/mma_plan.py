@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import mma_head_dim, q_in_registers
+from fastdlight.analysis.attention import mma_head_dim, mma_padded_dim, q_in_registers
 from fastdlight.schedules.attention.plan import AttentionTiles
 
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
@@ -72,10 +72,23 @@ class MmaAttentionPlan(AttentionTiles):
     # --- registers ----------------------------------------------------------------------------
 
     @property
+    def dp(self) -> int:
+        """The head dim computed over: D rounded up to whole 16-column steps (zeros past D)."""
+        return mma_padded_dim(self.shape.head_dim)
+
+    @property
+    def d_steps(self) -> int:
+        return self.dp // 16
+
+    @property
     def q_regs(self) -> int:
         """Q's A fragments: held for the whole tile (four words a 16-column step of D), or those
         of one step for each m16 tile."""
-        return self.shape.head_dim // 4 if self.q_in_regs else 4 * self.mt
+        return self.dp // 4 if self.q_in_regs else 4 * self.mt
+
+    @property
+    def o_regs(self) -> int:
+        return self.dp // 2
 
     def q_at(self, mt, kk):
         """Where the A fragment of m16 tile ``mt`` at D step ``kk`` is in the Q registers."""
@@ -85,14 +98,14 @@ class MmaAttentionPlan(AttentionTiles):
 
     @property
     def chunks(self) -> int:
-        """16-byte chunks of a row of D elements."""
-        return self.shape.head_dim // CHUNK
+        """16-byte chunks copied a row: those of the padded head dim (past D, zeros)."""
+        return self.dp // CHUNK
 
     @property
     def row_elems(self) -> int:
         """A tile row's elements in shared memory: D rounded up to 64 (a whole number of 8-chunk
         swizzle groups: head dims such as 80 and 96 pad their rows)."""
-        return -(-self.shape.head_dim // 64) * 64
+        return -(-self.dp // 64) * 64
 
     @property
     def q_elems(self) -> int:
@@ -136,14 +149,15 @@ class MmaAttentionPlan(AttentionTiles):
     def copy_args(self, operands, buf, stage, which: int, first, rows: int, bh, slot) -> list:
         """Operands of the ``cp.async`` of chunk ``slot`` (of ``rows * chunks``) into ``buf``
         (at ``stage`` of its ring, or ``None``): destination, source, 16 bytes, and the bytes
-        to read (0 past the operand's end: zeros; the address clamped to its last row)."""
+        to read (0 past the operand's end or D: zeros; the address clamped inside it)."""
         row, chunk = slot // self.chunks, slot % self.chunks
         token = first + row
-        last = self.seq(which) - 1
+        last, last_chunk = self.seq(which) - 1, self.shape.head_dim // CHUNK - 1
         at = self.at(row, chunk)
         dst = buf.ptr_to([at] if stage is None else [stage, at])
-        src = operands[which].ptr_to(self.index(which, bh, tirx.min(token, last), chunk))
-        return [dst, src, 16, tirx.Select(token <= last, tirx.const(16, "uint32"), tirx.const(0, "uint32"))]
+        src = operands[which].ptr_to(self.index(which, bh, tirx.min(token, last), tirx.min(chunk, last_chunk)))
+        inside = tirx.all(token <= last, chunk <= last_chunk) if self.dp > self.shape.head_dim else token <= last
+        return [dst, src, 16, tirx.Select(inside, tirx.const(16, "uint32"), tirx.const(0, "uint32"))]
 
     def q_frag_at(self, warp, lane, mt, kk):
         """Where lane ``lane`` of ``warp`` points its ldmatrix of Q's m16 tile ``mt`` at D step
