@@ -59,7 +59,10 @@ def mma_plan_for(func: tirx.PrimFunc, config: Config, smem_bytes: int | None = N
 class MmaAttentionTemplate(ScheduleTemplate):
     kinds = ("attention_mma",)
     name = "attention_mma"
-    sources = (KERNEL_SOURCE, pathlib.Path(__file__).with_name("mma_plan.py"))
+    # part of the template's identity in the tuning database: its kernel, its plan and what it
+    # shares with the wgmma template (the plans' base class, the kernel text's assembly)
+    sources = (KERNEL_SOURCE, *(pathlib.Path(__file__).with_name(f"{name}.py")
+                                for name in ("mma_plan", "plan", "template")))
 
     def apply_config(self, func: tirx.PrimFunc, config: Config):
         target = tvm.target.Target.current(allow_none=True)
