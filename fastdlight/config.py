@@ -144,17 +144,15 @@ class Config:
             return
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
-        if self.kind == "attention_mma":
-            rows = self.warp[0] if self.warp else 16
-            if len(self.block) != 2 or self.warp not in ((), (16,), (32,)) or self.block[0] % rows or self.thread \
-                    or self.rstep:
-                raise ValueError("an mma.sync attention config is block=(query rows, keys a step) and optionally "
-                                 "warp=(16 or 32 query rows a warp, dividing the block's,) only")
         if self.kind in ("attention_wgmma", "attention_mma"):
-            rows = 64 if self.kind == "attention_wgmma" else 16
-            if len(self.block) != 2 or self.block[0] % rows or self.thread or self.rstep \
-                    or (self.warp and self.kind == "attention_wgmma"):
-                raise ValueError(f"an attention config is block=(query rows, a multiple of {rows}; keys a step) only")
+            if self.kind == "attention_mma":
+                rows = self.warp[0] if self.warp else 16
+                if len(self.block) != 2 or self.warp not in ((), (16,), (32,)) or self.block[0] % rows \
+                        or self.thread or self.rstep:
+                    raise ValueError("an mma.sync attention config is block=(query rows, keys a step) and optionally "
+                                     "warp=(16 or 32 query rows a warp, dividing the block's,) only")
+            elif len(self.block) != 2 or self.block[0] % 64 or self.thread or self.warp or self.rstep:
+                raise ValueError("an attention config is block=(query rows, a multiple of 64; keys a step) only")
             if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
                 raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
             return

@@ -177,8 +177,6 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
     return shape if params_agree(func, want) else None
 
 
-
-
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
     """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version``: from sm_80
     the mma.sync one (:func:`mma_head_dim`), on Hopper also the wgmma one (head dims

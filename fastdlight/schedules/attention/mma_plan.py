@@ -41,6 +41,8 @@ class MmaAttentionPlan(AttentionTiles):
             raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} (warps of {self.wm}) at head dim {d}")
         if self.stages < 2 or self.shape.dtype not in MMA_NAME:
             raise ValueError("the mma.sync attention kernel needs two stages or more, fp16 or bf16")
+        if self.bn * self.chunks % self.threads:
+            raise ValueError(f"{self.bn} keys of {self.chunks} chunks do not split evenly over {self.threads} threads")
 
     # --- the grid ---------------------------------------------------------------------------
 

@@ -51,9 +51,7 @@ def mma_plan_for(func: tirx.PrimFunc, config: Config, smem_bytes: int | None = N
         plan = MmaAttentionPlan(shape, *config.block, config.pipeline_stages, *(config.warp or (16,)), sms)
     except ValueError:
         return None
-    if (plan.bn * plan.chunks) % plan.threads or (smem_bytes is not None and plan.smem_bytes() > smem_bytes):
-        return None
-    return plan
+    return None if smem_bytes is not None and plan.smem_bytes() > smem_bytes else plan
 
 
 class MmaAttentionTemplate(ScheduleTemplate):
