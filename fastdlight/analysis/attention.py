@@ -143,20 +143,21 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> tirx.PrimF
     return func.with_attr(ATTR, {k: v for k, v in asdict(s).items()})
 
 
+def operand_indices(s: AttentionShape, which: int, b, head, token, d) -> list:
+    """The indices of element ``[b, head, token, d]`` of operand ``which`` (0 Q, 1 K, 2 V; ``head``
+    of K and V a K/V head) in its tensor as ``s`` lays them out."""
+    layout = s.operand_layouts[which]
+    if layout == "packed":  # Q's heads, then K's, then V's
+        return [b, token, head + (0, s.heads, s.heads + s.kv_heads)[which], d]
+    return [b, token, head, d] if layout == "bthd" else [b, head, token, d]
+
+
 def _loaders(s: AttentionShape, inputs):
     """``(q_at, k_at, v_at)``: element ``[b, head, token, d]`` of Q, K and V as ``s`` lays them out."""
-    if s.layout == "packed":
-        (qkv,) = inputs
-        h, g = s.heads, s.kv_heads
-        return (lambda b, x, i, d: qkv[b, i, x, d], lambda b, x, j, d: qkv[b, j, h + x, d],
-                lambda b, x, j, d: qkv[b, j, h + g + x, d])
+    def at(t, which):
+        return lambda b, x, i, d: t[tuple(operand_indices(s, which, b, x, i, d))]
 
-    def at(t, layout):
-        if layout == "bthd":
-            return lambda b, x, i, d: t[b, i, x, d]
-        return lambda b, x, i, d: t[b, x, i, d]
-
-    return tuple(at(t, layout) for t, layout in zip(inputs, s.operand_layouts))
+    return tuple(at(t, which) for which, t in enumerate(inputs * 3 if s.layout == "packed" else inputs))
 
 
 def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import mma_head_dim, mma_padded_dim, q_in_registers
+from fastdlight.analysis.attention import mma_head_dim, mma_padded_dim, operand_indices, q_in_registers
 from fastdlight.schedules.attention.plan import AttentionTiles
 
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
@@ -131,13 +131,8 @@ class MmaAttentionPlan(AttentionTiles):
         """Indices of the first element of chunk ``chunk`` of row ``token`` of operand ``which``
         (0 Q, 1 K, 2 V) for the query (batch, head) ``bh``: K and V read head ``h // group``."""
         s = self.shape
-        b, h = bh // s.heads, bh % s.heads
-        head = h if which == 0 else h // s.group
-        col = chunk * CHUNK
-        layout = s.operand_layouts[which]
-        if layout == "packed":
-            return [b, token, head + (0, s.heads, s.heads + s.kv_heads)[which], col]
-        return [b, token, head, col] if layout == "bthd" else [b, head, token, col]
+        h = bh % s.heads
+        return operand_indices(s, which, bh // s.heads, h if which == 0 else h // s.group, token, chunk * CHUNK)
 
     def seq(self, which: int) -> int:
         return self.shape.seq_q if which == 0 else self.shape.seq_kv
