@@ -49,7 +49,7 @@ def parse_tiles(text: str) -> list | str:
     for part in (t for t in text.split(",") if t):
         m = TILE.match(part.strip())
         if m is None:
-            return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p|m] (e.g. 128x176x2p, 128x64x2m)"
+            return f"{NAME}: tile {part!r} is not BMxBNxSTAGES[p|m|m32] (e.g. 128x176x2p, 128x64x2m)"
         bm, bn, stages = (int(g) for g in m.groups()[:3])
         mma = (m.group(4) or "").startswith("m")
         warp = (32,) if m.group(4) == "m32" else (16,) if mma else ()
@@ -150,7 +150,7 @@ def markdown(rows: list[dict], device: str) -> str:
 
 def main(argv=None) -> int:
     ap = rounds_parser(__doc__.splitlines()[0], round_ms=60.0)
-    ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p] comma-separated (default: the policy's)")
+    ap.add_argument("--tiles", default="", help="configs, BMxBNxSTAGES[p|m|m32] comma-separated (default: the policy's)")
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and board power while each runs")
     args = ap.parse_args(argv)
     configs = parse_tiles(args.tiles)
