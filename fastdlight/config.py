@@ -68,7 +68,6 @@ class Config:
     #: widest vector (elements) used to load each input / store the output, by buffer name
     vectorize: tuple[tuple[str, int], ...] = ()
     pipeline_stages: int = 1
-    #: decode_attention: the ``pipeline_stages`` tiles come by bulk copies (TMA's 1-D form, sm_90+)
     use_async_copy: bool = False
     #: panel width of blockIdx swizzling (0 = plain row-major launch order)
     rasterization: int = 0
@@ -78,9 +77,7 @@ class Config:
     split_k: int = 1
     #: matmul_wgmma only: CTAs of a thread-block cluster (1 or 2); along M (``cluster_axis``
     #: "m") they compute vertically adjacent tiles and each loads half of their shared B tile,
-    #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A. decode_attention:
-    #: a merged step's chunks of a (batch, K/V head) as one cluster (2 to 16 CTAs) that merges
-    #: them through distributed shared memory
+    #: multicast to both; along N ("n"), horizontally adjacent tiles sharing A
     cluster: int = 1
     cluster_axis: str = "m"
     #: attention_wgmma: a CTA per SM walks the query tiles (instead of a CTA per tile);
@@ -161,13 +158,9 @@ class Config:
             return
         if self.kind in ("decode_attention", "decode_combine"):
             if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \
-                    or self.rstep or self.split_k != 1 or self.persistent or self.cluster_axis != "m":
+                    or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
                 raise ValueError("a decode attention or combine config is block=(...,), thread=(values a lane,), "
                                  "warp=(warps,) only")
-            if not 1 <= self.cluster <= 16 or (self.kind == "decode_combine" and self.cluster > 1) \
-                    or (self.use_async_copy and self.pipeline_stages < 2):
-                raise ValueError("a decode attention config's cluster is 1 to 16 CTAs (a combine config's 1), and "
-                                 "bulk copies fill a ring of pipeline_stages >= 2")
             return
         if self.kind in TENSOR_CORE_KINDS:
             if len(self.block) != 2 or len(self.warp) != 2:
@@ -236,7 +229,7 @@ class Config:
         if self.pipeline_stages > 1:
             parts.append(f"stages={self.pipeline_stages}")
         if self.use_async_copy:
-            parts.append("bulk" if self.kind == "decode_attention" else "async")
+            parts.append("async")
         if self.split_k > 1:
             parts.append(f"split_k={self.split_k}")
         if self.rasterization:

@@ -363,28 +363,6 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
         + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 
-#: most CTAs a merged step's cluster may hold (one a chunk; above 8 a non-portable size, which
-#: Hopper allows)
-MAX_CLUSTER = 16
-#: shared memory a CTA of the bulk-copy stream may take (opted in: Hopper gives up to 227 KB)
-MAX_BULK_SHARED_BYTES = 192 * 1024
-
-
-def cluster_fits(shape: DecodeAttentionShape, cluster: int) -> bool:
-    """Whether a merged step of ``shape`` can merge its chunks in a thread-block cluster of
-    ``cluster`` CTAs, one a chunk of each (batch, K/V head)."""
-    return shape.merged and 2 <= cluster == shape.splits <= MAX_CLUSTER
-
-
-def bulk_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
-    """Whether a ring of ``stages`` tiles filled by bulk copies fits: a contiguous cache (a
-    tile's keys are one span of memory), beside the warps' partial results and the merge's
-    scratch, in the shared memory a CTA may opt in to."""
-    ring = stages * tile * shape.head_dim * 2 * 2
-    return not shape.page_size and stages >= 2 and ring + warps * shape.rows * shape.head_dim * 4 \
-        + 2 * warps * shape.rows * 4 + 16 + 8 * stages + merge_scratch(shape) <= MAX_BULK_SHARED_BYTES
-
-
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
     """Whether the merge kernel lays out: the head dim over a warp's lanes, at most 8 warps."""
     return shape.head_dim % 32 == 0 and 1 <= warps <= 8

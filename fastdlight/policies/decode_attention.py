@@ -15,9 +15,7 @@ import dataclasses
 
 from fastdlight.analysis.decode_attention import (
     DecodeAttentionShape,
-    bulk_fits,
     chunk_of,
-    cluster_fits,
     combine_fits,
     layout_fits,
     split_fits,
@@ -37,9 +35,6 @@ TYPICAL_LENGTH = 4096
 #: CTAs an SM) is about 3.5 TB/s at HBM's latency (H200: 3.3-3.6 TB/s measured at B1)
 STAGED_LAYOUTS = 2
 MAX_STAGES = 4
-#: rings of tiles filled by bulk copies (Hopper): one thread issues a tile's two copies, so a
-#: CTA can keep many tiles in flight with no more instructions a key
-BULK_STAGES = (4, 8)
 
 
 def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
@@ -82,26 +77,7 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     options.sort(key=lambda o: o[0])
     configs = [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
                for c, tile, per_lane, warps in options[:topk]]
-    configs += staged_variants(shape, configs[:STAGED_LAYOUTS]) if arch.has_async_copy else []
-    if arch.has_tma:
-        configs += bulk_variants(shape, configs[:STAGED_LAYOUTS])
-        configs += cluster_variants(shape, configs[:STAGED_LAYOUTS] + [c for c in configs if c.use_async_copy])
-    return configs
-
-
-def bulk_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:
-    """``configs`` with rings of :data:`BULK_STAGES` tiles filled by bulk copies, those that fit."""
-    return [dataclasses.replace(c, pipeline_stages=s, use_async_copy=True) for c in configs for s in BULK_STAGES
-            if bulk_fits(shape, c.block[0], c.warp[0], s)]
-
-
-def cluster_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:
-    """(A merged step of at most 16 chunks.) ``configs`` with each (batch, K/V head)'s chunks
-    as one thread-block cluster that merges them in distributed shared memory, instead of the
-    last CTA reading every chunk back through L2 after a fence and a ticket."""
-    if not cluster_fits(shape, shape.splits):
-        return []
-    return [dataclasses.replace(c, cluster=shape.splits) for c in configs]
+    return configs + (staged_variants(shape, configs[:STAGED_LAYOUTS]) if arch.has_async_copy else [])
 
 
 def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import tvm_ffi
 from tvm import DataType, s_tir, tirx
-from tvm.backend.cuda.op import cuda_func_call
 from tvm.ir.expr import Expr as ExprBase
 from tvm.s_tir.dlight.analysis.common_analysis import SBlockInfo
 
@@ -73,24 +72,6 @@ def as_tirx_kernel(kernel: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
     if func.attrs is not None and "global_symbol" in func.attrs:
         attrs["global_symbol"] = func.attrs["global_symbol"]
     return kernel.with_attrs(attrs)
-
-
-_CLUSTER_LOAD = r"""
-__forceinline__ __device__ float fdl_cluster_ld(const float* p, unsigned rank) {
-  // the float at p in the shared memory of the cluster's CTA `rank`
-  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-  return v;
-}
-"""
-
-
-def cluster_load(ptr, rank):
-    """(TIRx) The float32 at shared-memory address ``ptr`` of the cluster's CTA ``rank``
-    (distributed shared memory: ``mapa`` + ``ld.shared::cluster``)."""
-    return cuda_func_call("fdl_cluster_ld", ptr, rank, source_code=_CLUSTER_LOAD, return_type="float32")
 
 
 def pad_to(extent: int, tile: int) -> int:

@@ -42,8 +42,6 @@ from fastdlight.analysis.decode_attention import (
     EMPTY_MAX,
     VECTOR,
     DecodeAttentionShape,
-    bulk_fits,
-    cluster_fits,
     combine_fits,
     layout_fits,
     match_decode_combine,
@@ -60,14 +58,11 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile: int, dims_per_lane: int,
-                 warps: int, stages: int = 1, bulk: bool = False, cluster: int = 1) -> tirx.PrimFunc:
+                 warps: int, stages: int = 1) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys):
     ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step;
     ``stages`` > 1: tiles staged in shared memory, ``stages - 1`` of them in flight (see
-    :func:`~fastdlight.analysis.decode_attention.staged_fits`), or with ``bulk`` a ring of
-    ``stages`` tiles filled by bulk copies, all of them in flight
-    (:func:`~fastdlight.analysis.decode_attention.bulk_fits`); ``cluster`` > 1: a merged step's
-    chunks merge in a cluster of that many CTAs. Same parameters, same result."""
+    :func:`~fastdlight.analysis.decode_attention.staged_fits`). Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
     lanes = D // dims_per_lane  # lanes a key
     per_warp = 32 // lanes  # keys a warp loads at once
@@ -92,7 +87,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     def key_count(n_cache):
         return n_cache + T.int64(1) if appended else n_cache
 
-    staged = stages > 1 and not bulk
+    staged = stages > 1
     # where value group v of a key goes: a register set's next 8 values, or (staged) the ring's
     # layout below, each 16-byte group of the threads side by side (no bank conflicts)
     v_stride = threads * VECTOR if staged else VECTOR
@@ -242,10 +237,10 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
 
     # one chunk: the step writes the output itself (no tickets, no last CTA); more: the last CTA
     # of a (batch, K/V head) folds the chunks
-    tail, finish = merge_tails(shape, threads, warps, cluster)
+    tail, finish = merge_tails(shape, threads, warps)
 
     @T.macro
-    def stream_registers(kr, vr, pg, ring, bars, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
+    def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
                          e0, n_cache, tid):
         """Two register sets: tile t + 1's loads are issued before tile t is used."""
         fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
@@ -256,7 +251,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
 
     @T.macro
-    def stream_pages_ahead(kr, vr, pg, ring, bars, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
+    def stream_pages_ahead(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
                            slot, e0, n_cache, tid):
         """(Paged.) As :func:`stream_registers`, each tile's page entries read a tile earlier
         (page set t % 2 for tile t)."""
@@ -272,7 +267,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             consume(kr, vr, 1, pair * 2 + 1, qr, sc, mr, lr, acc, top, start, end, slot)
 
     @T.macro
-    def stream_staged(kr, vr, pg, ring, bars, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+    def stream_staged(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
                       n_cache, tid):
         """A ring of ``stages`` tiles in shared memory, ``stages - 1`` in flight while one is
         used: a tile is moved to registers before the copy that reuses its stage is issued."""
@@ -286,78 +281,13 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             consume(kr, vr, 0, step, qr, sc, mr, lr, acc, top, start, end, slot)
         T.ptx["cp.async.wait_group"](0)
 
-    def bulk_base(st, kv):
-        """Where ring stage ``st``'s K (``kv`` 0) or V (1) tile starts: the tile's keys as they are
-        in the cache, one after another."""
-        return (T.Cast("int32", st) * 2 + kv) * (tile * D)
-
-    @T.macro
-    def fill_bulk(ring, bars, st, step, Kf, Vf, bg, start, end, n_cache):
-        """(One thread.) Tile ``step``'s cached keys, K and V, into ring stage ``st`` by two bulk
-        copies that complete on the stage's barrier; none past the chunk (the barrier's phase
-        then completes on the arrival alone)."""
-        k0 = T.meta_var(start + step * tile)
-        count = T.meta_var(T.max(T.min(T.min(end, T.Cast("int32", n_cache)) - k0, tile), 0))
-        T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([st]), T.Cast("uint32", count * (4 * D)))
-        if count > 0:
-            at = T.meta_var((T.Cast("int64", bg) * n_cache + T.Cast("int64", k0)) * D)
-            T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
-                ring.ptr_to([bulk_base(st, 0)]), Kf.ptr_to([at]), T.Cast("uint32", count * (2 * D)),
-                bars.ptr_to([st]))
-            T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
-                ring.ptr_to([bulk_base(st, 1)]), Vf.ptr_to([at]), T.Cast("uint32", count * (2 * D)),
-                bars.ptr_to([st]))
-
-    @T.macro
-    def unstage_bulk(kr, vr, ring, st, step, Knf, Vnf, bg, start, end, slot, e0, n_cache):
-        """Ring stage ``st`` (tile ``step``) into register set 0: a cached key from the ring, the
-        appended token from its input, zeros past the chunk."""
-        for u in T.unroll(U):
-            key = T.meta_var(key_of(start, step, u, slot))
-            at = T.meta_var((u * slots + slot) * D + e0)
-            for v in T.unroll(V8):
-                if key < T.min(end, T.Cast("int32", n_cache)):
-                    copy_registers(kr, u * E + v * VECTOR, ring, bulk_base(st, 0) + at + v * VECTOR)
-                    copy_registers(vr, u * E + v * VECTOR, ring, bulk_base(st, 1) + at + v * VECTOR)
-                elif key < end:
-                    copy_registers(kr, u * E + v * VECTOR, Knf, bg * D + e0 + v * VECTOR)
-                    copy_registers(vr, u * E + v * VECTOR, Vnf, bg * D + e0 + v * VECTOR)
-                else:
-                    zero16(kr, u * E + v * VECTOR)
-                    zero16(vr, u * E + v * VECTOR)
-
-    @T.macro
-    def stream_bulk(kr, vr, pg, ring, bars, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
-                    slot, e0, n_cache, tid):
-        """A ring of ``stages`` tiles filled by bulk copies (one thread issues them, no per-value
-        copies), every stage in flight while a tile is scored from registers: a stage is
-        refilled as soon as every thread has moved it to registers."""
-        if tid == 0:
-            for s0 in T.unroll(stages):
-                fill_bulk(ring, bars, s0, s0, Kf, Vf, bg, start, end, n_cache)
-        for step in T.serial((chunk + tile - 1) // tile):
-            T.cuda.mbarrier_wait(bars.ptr_to([step % stages]), (step // stages) % 2)
-            unstage_bulk(kr, vr, ring, step % stages, step, Knf, Vnf, bg, start, end, slot, e0, n_cache)
-            T.cuda.cta_sync()
-            if tid == 0:
-                fill_bulk(ring, bars, step % stages, step + stages, Kf, Vf, bg, start, end, n_cache)
-            consume(kr, vr, 0, step, qr, sc, mr, lr, acc, top, start, end, slot)
-
-    if bulk:
-        stream = stream_bulk
-    else:
-        stream = stream_staged if staged else (stream_pages_ahead if page else stream_registers)
-    ring_elems = (stages * 2 * tile * D) if bulk else (stages * U * 2 * E * threads if staged else VECTOR)
+    stream = stream_staged if staged else (stream_pages_ahead if page else stream_registers)
     page_sets = 2 * U if page and not staged else 1  # (the register sets' page entries)
 
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
         T.device_entry()
         bid = T.cta_id([B * G * S])
-        if cluster > 1:
-            rank = T.cta_id_in_cluster([cluster])
-        else:
-            rank = T.meta_var(0)
         tid = T.thread_id([threads])
         pool = T.SMEMPool()
         m_s = pool.alloc((warps * R,), "float32", align=16)
@@ -365,8 +295,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         o_s = pool.alloc((warps * R * D,), "float32", align=16)
         last = pool.alloc((1,), "int32", align=16)
         w_s = pool.alloc((merge_scratch(shape) // 4,), "float32", align=16)
-        ring = pool.alloc((ring_elems,), dtype, align=128)
-        bars = pool.alloc((stages,), "uint64", align=8)
+        ring = pool.alloc((stages * U * 2 * E * threads if staged else VECTOR,), dtype, align=16)
         pool.commit()
         Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((pool_elems,), dtype, data=Vc.data)
@@ -407,13 +336,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
             lr[r] = T.float32(0)
             for e in T.unroll(E):
                 acc[r * E + e] = T.float32(0)
-        if bulk:
-            if tid == 0:
-                for s0 in T.unroll(stages):
-                    T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s0]), T.uint32(1))
-                T.ptx.fence.mbarrier_init.release.cluster()
-            T.cuda.cta_sync()
-        stream(kr, vr, pg, ring, bars, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+        stream(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
                nk[0], tid)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
@@ -456,8 +379,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     Mf[bid * R + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
                                                      T.float32(EMPTY_MAX))
                     Lf[bid * R + r] = merged[2]
-                finish(Y, bid, idx, merged, o_s, w_s)
-        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s, o_s, rank)
+                finish(Y, bid, idx, merged)
+        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well
@@ -495,11 +418,7 @@ class DecodeAttentionTemplate(ScheduleTemplate):
         tile, per_lane, warps = config.block[0], config.thread[0], config.warp[0]
         if not split_fits(shape) or not layout_fits(shape, tile, per_lane, warps):
             return None
-        stages, bulk, cluster = config.pipeline_stages, config.use_async_copy, config.cluster
-        if bulk and not bulk_fits(shape, tile, warps, stages):
+        stages = config.pipeline_stages
+        if stages > 1 and not staged_fits(shape, tile, warps, stages):
             return None
-        if not bulk and stages > 1 and not staged_fits(shape, tile, warps, stages):
-            return None
-        if cluster > 1 and not cluster_fits(shape, cluster):
-            return None
-        return build_kernel(func, shape, seq_kv, tile, per_lane, warps, stages, bulk, cluster)
+        return build_kernel(func, shape, seq_kv, tile, per_lane, warps, stages)

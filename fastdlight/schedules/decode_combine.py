@@ -11,7 +11,6 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape
-from fastdlight.schedules.base import cluster_load
 
 
 def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
@@ -88,19 +87,16 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
     return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
 
 
-def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int, cluster: int = 1):
+def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
     """The chunk step's ending for a merged ``shape`` (a CTA of ``threads`` threads in
     ``warps`` warps), as two macros: ``tail`` after the CTA's chunk is written (the last CTA of
-    each (batch, K/V head) merges its chunks: ``merge_last``; ``cluster`` > 1: the chunks' CTAs
-    are one cluster and merge through distributed shared memory, ``merge_cluster``; a no-op for
-    an unmerged shape or one chunk) and ``finish`` on each output element (one chunk: the
-    element, final; a cluster: the CTA's result kept in shared memory for the others)."""
+    each (batch, K/V head) merges its chunks: ``merge_last``; a no-op for an unmerged shape or
+    one chunk) and ``finish`` on each output element (one chunk: the element, final)."""
     B, G, R, D, S, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits, shape.dtype
     lane_chunks = -(-S // 32)  # chunks a lane of a merging warp takes
-    per_rank = -(-R * D // S)  # output elements each CTA of a cluster writes
 
     @T.macro
-    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s, o_s, rank):
+    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
         """(A merged shape.) Each thread's writes made visible, the CTA takes a ticket for its
         (batch, K/V head); the CTA that takes the last merges every chunk of it and leaves the
         counter at zero. The chunks' maxima and sums go to shared memory once, a warp a row
@@ -157,57 +153,20 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int, cluster: 
                 Tf[bg] = 0
 
     @T.macro
-    def merge_cluster(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s, o_s, rank):
-        """(A merged shape, its chunks' CTAs one cluster.) Each CTA's chunk result is in its
-        own shared memory (``keep``: o in ``o_s``, m and l in ``w_s``); after the cluster's
-        barrier CTA ``rank`` writes its slice of the output, reading every chunk's values from
-        the other CTAs' shared memory: no fence, no tickets, no CTA waiting for the others'
-        writes to reach L2 and be read back. A second barrier keeps every CTA resident until
-        its peers have read it."""
-        Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        T.cuda.cluster_sync()
-        for it in T.serial((per_rank + threads - 1) // threads):
-            j = T.meta_var(it * threads + tid)
-            idx = T.meta_var(rank * per_rank + j)
-            if j < per_rank and idx < R * D:
-                r = T.meta_var(idx // D)
-                st[0] = cluster_load(T.address_of(w_s[r]), T.uint32(0))
-                for p in T.unroll(1, S):
-                    st[0] = T.max(st[0], cluster_load(T.address_of(w_s[r]), T.uint32(p)))
-                st[1] = T.float32(0)
-                st[2] = T.float32(0)
-                for p in T.unroll(S):
-                    st[3] = T.exp2(cluster_load(T.address_of(w_s[r]), T.uint32(p)) - st[0])
-                    st[1] = st[1] + st[3] * cluster_load(T.address_of(w_s[R + r]), T.uint32(p))
-                    st[2] = st[2] + st[3] * cluster_load(T.address_of(o_s[idx]), T.uint32(p))
-                Yf[bg * R * D + idx] = T.Cast(dtype, st[2] / st[1])
-        T.cuda.cluster_sync()
-
-    @T.macro
-    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s, o_s, rank):
+    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
         T.evaluate(0)
 
     @T.macro
-    def keep(Y, bid, idx, merged, o_s, w_s):
-        """(A cluster.) Element ``idx`` of the CTA's chunk result where its peers read it: o in
-        place of the first warp's partial (only this thread reads that element), m (log2
-        units) and l in the scratch."""
-        o_s[idx] = merged[1]
-        if idx % D == 0:
-            w_s[idx // D] = merged[0]
-            w_s[R + idx // D] = merged[2]
-
-    @T.macro
-    def write_out(Y, bid, idx, merged, o_s, w_s):
+    def write_out(Y, bid, idx, merged):
         """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows, final: its chunk
         holds every key, so there is nothing to wait for or merge."""
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
         Yf[bid * R * D + idx] = T.Cast(dtype, merged[1] / merged[2])
 
     @T.macro
-    def no_write(Y, bid, idx, merged, o_s, w_s):
+    def no_write(Y, bid, idx, merged):
         T.evaluate(0)
 
-    if shape.merged and S > 1:
-        return (merge_cluster, keep) if cluster > 1 else (merge_last, no_write)
-    return no_merge, (write_out if shape.merged else no_write)
+    tail = merge_last if shape.merged and S > 1 else no_merge
+    finish = write_out if shape.merged and S == 1 else no_write
+    return tail, finish

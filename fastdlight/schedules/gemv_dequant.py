@@ -54,7 +54,7 @@ from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, de
                                              resident_ctas, x_global_fits)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
-from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel, cluster_load
+from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
@@ -199,6 +199,22 @@ def _dot(shape: WeightOnlyShape, x_global: bool = False):
     return call
 
 
+_CLUSTER_LOAD = r"""
+__forceinline__ __device__ float fdl_cluster_ld(const float* p, unsigned rank) {
+  // the float at p in the shared memory of the cluster's CTA `rank`
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+"""
+
+
+def _cluster_load(ptr, rank):
+    return cuda_func_call("fdl_cluster_ld", ptr, rank, source_code=_CLUSTER_LOAD, return_type="float32")
+
+
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_per_warp: int,
                  ctas_launched: int | None = None, split: int = 1, x_global: bool = False) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (a weight-only matmul of ``shape``): ``warps`` warps a CTA, each
@@ -256,9 +272,9 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         return turn * ctas + bid if KS == 1 else bid // KS
 
     def _sum_ranks(ps, e):
-        total = cluster_load(T.address_of(ps[e]), T.uint32(0))
+        total = _cluster_load(T.address_of(ps[e]), T.uint32(0))
         for p in range(1, KS):
-            total = total + cluster_load(T.address_of(ps[e]), T.uint32(p))
+            total = total + _cluster_load(T.address_of(ps[e]), T.uint32(p))
         return total
 
     @T.macro

@@ -2,8 +2,7 @@
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
 left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
 last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself;
-tiles staged in shared memory or filled by bulk copies; chunks merged in a thread-block
-cluster).
+tiles staged in shared memory).
 Needs an sm_90 GPU."""
 
 import pytest
@@ -32,11 +31,6 @@ CASES = {
     "merged_b1_h32": (1, 32, 1, 4096, 128, 17, False, "float16", 0, True),
     "merged_one_chunk": (16, 32, 1, 4096, 128, 1, False, "float16", 0, True),
     "merged_one_chunk_token_bf16": (3, 4, 4, 777, 64, 1, True, "bfloat16", 0, True),
-    # at most 16 chunks: also merged in a thread-block cluster (every chunk a CTA of it)
-    "cluster_b1_h32": (1, 32, 1, 4096, 128, 16, False, "float16", 0, True),
-    "cluster_token_odd_length": (1, 8, 4, 1000, 128, 8, True, "float16", 0, True),
-    "cluster_empty_chunks": (1, 8, 4, 5, 128, 16, True, "float16", 0, True),
-    "cluster_bf16_rows8_d64": (2, 4, 8, 777, 64, 4, True, "bfloat16", 0, True),
 }
 
 

@@ -149,7 +149,7 @@ def test_staged_variants_of_the_best_layouts_that_fit():
     shape, _ = match_decode_split(func)
     configs = decode_attention_configs(match_decode_split(func), H100)
     plain = [c for c in configs if c.pipeline_stages == 1]
-    staged = [c for c in configs if c.pipeline_stages > 1 and not c.use_async_copy]
+    staged = [c for c in configs if c.pipeline_stages > 1]
     assert 1 <= len(staged) <= STAGED_LAYOUTS
     for c in staged:
         assert c.pipeline_stages <= MAX_STAGES and staged_fits(shape, c.block[0], c.warp[0], c.pipeline_stages)
@@ -158,51 +158,3 @@ def test_staged_variants_of_the_best_layouts_that_fit():
                 if c.pipeline_stages > 1]  # no cp.async before sm_80
     assert not staged_fits(shape, 16, 4, 2)  # two stages are the register sets' pipeline
     assert not staged_fits(shape, 128, 4, 3)  # 192 KB of ring
-
-
-@pytest.mark.parametrize("appended, symbolic", [(False, False), (True, True)])
-@pytest.mark.parametrize("stages", [2, 8])
-def test_a_ring_filled_by_bulk_copies_compiles_without_spills(appended, symbolic, stages):
-    """Bulk copies: one thread issues a tile's K and V copies on the stage's barrier; every
-    thread waits on the barrier's phase before it reads the stage."""
-    from fastdlight.config import Config
-
-    shape = DecodeAttentionShape(1, 8, 4, 128, 33, appended=appended)
-    func = decode_split_func(shape, tirx.Var("n", "int64") if symbolic else 1000)
-    config = Config("decode_attention", block=(16,), thread=(8,), warp=(4,), pipeline_stages=stages,
-                    use_async_copy=True)
-    ((_, kernel),) = kernels(func, [config])
-    src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
-    assert cubin.spill_bytes == 0, cubin.log
-    assert src.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
-    assert "mbarrier.init.shared.b64" in src and "mbarrier.try_wait.parity" in src
-    assert "cp.async.cg.shared.global" not in src  # no per-thread copies
-
-
-def test_a_paged_cache_gets_no_bulk_copies():
-    """A tile of a paged cache is no one span of memory."""
-    shape = DecodeAttentionShape(1, 8, 4, 128, 33, appended=False, page_size=16)
-    func = decode_paged_func(shape, 600, 512)
-    assert not [c for c in decode_attention_configs(match_decode_split(func), H100) if c.use_async_copy]
-
-
-@pytest.mark.parametrize("splits, symbolic", [(16, False), (8, True)])
-def test_a_merged_step_of_few_chunks_merges_them_in_a_cluster(splits, symbolic):
-    """At most 16 chunks: cluster twins of the best layouts (bulk-copied ones too) that merge
-    through distributed shared memory between two cluster barriers, with no ticket or fence."""
-    shape = DecodeAttentionShape(1, 8, 4, 128, splits, appended=True, merged=True)
-    func = decode_split_func(shape, tirx.Var("n", "int64") if symbolic else 1000)
-    configs = decode_attention_configs(match_decode_split(func), H100)
-    clustered = [c for c in configs if c.cluster > 1]
-    assert clustered and {c.cluster for c in clustered} == {splits} and any(c.use_async_copy for c in clustered)
-    for config, kernel in kernels(func, clustered):
-        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
-        assert cubin.spill_bytes == 0, (config, cubin.log)
-        assert "atomicAdd" not in src and "tvm_builtin_cuda_thread_fence();" not in src
-        assert "mapa.shared::cluster" in src and src.count("tvm_builtin_cuda_cluster_sync();") == 2
-    many = DecodeAttentionShape(1, 8, 4, 128, 17, appended=True, merged=True)
-    assert not [c for c in decode_attention_configs(match_decode_split(decode_split_func(many, 1000)), H100)
-                if c.cluster > 1]  # past the largest cluster Hopper launches
-    pair = DecodeAttentionShape(1, 8, 4, 128, 16, appended=True)
-    assert not [c for c in decode_attention_configs(match_decode_split(decode_split_func(pair, 1000)), H100)
-                if c.cluster > 1]  # the pair's merge is a kernel of its own
