@@ -180,8 +180,8 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
 
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
     """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version``: from sm_80
-    the mma.sync one (:func:`mma_head_dim`), on Hopper also the wgmma one (head dims
-    :data:`FUSED_HEAD_DIMS`); elsewhere the naive TIR would run as several kernels, slower than
+    the mma.sync one (:func:`mma_head_dim`), on Hopper also the wgmma one (the same head dims:
+    :func:`wgmma_padded_dim`); elsewhere the naive TIR would run as several kernels, slower than
     the unfused model graph, so a model rewrite should leave attention as it found it."""
     return sm_version >= 80 and mma_head_dim(shape.head_dim) and shape.dtype in ("float16", "bfloat16")
 
@@ -204,8 +204,14 @@ def q_in_registers(head_dim: int, warp_rows: int) -> bool:
     return warp_rows == 16 and mma_padded_dim(head_dim) <= MMA_HELD_Q_HEAD_DIM
 
 
-#: head dims the wgmma template covers (a 128-byte swizzled row is 64 fp16 columns)
-FUSED_HEAD_DIMS = (64, 128)
+def wgmma_padded_dim(head_dim: int) -> int:
+    """The head dim the wgmma template computes O over: whole 64-column chunks (a 128-byte
+    swizzled row of fp16). TMA fills the columns past D with zeros in Q, K and V tiles, so the
+    scores are exact (their products step over D in 16s) and O's extra columns, zeros, are not
+    stored; 96 computes P·V over 128."""
+    return -(-head_dim // 64) * 64
+
+
 #: the largest head dim whose O fragments (D / 2) fit beside a key tile's scores and P
 MMA_MAX_HEAD_DIM = 256
 #: the largest head dim whose Q fragments (D / 4) are held beside O's

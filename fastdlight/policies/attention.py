@@ -19,8 +19,8 @@ per SM walks the tiles (emitted beside each tile where the tiles outnumber the S
 
 from __future__ import annotations
 
-from fastdlight.analysis.attention import (FUSED_HEAD_DIMS, AttentionShape, fused_fits, mma_padded_dim,
-                                           q_in_registers)
+from fastdlight.analysis.attention import (AttentionShape, fused_fits, mma_padded_dim, q_in_registers,
+                                           wgmma_padded_dim)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -44,6 +44,11 @@ MMA_WARP_ROWS = (32, 16)
 #: sm_90a and spilled 8 bytes for sm_80; on the H200 it was d96's fastest tile (0.88x torch's
 #: FlashAttention-2 against 0.82x for the best under 192; 2026-11-30), so it is offered and timed
 MMA_FRAGMENT_REGS = 200
+#: head dims where Hopper gets the wgmma template's configs alone (H200, 2026-11-30: 1.06-1.27x
+#: torch's FlashAttention at d64 and d128, where mma.sync's best ran 0.55-0.84x)
+WGMMA_ALONE_HEAD_DIMS = (64, 128)
+#: mma.sync configs measured beside the wgmma ones on Hopper at the other head dims
+BESIDE_WGMMA_TOPK = 4
 
 
 def consumer_regs(consumers: int) -> int:
@@ -56,8 +61,9 @@ def fits(shape: AttentionShape, bm: int, bn: int, stages: int, smem: int = SM90_
     # scores, O, P as 16-bit pairs; a causal mask's test holds about one more register for every
     # four scores (192x128 d64 causal spilled 72 bytes at 160 registers, the same tile without
     # the mask none)
-    fragments = bn // 2 + shape.head_dim // 2 + bn // 4 + (bn // 4 if shape.causal else 0)
-    smem_bytes = 2 * shape.head_dim * (bm + 2 * stages * bn) + 1024 + 64
+    d = wgmma_padded_dim(shape.head_dim)
+    fragments = bn // 2 + d // 2 + bn // 4 + (bn // 4 if shape.causal else 0)
+    smem_bytes = 2 * d * (bm + 2 * stages * bn) + 1024 + 64
     return fragments + OVERHEAD_REGS <= consumer_regs(bm // 64) and smem_bytes <= smem
 
 
@@ -117,14 +123,23 @@ def mma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> l
 
 def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
     """Configs for ``shape`` on ``arch``, cheapest predicted first: the wgmma template's on
-    Hopper (``sm_90a``) at its head dims, the mma.sync one's on other GPUs from sm_80 and at
-    other head dims; none where neither takes the shape (an older GPU, a head dim or dtype
-    neither covers: :func:`fused_fits`)."""
+    Hopper (``sm_90a``), the mma.sync one's on other GPUs from sm_80; none where neither takes
+    the shape (an older GPU, a head dim or dtype neither covers: :func:`fused_fits`). At head
+    dims other than :data:`WGMMA_ALONE_HEAD_DIMS` Hopper gets both: the wgmma template computes
+    P·V over whole 64-column chunks (96 over 128), mma.sync over whole 16-column steps."""
     major, minor = arch.compute_capability
     if not fused_fits(shape, 10 * major + minor):
         return []
-    if not arch.has_wgmma or shape.head_dim not in FUSED_HEAD_DIMS:
+    if not arch.has_wgmma:
         return mma_attention_configs(shape, arch, topk)
+    both = shape.head_dim not in WGMMA_ALONE_HEAD_DIMS
+    return wgmma_attention_configs(shape, arch, topk) + (mma_attention_configs(shape, arch, BESIDE_WGMMA_TOPK)
+                                                         if both else [])
+
+
+def wgmma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:
+    """``attention_wgmma`` configs for ``shape`` on a Hopper ``arch``, cheapest predicted first
+    (each tile also on a persistent grid where the tiles outnumber the SMs)."""
     options = []
     for bm, bn in TILES:
         for stages in (2, 3, 4):

@@ -12,7 +12,7 @@ import pytest
 import tvm
 
 from fastdlight import ops
-from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits, match_attention
+from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits, match_attention, wgmma_padded_dim
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.config import Config, StockSchedule
@@ -29,11 +29,16 @@ SHAPES = {
     "causal_d128": ((1, 8, 1000, 1000, 128), dict(causal=True)),
     "causal_d64_bottom_right": ((2, 4, 300, 4097, 64), dict(causal=True)),
     "gqa_bf16": ((1, 8, 1000, 1000, 128), dict(kv_heads=2, dtype="bfloat16")),
+    # head dims short of whole 64-column chunks (P·V over the padded dim) and Gemma's 256
+    "causal_d96": ((1, 8, 1000, 1000, 96), dict(causal=True)),
+    "cross_d40": ((2, 8, 512, 77, 40), {}),
+    "gqa_causal_d256": ((1, 8, 1000, 1000, 256), dict(kv_heads=4, causal=True)),
 }
 LAYOUTS = {  # the heads as models hold them before splitting: 4-D tensor maps
     "bthd_gqa": AttentionShape(2, 8, 300, 300, 64, 2, causal=True, layout="bthd"),
     "packed_qkv": AttentionShape(1, 12, 1000, 1000, 128, 12, causal=True, layout="packed"),
     "mixed_v_unsplit": AttentionShape(1, 8, 512, 512, 128, 2, causal=True, layout="bhtd,bhtd,bthd"),
+    "bthd_d80": AttentionShape(2, 8, 300, 300, 80, 2, causal=True, layout="bthd"),
 }
 
 
@@ -48,13 +53,13 @@ def compile_kernel(func, config):
 def test_every_config_compiles_without_spills(name):
     args, kw = SHAPES[name]
     op = ops.attention(*args, **kw)
-    configs = attention_configs(match_attention(op.func), H100, 8)
+    configs = [c for c in attention_configs(match_attention(op.func), H100, 8) if c.kind == "attention_wgmma"]
     assert {c.block[0] for c in configs} >= {128}
     with ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda c: compile_kernel(op.func, c), configs))
     t = "bf16" if kw.get("dtype") == "bfloat16" else "f16"
     for config, (kernel, src, cubin) in zip(configs, built):
-        bn, d = config.block[1], args[4]
+        bn, d = config.block[1], wgmma_padded_dim(args[4])
         assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{t}.{t}" in src  # scores, from shared memory
         assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{t}.{t}" in src  # P V, P from registers
         assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src and "__shfl_xor_sync" in src
@@ -88,8 +93,8 @@ def test_the_attention_policy_goes_first_from_sm80():
     first = next(candidate_sets(func, A100, 8))  # the mma.sync template's configs
     assert first.policy == "AttentionPolicy" and {c.kind for c in first.configs} == {"attention_mma"}
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(func, CUDA("nvidia/nvidia-t4"), 8))
-    odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim only the mma.sync template covers
-    assert {c.kind for c in next(candidate_sets(odd, H100, 8)).configs} == {"attention_mma"}
+    odd = ops.attention(1, 8, 512, 512, 96).func  # a head dim both templates cover: both measured
+    assert {c.kind for c in next(candidate_sets(odd, H100, 8)).configs} == {"attention_wgmma", "attention_mma"}
     odd = ops.attention(1, 8, 512, 512, 20).func  # one neither covers
     assert all(s.policy != "AttentionPolicy" for s in candidate_sets(odd, H100, 8))
 
@@ -266,3 +271,20 @@ def test_the_cost_counts_the_keys_a_wide_tile_computes_for_nothing():
     assert key_padding(full, 128, 176) == 47 * 176 / 8192
     causal = match_attention(ops.attention(1, 32, 4096, 4096, 128, causal=True).func)
     assert 1.0 < key_padding(causal, 128, 128) < key_padding(causal, 128, 192)
+
+
+def test_a_head_dim_short_of_whole_chunks_is_computed_over_them():
+    """d96: the tiles load as two 64-column chunks (TMA fills columns 96-127 with zeros), the
+    scores step over the 96 columns, P·V computes 128 of which O keeps 96."""
+    from tvm import tirx
+
+    func = ops.attention(1, 8, 1000, 1000, 96, causal=True).func
+    plan = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
+    assert plan.padded and plan.d_chunks == 2 and plan.d_steps == 6 and plan.o_regs == 64
+    assert "m64n128k16" in plan.o_mma and plan.dims(0)[0] == 96 and plan.out_dims[0] == 96
+    assert plan.q_bytes == 128 * 128 * 2  # the whole boxes land, zero columns included
+    row, col = tirx.Var("row", "int32"), tirx.Var("col", "int32")
+    assert "col < 96" in str(plan.stored(row, col))
+    full = plan_for(ops.attention(1, 8, 1000, 1000, 128).func, Config("attention_wgmma", block=(128, 128),
+                                                                          pipeline_stages=2))
+    assert not full.padded and "col" not in str(full.stored(row, col))

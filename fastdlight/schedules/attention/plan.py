@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import AttentionShape
+from fastdlight.analysis.attention import AttentionShape, wgmma_padded_dim
 from fastdlight.policies.attention import PRODUCER_REGS, consumer_regs
 from fastdlight.schedules.wgmma.tma import SWIZZLE_BYTES, Operand
 
@@ -198,17 +198,31 @@ class AttentionPlan(AttentionTiles):
         return 2
 
     @property
+    def padded_dim(self) -> int:
+        """The head dim O is computed over: whole 64-column chunks (:func:`wgmma_padded_dim`)."""
+        return wgmma_padded_dim(self.shape.head_dim)
+
+    @property
+    def o_regs(self) -> int:
+        return self.padded_dim // 2
+
+    @property
+    def padded(self) -> bool:
+        """Whether D is short of whole chunks: O's columns past it are not stored."""
+        return self.padded_dim != self.shape.head_dim
+
+    @property
     def d_chunks(self) -> int:
-        """128-byte (64-column) chunks of a head's D columns."""
-        return self.shape.head_dim * self.elem_bytes // SWIZZLE_BYTES
+        """128-byte (64-column) chunks of a head's D columns (the last zero-filled past D)."""
+        return self.padded_dim * self.elem_bytes // SWIZZLE_BYTES
 
     @property
     def q_elems(self) -> int:
-        return self.bm * self.shape.head_dim
+        return self.bm * self.padded_dim
 
     @property
     def kv_elems(self) -> int:
-        return self.bn * self.shape.head_dim
+        return self.bn * self.padded_dim
 
     @property
     def q_bytes(self) -> int:
@@ -275,7 +289,7 @@ class AttentionPlan(AttentionTiles):
     @property
     def o_stage_words(self) -> int:
         """32-bit words of O's staging rows (one word where O is not staged: the pool's minimum)."""
-        return self.bm * self.shape.head_dim // 2 if self.stage_o else 1
+        return self.bm * self.padded_dim // 2 if self.stage_o else 1
 
     def staged_word(self, cw, row, col):
         """The word of O's 16-bit pair at (``row``, ``col`` even) of consumer ``cw``'s staging
@@ -283,20 +297,27 @@ class AttentionPlan(AttentionTiles):
         chunk, byte = col // 64, (col % 64) * self.elem_bytes
         return (cw * self.d_chunks + chunk) * 64 * 32 + row * 32 + ((byte // 16) ^ (row % 8)) * 4 + byte % 16 // 4
 
+    def stored(self, row, col):
+        """Whether O's element (``row``, ``col``) is stored from registers: rows past the end
+        are not, nor (a padded head dim) the zero columns past D."""
+        inside = row < self.seq_q
+        return tirx.all(inside, col < self.shape.head_dim) if self.padded else inside
+
     def store_barrier(self, cw: int) -> int:
         """The named barrier of consumer ``cw``'s staging (after 0, the CTA's, and the turns')."""
         return 1 + self.consumers + cw
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel asks for: Q, the K/V ring, O's staging rows, barriers."""
-        d, eb = self.shape.head_dim, self.elem_bytes
+        d, eb = self.padded_dim, self.elem_bytes
         return eb * d * (self.bm + 2 * self.stages * self.bn) + 4 * self.o_stage_words + 1024 + 64
 
     # --- wgmma ------------------------------------------------------------------------------
 
     @property
     def d_steps(self) -> int:
-        return self.shape.head_dim // 16
+        """k16 steps of the scores: over D (its last step's columns past D are zeros)."""
+        return -(-self.shape.head_dim // 16)
 
     @property
     def kv_steps(self) -> int:
@@ -310,7 +331,7 @@ class AttentionPlan(AttentionTiles):
     @property
     def o_mma(self) -> str:
         t = ABBR[self.shape.dtype]
-        return f"wgmma.mma_async.sync.aligned.m64n{self.shape.head_dim}k16.f32.{t}.{t}"
+        return f"wgmma.mma_async.sync.aligned.m64n{self.padded_dim}k16.f32.{t}.{t}"
 
     def operands(self) -> tuple[Operand, Operand, Operand]:
         """Descriptors of Q (A, K-major, 64-column chunks of ``bm`` rows), K (B, K-major,
@@ -318,7 +339,7 @@ class AttentionPlan(AttentionTiles):
         s, eb = self.shape, self.elem_bytes
         q = Operand(True, self.bm, 64, self.dims(0), eb)
         k = Operand(True, self.bn, 64, self.dims(1), eb)
-        v = Operand(False, s.head_dim, self.bn, self.dims(2), eb)
+        v = Operand(False, self.padded_dim, self.bn, self.dims(2), eb)
         return q, k, v
 
     @property
@@ -341,5 +362,5 @@ class AttentionPlan(AttentionTiles):
             raise ValueError("pingpong takes turns between two or more consumer warpgroups")
         if self.bn % 16 or not 16 <= self.bn <= 256:
             raise ValueError(f"attention key tile of {self.bn}: a multiple of 16 up to 256")
-        if math.gcd(self.shape.head_dim, 64) != 64:
-            raise ValueError(f"head dim {self.shape.head_dim}: whole 64-column chunks")
+        if self.shape.head_dim % 8 or self.padded_dim > 256:
+            raise ValueError(f"head dim {self.shape.head_dim}: whole 16-byte rows, at most 256")

@@ -41,7 +41,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from fastdlight.analysis.attention import FUSED_HEAD_DIMS, match_attention
+from fastdlight.analysis.attention import match_attention, mma_head_dim
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -60,7 +60,7 @@ def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
     None where the template does not take them."""
     shape = match_attention(func)
     if (shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16")
-            or shape.head_dim not in FUSED_HEAD_DIMS):
+            or not mma_head_dim(shape.head_dim)):
         return None
     (bm, bn) = config.block
     try:
