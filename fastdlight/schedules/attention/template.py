@@ -26,7 +26,9 @@ slower: the tuner times both). In each CTA:
   beside Q and the ring (``AttentionPlan.stage_o``); else from registers, two adjacent columns a
   32-bit store (one fp16 a store cost GPT-2's shape 18%), rows past the end not stored.
 
-TMA zero-fills past the sequence ends, so any TQ and TKV work; GQA reads K/V head
+TMA zero-fills past the sequence ends, so any TQ and TKV work, and past D: a head dim short of
+whole 64-column chunks (40, 80, 96) is loaded and computed as the padded one (the scores over D in
+16s, P·V over the chunks), O's columns past D not stored. GQA reads K/V head
 ``h // group`` (its tiles come from L2 for the group's other heads).
 """
 
