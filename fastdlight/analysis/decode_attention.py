@@ -43,7 +43,8 @@ EMPTY_MAX = -1.0e30
 #: most query rows a K/V head serves (GQA group times query tokens) the split template takes:
 #: a thread holds q and the output in fp32 for each row (16 registers a row at 8 values a lane)
 MAX_ROWS = 8
-HEAD_DIMS = (32, 64, 128, 256)
+#: the largest head dim the split template takes (any multiple of :data:`VECTOR` up to it)
+MAX_HEAD_DIM = 256
 #: tokens a page of a paged cache may hold (powers of two: a key's page and slot are shifts)
 PAGE_SIZES = (8, 16, 32, 64, 128, 256)
 #: elements of one vector load of the split template (16 bytes of fp16/bf16)
@@ -332,8 +333,22 @@ def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
 
 
 def split_fits(shape: DecodeAttentionShape) -> bool:
-    """Whether the split template takes ``shape``."""
-    return shape.rows <= MAX_ROWS and shape.head_dim in HEAD_DIMS
+    """Whether the split template takes ``shape``: at most :data:`MAX_ROWS` rows, whole 16-byte
+    loads of a key (Phi-2's 80 and Phi-3's 96 as well as the powers of two)."""
+    return shape.rows <= MAX_ROWS and shape.head_dim % VECTOR == 0 and shape.head_dim <= MAX_HEAD_DIM
+
+
+def key_lanes(head_dim: int, dims_per_lane: int) -> int:
+    """Lanes a key's values span, ``dims_per_lane`` each: ``head_dim / dims_per_lane`` rounded
+    up to a power of two, so that a warp holds whole keys and a key's lanes add their partial
+    dot products with shuffles (96 at 8 a lane: 12 lanes of 16 hold values, 4 zeros)."""
+    return 1 << (head_dim // dims_per_lane - 1).bit_length()
+
+
+def lane_width(head_dim: int) -> int:
+    """Values a key's lanes hold, the zeros past ``head_dim`` included (the same at 8 and 16 a
+    lane): what a staged tile holds a key."""
+    return VECTOR * key_lanes(head_dim, VECTOR)
 
 
 def merge_scratch(shape: DecodeAttentionShape) -> int:
@@ -347,8 +362,8 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
     within a warp, the tile a whole number of loads a thread, the merge in shared memory."""
     if dims_per_lane % VECTOR or shape.head_dim % dims_per_lane:
         return False
-    lanes = shape.head_dim // dims_per_lane
-    if lanes > 32 or 32 % lanes or not 1 <= warps <= 8:
+    lanes = key_lanes(shape.head_dim, dims_per_lane)
+    if lanes > 32 or not 1 <= warps <= 8:
         return False
     slots = warps * (32 // lanes)
     return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 + merge_scratch(shape) <= MAX_SHARED_BYTES
@@ -358,11 +373,11 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
     """Whether a ring of ``stages`` tiles (K and V of ``tile`` keys each) fits in shared memory
     beside the merge's scratch, within what every CTA gets without opting in: ``stages`` >= 3
     (two stages are what the register sets already give)."""
-    ring = stages * tile * shape.head_dim * 2 * 2
+    ring = stages * tile * lane_width(shape.head_dim) * 2 * 2
     return stages >= 3 and ring + warps * shape.rows * shape.head_dim * 4 + 2 * warps * shape.rows * 4 + 16 \
         + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
-    """Whether the merge kernel lays out: the head dim over a warp's lanes, at most 8 warps."""
-    return shape.head_dim % 32 == 0 and 1 <= warps <= 8
+    """Whether the merge kernel lays out: at most 8 warps (the head dim over a warp's lanes)."""
+    return 1 <= warps <= 8

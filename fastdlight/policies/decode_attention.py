@@ -17,6 +17,7 @@ from fastdlight.analysis.decode_attention import (
     DecodeAttentionShape,
     chunk_of,
     combine_fits,
+    key_lanes,
     layout_fits,
     split_fits,
     staged_fits,
@@ -45,7 +46,7 @@ def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int
 
 
 def cost(shape: DecodeAttentionShape, seq_kv: int, tile: int, per_lane: int, warps: int, arch: CUDA) -> float:
-    loads = tile // (warps * (32 // (shape.head_dim // per_lane)))
+    loads = tile // (warps * (32 // key_lanes(shape.head_dim, per_lane)))
     in_flight = loads * per_lane * 2 * 2 * warps * 32  # K and V bytes of a tile a CTA has requested
     regs = fragment_regs(shape, loads, per_lane) + 40
     resident = max(1, min(arch.max_threads_per_sm // (warps * 32), 65536 // (regs * warps * 32)))
@@ -68,8 +69,10 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     for warps in (4, 2, 8):
         for per_lane in (8, 16):
             for loads in (1, 2, 4, 8):
-                lanes = shape.head_dim // per_lane
-                if lanes > 32 or fragment_regs(shape, loads, per_lane) > MAX_FRAGMENT_REGS:
+                if shape.head_dim % per_lane or fragment_regs(shape, loads, per_lane) > MAX_FRAGMENT_REGS:
+                    continue
+                lanes = key_lanes(shape.head_dim, per_lane)
+                if lanes > 32:
                     continue
                 tile = loads * warps * (32 // lanes)
                 if layout_fits(shape, tile, per_lane, warps):
@@ -97,5 +100,6 @@ def decode_combine_configs(shape: DecodeAttentionShape, topk: int = 4) -> list[C
     enough that each folds a few (the chunks are L2 hits: latency, not bandwidth)."""
     options = [w for w in (1, 2, 4, 8) if combine_fits(shape, w)]
     options.sort(key=lambda w: abs(-(-shape.splits // w) - 8))
-    return [Config("decode_combine", block=(shape.head_dim,), thread=(shape.head_dim // 32,), warp=(w,), cost=float(i))
+    per_lane = -(-shape.head_dim // 32)
+    return [Config("decode_combine", block=(shape.head_dim,), thread=(per_lane,), warp=(w,), cost=float(i))
             for i, w in enumerate(options[:topk])]

@@ -6,7 +6,8 @@ Decode reads every cached key and value once for a few query rows: 2 to 16 multi
 loaded element, far below what the CUDA cores sustain, so the kernel is a stream at HBM's
 bandwidth and tensor cores would only add data movement. A CTA takes one (batch, K/V head,
 chunk). Each key vector is split over ``head_dim / dims_per_lane`` lanes, 16 bytes (8 values) a
-load; the CTA's lanes cover ``slots`` keys at once, and each thread issues the K and V loads of
+load, rounded up to a power of two (80 and 96 over 16 lanes at 8 values each, the lanes past D
+holding zeros and loading nothing); the CTA's lanes cover ``slots`` keys at once, and each thread issues the K and V loads of
 ``tile / slots`` keys before it uses any, into one of two register sets: the next tile's loads
 are in flight while the current one is scored (the bytes in flight that keep HBM busy). Every slot
 (a lane group) runs an online softmax of its own, in the exp2 domain with the scale folded into
@@ -43,6 +44,7 @@ from fastdlight.analysis.decode_attention import (
     VECTOR,
     DecodeAttentionShape,
     combine_fits,
+    key_lanes,
     layout_fits,
     match_decode_combine,
     match_decode_split,
@@ -64,7 +66,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     ``stages`` > 1: tiles staged in shared memory, ``stages - 1`` of them in flight (see
     :func:`~fastdlight.analysis.decode_attention.staged_fits`). Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
-    lanes = D // dims_per_lane  # lanes a key
+    lanes = key_lanes(D, dims_per_lane)  # lanes a key (a power of two)
+    active = D // dims_per_lane  # lanes that hold values (fewer where D is no power of two)
     per_warp = 32 // lanes  # keys a warp loads at once
     slots = warps * per_warp
     U, E, V8 = tile // slots, dims_per_lane, dims_per_lane // VECTOR
@@ -86,6 +89,15 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
 
     def key_count(n_cache):
         return n_cache + T.int64(1) if appended else n_cache
+
+    def q_value(Qf, bg, r, e0, e):
+        """Row ``r``'s query value ``e0 + e`` of K/V head ``bg``, scaled (zero past D: not read)."""
+        value = T.Cast("float32", Qf[(bg * R + r) * D + e0 + e]) * q_scale
+        return tirx.if_then_else(e0 < D, value, tirx.const(0.0, "float32")) if active < lanes else value
+
+    def holds(cond, e0):
+        """``cond``, for a lane that holds values: lanes of a key past D load and hold zeros."""
+        return tirx.all(cond, e0 < D) if active < lanes else cond
 
     staged = stages > 1
     # where value group v of a key goes: a register set's next 8 values, or (staged) the ring's
@@ -113,10 +125,10 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         """Values ``e0 ..`` of key ``key`` of K/V head ``bg``: the cache's, the appended token's,
         or zeros past the chunk (another CTA's keys are not read twice)."""
         for v in T.unroll(V8):
-            if key < T.min(end, T.Cast("int32", n_cache)):
+            if holds(key < T.min(end, T.Cast("int32", n_cache)), e0):
                 copy16(dst, base + v * v_stride, cache,
                        (T.Cast("int64", bg) * n_cache + T.Cast("int64", key)) * D + e0 + v * VECTOR)
-            elif key < end:  # the appended token (never without one)
+            elif holds(key < end, e0):  # the appended token (never without one)
                 copy16(dst, base + v * v_stride, new, bg * D + e0 + v * VECTOR)
             else:
                 zero16(dst, base + v * v_stride)
@@ -135,7 +147,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         """The same from a page pool: key ``key`` is slot ``key % page`` of the sequence's page
         ``key // page`` (its table's entry)."""
         for v in T.unroll(V8):
-            if key < end:
+            if holds(key < end, e0):
                 at = T.meta_var(pool_key(page_entry(table, bg, key), bg, key))
                 copy16(dst, base + v * v_stride, cache, at * D + e0 + v * VECTOR)
             else:
@@ -174,7 +186,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         for u in T.unroll(U):
             key = T.meta_var(key_of(start, step, u, slot))
             for v in T.unroll(V8):
-                if key < end:
+                if holds(key < end, e0):
                     at = T.meta_var(pool_key(pg[buf * U + u], bg, key) * D + e0 + v * VECTOR)
                     copy16(kr, (buf * U + u) * E + v * VECTOR, Kf, at)
                     copy16(vr, (buf * U + u) * E + v * VECTOR, Vf, at)
@@ -331,7 +343,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         end = T.meta_var(T.min(start + chunk, T.Cast("int32", key_count(nk[0]))))
         for r in T.unroll(R):
             for e in T.unroll(E):
-                qr[r * E + e] = T.Cast("float32", Qf[(bg * R + r) * D + e0 + e]) * q_scale
+                qr[r * E + e] = q_value(Qf, bg, r, e0, e)
             mr[r] = T.float32(EMPTY_MAX)
             lr[r] = T.float32(0)
             for e in T.unroll(E):
@@ -350,7 +362,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     acc[r * E + e] = acc[r * E + e] * mine + T.tvm_warp_shuffle_xor(
                         T.uint32(0xFFFFFFFF), acc[r * E + e], lanes << o, 32, 32) * theirs
                 mr[r] = other[1]
-        if lane < lanes:
+        if lane < active:
             for r in T.unroll(R):
                 if lane == 0:
                     m_s[warp * R + r] = mr[r]

@@ -16,10 +16,11 @@ from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape
 def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
     """The TIRx kernel that merges the chunks (a :func:`decode_combine_func` of ``shape``): a
     CTA per output row; each warp folds every ``warps``-th chunk into a running max, sum and
-    weighted row (lanes over the head dim, ``D / 32`` values each), then the warps' results
-    meet in shared memory. Same parameters, same result."""
+    weighted row (lanes over the head dim, ``ceil(D / 32)`` values each: past D a lane holds
+    none), then the warps' results meet in shared memory. Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
-    V, threads, dtype = D // 32, warps * 32, shape.dtype
+    V, threads, dtype = -(-D // 32), warps * 32, shape.dtype
+    whole = V * 32 == D  # every lane's values inside the row (else the last lanes' are guarded)
     rounds = -(-S // warps)
     o_in, m_in, l_in, out = func.params
 
@@ -52,8 +53,12 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
             chunk = T.meta_var(i * warps + warp)
             if chunk < S:
                 at = T.meta_var((bg * S + chunk) * R + r)
-                for v in T.vectorized(V):
-                    ov[v] = Of[at * D + lane * V + v]
+                if whole:
+                    for v in T.vectorized(V):
+                        ov[v] = Of[at * D + lane * V + v]
+                else:
+                    for v in T.unroll(V):
+                        ov[v] = T.if_then_else(lane * V + v < D, Of[at * D + lane * V + v], T.float32(0))
                 top = T.meta_var(T.max(st[0], Mf[at]))
                 st[2] = T.exp(st[0] - top)
                 st[3] = T.exp(Mf[at] - top)
@@ -65,7 +70,10 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
             m_s[warp] = st[0]
             l_s[warp] = st[1]
         for v in T.unroll(V):
-            o_s[warp * D + lane * V + v] = acc[v]
+            if whole:
+                o_s[warp * D + lane * V + v] = acc[v]
+            elif lane * V + v < D:
+                o_s[warp * D + lane * V + v] = acc[v]
         T.cuda.cta_sync()
         for it in T.serial(-(-D // threads)):
             e = T.meta_var(it * threads + tid)

@@ -2,6 +2,7 @@
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
 left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
 last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself;
+head dims 40, 72, 80 and 96;
 tiles staged in shared memory).
 Needs an sm_90 GPU."""
 
@@ -31,6 +32,11 @@ CASES = {
     "merged_b1_h32": (1, 32, 1, 4096, 128, 17, False, "float16", 0, True),
     "merged_one_chunk": (16, 32, 1, 4096, 128, 1, False, "float16", 0, True),
     "merged_one_chunk_token_bf16": (3, 4, 4, 777, 64, 1, True, "bfloat16", 0, True),
+    # head dims no power of two (a key's lanes past D hold zeros; the merge kernel's too)
+    "phi3_d96_merged": (1, 32, 1, 4096, 96, 17, False, "float16", 0, True),
+    "d80_token_odd_length": (1, 8, 4, 1000, 80, 33, True),
+    "d40_bf16_rows8": (2, 4, 8, 777, 40, 16, True, "bfloat16"),
+    "paged16_d72": (2, 8, 4, 1000, 72, 17, False, "float16", 16),
 }
 
 

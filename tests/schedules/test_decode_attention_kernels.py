@@ -43,6 +43,9 @@ def kernels(func, configs):
     (2, 4, 8, 64, 16, True, "bfloat16", True),
     (1, 2, 8, 256, 8, False, "float16", False),
     (1, 2, 4, 32, 64, True, "float16", True),
+    # head dims no power of two: a key's lanes rounded up to one, those past D holding zeros
+    (1, 32, 1, 96, 17, False, "float16", False),  # Phi-3
+    (2, 4, 8, 40, 16, True, "bfloat16", True),
 ])  # fmt: skip
 def test_every_config_compiles_to_a_cubin(batch, kv_heads, rows, head_dim, splits, appended, dtype, symbolic):
     shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype)
@@ -73,7 +76,7 @@ def test_a_symbolic_length_keeps_the_kernel_that_reads_it_at_run_time():
     compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
 
 
-@pytest.mark.parametrize("head_dim, splits", [(128, 66), (64, 3), (256, 128)])
+@pytest.mark.parametrize("head_dim, splits", [(128, 66), (64, 3), (256, 128), (80, 33)])
 def test_the_merge_gets_its_kernel_and_compiles(head_dim, splits):
     shape = DecodeAttentionShape(2, 4, 4, head_dim, splits)
     func = decode_combine_func(shape)
@@ -158,3 +161,22 @@ def test_staged_variants_of_the_best_layouts_that_fit():
                 if c.pipeline_stages > 1]  # no cp.async before sm_80
     assert not staged_fits(shape, 16, 4, 2)  # two stages are the register sets' pipeline
     assert not staged_fits(shape, 128, 4, 3)  # 192 KB of ring
+
+
+def test_a_head_dim_no_power_of_two_spreads_a_key_over_a_power_of_two_lanes():
+    """Phi-2's 80 at 8 values a lane: 10 lanes hold a key's values, 16 add its dot product (the
+    6 past D load nothing and hold zeros), two keys a warp; the merge kernel's lanes past D hold
+    nothing either."""
+    from fastdlight.analysis.decode_attention import key_lanes, lane_width, layout_fits, split_fits
+
+    assert key_lanes(80, 8) == 16 and key_lanes(96, 16) == 8 and key_lanes(128, 8) == 16 and key_lanes(40, 8) == 8
+    assert lane_width(96) == 128 and lane_width(40) == 64 and lane_width(256) == 256
+    shape = DecodeAttentionShape(1, 32, 1, 80, 17, appended=True)
+    assert split_fits(shape) and layout_fits(shape, 16, 8, 4) and not layout_fits(shape, 16, 32, 4)
+    assert not split_fits(DecodeAttentionShape(1, 32, 1, 84, 17))  # no whole 16-byte loads
+    assert not split_fits(DecodeAttentionShape(1, 32, 1, 264, 17))
+    func = decode_split_func(shape, 1000)
+    config = decode_attention_configs(match_decode_split(func), H100)[0]
+    ((_, kernel),) = kernels(func, [config])
+    src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+    assert cubin.spill_bytes == 0 and "< 80)" in src  # the lanes past D: no loads
