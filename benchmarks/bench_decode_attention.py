@@ -46,6 +46,8 @@ CASES = {
     # head dims no power of two: Phi-3 mini's 96, Phi-2's 80
     "b1_phi3_d96": (1, 32, 32, 4096, 96),
     "b1_phi2_d80": (1, 32, 32, 2048, 80),
+    # MQA: 32 query heads on one K/V head (rows in blocks of 8)
+    "b8_mqa_8k": (8, 32, 1, 8192, 128),
 }
 
 
@@ -154,7 +156,7 @@ def paged_case(name: str, arch, topk: int, page: int) -> dict:
     from fastdlight.analysis.decode_attention import default_splits
 
     b, h, g, length, d = CASES[name]
-    splits = default_splits(b, g, arch.sm_count)
+    splits = default_splits(b, g, arch.sm_count, h // g)
     row = {"case": name, "batch": b, "heads": h, "kv_heads": g, "length": length, "head_dim": d,
            "page_size": page, "splits": splits, "errors": {}}
     for form, size in (("contiguous", 0), ("paged", page)):

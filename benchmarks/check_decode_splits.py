@@ -32,12 +32,12 @@ NAME = "check_decode_splits"
 FORMS = ("pair", "step")
 
 
-def split_counts(batch: int, kv_heads: int, sm_count: int) -> list[int]:
+def split_counts(batch: int, kv_heads: int, sm_count: int, rows: int = 1) -> list[int]:
     """The counts a case tries by default: the default, 1.5 and 2 times it, and one chunk where
     the (batch, K/V head) CTAs alone are two an SM."""
     from fastdlight.analysis.decode_attention import MAX_SPLITS, default_splits
 
-    base = default_splits(batch, kv_heads, sm_count)
+    base = default_splits(batch, kv_heads, sm_count, rows)
     counts = {base, min(MAX_SPLITS, -(-3 * base // 2)), min(MAX_SPLITS, 2 * base)}
     if batch * kv_heads >= 2 * sm_count:
         counts.add(1)
@@ -145,7 +145,7 @@ def run_case(name: str, arch, splits: list[int], forms: list[str], topk: int, ro
     cache_bytes = 2 * b * g * length * d * 2
     rows, timers = [], {}
     t0 = time.perf_counter()
-    for s in splits or split_counts(b, g, arch.sm_count):
+    for s in splits or split_counts(b, g, arch.sm_count, h // g):
         for form in forms:
             got, more = form_timers(name, s, form, arch, topk)
             rows += got

@@ -40,9 +40,13 @@ COMBINE_ATTR = "fastdlight.decode_combine"
 DTYPES = ("float16", "bfloat16")
 #: the floor of a chunk's max (an empty chunk's): exp(EMPTY_MAX - M) is 0 for any real M
 EMPTY_MAX = -1.0e30
-#: most query rows a K/V head serves (GQA group times query tokens) the split template takes:
-#: a thread holds q and the output in fp32 for each row (16 registers a row at 8 values a lane)
+#: most query rows a CTA of the split template holds: a thread holds q and the output in fp32
+#: for each row (16 registers a row at 8 values a lane). A K/V head serving more (MQA's 32-71
+#: query heads, GQA with several query tokens) has its rows in blocks of at most this many, a
+#: CTA a block (the blocks of a chunk read its keys once from HBM, the others from L2)
 MAX_ROWS = 8
+#: most query rows a K/V head serves (GQA group times query tokens) the split template takes
+MAX_GROUP_ROWS = 128
 #: the largest head dim the split template takes (any multiple of :data:`VECTOR` up to it)
 MAX_HEAD_DIM = 256
 #: tokens a page of a paged cache may hold (powers of two: a key's page and slot are shifts)
@@ -129,11 +133,22 @@ CTAS_PER_SM = 4
 ONE_CHUNK_PAIRS_PER_SM = 2
 
 
-def default_splits(batch: int, kv_heads: int, sm_count: int) -> int:
-    """Chunks per (batch, K/V head): :data:`CTAS_PER_SM` CTAs an SM over all of them, or one
-    where the pairs alone are :data:`ONE_CHUNK_PAIRS_PER_SM` an SM (a short cache leaves chunks
-    of a few keys, which cost little: the step is launch-bound there)."""
-    pairs = batch * kv_heads
+def row_blocks(rows: int) -> int:
+    """CTAs the rows of a (batch, K/V head, chunk) take: blocks of at most :data:`MAX_ROWS`."""
+    return -(-rows // MAX_ROWS)
+
+
+def block_rows(rows: int) -> int:
+    """Rows a CTA holds: ``rows`` over :func:`row_blocks` evenly (the last block may be short)."""
+    return -(-rows // row_blocks(rows))
+
+
+def default_splits(batch: int, kv_heads: int, sm_count: int, rows: int = 1) -> int:
+    """Chunks per (batch, K/V head): :data:`CTAS_PER_SM` CTAs an SM over all of them (each of a
+    chunk's row blocks a CTA), or one where the pairs alone are :data:`ONE_CHUNK_PAIRS_PER_SM`
+    an SM (a short cache leaves chunks of a few keys, which cost little: the step is
+    launch-bound there)."""
+    pairs = batch * kv_heads * row_blocks(rows)
     if pairs >= ONE_CHUNK_PAIRS_PER_SM * sm_count:
         return 1
     return max(1, min(MAX_SPLITS, -(-CTAS_PER_SM * sm_count // pairs)))
@@ -333,9 +348,9 @@ def _attribute(func: tirx.PrimFunc, key: str) -> DecodeAttentionShape | None:
 
 
 def split_fits(shape: DecodeAttentionShape) -> bool:
-    """Whether the split template takes ``shape``: at most :data:`MAX_ROWS` rows, whole 16-byte
-    loads of a key (Phi-2's 80 and Phi-3's 96 as well as the powers of two)."""
-    return shape.rows <= MAX_ROWS and shape.head_dim % VECTOR == 0 and shape.head_dim <= MAX_HEAD_DIM
+    """Whether the split template takes ``shape``: at most :data:`MAX_GROUP_ROWS` rows, whole
+    16-byte loads of a key (Phi-2's 80 and Phi-3's 96 as well as the powers of two)."""
+    return shape.rows <= MAX_GROUP_ROWS and shape.head_dim % VECTOR == 0 and shape.head_dim <= MAX_HEAD_DIM
 
 
 def key_lanes(head_dim: int, dims_per_lane: int) -> int:
@@ -366,7 +381,8 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
     if lanes > 32 or not 1 <= warps <= 8:
         return False
     slots = warps * (32 // lanes)
-    return tile % slots == 0 and warps * shape.rows * shape.head_dim * 4 + merge_scratch(shape) <= MAX_SHARED_BYTES
+    rows = block_rows(shape.rows)
+    return tile % slots == 0 and warps * rows * shape.head_dim * 4 + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 
 def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
@@ -374,7 +390,8 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
     beside the merge's scratch, within what every CTA gets without opting in: ``stages`` >= 3
     (two stages are what the register sets already give)."""
     ring = stages * tile * lane_width(shape.head_dim) * 2 * 2
-    return stages >= 3 and ring + warps * shape.rows * shape.head_dim * 4 + 2 * warps * shape.rows * 4 + 16 \
+    rows = block_rows(shape.rows)
+    return stages >= 3 and ring + warps * rows * shape.head_dim * 4 + 2 * warps * rows * 4 + 16 \
         + merge_scratch(shape) <= MAX_SHARED_BYTES
 
 

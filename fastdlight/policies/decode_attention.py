@@ -15,10 +15,12 @@ import dataclasses
 
 from fastdlight.analysis.decode_attention import (
     DecodeAttentionShape,
+    block_rows,
     chunk_of,
     combine_fits,
     key_lanes,
     layout_fits,
+    row_blocks,
     split_fits,
     staged_fits,
 )
@@ -39,10 +41,11 @@ MAX_STAGES = 4
 
 
 def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
-    """32-bit registers of a thread's fragments: q and the output rows in fp32, two sets of
-    ``loads`` keys' K and V values (16-bit pairs: the next tile's arrive while one is used),
-    their scores."""
-    return 2 * shape.rows * per_lane + 2 * loads * per_lane + loads * shape.rows
+    """32-bit registers of a thread's fragments: q and the output rows (its CTA's block of
+    them) in fp32, two sets of ``loads`` keys' K and V values (16-bit pairs: the next tile's
+    arrive while one is used), their scores."""
+    rows = block_rows(shape.rows)
+    return 2 * rows * per_lane + 2 * loads * per_lane + loads * rows
 
 
 def cost(shape: DecodeAttentionShape, seq_kv: int, tile: int, per_lane: int, warps: int, arch: CUDA) -> float:
@@ -52,7 +55,7 @@ def cost(shape: DecodeAttentionShape, seq_kv: int, tile: int, per_lane: int, war
     resident = max(1, min(arch.max_threads_per_sm // (warps * 32), 65536 // (regs * warps * 32)))
     chunk = chunk_of(seq_kv, shape.splits, shape.appended)
     padding = -(-chunk // tile) * tile / chunk
-    ctas = shape.batch * shape.kv_heads * shape.splits
+    ctas = shape.batch * shape.kv_heads * shape.splits * row_blocks(shape.rows)
     per_sm = min(resident, -(-ctas // arch.sm_count))
     starved = max(1.0, SM_BYTES_IN_FLIGHT / (in_flight * per_sm))
     return padding * starved

@@ -11,7 +11,8 @@ attention rewrite takes static shapes only):
     out    = matmul(P, concat(v_cache, v_new))
 
 ``R`` query rows per K/V head (GQA's group times the query tokens) at most
-:data:`~fastdlight.analysis.decode_attention.MAX_ROWS`. K and V may be repeated per query head
+:data:`~fastdlight.analysis.decode_attention.MAX_GROUP_ROWS` (MQA's whole group of query heads;
+past 8 the chunk step takes them in blocks). K and V may be repeated per query head
 by a broadcast only where it repeats nothing. The cache is read where it lies: the joined
 tensors are no longer needed (unless something else reads them). Scores and probabilities must
 have no other reader. The cache length must be a static size or a bare symbolic variable (the
@@ -30,7 +31,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.decode_attention import (
     DTYPES,
-    MAX_ROWS,
+    MAX_GROUP_ROWS,
     DecodeAttentionShape,
     default_splits,
     split_fits,
@@ -166,12 +167,12 @@ def match_decode(graph: Graph, root: relax.Var, pv: relax.Call, sm_count: int) -
     if not isinstance(seq_kv, (int, tirx.Var)) or not matcher.exclusive(root):
         return None
     dtype = str(kc.ty.dtype)
-    if dtype not in DTYPES or str(vc.ty.dtype) != dtype or rows > MAX_ROWS or scale <= 0:
+    if dtype not in DTYPES or str(vc.ty.dtype) != dtype or rows > MAX_GROUP_ROWS or scale <= 0:
         return None
     if abs(scale * math.sqrt(d) - 1.0) < SCALE_ROUNDING:
         scale = 1.0 / math.sqrt(d)
     try:
-        shape = DecodeAttentionShape(b, g, rows, d, default_splits(b, g, sm_count), kn is not None, scale, dtype)
+        shape = DecodeAttentionShape(b, g, rows, d, default_splits(b, g, sm_count, rows), kn is not None, scale, dtype)
     except ValueError:
         return None
     if not split_fits(shape):

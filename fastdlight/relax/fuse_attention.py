@@ -26,10 +26,12 @@ attention is left as it is. So is attention whose scores or probabilities anothe
 reads, and any shape :func:`fused_fits` rejects for the target: there the naive PrimFunc
 would run as several kernels, slower than the unfused graph.
 
-A decode-sized attention (at most :data:`~fastdlight.analysis.decode_attention.MAX_ROWS` query
-rows per K/V head: one query token, or a few of a small group without a causal mask; K and V as
-``[B, G, T, D]``) becomes the split-KV pair of :mod:`.split_kv` instead: the fused template's
-64-row tiles would compute mostly padding and leave SMs idle at small batches.
+A decode-sized attention (one query token a head, up to
+:data:`~fastdlight.analysis.decode_attention.MAX_GROUP_ROWS` query heads a K/V head, or a few
+tokens of a small group without a causal mask, at most
+:data:`~fastdlight.analysis.decode_attention.MAX_ROWS` rows; K and V as ``[B, G, T, D]``)
+becomes the split-KV pair of :mod:`.split_kv` instead: the fused template's 64-row tiles would
+compute mostly padding and leave SMs idle at small batches.
 
 The PrimFunc is marked opaque (``op_pattern``), so FuseOps leaves it a function of its own:
 fused with its neighbours, FuseTIR would make a new function without the
@@ -49,6 +51,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
 from fastdlight.analysis.decode_attention import (
+    MAX_ROWS,
     DecodeAttentionShape,
     default_splits,
     split_fits,
@@ -407,11 +410,14 @@ class Rewriter(PyExprMutator):
         s = m.shape
         _, k_layout, v_layout = s.operand_layouts
         if m.packed is not None or (k_layout, v_layout) != ("bhtd", "bhtd") \
-                or (s.seq_q > 1 and (s.causal or s.operand_layouts[0] != "bhtd")):
-            return None  # (one query sees every key, causal or not)
+                or (s.seq_q > 1 and (s.causal or s.operand_layouts[0] != "bhtd" or s.group * s.seq_q > MAX_ROWS)):
+            # (one query sees every key, causal or not; more rows of several queries are a short
+            # prefill, the fused template's tensor cores')
+            return None
         try:
-            shape = DecodeAttentionShape(s.batch, s.kv_heads, s.group * s.seq_q, s.head_dim,
-                                         default_splits(s.batch, s.kv_heads, self.sm_count), False, s.scale, s.dtype)
+            rows = s.group * s.seq_q
+            splits = default_splits(s.batch, s.kv_heads, self.sm_count, rows)
+            shape = DecodeAttentionShape(s.batch, s.kv_heads, rows, s.head_dim, splits, False, s.scale, s.dtype)
         except ValueError:
             return None
         return shape if split_fits(shape) else None

@@ -43,12 +43,14 @@ from fastdlight.analysis.decode_attention import (
     EMPTY_MAX,
     VECTOR,
     DecodeAttentionShape,
+    block_rows,
     combine_fits,
     key_lanes,
     layout_fits,
     match_decode_combine,
     match_decode_split,
     merge_scratch,
+    row_blocks,
     split_fits,
     staged_fits,
 )
@@ -65,7 +67,11 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     ``warps`` warps, ``dims_per_lane`` values of a key a lane, ``tile`` keys loaded a step;
     ``stages`` > 1: tiles staged in shared memory, ``stages - 1`` of them in flight (see
     :func:`~fastdlight.analysis.decode_attention.staged_fits`). Same parameters, same result."""
-    B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
+    B, G, RT, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
+    # a CTA holds a block of R of the RT rows of its (batch, K/V head): all of them, or (MQA,
+    # several query tokens) one of ``blocks``; the last block may be short
+    blocks, R = row_blocks(RT), block_rows(RT)
+    short = blocks * R > RT
     lanes = key_lanes(D, dims_per_lane)  # lanes a key (a power of two)
     active = D // dims_per_lane  # lanes that hold values (fewer where D is no power of two)
     per_warp = 32 // lanes  # keys a warp loads at once
@@ -90,10 +96,12 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     def key_count(n_cache):
         return n_cache + T.int64(1) if appended else n_cache
 
-    def q_value(Qf, bg, r, e0, e):
-        """Row ``r``'s query value ``e0 + e`` of K/V head ``bg``, scaled (zero past D: not read)."""
-        value = T.Cast("float32", Qf[(bg * R + r) * D + e0 + e]) * q_scale
-        return tirx.if_then_else(e0 < D, value, tirx.const(0.0, "float32")) if active < lanes else value
+    def q_value(Qf, bg, r0, r, e0, e):
+        """Row ``r0 + r``'s query value ``e0 + e`` of K/V head ``bg``, scaled (zero past D or
+        past the rows: not read)."""
+        value = T.Cast("float32", Qf[(bg * RT + r0 + r) * D + e0 + e]) * q_scale
+        tests = [*([e0 < D] if active < lanes else []), *([r0 + r < RT] if short else [])]
+        return tirx.if_then_else(tirx.all(*tests), value, tirx.const(0.0, "float32")) if tests else value
 
     def holds(cond, e0):
         """``cond``, for a lane that holds values: lanes of a key past D load and hold zeros."""
@@ -251,6 +259,10 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     # of a (batch, K/V head) folds the chunks
     tail, finish = merge_tails(shape, threads, warps)
 
+    def in_rows(idx, r0):
+        """Whether element ``idx`` of the CTA's rows' outputs is one of the rows (a short last block)."""
+        return tirx.all(idx < R * D, r0 + idx // D < RT) if short else idx < R * D
+
     @T.macro
     def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
                          e0, n_cache, tid):
@@ -299,7 +311,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
         T.device_entry()
-        bid = T.cta_id([B * G * S])
+        bid = T.cta_id([B * G * S * blocks])
         tid = T.thread_id([threads])
         pool = T.SMEMPool()
         m_s = pool.alloc((warps * R,), "float32", align=16)
@@ -312,7 +324,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((pool_elems,), dtype, data=Vc.data)
         Tf = T.decl_buffer((B * width,), "int32", data=Table.data)
-        Qf = T.decl_buffer((B * G * R * D,), dtype, data=Q.data)
+        Qf = T.decl_buffer((B * G * RT * D,), dtype, data=Q.data)
         Knf = T.decl_buffer((B * G * D,), dtype, data=Kn.data)
         Vnf = T.decl_buffer((B * G * D,), dtype, data=Vn.data)
         qr = T.alloc_buffer((R * E,), "float32", scope="local")
@@ -329,8 +341,11 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         nk = T.alloc_buffer((1,), "int64", scope="local")
         ticket = T.alloc_buffer((1,), "int32", scope="local")
         st = T.alloc_buffer((4,), "float32", scope="local")
-        part = T.meta_var(bid % S)
-        bg = T.meta_var(bid // S)
+        part = T.meta_var(bid % S if blocks == 1 else bid // blocks % S)
+        bg = T.meta_var(bid // S if blocks == 1 else bid // (blocks * S))
+        r0 = T.meta_var(0 if blocks == 1 else bid % blocks * R)  # the CTA's first row
+        # where the CTA's rows of its chunk's partial results start (and, one chunk, its output's)
+        out0 = T.meta_var(bid * R if blocks == 1 else (bg * S + part) * RT + r0)
         nk[0] = cache_length(Lengths, bg)
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)
@@ -343,7 +358,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         end = T.meta_var(T.min(start + chunk, T.Cast("int32", key_count(nk[0]))))
         for r in T.unroll(R):
             for e in T.unroll(E):
-                qr[r * E + e] = q_value(Qf, bg, r, e0, e)
+                qr[r * E + e] = q_value(Qf, bg, r0, r, e0, e)
             mr[r] = T.float32(EMPTY_MAX)
             lr[r] = T.float32(0)
             for e in T.unroll(E):
@@ -370,12 +385,12 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.unroll(E):
                     o_s[(warp * R + r) * D + e0 + e] = acc[r * E + e]
         T.cuda.cta_sync()
-        Of = T.decl_buffer((B * G * S * R * D,), "float32", data=O.data)
-        Mf = T.decl_buffer((B * G * S * R,), "float32", data=M.data)
-        Lf = T.decl_buffer((B * G * S * R,), "float32", data=L.data)
+        Of = T.decl_buffer((B * G * S * RT * D,), "float32", data=O.data)
+        Mf = T.decl_buffer((B * G * S * RT,), "float32", data=M.data)
+        Lf = T.decl_buffer((B * G * S * RT,), "float32", data=L.data)
         for it in T.serial((R * D + threads - 1) // threads):
             idx = T.meta_var(it * threads + tid)
-            if idx < R * D:
+            if in_rows(idx, r0):
                 r = T.meta_var(idx // D)
                 merged[0] = m_s[r]
                 for w in T.serial(1, warps):
@@ -385,13 +400,13 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for w in T.serial(warps):
                     merged[1] = merged[1] + T.exp2(m_s[w * R + r] - merged[0]) * o_s[w * R * D + idx]
                     merged[2] = merged[2] + T.exp2(m_s[w * R + r] - merged[0]) * l_s[w * R + r]
-                Of[(bid * R) * D + idx] = merged[1]
+                Of[out0 * D + idx] = merged[1]
                 if idx % D == 0:
                     # m in natural units; a chunk without keys keeps the floor
-                    Mf[bid * R + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
+                    Mf[out0 + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
                                                      T.float32(EMPTY_MAX))
-                    Lf[bid * R + r] = merged[2]
-                finish(Y, bid, idx, merged)
+                    Lf[out0 + r] = merged[2]
+                finish(Y, out0, idx, merged)
         tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape
+from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, row_blocks
 
 
 def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
@@ -121,7 +121,7 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
             ticket[0] = T.cuda.atomic_add(T.address_of(Tf[bg]), 1)
             last[0] = ticket[0]
         T.cuda.cta_sync()
-        if last[0] == S - 1:
+        if last[0] == S * row_blocks(R) - 1:  # (every row block of every chunk a ticket)
             T.cuda.thread_fence()  # the other CTAs' chunks, fenced before their tickets
             # w_s: [S, R] maxima (then weights), [S, R] sums, [R] the rows' weighted sums
             for it in T.serial((S * R + threads - 1) // threads):
@@ -165,14 +165,14 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
         T.evaluate(0)
 
     @T.macro
-    def write_out(Y, bid, idx, merged):
-        """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows, final: its chunk
-        holds every key, so there is nothing to wait for or merge."""
+    def write_out(Y, row0, idx, merged):
+        """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows (from output row
+        ``row0``), final: its chunk holds every key, so there is nothing to wait for or merge."""
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        Yf[bid * R * D + idx] = T.Cast(dtype, merged[1] / merged[2])
+        Yf[row0 * D + idx] = T.Cast(dtype, merged[1] / merged[2])
 
     @T.macro
-    def no_write(Y, bid, idx, merged):
+    def no_write(Y, row0, idx, merged):
         T.evaluate(0)
 
     tail = merge_last if shape.merged and S > 1 else no_merge

@@ -77,10 +77,11 @@ def test_the_decode_form_becomes_the_split_pair_with_the_same_values(appended):
         np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
 
 
-@pytest.mark.parametrize("kwargs", [{"scores_out": True}, {"rows": 16}])
+@pytest.mark.parametrize("kwargs", [{"scores_out": True}, {"rows": 136}])
 def test_scores_read_elsewhere_or_too_many_rows_are_left_alone(kwargs):
     """Scores another value reads must stay; more query rows a K/V head than the split template
-    holds (a thread keeps q and the output of each row in registers) stay matmuls."""
+    takes (past 128: it holds them in blocks of 8, each block's CTA reading the chunk's keys)
+    stay matmuls."""
     mod = decode_module(**kwargs)
     assert "decode_attention" not in calls(decode_attention("nvidia/nvidia-h100")(mod))
 
@@ -140,3 +141,12 @@ def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):
     expected = "FASTDLIGHT_DECODE_MERGE='elsewhere': expected one of 'auto', 'kernel', 'step'"
     with pytest.raises(ValueError, match=expected):
         decode_attention("nvidia/nvidia-h100")(decode_module())
+
+
+def test_an_mqa_group_of_many_rows_becomes_the_pair_too():
+    """32 query heads on one K/V head (MQA): the rows go to the chunk step in blocks of 8."""
+    fused = decode_attention("nvidia/nvidia-h100")(decode_module(rows=32, kv_heads=1))
+    names = calls(fused)
+    assert names.count("decode_attention") == 1 and not {"relax.softmax", "relax.matmul"} & set(names)
+    split = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
+    assert dict(split.attrs[SPLIT_ATTR])["rows"] == 32

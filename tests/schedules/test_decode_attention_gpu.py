@@ -2,7 +2,7 @@
 against the float64 reference on odd shapes (a cache length no multiple of the tiles, chunks
 left empty, no appended token, bf16, head dims 64 and 256, eight query rows; a paged cache whose
 last page is partly filled, pages of 16 and 64 tokens; the step that merges its chunks itself;
-head dims 40, 72, 80 and 96;
+head dims 40, 72, 80 and 96; more query rows than a CTA holds (MQA);
 tiles staged in shared memory).
 Needs an sm_90 GPU."""
 
@@ -37,6 +37,11 @@ CASES = {
     "d80_token_odd_length": (1, 8, 4, 1000, 80, 33, True),
     "d40_bf16_rows8": (2, 4, 8, 777, 40, 16, True, "bfloat16"),
     "paged16_d72": (2, 8, 4, 1000, 72, 17, False, "float16", 16),
+    # more rows than a CTA holds, in blocks (MQA; a short last block; merged; paged)
+    "mqa_rows32": (1, 1, 32, 4096, 128, 32, False),
+    "rows12_merged_token": (2, 4, 12, 1000, 128, 9, True, "float16", 0, True),
+    "rows20_one_chunk_bf16": (2, 8, 20, 777, 64, 1, True, "bfloat16", 0, True),
+    "paged16_rows16": (2, 2, 16, 1000, 128, 9, False, "float16", 16),
 }
 
 

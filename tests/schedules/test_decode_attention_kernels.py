@@ -46,6 +46,9 @@ def kernels(func, configs):
     # head dims no power of two: a key's lanes rounded up to one, those past D holding zeros
     (1, 32, 1, 96, 17, False, "float16", False),  # Phi-3
     (2, 4, 8, 40, 16, True, "bfloat16", True),
+    # more rows than a CTA holds: blocks of them (MQA's 32 query heads; 12 as two of 6)
+    (1, 1, 32, 128, 64, False, "float16", True),
+    (2, 4, 12, 64, 9, True, "float16", False),
 ])  # fmt: skip
 def test_every_config_compiles_to_a_cubin(batch, kv_heads, rows, head_dim, splits, appended, dtype, symbolic):
     shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype)
@@ -180,3 +183,22 @@ def test_a_head_dim_no_power_of_two_spreads_a_key_over_a_power_of_two_lanes():
     ((_, kernel),) = kernels(func, [config])
     src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
     assert cubin.spill_bytes == 0 and "< 80)" in src  # the lanes past D: no loads
+
+
+def test_more_rows_than_a_cta_holds_come_in_blocks_of_at_most_eight():
+    """A K/V head's rows in blocks of at most 8, a CTA each (evenly: 12 as two of 6, 20 as three
+    of 7, the last short); the chunks count their blocks' CTAs, and a merged step's last CTA
+    waits for every block of every chunk."""
+    from fastdlight.analysis.decode_attention import MAX_ROWS, block_rows, default_splits, row_blocks
+
+    assert [(row_blocks(r), block_rows(r)) for r in (1, 8, 12, 20, 32, 71)] == \
+        [(1, 1), (1, 8), (2, 6), (3, 7), (4, 8), (9, 8)]
+    assert block_rows(71) <= MAX_ROWS
+    assert default_splits(8, 1, 132, 32) == 17 and default_splits(8, 1, 132) == 66  # four CTAs an SM, blocks counted
+    shape = DecodeAttentionShape(2, 4, 20, 128, 5, appended=True, merged=True)
+    func = decode_split_func(shape, 1000)
+    config = decode_attention_configs(match_decode_split(func), H100)[0]
+    ((_, kernel),) = kernels(func, [config])
+    src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+    assert cubin.spill_bytes == 0 and "] == 14) {" in src  # the last ticket: 5 chunks x 3 blocks
+    assert "((int)blockIdx.x) % 3) * 896)" in src  # a block's first row (7 rows of 128 values)
