@@ -61,7 +61,7 @@ CASES = {
     "prefill_causal_gpt2": Case(8, 12, 1024, 1024, 64, causal=True),
     "prefill_8k": Case(1, 32, 8192, 8192, 128),
     "prefill_gqa_2k": Case(1, 32, 2048, 2048, 128, kv_heads=8, causal=True),
-    # head dims only the mma.sync template covers: Phi-3-mini's 96, Phi-2's 80, Gemma-7B's 256, SD's 40
+    # head dims other than 64 and 128: Phi-3-mini's 96, Phi-2's 80, Gemma-7B's 256, SD's 40
     "prefill_phi3_d96": Case(1, 32, 2048, 2048, 96, causal=True),
     "prefill_phi2_d80": Case(4, 32, 1024, 1024, 80, causal=True),
     "prefill_gemma_d256": Case(1, 16, 2048, 2048, 256, causal=True),
@@ -70,6 +70,8 @@ CASES = {
     "decode_b1": Case(1, 32, 1, 4096, 128, causal=True),
     "decode_b16": Case(16, 32, 1, 4096, 128, causal=True),
     "decode_b64_2k": Case(64, 32, 1, 2048, 128, causal=True),
+    # MQA: 32 query heads on one K/V head
+    "decode_mqa_b8_8k": Case(8, 32, 1, 8192, 128, kv_heads=1, causal=True),
 }
 
 
