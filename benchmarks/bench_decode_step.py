@@ -1,10 +1,12 @@
 """A LLaMA-style decode step (one token per sequence, a KV cache of L tokens; ``decode_step.py``)
 per token: fastdlight against torch eager and torch with a static cache in a CUDA graph.
 
-    python benchmarks/bench_decode_step.py [--lengths 512,2048,8192] [--batch 1] [--topk 20]
+    python benchmarks/bench_decode_step.py [--model llama3_8b] [--lengths 512,2048,8192] [--batch 1] [--topk 20]
     python benchmarks/bench_decode_step.py --dry-run --small   # CPU: export (symbolic L), import, prepare
 
-Per cache length L (LLaMA-3-8B's layer: dim 4096, 32 query and 8 key/value heads, FFN 14336):
+Per cache length L (LLaMA-3-8B's layer: dim 4096, 32 query and 8 key/value heads, FFN 14336;
+``--model phi3_mini``: dim 3072, 32 heads of 96, FFN 8192; ``--model mqa``: LLaMA-3-8B's with one
+key/value head):
 
 * torch eager: ``DecodeStep`` in fp16 (the form fastdlight compiles), and ``StaticCacheStep``
   (the new key and value written into a preallocated cache, SDPA over its first L + 1), queued;
@@ -35,6 +37,8 @@ from bench_setup import write_results  # noqa: E402
 
 NAME = "bench_decode_step"
 DEFAULT_LENGTHS = "512,2048,8192"
+#: ``--model``'s layers (``decode_step.SHAPES``; named here, where torch is not imported yet)
+MODELS = ("llama3_8b", "phi3_mini", "mqa")
 
 
 def relax_module(model, example, symbolic: bool = False):
@@ -184,6 +188,8 @@ def parse_args(argv):
     ap.add_argument("--lengths", default=DEFAULT_LENGTHS, help="cache lengths L, comma-separated")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--topk", type=int, default=20)
+    ap.add_argument("--model", choices=MODELS, default=MODELS[0],
+                    help="the layer: LLaMA-3-8B's, Phi-3-mini's (head dim 96) or LLaMA-3-8B's with one K/V head")
     ap.add_argument("--small", action="store_true", help="a small layer (dim 256, 8/2 heads, FFN 512), for checks")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: export, import, prepare")
     ap.add_argument("--target", default="nvidia/nvidia-h100", help="the target of --dry-run's prepare")
@@ -205,7 +211,7 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(f"error: bench_decode_step needs torch ({e})", file=sys.stderr)
         return 2
-    s = decode_step.DecodeShape(dim=256, heads=8, kv_heads=2, ffn=512) if args.small else decode_step.LLAMA3_8B
+    s = decode_step.DecodeShape(dim=256, heads=8, kv_heads=2, ffn=512) if args.small else decode_step.SHAPES[args.model]
     if args.dry_run:
         print(dry_run(s, args.batch, args.lengths, args.target), flush=True)
         return 0

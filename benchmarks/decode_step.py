@@ -34,6 +34,10 @@ class DecodeShape:
 
 #: LLaMA-3-8B's layer
 LLAMA3_8B = DecodeShape()
+#: the layers ``bench_decode_step --model`` names: LLaMA-3-8B's; Phi-3-mini's (head dim 96, no
+#: GQA); a LLaMA-3-8B layer with one K/V head (multi-query attention: 32 query rows a K/V head)
+SHAPES = {"llama3_8b": LLAMA3_8B, "phi3_mini": DecodeShape(dim=3072, heads=32, kv_heads=32, ffn=8192),
+          "mqa": DecodeShape(kv_heads=1)}
 
 
 class RMSNorm(nn.Module):

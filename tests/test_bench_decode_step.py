@@ -61,3 +61,15 @@ def test_one_module_with_a_symbolic_cache_length_tunes_per_length_and_compiles()
     # the K q^T GEMM's vector stores) give way to another candidate or stock Dlight's rules
     assert not [e.function for e in tuning.report if e.status == "untuned"]
     fastdlight.build(tuned, h100.target)
+
+
+def test_the_models_named_are_the_layers_decode_step_has():
+    pytest.importorskip("torch")
+    import bench_decode_step
+    import decode_step
+
+    assert tuple(decode_step.SHAPES) == bench_decode_step.MODELS
+    assert decode_step.SHAPES["phi3_mini"].head_dim == 96 and decode_step.SHAPES["mqa"].kv_heads == 1
+    bad = subprocess.run([sys.executable, SCRIPT, "--model", "nope"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert bad.returncode == 2 and "invalid choice: 'nope'" in bad.stderr.strip().splitlines()[-1]
