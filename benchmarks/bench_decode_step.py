@@ -172,13 +172,16 @@ def _ratio(a, b) -> str:
 def markdown(rows: list[dict]) -> str:
     lines = ["| batch | L | max rel err | torch eager ms | torch static-cache eager ms | torch static-cache graph ms "
              "| stock Dlight ms | fastdlight ms | vs eager | vs static graph | vs stock |", "|" + "---|" * 11]
+    def ms(value) -> str:  # (a side that failed: "-"; the reason is in the JSON's errors)
+        return f"{value:.3f}" if value else "-"
+
     for r in rows:
         f = r.get("fastdlight_ms")
         err = f"{r['max_rel_err']:.1e}" if r.get("max_rel_err") is not None else "-"
         lines.append(
-            f"| {r['batch']} | {r['length']} | {err} | {r.get('torch_eager_ms') or 0:.3f} "
-            f"| {r.get('torch_static_eager_ms') or 0:.3f} | {r.get('torch_static_graph_ms') or 0:.3f} "
-            f"| {r.get('stock_ms') or 0:.3f} | {f or 0:.3f} | {_ratio(r.get('torch_eager_ms'), f)} "
+            f"| {r['batch']} | {r['length']} | {err} | {ms(r.get('torch_eager_ms'))} "
+            f"| {ms(r.get('torch_static_eager_ms'))} | {ms(r.get('torch_static_graph_ms'))} "
+            f"| {ms(r.get('stock_ms'))} | {ms(f)} | {_ratio(r.get('torch_eager_ms'), f)} "
             f"| {_ratio(r.get('torch_static_graph_ms'), f)} | {_ratio(r.get('stock_ms'), f)} |")
     return "\n".join(lines) + "\n\nRatios are the other side's time over fastdlight's (> 1: fastdlight faster).\n"
 
