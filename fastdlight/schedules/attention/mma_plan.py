@@ -74,23 +74,19 @@ class MmaAttentionPlan(AttentionTiles):
     # --- registers ----------------------------------------------------------------------------
 
     @property
-    def dp(self) -> int:
+    def padded_dim(self) -> int:
         """The head dim computed over: D rounded up to whole 16-column steps (zeros past D)."""
         return mma_padded_dim(self.shape.head_dim)
 
     @property
     def d_steps(self) -> int:
-        return self.dp // 16
+        return self.padded_dim // 16
 
     @property
     def q_regs(self) -> int:
         """Q's A fragments: held for the whole tile (four words a 16-column step of D), or those
         of one step for each m16 tile."""
-        return self.dp // 4 if self.q_in_regs else 4 * self.mt
-
-    @property
-    def o_regs(self) -> int:
-        return self.dp // 2
+        return self.padded_dim // 4 if self.q_in_regs else 4 * self.mt
 
     def q_at(self, mt, kk):
         """Where the A fragment of m16 tile ``mt`` at D step ``kk`` is in the Q registers."""
@@ -101,13 +97,13 @@ class MmaAttentionPlan(AttentionTiles):
     @property
     def chunks(self) -> int:
         """16-byte chunks copied a row: those of the padded head dim (past D, zeros)."""
-        return self.dp // CHUNK
+        return self.padded_dim // CHUNK
 
     @property
     def row_elems(self) -> int:
         """A tile row's elements in shared memory: D rounded up to 64 (a whole number of 8-chunk
         swizzle groups: head dims such as 80 and 96 pad their rows)."""
-        return -(-self.dp // 64) * 64
+        return -(-self.padded_dim // 64) * 64
 
     @property
     def q_elems(self) -> int:
@@ -153,7 +149,8 @@ class MmaAttentionPlan(AttentionTiles):
         at = self.at(row, chunk)
         dst = buf.ptr_to([at] if stage is None else [stage, at])
         src = operands[which].ptr_to(self.index(which, bh, tirx.min(token, last), tirx.min(chunk, last_chunk)))
-        inside = tirx.all(token <= last, chunk <= last_chunk) if self.dp > self.shape.head_dim else token <= last
+        padded = self.padded_dim > self.shape.head_dim
+        inside = tirx.all(token <= last, chunk <= last_chunk) if padded else token <= last
         return [dst, src, 16, tirx.Select(inside, tirx.const(16, "uint32"), tirx.const(0, "uint32"))]
 
     def q_frag_at(self, warp, lane, mt, kk):

@@ -112,8 +112,14 @@ class AttentionTiles:
         return self.bn // 2
 
     @property
+    def padded_dim(self) -> int:
+        """The head dim O is computed over (each template pads D to its own steps)."""
+        return self.shape.head_dim
+
+    @property
     def o_regs(self) -> int:
-        return self.shape.head_dim // 2
+        """fp32 accumulator registers of a thread's share of its rows of O (the padded dim)."""
+        return self.padded_dim // 2
 
     @property
     def p_regs(self) -> int:
@@ -201,10 +207,6 @@ class AttentionPlan(AttentionTiles):
     def padded_dim(self) -> int:
         """The head dim O is computed over: whole 64-column chunks (:func:`wgmma_padded_dim`)."""
         return wgmma_padded_dim(self.shape.head_dim)
-
-    @property
-    def o_regs(self) -> int:
-        return self.padded_dim // 2
 
     @property
     def padded(self) -> bool:
