@@ -5,11 +5,14 @@ for any cache length (the function's own, symbolic or not: the kernel reads it a
 Decode reads every cached key and value once for a few query rows: 2 to 16 multiply-adds a
 loaded element, far below what the CUDA cores sustain, so the kernel is a stream at HBM's
 bandwidth and tensor cores would only add data movement. A CTA takes one (batch, K/V head,
-chunk). Each key vector is split over ``head_dim / dims_per_lane`` lanes, 16 bytes (8 values) a
-load, rounded up to a power of two (80 and 96 over 16 lanes at 8 values each, the lanes past D
-holding zeros and loading nothing); the CTA's lanes cover ``slots`` keys at once, and each thread issues the K and V loads of
-``tile / slots`` keys before it uses any, into one of two register sets: the next tile's loads
-are in flight while the current one is scored (the bytes in flight that keep HBM busy). Every slot
+chunk) and up to 8 of its rows (more, as MQA's 32 query heads on one K/V head, come in blocks
+of rows, a CTA each; past a few rows the step is arithmetic-bound: H200, 32 rows 0.20x torch's
+tensor-core kernel). Each key vector is split over ``head_dim / dims_per_lane`` lanes, 16 bytes
+(8 values) a load, rounded up to a power of two (80 and 96 over 16 lanes at 8 values each, the
+lanes past D holding zeros and loading nothing); the CTA's lanes cover ``slots`` keys at once,
+and each thread issues the K and V loads of ``tile / slots`` keys before it uses any, into one
+of two register sets: the next tile's loads are in flight while the current one is scored
+(the bytes in flight that keep HBM busy). Every slot
 (a lane group) runs an online softmax of its own, in the exp2 domain with the scale folded into
 Q: the lanes of a group add their partial dot products with shuffles, so all of them hold each
 score and need no further exchange; no synchronization until the chunk ends. Then the groups of
