@@ -19,6 +19,8 @@ per SM walks the tiles (emitted beside each tile where the tiles outnumber the S
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastdlight.analysis.attention import (AttentionShape, fused_fits, mma_padded_dim, q_in_registers,
                                            wgmma_padded_dim)
 from fastdlight.arch import CUDA
@@ -49,6 +51,9 @@ MMA_FRAGMENT_REGS = 200
 WGMMA_ALONE_HEAD_DIMS = (64, 128)
 #: mma.sync configs measured beside the wgmma ones on Hopper at the other head dims
 BESIDE_WGMMA_TOPK = 4
+#: their predicted cost against the wgmma tiles' (H200, 2026-11-30: the wgmma kernel won d40,
+#: d80, d96 and d256 by 1.19-1.65x)
+MMA_BESIDE_WGMMA_COST = 1.2
 
 
 def consumer_regs(consumers: int) -> int:
@@ -132,9 +137,12 @@ def attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[
         return []
     if not arch.has_wgmma:
         return mma_attention_configs(shape, arch, topk)
-    both = shape.head_dim not in WGMMA_ALONE_HEAD_DIMS
-    return wgmma_attention_configs(shape, arch, topk) + (mma_attention_configs(shape, arch, BESIDE_WGMMA_TOPK)
-                                                         if both else [])
+    wgmma = wgmma_attention_configs(shape, arch, topk)
+    if shape.head_dim in WGMMA_ALONE_HEAD_DIMS:
+        return wgmma
+    # predicted slower than the wgmma tile of the same size (what a run without a GPU ranks by)
+    return wgmma + [dataclasses.replace(c, cost=c.cost * MMA_BESIDE_WGMMA_COST)
+                    for c in mma_attention_configs(shape, arch, BESIDE_WGMMA_TOPK)]
 
 
 def wgmma_attention_configs(shape: AttentionShape, arch: CUDA, topk: int = 8) -> list[Config]:

@@ -99,6 +99,10 @@ def test_hopper_gets_the_mma_kernel_beside_the_wgmma_one_at_head_dims_other_than
     both = {"attention_wgmma", "attention_mma"}
     assert kinds == {64: {"attention_wgmma"}, 80: both, 96: both, 128: {"attention_wgmma"}, 192: both, 256: both,
                      40: both, 20: set(), 264: set()}
+    configs = attention_configs(AttentionShape(1, 8, 512, 512, 96, 8, causal=True), h100, 8)
+    ranked = sorted(configs, key=lambda c: c.cost)  # (an untimed run's order)
+    assert ranked[0].kind == "attention_wgmma" and min(c.cost for c in configs if c.kind == "attention_mma") > \
+        min(c.cost for c in configs if c.kind == "attention_wgmma")
 
 
 def test_configs_fit_the_smaller_shared_memory_of_sm89_and_nothing_before_sm80():
