@@ -12,12 +12,12 @@ tensor-core kernel). Each key vector is split over ``head_dim / dims_per_lane`` 
 lanes past D holding zeros and loading nothing); the CTA's lanes cover ``slots`` keys at once,
 and each thread issues the K and V loads of ``tile / slots`` keys before it uses any, into one
 of two register sets: the next tile's loads are in flight while the current one is scored
-(the bytes in flight that keep HBM busy). Every slot
-(a lane group) runs an online softmax of its own, in the exp2 domain with the scale folded into
-Q: the lanes of a group add their partial dot products with shuffles, so all of them hold each
-score and need no further exchange; no synchronization until the chunk ends. Then the groups of
-a warp merge by shuffles, the warps through shared memory, and the chunk's ``o``, ``m`` and
-``l`` are written for the merge.
+(the bytes in flight that keep HBM busy). Every slot (a lane group) runs an online softmax of
+its own, in the exp2 domain with the scale folded into Q: the lanes of a group add their
+partial dot products with shuffles, so all of them hold each score and need no further
+exchange; no synchronization until the chunk ends. Then the groups of a warp merge by
+shuffles, the warps through shared memory, and the chunk's ``o``, ``m`` and ``l`` are written
+for the merge.
 
 A CTA streams its chunk a tile round trip at a time: with one tile in flight a CTA and four CTAs
 an SM, HBM's latency bounds the step near 3.5 TB/s on an H200 (3.3-3.6 measured at batch 1).
@@ -407,7 +407,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 if idx % D == 0:
                     # m in natural units; a chunk without keys keeps the floor
                     Mf[out0 + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
-                                                     T.float32(EMPTY_MAX))
+                                                  T.float32(EMPTY_MAX))
                     Lf[out0 + r] = merged[2]
                 finish(Y, out0, idx, merged)
         tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s)
