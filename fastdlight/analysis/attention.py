@@ -180,15 +180,15 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
 
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
     """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version``: from sm_80
-    the mma.sync one (:func:`mma_head_dim`), on Hopper also the wgmma one (the same head dims:
-    :func:`wgmma_padded_dim`); elsewhere the naive TIR would run as several kernels, slower than
+    the mma.sync one, on Hopper also the wgmma one (both at :func:`fused_head_dim`); elsewhere the naive TIR would run as several kernels, slower than
     the unfused model graph, so a model rewrite should leave attention as it found it."""
-    return sm_version >= 80 and mma_head_dim(shape.head_dim) and shape.dtype in ("float16", "bfloat16")
+    return sm_version >= 80 and fused_head_dim(shape.head_dim) and shape.dtype in ("float16", "bfloat16")
 
 
-def mma_head_dim(head_dim: int) -> bool:
-    """Head dims the mma.sync template takes: whole 16-byte chunks a row, O's fragments in
-    registers (Stable Diffusion's 40, Phi-2's 80, Phi-3's 96, Gemma's 256)."""
+def fused_head_dim(head_dim: int) -> bool:
+    """Head dims both fused templates take: whole 16-byte chunks a row, O's fragments in
+    registers (Stable Diffusion's 40, Phi-2's 80, Phi-3's 96, Gemma's 256). Each pads D to its
+    own steps: :func:`mma_padded_dim`, :func:`wgmma_padded_dim`."""
     return head_dim % 8 == 0 and head_dim <= MMA_MAX_HEAD_DIM
 
 

@@ -297,8 +297,8 @@ def zoo_prepared(name: str, model=None) -> tvm.IRModule:
 
 
 def llama_like(name: str):
-    """``name``'s model with heads of 64 (the zoo's have 32, which the template lacks): 4 query
-    heads reading 2 K/V heads."""
+    """``name``'s model with heads of 64 (the zoo's have 32): 4 query heads reading 2 K/V
+    heads."""
     import transformers
     import zoo_models
 

@@ -26,7 +26,7 @@ SHAPES = {
     "gqa_bf16_bottom_right": (A100, AttentionShape(2, 8, 300, 4097, 64, 2, causal=True, dtype="bfloat16")),
     "bthd_sm89": (L4, AttentionShape(2, 8, 777, 777, 128, 2, layout="bthd")),
     "packed_qkv": (A100, AttentionShape(1, 12, 500, 500, 64, 12, causal=True, layout="packed")),
-    # head dims the wgmma template lacks, on Hopper too (rows padded to whole swizzle groups)
+    # head dims other than 64 and 128, on Hopper too (rows padded to whole swizzle groups)
     "d96_hopper": (CUDA("nvidia/nvidia-h100"), AttentionShape(1, 32, 1000, 1000, 96, 8, causal=True)),
     "d80_sm89": (L4, AttentionShape(2, 8, 333, 333, 80, 8)),
     "d160_bf16": (A100, AttentionShape(1, 8, 512, 700, 160, 8, causal=True, dtype="bfloat16")),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from fastdlight.analysis.attention import mma_head_dim, mma_padded_dim, operand_indices, q_in_registers
+from fastdlight.analysis.attention import fused_head_dim, mma_padded_dim, operand_indices, q_in_registers
 from fastdlight.schedules.attention.plan import AttentionTiles
 
 #: elements in a 16-byte chunk: one cp.async, one row of an ldmatrix 8x8 matrix
@@ -37,7 +37,7 @@ class MmaAttentionPlan(AttentionTiles):
     def __post_init__(self):
         d = self.shape.head_dim
         if (self.wm not in (16, 32) or self.bm % self.wm or self.bm > 128 or self.bn % 16 or self.bn > 128
-                or not mma_head_dim(d)):
+                or not fused_head_dim(d)):
             raise ValueError(f"no mma.sync attention tile {self.bm}x{self.bn} (warps of {self.wm}) at head dim {d}")
         if self.stages < 2 or self.shape.dtype not in MMA_NAME:
             raise ValueError("the mma.sync attention kernel needs two stages or more, fp16 or bf16")

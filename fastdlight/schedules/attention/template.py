@@ -43,7 +43,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from fastdlight.analysis.attention import match_attention, mma_head_dim
+from fastdlight.analysis.attention import match_attention, fused_head_dim
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import SM90_SMEM_OPTIN
@@ -62,7 +62,7 @@ def plan_for(func: tirx.PrimFunc, config: Config, num_sms: int = 132,
     None where the template does not take them."""
     shape = match_attention(func)
     if (shape is None or config.kind != "attention_wgmma" or shape.dtype not in ("float16", "bfloat16")
-            or not mma_head_dim(shape.head_dim)):
+            or not fused_head_dim(shape.head_dim)):
         return None
     (bm, bn) = config.block
     try:
