@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm.target import Target
 
 from fastdlight.compiler import nvrtc
+from fastdlight.compiler.dependent_launch import dependent_launch
 
 #: PassContext options every fastdlight build uses (cp.async lowering needs the first one;
 #: CSE would hoist ``threadIdx.x * 8`` out of tensor-core fragment offsets, and LowerWarpMemory
@@ -106,24 +107,49 @@ def is_dispatcher(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and DISPATCHER in attrs
 
 
+#: our pipelines for a module of s_tir functions only and of TIRx kernels only: TVM's (the
+#: s_tir one as registered now, see :func:`route_default_pipeline`), then :func:`dependent_launch`
+S_TIR_PIPELINE, TIRX_PIPELINE = "fastdlight.s_tir", "fastdlight.tirx"
+#: kernels built by fastdlight are launched as programmatic dependents (:mod:`.dependent_launch`);
+#: ``FASTDLIGHT_DEPENDENT_LAUNCH=0`` builds them as TVM does (an A/B, or a launcher without it)
+DEPENDENT_LAUNCH = os.environ.get("FASTDLIGHT_DEPENDENT_LAUNCH", "1") != "0"
+
+
 def tir_pipeline(mod: tvm.IRModule) -> str:
-    """``"tirx"`` for a module of TIRx kernels only, TVM's default for scheduled (s_tir)
+    """TIRx's pipeline for a module of TIRx kernels only, TVM's default for scheduled (s_tir)
     functions only, else the hybrid pipeline, which lowers each function with its own: TVM's
     s_tir pipeline cannot lower a TIRx kernel, the TIRx pipeline cannot lower s_tir blocks, and a
-    dispatcher (its branches lowered each by its own, up to the split) needs only the rest."""
+    dispatcher (its branches lowered each by its own, up to the split) needs only the rest. Each
+    makes the kernels programmatic dependents."""
+    _register_pipelines()
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     if not any(is_tirx_kernel(f) or is_dispatcher(f) for f in funcs):
-        return "default"
+        return S_TIR_PIPELINE
     from fastdlight.schedules.wgmma.template import register_codegen_fixes
 
     register_codegen_fixes()  # a kernel may come from a database record, never built here
     if all(is_tirx_kernel(f) for f in funcs) and len(funcs) == len(list(mod.functions_items())):
-        return "tirx"
-    _register_hybrid_pipeline()
+        return TIRX_PIPELINE
     return HYBRID_PIPELINE
 
 
-def _register_hybrid_pipeline() -> None:
+def _then_dependent_launch(lower: tvm.transform.Pass) -> tvm.transform.Pass:
+    return tvm.transform.Sequential([lower, dependent_launch]) if DEPENDENT_LAUNCH else lower
+
+
+def _dependent(factory):
+    """Pipeline ``factory()`` (its lowering, host and device finalization) with the kernels
+    made programmatic dependents after its lowering."""
+
+    def pipeline(**kwargs):
+        lower, finalize_host, finalize_device = factory(**kwargs)
+        return _then_dependent_launch(lower), finalize_host, finalize_device
+
+    return pipeline
+
+
+def _register_pipelines() -> None:
+    from tvm.s_tir import pipeline as _s_tir  # noqa: F401 - registers "s_tir"
     from tvm.tirx import compilation_pipeline as cp
 
     if HYBRID_PIPELINE in cp.PIPELINE_MAP:
@@ -134,6 +160,8 @@ def _register_hybrid_pipeline() -> None:
         return _lower_each_by_its_own(), finalize_host, finalize_device
 
     cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
+    cp.register_tir_pipeline(S_TIR_PIPELINE, _dependent(lambda **kwargs: cp.PIPELINE_MAP["s_tir"](**kwargs)))
+    cp.register_tir_pipeline(TIRX_PIPELINE, _dependent(cp.tirx_pipeline))
 
 
 #: attribute of a tuned PrimFunc: the PassContext options its lowering needs (PASS_CONFIG). A
@@ -194,7 +222,7 @@ def _lower_each_by_its_own() -> tvm.transform.Pass:
                 out.update(runs[kind](tvm.IRModule(funcs, attrs=mod.attrs)))
         return out
 
-    return lower
+    return _then_dependent_launch(lower)
 
 
 def _context_with(config: dict) -> tvm.transform.PassContext:
