@@ -38,9 +38,19 @@ MIN_SM = 90
 
 
 @T.prim_func(s_tir=True)
-def _prologue():
+def _wait_then_release():
     T.ptx.griddepcontrol.wait()
     T.ptx.griddepcontrol.launch_dependents()
+
+
+@T.prim_func(s_tir=True)
+def _wait():
+    T.ptx.griddepcontrol.wait()
+
+
+#: the kernel's first statements: wait for the predecessor, then either let the successor be
+#: placed at once ("early") or leave it to be placed as the kernel's CTAs exit ("wait")
+PROLOGUES = {"early": _wait_then_release, "wait": _wait}
 
 
 def supports(target) -> bool:
@@ -67,31 +77,24 @@ def launch_tags(tags) -> list[str]:
     return tags[:at] + [PDL_TAG] + tags[at:]
 
 
-def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Kernel ``func`` waiting for its predecessor first, then letting its successor be placed."""
+def with_dependent_launch(func: tirx.PrimFunc, mode: str = "wait") -> tirx.PrimFunc:
+    """Kernel ``func`` waiting for its predecessor first (:data:`PROLOGUES`)."""
     tags = [str(t) for t in func.attrs[LAUNCH_PARAMS]]
     if PDL_TAG in tags:
         return func
-    body = tirx.SeqStmt([_prologue.body, func.body])
+    body = tirx.SeqStmt([PROLOGUES[mode].body, func.body])
     return func.with_body(body).with_attr(LAUNCH_PARAMS, launch_tags(tags))
 
 
-@tvm.transform.module_pass(opt_level=0, name="fastdlight.DependentLaunch")
-def dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Every sm_90+ kernel of device module ``mod`` launched as a programmatic dependent."""
-    mod = mod.clone()  # a pass leaves its input as it was
-    for gvar, func in list(mod.functions_items()):
-        if is_kernel(func) and supports(func.attrs.get("target")):
-            mod.update_func(gvar, with_dependent_launch(func))
-    return mod
+def dependent_launch(mode: str = "wait") -> tvm.transform.Pass:
+    """Every sm_90+ kernel of a lowered module launched as a programmatic dependent."""
 
+    @tvm.transform.module_pass(opt_level=0, name="fastdlight.DependentLaunch")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = mod.clone()  # a pass leaves its input as it was
+        for gvar, func in list(mod.functions_items()):
+            if is_kernel(func) and supports(func.attrs.get("target")):
+                mod.update_func(gvar, with_dependent_launch(func, mode))
+        return mod
 
-def finalize_device_with_dependent_launch(finalize_device):
-    """A pipeline's device finalization factory after :func:`dependent_launch` (which runs first:
-    the finalization lowers the instructions it adds as it lowers the kernel's own)."""
-
-    @functools.wraps(finalize_device)
-    def factory(*args, **kwargs):
-        return tvm.transform.Sequential([dependent_launch, finalize_device(*args, **kwargs)])
-
-    return factory
+    return run
