@@ -112,7 +112,7 @@ def is_dispatcher(func) -> bool:
 S_TIR_PIPELINE, TIRX_PIPELINE = "fastdlight.s_tir", "fastdlight.tirx"
 #: kernels built by fastdlight are launched as programmatic dependents (:mod:`.dependent_launch`);
 #: ``FASTDLIGHT_DEPENDENT_LAUNCH=0`` builds them as TVM does (an A/B, or a launcher without it)
-DEPENDENT_LAUNCH = os.environ.get("FASTDLIGHT_DEPENDENT_LAUNCH", "wait")
+DEPENDENT_LAUNCH = os.environ.get("FASTDLIGHT_DEPENDENT_LAUNCH", "1") != "0"
 
 
 def tir_pipeline(mod: tvm.IRModule) -> str:
@@ -134,9 +134,7 @@ def tir_pipeline(mod: tvm.IRModule) -> str:
 
 
 def _then_dependent_launch(lower: tvm.transform.Pass) -> tvm.transform.Pass:
-    if DEPENDENT_LAUNCH == "0":
-        return lower
-    return tvm.transform.Sequential([lower, dependent_launch(DEPENDENT_LAUNCH)])
+    return tvm.transform.Sequential([lower, dependent_launch]) if DEPENDENT_LAUNCH else lower
 
 
 def _dependent(factory):
