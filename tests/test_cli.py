@@ -40,6 +40,30 @@ def test_tune_add_compile_only_end_to_end(tmp_path):
         assert phases["compile_s"] > 0 and phases["end_s"] >= phases["start_s"] + phases["compile_s"]
 
 
+def test_a_decode_sized_attention_is_tuned_as_a_model_runs_it(tmp_path):
+    """One query token a head: the split-KV functions the Relax rewrite gives such an attention
+    (on the H100 model's 132 SMs: 17 chunks merged by the step's last CTA; with 8 K/V heads
+    over 8192 keys 66 chunks, the step and the merge kernel), each tuned and in the JSON; a
+    prefill size stays the fused attention."""
+    out = tmp_path / "decode.json"
+    proc = run_cli("tune", "attention", "1", "32", "1", "8192", "128", "--kv-heads", "8", "--no-measure", "--topk",
+                   "2", "--json", str(out), "--target", "nvidia/nvidia-h100")
+    assert proc.returncode == 0, proc.stderr
+    assert "the split-KV decode_attention and decode_combine" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["form"] == "split-KV decode" and [f["op"] for f in doc["functions"]] == ["decode_attention",
+                                                                                          "decode_combine"]
+    assert all(any(r["error"] is None for r in f["results"]) for f in doc["functions"])
+    merged = run_cli("tune", "attention", "1", "32", "1", "4096", "128", "--no-measure", "--topk", "2",
+                     "--target", "nvidia/nvidia-h100")
+    assert merged.returncode == 0, merged.stderr
+    assert "the split-KV decode_attention\n" in merged.stdout and "decode_combine" not in merged.stdout
+    prefill = run_cli("tune", "attention", "1", "8", "128", "128", "64", "--causal", "--no-measure", "--topk", "1",
+                      "--target", "nvidia/nvidia-h100")
+    assert prefill.returncode == 0, prefill.stderr
+    assert "decode" not in prefill.stdout and "Config[attention" in prefill.stdout
+
+
 def test_a_matmul_without_a_wgmma_path_says_why():
     """K = 1001 in fp16: A's rows are no whole 16 bytes, so no TMA and no wgmma on sm_90a; the
     run says so where it announces the tensor-core candidates."""

@@ -353,6 +353,26 @@ def split_fits(shape: DecodeAttentionShape) -> bool:
     return shape.rows <= MAX_GROUP_ROWS and shape.head_dim % VECTOR == 0 and shape.head_dim <= MAX_HEAD_DIM
 
 
+def decode_of(batch: int, kv_heads: int, group: int, seq_q: int, head_dim: int, causal: bool, scale: float,
+              dtype: str, sm_count: int) -> DecodeAttentionShape | None:
+    """The split-KV step of an attention of ``seq_q`` query tokens on each of ``group`` query
+    heads a K/V head, where it is decode-sized: one query token (it sees every key, causal or
+    not), or a few non-causal ones (at most :data:`MAX_ROWS` rows a K/V head; more, or causal
+    ones, are a short prefill, the fused template's tensor cores'); its chunks
+    :func:`default_splits`. None where the split template does not take it. The rule by which
+    the Relax rewrite and ``fastdlight tune attention`` pick the split-KV step (H200, B16 H32
+    TKV4096: 4.49 against the fused template's 4.24 TB/s)."""
+    rows = group * seq_q
+    if seq_q > 1 and (causal or rows > MAX_ROWS):
+        return None
+    try:
+        shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, default_splits(batch, kv_heads, sm_count, rows),
+                                     False, scale, dtype)
+    except ValueError:
+        return None
+    return shape if split_fits(shape) else None
+
+
 def key_lanes(head_dim: int, dims_per_lane: int) -> int:
     """Lanes a key's values span, ``dims_per_lane`` each: ``head_dim / dims_per_lane`` rounded
     up to a power of two, so that a warp holds whole keys and a key's lanes add their partial

@@ -12,7 +12,7 @@ from fastdlight.cli.args import UsageError, describe_workload, one_line
 from fastdlight.cli.preflight import before_work, once_resolved
 from fastdlight.cli.sizes import DEFAULT_TARGET
 from fastdlight.cli.toolkit import check_target_names_gpu, compiler_name
-from fastdlight.cli.workload import func_bytes, make_workload, resolve_arch
+from fastdlight.cli.workload import decode_attention_steps, func_bytes, make_workload, resolve_arch
 
 
 #: when the command started (set by :func:`fastdlight.cli.entry`): the wall time we report includes imports
@@ -92,6 +92,9 @@ def cmd_tune(args) -> int:
              if args.devices and measure else ""))
     if opt_shapes and any(isinstance(v, tuple) for v in opt_shapes.values()):
         return _tune_dispatch(func, fname, arch, args, opts, opt_shapes, t0)
+    steps = decode_attention_steps(args, arch)
+    if steps:
+        return _tune_decode(steps, arch, args, opts, (flops, nbytes), measure, can_measure, t0)
     try:
         announced: list[str] = []
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
@@ -113,6 +116,48 @@ def cmd_tune(args) -> int:
         print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
     if args.json:
         _write_json(args, fname, arch, measure, wall, results, best, (flops, nbytes, memory_bound))
+    return 0
+
+
+def _tune_decode(steps, arch, args, opts, perf, measure: bool, can_measure: bool, t0: float) -> int:
+    """``tune attention`` of a decode size: each split-KV function a model runs for it
+    (:func:`decode_attention_steps`) tuned in turn, then their winners' total."""
+    from fastdlight.search.candidates import tune_function
+    from fastdlight.search.report import format_table
+    from fastdlight.search.remote import RemoteError
+    from fastdlight.search.runner import TuningError
+
+    names = " and ".join(name for name, _ in steps)
+    print(f"A decode size: tuned as a model runs it, the split-KV {names}")
+    winners, docs = [], []
+    for name, func in steps:
+        announced: list[str] = []
+        try:
+            tuned = tune_function(func, arch, args.topk, opts, on_set=lambda c: print(_set_line(c, arch, announced)))
+        except (TuningError, RemoteError) as e:
+            print(str(e), file=sys.stderr)
+            print(f"fastdlight: tuning {name} failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            return 1
+        results, best = list(tuned.results), tuned.best
+        step_perf = (None, func_bytes(best._func, name), True)
+        print(f"\n{name}:")
+        print(format_table(results, flops=None, nbytes=step_perf[1], memory_bound=True, best=best))
+        _print_winner(results, best, measure, can_measure, arch, step_perf)
+        winners.append(best)
+        docs.append(_json_doc(name, name, arch, measure, None, results, best, step_perf))
+    if measure and all(w.latency_ms is not None for w in winners):
+        total = sum(w.latency_ms for w in winners)
+        flops, nbytes = perf
+        print(f"\nDecode attention: {total:.4f} ms in {len(winners)} kernel{'s' * (len(winners) > 1)}, "
+              f"{nbytes / total / 1e9:.2f} TB/s of Q, K, V and the output, {flops / total / 1e9:.2f} TFLOPS")
+    wall = time.perf_counter() - t0
+    print(f"Tuning wall time: {wall:.1f} s")
+    if args.show_source:
+        for (name, _), best in zip(steps, winners):
+            print(f"\n// CUDA source of {name}'s winner (#{best.index})\n{best.source}")
+    if args.json:
+        _dump_json(args, {"op": "attention", "description": describe_workload(args, "attention"),
+                          "form": "split-KV decode", "wall_s": round(wall, 3), "functions": docs})
     return 0
 
 
@@ -168,15 +213,22 @@ def _print_winner(results, best, measure: bool, can_measure: bool, arch, perf) -
 
 
 def _write_json(args, fname, arch, measure, wall, results, best, perf) -> None:
+    _dump_json(args, _json_doc(fname, describe_workload(args, fname), arch, measure, wall, results, best, perf))
+
+
+def _json_doc(fname, description, arch, measure, wall, results, best, perf) -> dict:
     from fastdlight.search.report import perf_text
 
     flops, nbytes, _ = perf
-    doc = {
-        "op": fname, "description": describe_workload(args, fname), "target": str(arch.target), "arch": arch.name,
-        "measured": measure, "wall_s": round(wall, 3), "best": best.index, "flops": flops, "bytes": nbytes,
-        "reference": best.verdict.reference if best.verdict is not None else None,
+    return {
+        "op": fname, "description": description, "target": str(arch.target), "arch": arch.name,
+        "measured": measure, "wall_s": None if wall is None else round(wall, 3), "best": best.index, "flops": flops,
+        "bytes": nbytes, "reference": best.verdict.reference if best.verdict is not None else None,
         "results": [dict(rank=i, perf=perf_text(r, *perf), **r.to_dict()) for i, r in enumerate(results, 1)],
     }  # fmt: skip
+
+
+def _dump_json(args, doc: dict) -> None:
     try:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

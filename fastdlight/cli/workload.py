@@ -123,3 +123,30 @@ def func_bytes(func, fname: str) -> int:
         return params_bytes(func)
     except ValueError as e:
         raise UsageError(f"cannot tune {fname}: {one_line(e)}") from None
+
+
+def decode_attention_steps(args, arch) -> list[tuple[str, object]]:
+    """For ``tune attention`` of a decode size (one query token, or a few non-causal ones): the
+    functions a model's attention of these sizes runs after ``prepare`` (the split-KV chunk step,
+    merged by its last CTA of each K/V head, or the step and a merge kernel: ``fuse_attention``'s
+    rule, :func:`~fastdlight.analysis.decode_attention.decode_of`, at this GPU's SM count), as
+    (name, PrimFunc); empty for any other workload, which is tuned as it is."""
+    if args.file or args.op != "attention":
+        return []
+    import dataclasses
+
+    from fastdlight.analysis.decode_attention import TICKETS, decode_combine_func, decode_of, decode_split_func
+    from fastdlight.measure.inputs import INPUT_VALUES
+    from fastdlight.relax.split_kv import merge_form, merges_in_step
+
+    batch, heads, seq_q, seq_kv, head_dim = parse_dims(args.op, args.shape)
+    kv_heads = args.kv_heads or heads
+    shape = decode_of(batch, kv_heads, heads // kv_heads, seq_q, head_dim, args.causal, 0.0, args.dtype,
+                      arch.sm_count)
+    if shape is None:
+        return []
+    shape = dataclasses.replace(shape, merged=merges_in_step(shape.splits, merge_form()))
+    step = decode_split_func(shape, seq_kv)
+    if shape.merged:  # the tickets start at zero, as the model's constant holds them
+        return [("decode_attention", step.with_attr(INPUT_VALUES, {TICKETS: 0.0}))]
+    return [("decode_attention", step), ("decode_combine", decode_combine_func(shape))]

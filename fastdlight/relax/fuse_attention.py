@@ -50,12 +50,7 @@ from tvm.ir import IRModule
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits
-from fastdlight.analysis.decode_attention import (
-    MAX_ROWS,
-    DecodeAttentionShape,
-    default_splits,
-    split_fits,
-)
+from fastdlight.analysis.decode_attention import DecodeAttentionShape, decode_of
 from fastdlight.arch import CUDA
 from fastdlight.policies.attention import attention_configs
 from fastdlight.relax.attention import GUARD_STEPS
@@ -410,17 +405,9 @@ class Rewriter(PyExprMutator):
         s = m.shape
         _, k_layout, v_layout = s.operand_layouts
         if m.packed is not None or (k_layout, v_layout) != ("bhtd", "bhtd") \
-                or (s.seq_q > 1 and (s.causal or s.operand_layouts[0] != "bhtd" or s.group * s.seq_q > MAX_ROWS)):
-            # (one query sees every key, causal or not; more rows of several queries are a short
-            # prefill, the fused template's tensor cores')
+                or (s.seq_q > 1 and s.operand_layouts[0] != "bhtd"):
             return None
-        try:
-            rows = s.group * s.seq_q
-            splits = default_splits(s.batch, s.kv_heads, self.sm_count, rows)
-            shape = DecodeAttentionShape(s.batch, s.kv_heads, rows, s.head_dim, splits, False, s.scale, s.dtype)
-        except ValueError:
-            return None
-        return shape if split_fits(shape) else None
+        return decode_of(s.batch, s.kv_heads, s.group, s.seq_q, s.head_dim, s.causal, s.scale, s.dtype, self.sm_count)
 
     def attention(self, m: Match) -> relax.Expr:
         s = m.shape

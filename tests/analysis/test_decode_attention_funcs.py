@@ -12,6 +12,7 @@ from fastdlight.analysis.decode_attention import (
     EMPTY_MAX,
     DecodeAttentionShape,
     decode_combine_func,
+    decode_of,
     decode_split_func,
     default_splits,
     match_decode_split,
@@ -73,6 +74,19 @@ def test_bad_shapes_are_refused_and_splits_fill_the_sms():
         DecodeAttentionShape(1, 8, 4, 128, 4, dtype="float32")
     assert default_splits(1, 8, 132) == 66 and default_splits(1, 1, 132) == 128
     assert default_splits(16, 32, 132) == 1 and default_splits(8, 32, 132) == 3  # pairs alone two an SM: one chunk
+
+
+def test_decode_sizes_get_the_split_step_and_short_prefills_do_not():
+    one = decode_of(1, 8, 4, 1, 128, True, 0.0, "float16", 132)  # one token sees every key: causal or not
+    assert (one.rows, one.splits, one.appended, one.merged) == (4, 66, False, False)
+    assert one.scale == pytest.approx(128 ** -0.5)
+    assert decode_of(1, 8, 4, 2, 128, False, 0.0, "float16", 132).rows == 8  # a few tokens, non-causal
+    assert decode_of(1, 8, 4, 2, 128, True, 0.0, "float16", 132) is None  # causal tokens: a short prefill
+    assert decode_of(1, 8, 4, 3, 128, False, 0.0, "float16", 132) is None  # 12 rows of several tokens
+    assert decode_of(1, 1, 32, 1, 128, False, 0.0, "bfloat16", 132).rows == 32  # MQA's one token: blocks of rows
+    assert decode_of(1, 1, 129, 1, 128, False, 0.0, "float16", 132) is None
+    assert decode_of(1, 8, 4, 1, 100, False, 0.0, "float16", 132) is None  # no whole 16-byte loads of a key
+    assert decode_of(1, 8, 4, 1, 128, False, 0.0, "float32", 132) is None
 
 
 @pytest.mark.parametrize("seq_kv, page_size, splits", [(70, 16, 4), (5, 8, 8)])
