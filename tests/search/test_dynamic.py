@@ -140,6 +140,9 @@ def test_a_wgmma_kernel_with_symbolic_m_shares_a_dispatcher_with_s_tir_kernels()
     d = dispatch_func(func, ["m"], [Branch((("m", 16),), lowered[0]), Branch((("m", None),), lowered[1])])
     source, cubin = compile_mod_to_cubin(tvm.IRModule({"mm": d}), H100.target)
     assert "wgmma.mma_async" in source and "mma.sync" in source and cubin.binary
+    # both branches' kernels (lowered apart, before the dispatcher) launched as dependents too
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+    assert len(kernels) == 2 and source.count("tvm_builtin_ptx_griddepcontrol_wait();") == 2
 
 
 def test_a_cluster_winner_gives_its_single_cta_tile_for_a_symbolic_m():
