@@ -31,6 +31,9 @@ PDL_TAG = "tirx.use_programtic_dependent_launch"
 #: the tag that must stay last in a kernel's launch tags (TVM's runtime checks it)
 DYN_SMEM_TAG = "tirx.use_dyn_shared_memory"
 LAUNCH_PARAMS = "tirx.kernel_launch_params"
+#: a kernel launched cooperatively: TVM's runtime takes the dependent-launch tag before this
+#: one, so a kernel with both would lose its cooperative launch; it stays as it is
+COOPERATIVE_TAG = "tirx.use_cooperative_launch"
 #: ``CallingConv::kDeviceKernelLaunch``: a function the split made a kernel
 DEVICE_KERNEL_LAUNCH = 2
 #: the first GPU generation with ``griddepcontrol``
@@ -69,7 +72,7 @@ def launch_tags(tags) -> list[str]:
 def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Kernel ``func`` launched as a programmatic dependent, waiting for its predecessor first."""
     tags = [str(t) for t in func.attrs[LAUNCH_PARAMS]]
-    if PDL_TAG in tags:
+    if PDL_TAG in tags or COOPERATIVE_TAG in tags:
         return func
     body = tirx.SeqStmt([_wait.body, func.body])
     return func.with_body(body).with_attr(LAUNCH_PARAMS, launch_tags(tags))

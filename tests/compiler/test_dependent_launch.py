@@ -13,6 +13,7 @@ from fastdlight.analysis.decode_attention import DecodeAttentionShape, decode_sp
 from fastdlight.arch import CUDA
 from fastdlight.compiler import compile as cc
 from fastdlight.compiler.dependent_launch import (
+    COOPERATIVE_TAG,
     DYN_SMEM_TAG,
     LAUNCH_PARAMS,
     PDL_TAG,
@@ -90,3 +91,6 @@ def test_the_tag_goes_before_the_shared_memory_tag_once():
     kernel = lowered_kernels(decode_module(SM90A), SM90A)[0]
     again = with_dependent_launch(kernel)
     assert again.same_as(kernel)  # already a dependent: one wait, one tag
+    tags = [t for t in kernel.attrs[LAUNCH_PARAMS] if str(t) != PDL_TAG]
+    cooperative = kernel.with_attr(LAUNCH_PARAMS, [*tags[:-1], COOPERATIVE_TAG, tags[-1]])
+    assert with_dependent_launch(cooperative).same_as(cooperative)  # keeps its cooperative launch
