@@ -267,6 +267,9 @@ def _export(args) -> int:
     measure = can_measure and not args.no_measure
     print(f"Exporting {describe_workload(args, fname)} for {arch.name} ({arch.arch}), top {args.topk} candidates"
           + ("" if measure else ", compile-only"))
+    if decode_attention_steps(args, arch):
+        print("Note: a decode size; a model runs it as the split-KV step (what `fastdlight tune attention` "
+              "tunes), export writes the fused attention kernel")
     try:
         result = export(func, out, name=args.name or re.sub(r"\W", "_", fname), target=arch, topk=args.topk,
                         ref=ref, opt_shapes=opt_shapes, seed=args.seed, force=args.force, measure=measure,
