@@ -16,6 +16,7 @@ import warnings
 import torch
 from torch import fx
 
+from fastdlight.compiler.compile import DEPENDENT_LAUNCH
 from fastdlight.torch_backend.graph import (
     Signature,
     Unsupported,
@@ -136,7 +137,8 @@ class CompiledGraph:
         key = None
         if self.settings.database is not None:  # a persistent cache: programs are kept beside the tunings
             key = program_key(self.gm, self.sig, args, target, {"fp16": fp16, "fp16_io": fp16_io,
-                                                                 "tuning": self.settings.tuning})
+                                                                 "tuning": self.settings.tuning,
+                                                                 "dependent_launch": DEPENDENT_LAUNCH})
             stored = programs.load(key, dev)
             if stored is not None:
                 return Program(stored.main, device, stored.in_dtypes, self.out_dtypes, cuda_graph=self.settings.cuda_graph)
