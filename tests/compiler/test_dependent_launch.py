@@ -71,7 +71,8 @@ def test_kernels_for_sm90_wait_for_their_predecessor_first(make):
     assert bodies
     for body in bodies:
         wait = body.index("griddepcontrol_wait()")
-        first_access = min((m.start() for m in re.finditer(r"\w+_ptr\[|\bld\.global|cp\.async", body)), default=len(body))
+        accesses = re.finditer(r"\w+_ptr\[|\bld\.global|cp\.async", body)
+        first_access = min((m.start() for m in accesses), default=len(body))
         assert wait < first_access, body[:2000]
 
 
@@ -85,7 +86,8 @@ def test_kernels_for_sm80_and_a_build_with_it_switched_off_are_as_tvm_builds_the
 
 
 def test_the_tag_goes_before_the_shared_memory_tag_once():
-    assert launch_tags(["blockIdx.x", "threadIdx.x", DYN_SMEM_TAG]) == ["blockIdx.x", "threadIdx.x", PDL_TAG, DYN_SMEM_TAG]
+    assert launch_tags(["blockIdx.x", "threadIdx.x", DYN_SMEM_TAG]) == ["blockIdx.x", "threadIdx.x", PDL_TAG,
+                                                                        DYN_SMEM_TAG]
     assert launch_tags(["blockIdx.x", "threadIdx.x"]) == ["blockIdx.x", "threadIdx.x", PDL_TAG]
     assert launch_tags(["blockIdx.x", PDL_TAG]) == ["blockIdx.x", PDL_TAG]
     kernel = lowered_kernels(decode_module(SM90A), SM90A)[0]
