@@ -180,8 +180,9 @@ def match_attention(func: tirx.PrimFunc) -> AttentionShape | None:
 
 def fused_fits(shape: AttentionShape, sm_version: int) -> bool:
     """Whether a fused attention template takes ``shape`` on a GPU of ``sm_version``: from sm_80
-    the mma.sync one, on Hopper also the wgmma one (both at :func:`fused_head_dim`); elsewhere the naive TIR would run as several kernels, slower than
-    the unfused model graph, so a model rewrite should leave attention as it found it."""
+    the mma.sync one, on Hopper also the wgmma one (both at :func:`fused_head_dim`); elsewhere
+    the naive TIR would run as several kernels, slower than the unfused model graph, so a model
+    rewrite should leave attention as it found it."""
     return sm_version >= 80 and fused_head_dim(shape.head_dim) and shape.dtype in ("float16", "bfloat16")
 
 

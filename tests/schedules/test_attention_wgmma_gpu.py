@@ -1,7 +1,7 @@
 """Fused attention template on the GPU: every config the attention policy emits is correct
 (against the float64 reference) on ragged sequence ends, causal masks aligned to the bottom
-right, GQA, head dims 64 and 128 and others (40, 80, 96, 256), fp16 and bf16, a CTA per tile and persistent grids. Needs an
-sm_90a GPU (skipped elsewhere)."""
+right, GQA, head dims 64 and 128 and others (40, 80, 96, 256), fp16 and bf16, a CTA per tile
+and persistent grids. Needs an sm_90a GPU (skipped elsewhere)."""
 
 import pytest
 
