@@ -107,8 +107,8 @@ def is_dispatcher(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc) and attrs is not None and DISPATCHER in attrs
 
 
-#: our pipelines for a module of s_tir functions only and of TIRx kernels only: TVM's (the
-#: s_tir one as registered now, see :func:`route_default_pipeline`), then :func:`dependent_launch`
+#: our pipelines for a module of s_tir functions only (none asking for options of its own) and
+#: of TIRx kernels only: TVM's, then :func:`dependent_launch`
 S_TIR_PIPELINE, TIRX_PIPELINE = "fastdlight.s_tir", "fastdlight.tirx"
 #: kernels built by fastdlight are launched as programmatic dependents (:mod:`.dependent_launch`);
 #: ``FASTDLIGHT_DEPENDENT_LAUNCH=0`` builds them as TVM does (an A/B, or a launcher without it)
@@ -119,11 +119,12 @@ def tir_pipeline(mod: tvm.IRModule) -> str:
     """TIRx's pipeline for a module of TIRx kernels only, TVM's default for scheduled (s_tir)
     functions only, else the hybrid pipeline, which lowers each function with its own: TVM's
     s_tir pipeline cannot lower a TIRx kernel, the TIRx pipeline cannot lower s_tir blocks, and a
-    dispatcher (its branches lowered each by its own, up to the split) needs only the rest. Each
-    makes the kernels programmatic dependents."""
+    dispatcher (its branches lowered each by its own, up to the split) needs only the rest; the
+    hybrid one also lowers functions that carry options of their own under them. Each makes the
+    kernels programmatic dependents, once."""
     _register_pipelines()
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    if not any(is_tirx_kernel(f) or is_dispatcher(f) for f in funcs):
+    if not _needs_own_lowering(mod):
         return S_TIR_PIPELINE
     from fastdlight.schedules.wgmma.template import register_codegen_fixes
 
@@ -160,7 +161,7 @@ def _register_pipelines() -> None:
         return _lower_each_by_its_own(), finalize_host, finalize_device
 
     cp.register_tir_pipeline(HYBRID_PIPELINE, hybrid)
-    cp.register_tir_pipeline(S_TIR_PIPELINE, _dependent(lambda **kwargs: cp.PIPELINE_MAP["s_tir"](**kwargs)))
+    cp.register_tir_pipeline(S_TIR_PIPELINE, _dependent(_stock_s_tir()))
     cp.register_tir_pipeline(TIRX_PIPELINE, _dependent(cp.tirx_pipeline))
 
 
