@@ -75,11 +75,7 @@ def cmd_tune(args) -> int:
     (fname, func, _numpy_ref, flops, nbytes, memory_bound, opt_shapes), arch, can_measure = _resolved(args)
     measure = (can_measure or bool(args.rpc)) and not args.no_measure  # with --rpc the server's GPU times
 
-    from fastdlight.search.candidates import tune_function
     from fastdlight.search.options import TuneOptions
-    from fastdlight.search.report import format_table
-    from fastdlight.search.remote import RemoteError
-    from fastdlight.search.runner import TuningError
 
     opts = TuneOptions(measure=measure, parallel_build=not args.serial, max_workers=args.workers,
                        timeout=args.timeout, budget_ms=args.budget_ms, screen_ms=args.screen_ms, check=args.check,
@@ -95,6 +91,30 @@ def cmd_tune(args) -> int:
     steps = decode_attention_steps(args, arch)
     if steps:
         return _tune_decode(steps, arch, args, opts, (flops, nbytes), measure, can_measure, t0)
+    tuned = _tune_shown(func, fname, arch, args, opts, (flops, nbytes, memory_bound), measure, can_measure, t0,
+                        opt_shapes)
+    if tuned is None:
+        return 1
+    results, best, perf = tuned
+    wall = time.perf_counter() - t0
+    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
+    if args.show_source:
+        print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
+    if args.json:
+        _write_json(args, fname, arch, measure, wall, results, best, perf)
+    return 0
+
+
+def _tune_shown(func, fname: str, arch, args, opts, perf, measure: bool, can_measure: bool, t0: float,
+                opt_shapes=None):
+    """``func`` tuned, its candidates' table and the winner printed: ``(results, best, perf)``
+    (``perf``'s bytes those of the winner's parameters where none were given), or None where
+    tuning failed (said on stderr)."""
+    from fastdlight.search.candidates import tune_function
+    from fastdlight.search.report import format_table
+    from fastdlight.search.remote import RemoteError
+    from fastdlight.search.runner import TuningError
+
     try:
         announced: list[str] = []
         tuned = tune_function(func, arch, args.topk, opts, opt_shapes=opt_shapes,
@@ -104,45 +124,28 @@ def cmd_tune(args) -> int:
     except (TuningError, RemoteError) as e:
         print(str(e), file=sys.stderr)
         print(f"fastdlight: tuning failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        return 1
+        return None
     results, best = list(tuned.results), tuned.best
-    nbytes = nbytes if nbytes is not None else func_bytes(best._func, fname)
-    print(format_table(results, flops=flops, nbytes=nbytes, memory_bound=memory_bound, best=best))
+    flops, nbytes, memory_bound = perf
+    perf = (flops, nbytes if nbytes is not None else func_bytes(best._func, fname), memory_bound)
+    print(format_table(results, flops=perf[0], nbytes=perf[1], memory_bound=memory_bound, best=best))
     print()
-    _print_winner(results, best, measure, can_measure, arch, (flops, nbytes, memory_bound))
-    wall = time.perf_counter() - t0
-    print(f"Tuning wall time: {wall:.1f} s for {len(results)} candidates")
-    if args.show_source:
-        print(f"\n// CUDA source of the winner (#{best.index})\n{best.source}")
-    if args.json:
-        _write_json(args, fname, arch, measure, wall, results, best, (flops, nbytes, memory_bound))
-    return 0
+    _print_winner(results, best, measure, can_measure, arch, perf)
+    return results, best, perf
 
 
 def _tune_decode(steps, arch, args, opts, perf, measure: bool, can_measure: bool, t0: float) -> int:
     """``tune attention`` of a decode size: each split-KV function a model runs for it
     (:func:`decode_attention_steps`) tuned in turn, then their winners' total."""
-    from fastdlight.search.candidates import tune_function
-    from fastdlight.search.report import format_table
-    from fastdlight.search.remote import RemoteError
-    from fastdlight.search.runner import TuningError
-
     names = " and ".join(name for name, _ in steps)
     print(f"A decode size: tuned as a model runs it, the split-KV {names}")
     winners, docs = [], []
     for name, func in steps:
-        announced: list[str] = []
-        try:
-            tuned = tune_function(func, arch, args.topk, opts, on_set=lambda c: print(_set_line(c, arch, announced)))
-        except (TuningError, RemoteError) as e:
-            print(str(e), file=sys.stderr)
-            print(f"fastdlight: tuning {name} failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-            return 1
-        results, best = list(tuned.results), tuned.best
-        step_perf = (None, func_bytes(best._func, name), True)
         print(f"\n{name}:")
-        print(format_table(results, flops=None, nbytes=step_perf[1], memory_bound=True, best=best))
-        _print_winner(results, best, measure, can_measure, arch, step_perf)
+        tuned = _tune_shown(func, name, arch, args, opts, (None, None, True), measure, can_measure, t0)
+        if tuned is None:
+            return 1
+        results, best, step_perf = tuned
         winners.append(best)
         docs.append(_json_doc(name, name, arch, measure, None, results, best, step_perf))
     if measure and all(w.latency_ms is not None for w in winners):
