@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm.target import Target
 
 from fastdlight.compiler import nvrtc
-from fastdlight.compiler.dependent_launch import dependent_launch
+from fastdlight.compiler.dependent_launch import dependent_launch, without_dependent_launch
 
 #: PassContext options every fastdlight build uses (cp.async lowering needs the first one;
 #: CSE would hoist ``threadIdx.x * 8`` out of tensor-core fragment offsets, and LowerWarpMemory
@@ -135,7 +135,7 @@ def tir_pipeline(mod: tvm.IRModule) -> str:
 
 
 def _then_dependent_launch(lower: tvm.transform.Pass) -> tvm.transform.Pass:
-    return tvm.transform.Sequential([lower, dependent_launch]) if DEPENDENT_LAUNCH else lower
+    return tvm.transform.Sequential([lower, dependent_launch if DEPENDENT_LAUNCH else without_dependent_launch])
 
 
 def _dependent(factory):

@@ -8,16 +8,20 @@ front end; it then waits in ``griddepcontrol.wait`` until the previous kernel ha
 its writes are visible. What overlaps is the launch and the placement of the CTAs with the
 previous kernel's completion: a few hundred nanoseconds a kernel, a part of every kernel's time
 in a decode step of 5-20 us kernels (H200, 2026-11-30: a LLaMA-3-8B decode layer 0.122 against
-0.130 ms, `docs/benchmarks.md`).
+0.130 ms, `docs/benchmarks.md`). Templates can overlap more (:mod:`fastdlight.schedules.dependency`):
+a prologue of L2 prefetches before the wait, and a release of the next kernel after their main
+loop; this pass realizes both markers.
 
 :func:`dependent_launch` is a pass over a lowered module (after the host/device split): every
 CUDA kernel for sm_90 or newer gets ``griddepcontrol.wait`` as its first statement, before any
 load or store, so that it neither reads what the previous kernel has not yet written nor
-overwrites what that kernel still reads, and TVM's launch tag that makes the runtime launch it
-with the attribute. No kernel signals ``launch_dependents`` early: a successor placed while
-this kernel runs takes the free slots SM by SM, and kernels of many small CTAs then ran on a
-part of the GPU (the split-KV decode step of 544 CTAs 0.79x torch instead of 1.09x). After a
-kernel launched without the attribute (torch's, another library's) the wait returns at once.
+overwrites what that kernel still reads (a template's prologue of L2 prefetches goes before
+it), and TVM's launch tag that makes the runtime launch it with the attribute. A kernel signals
+``launch_dependents`` only where its template marks it, after the main loop: released right after
+the wait, a successor placed while this kernel streams takes the free slots SM by SM, and
+kernels of many small CTAs then ran on a part of the GPU (the split-KV decode step of 544 CTAs
+0.79x torch instead of 1.09x). After a kernel launched without the attribute (torch's, another
+library's) the wait returns at once. :func:`without_dependent_launch` only drops the markers.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 from tvm.script import tirx as T
+
+from fastdlight.schedules import dependency
 
 #: TVM's launch tag (its spelling) for programmatic stream serialization
 PDL_TAG = "tirx.use_programtic_dependent_launch"
@@ -43,6 +49,11 @@ MIN_SM = 90
 @T.prim_func(s_tir=True)
 def _wait():
     T.ptx.griddepcontrol.wait()
+
+
+@T.prim_func(s_tir=True)
+def _release():
+    T.ptx.griddepcontrol.launch_dependents()
 
 
 def supports(target) -> bool:
@@ -69,13 +80,74 @@ def launch_tags(tags) -> list[str]:
     return tags[:at] + [PDL_TAG] + tags[at:]
 
 
+def _map_stmts(stmt: tirx.Stmt, fn) -> tirx.Stmt:
+    """``stmt`` with ``fn`` applied bottom-up to each statement (``fn`` returns a replacement, or
+    None to keep it). Statements nest only in these five kinds (declarations and bindings are
+    flat in a sequence); TVM exposes no statement mutator to Python."""
+    def kids(*parts):
+        return [None if p is None else _map_stmts(p, fn) for p in parts]
+
+    out = stmt
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = kids(*stmt.seq)
+        if any(not a.same_as(b) for a, b in zip(seq, stmt.seq)):
+            out = tirx.SeqStmt(seq, stmt.span)
+    elif isinstance(stmt, tirx.AttrStmt):
+        (body,) = kids(stmt.body)
+        if not body.same_as(stmt.body):
+            out = tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
+    elif isinstance(stmt, tirx.For):
+        (body,) = kids(stmt.body)
+        if not body.same_as(stmt.body):
+            out = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                           stmt.annotations, stmt.step, stmt.span)
+    elif isinstance(stmt, tirx.While):
+        (body,) = kids(stmt.body)
+        if not body.same_as(stmt.body):
+            out = tirx.While(stmt.condition, body, stmt.span)
+    elif isinstance(stmt, tirx.IfThenElse):
+        then, other = kids(stmt.then_case, stmt.else_case)
+        if not then.same_as(stmt.then_case) or (other is not None and not other.same_as(stmt.else_case)):
+            out = tirx.IfThenElse(stmt.condition, then, other, stmt.span)
+    replaced = fn(out)
+    return out if replaced is None else replaced
+
+
+def _realize(body: tirx.Stmt, dependent: bool) -> tuple[tirx.Stmt, int]:
+    """``body`` with its markers replaced: a prologue by its statements, then (``dependent``) the
+    wait; a release by ``launch_dependents`` (``dependent``) or nothing. Also the prologues found."""
+    prologues = []
+
+    def replace(stmt):
+        if not isinstance(stmt, tirx.AttrStmt) or stmt.attr_key not in (dependency.PROLOGUE, dependency.RELEASE):
+            return None
+        if stmt.attr_key == dependency.RELEASE:
+            return _release.body if dependent and dependency.OVERLAP else tirx.Evaluate(0)
+        prologues.append(stmt)
+        return tirx.SeqStmt([stmt.body, _wait.body]) if dependent else stmt.body
+
+    return _map_stmts(body, replace), len(prologues)
+
+
 def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Kernel ``func`` launched as a programmatic dependent, waiting for its predecessor first."""
+    """Kernel ``func`` launched as a programmatic dependent, waiting for its predecessor first
+    (after its template's prologue, where it has one)."""
     tags = [str(t) for t in func.attrs[LAUNCH_PARAMS]]
-    if PDL_TAG in tags or COOPERATIVE_TAG in tags:
+    if PDL_TAG in tags:
         return func
-    body = tirx.SeqStmt([_wait.body, func.body])
+    if COOPERATIVE_TAG in tags:
+        return without_markers(func)
+    body, prologues = _realize(func.body, dependent=True)
+    assert prologues <= 1, "a kernel has one dependency prologue"
+    if not prologues:
+        body = tirx.SeqStmt([_wait.body, body])
     return func.with_body(body).with_attr(LAUNCH_PARAMS, launch_tags(tags))
+
+
+def without_markers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Kernel ``func`` as launched plainly: its prologue's prefetches kept, no release."""
+    body, _ = _realize(func.body, dependent=False)
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 @tvm.transform.module_pass(opt_level=0, name="fastdlight.DependentLaunch")
@@ -85,4 +157,16 @@ def dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gvar, func in list(mod.functions_items()):
         if is_kernel(func) and supports(func.attrs.get("target")):
             mod.update_func(gvar, with_dependent_launch(func))
+        elif isinstance(func, tirx.PrimFunc):
+            mod.update_func(gvar, without_markers(func))
+    return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="fastdlight.WithoutDependentLaunch")
+def without_dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Lowered module ``mod`` with its kernels launched plainly (the templates' markers dropped)."""
+    mod = mod.clone()
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod.update_func(gvar, without_markers(func))
     return mod
