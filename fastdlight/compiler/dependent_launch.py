@@ -122,7 +122,7 @@ def _realize(body: tirx.Stmt, dependent: bool) -> tuple[tirx.Stmt, int]:
         if not isinstance(stmt, tirx.AttrStmt) or stmt.attr_key not in (dependency.PROLOGUE, dependency.RELEASE):
             return None
         if stmt.attr_key == dependency.RELEASE:
-            return _release.body if dependent and dependency.OVERLAP else tirx.Evaluate(0)
+            return _release.body if dependent and dependency.RELEASE_EARLY else tirx.Evaluate(0)
         prologues.append(stmt)
         return tirx.SeqStmt([stmt.body, _wait.body]) if dependent else stmt.body
 

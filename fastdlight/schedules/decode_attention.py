@@ -61,7 +61,7 @@ from fastdlight.analysis.decode_attention import (
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
 from fastdlight.schedules.decode_combine import build_combine, merge_tails
-from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2, release_dependents
+from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -385,8 +385,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 acc[r * E + e] = T.float32(0)
         stream(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
                nk[0], tid)
-        with release_dependents():  # the chunk is read: the next kernel may start
-            T.evaluate(0)
         # the warp's key groups merged (lanes ``lanes`` apart hold the same values of other keys)
         for o in T.unroll(merge_steps):
             for r in T.unroll(R):

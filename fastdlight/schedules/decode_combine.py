@@ -11,6 +11,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, row_blocks
+from fastdlight.schedules.dependency import release_dependents
 
 
 def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
@@ -122,6 +123,9 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
             last[0] = ticket[0]
         T.cuda.cta_sync()
         if last[0] == S * row_blocks(R) - 1:  # (every row block of every chunk a ticket)
+            # the others have left: the next kernel may take their slots while this one merges
+            with release_dependents():
+                T.evaluate(0)
             T.cuda.thread_fence()  # the other CTAs' chunks, fenced before their tickets
             # w_s: [S, R] maxima (then weights), [S, R] sums, [R] the rows' weighted sums
             for it in T.serial((S * R + threads - 1) // threads):

@@ -37,8 +37,11 @@ RELEASE = "fastdlight.release_dependents"
 #: L2 bytes a kernel's prologue prefetches, over all its CTAs: half of an H100's or H200's 50 MB,
 #: so that the prefetched lines outlive the previous kernel's last reads
 PREFETCH_BUDGET = 24 << 20
-#: ``FASTDLIGHT_DEPENDENCY_OVERLAP=0``: no prologue prefetches, no release (an A/B of the overlap)
-OVERLAP = os.environ.get("FASTDLIGHT_DEPENDENCY_OVERLAP", "1") != "0"
+#: what of the overlap templates use: ``FASTDLIGHT_DEPENDENCY_OVERLAP=prefetch,release`` (both, the
+#: default), one of them, or ``0`` (neither: an A/B of the overlap)
+_OVERLAP = os.environ.get("FASTDLIGHT_DEPENDENCY_OVERLAP", "prefetch,release").lower()
+PREFETCH = _OVERLAP in ("1", "") or "prefetch" in _OVERLAP
+RELEASE_EARLY = _OVERLAP in ("1", "") or "release" in _OVERLAP
 
 _PREFETCH_L2 = r"""
 __forceinline__ __device__ void fdl_prefetch_l2(const void* base, long long first, long long end) {
@@ -63,8 +66,8 @@ def prefetch_l2(data, first, end):
 
 def prefetch_bytes(ctas: int, wanted: int) -> int:
     """Bytes a CTA of a grid of ``ctas`` prefetches when it wants ``wanted``: within the budget
-    (none with the overlap off)."""
-    return max(0, min(wanted, PREFETCH_BUDGET // max(1, ctas)) // 16 * 16) if OVERLAP else 0
+    (none with prefetches off)."""
+    return max(0, min(wanted, PREFETCH_BUDGET // max(1, ctas)) // 16 * 16) if PREFETCH else 0
 
 
 def dependency_prologue():
@@ -75,5 +78,5 @@ def dependency_prologue():
 
 def release_dependents():
     """``with release_dependents(): T.evaluate(0)``: the next kernel on the stream may be placed
-    from here on (see the module; with the overlap off, the build pass drops it)."""
+    from here on (see the module; with early releases off, the build pass drops it)."""
     return T.attr(tirx.const(0, "int32"), RELEASE, tirx.const(1, "int32"))

@@ -55,7 +55,7 @@ from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, de
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
-from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2, release_dependents
+from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
@@ -382,9 +382,6 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                 group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, 0, tid, False)
             for so in T.serial(1, groups):
                 group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, so, tid, False)
-            if turns == 1:
-                with release_dependents():  # the CTA's weights are read: the next kernel may start
-                    T.evaluate(0)
             for a in T.unroll(R * M):
                 for o in T.unroll(5):
                     acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
