@@ -36,7 +36,7 @@ PROLOGUE = "fastdlight.dependency_prologue"
 RELEASE = "fastdlight.release_dependents"
 #: L2 bytes a kernel's prologue prefetches, over all its CTAs: half of an H100's or H200's 50 MB,
 #: so that the prefetched lines outlive the previous kernel's last reads
-PREFETCH_BUDGET = 24 << 20
+PREFETCH_BUDGET = int(float(os.environ.get("FASTDLIGHT_PREFETCH_MB", "24")) * (1 << 20))
 #: what of the overlap templates use: ``FASTDLIGHT_DEPENDENCY_OVERLAP=prefetch,release`` (both, the
 #: default), one of them, or ``0`` (neither: an A/B of the overlap)
 _OVERLAP = os.environ.get("FASTDLIGHT_DEPENDENCY_OVERLAP", "prefetch,release").lower()
