@@ -8,20 +8,16 @@ front end; it then waits in ``griddepcontrol.wait`` until the previous kernel ha
 its writes are visible. What overlaps is the launch and the placement of the CTAs with the
 previous kernel's completion: a few hundred nanoseconds a kernel, a part of every kernel's time
 in a decode step of 5-20 us kernels (H200, 2026-11-30: a LLaMA-3-8B decode layer 0.122 against
-0.130 ms, `docs/benchmarks.md`). Templates can overlap more (:mod:`fastdlight.schedules.dependency`):
-a prologue of L2 prefetches before the wait, and a release of the next kernel after their main
-loop; this pass realizes both markers.
+0.130 ms, `docs/benchmarks.md`).
 
 :func:`dependent_launch` is a pass over a lowered module (after the host/device split): every
 CUDA kernel for sm_90 or newer gets ``griddepcontrol.wait`` as its first statement, before any
 load or store, so that it neither reads what the previous kernel has not yet written nor
-overwrites what that kernel still reads (a template's prologue of L2 prefetches goes before
-it), and TVM's launch tag that makes the runtime launch it with the attribute. A kernel signals
-``launch_dependents`` only where its template marks it, after the main loop: released right after
-the wait, a successor placed while this kernel streams takes the free slots SM by SM, and
-kernels of many small CTAs then ran on a part of the GPU (the split-KV decode step of 544 CTAs
-0.79x torch instead of 1.09x). After a kernel launched without the attribute (torch's, another
-library's) the wait returns at once. :func:`without_dependent_launch` only drops the markers.
+overwrites what that kernel still reads, and TVM's launch tag that makes the runtime launch it
+with the attribute. A kernel signals ``launch_dependents`` only where its template marks it
+(:mod:`fastdlight.schedules.dependency`: where few of its CTAs still work); otherwise its CTAs
+release the next kernel by exiting. After a kernel launched without the attribute (torch's,
+another library's) the wait returns at once. :func:`without_dependent_launch` drops the marks.
 """
 
 from __future__ import annotations
@@ -113,40 +109,30 @@ def _map_stmts(stmt: tirx.Stmt, fn) -> tirx.Stmt:
     return out if replaced is None else replaced
 
 
-def _realize(body: tirx.Stmt, dependent: bool) -> tuple[tirx.Stmt, int]:
-    """``body`` with its markers replaced: a prologue by its statements, then (``dependent``) the
-    wait; a release by ``launch_dependents`` (``dependent``) or nothing. Also the prologues found."""
-    prologues = []
-
+def _with_releases(body: tirx.Stmt, release: bool) -> tirx.Stmt:
+    """``body`` with each release mark replaced by ``launch_dependents`` (``release``) or nothing."""
     def replace(stmt):
-        if not isinstance(stmt, tirx.AttrStmt) or stmt.attr_key not in (dependency.PROLOGUE, dependency.RELEASE):
-            return None
-        if stmt.attr_key == dependency.RELEASE:
-            return _release.body if dependent and dependency.RELEASE_EARLY else tirx.Evaluate(0)
-        prologues.append(stmt)
-        return tirx.SeqStmt([stmt.body, _wait.body]) if dependent else stmt.body
+        if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == dependency.RELEASE:
+            return _release.body if release else tirx.Evaluate(0)
+        return None
 
-    return _map_stmts(body, replace), len(prologues)
+    return _map_stmts(body, replace)
 
 
 def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Kernel ``func`` launched as a programmatic dependent, waiting for its predecessor first
-    (after its template's prologue, where it has one)."""
+    """Kernel ``func`` launched as a programmatic dependent, waiting for its predecessor first."""
     tags = [str(t) for t in func.attrs[LAUNCH_PARAMS]]
     if PDL_TAG in tags:
         return func
     if COOPERATIVE_TAG in tags:
-        return without_markers(func)
-    body, prologues = _realize(func.body, dependent=True)
-    assert prologues <= 1, "a kernel has one dependency prologue"
-    if not prologues:
-        body = tirx.SeqStmt([_wait.body, body])
+        return without_marks(func)
+    body = tirx.SeqStmt([_wait.body, _with_releases(func.body, dependency.RELEASE_EARLY)])
     return func.with_body(body).with_attr(LAUNCH_PARAMS, launch_tags(tags))
 
 
-def without_markers(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Kernel ``func`` as launched plainly: its prologue's prefetches kept, no release."""
-    body, _ = _realize(func.body, dependent=False)
+def without_marks(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Kernel ``func`` as launched plainly: its template's release marks dropped."""
+    body = _with_releases(func.body, release=False)
     return func if body.same_as(func.body) else func.with_body(body)
 
 
@@ -158,15 +144,15 @@ def dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if is_kernel(func) and supports(func.attrs.get("target")):
             mod.update_func(gvar, with_dependent_launch(func))
         elif isinstance(func, tirx.PrimFunc):
-            mod.update_func(gvar, without_markers(func))
+            mod.update_func(gvar, without_marks(func))
     return mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="fastdlight.WithoutDependentLaunch")
 def without_dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Lowered module ``mod`` with its kernels launched plainly (the templates' markers dropped)."""
+    """Lowered module ``mod`` with its kernels launched plainly (the templates' marks dropped)."""
     mod = mod.clone()
     for gvar, func in list(mod.functions_items()):
         if isinstance(func, tirx.PrimFunc):
-            mod.update_func(gvar, without_markers(func))
+            mod.update_func(gvar, without_marks(func))
     return mod

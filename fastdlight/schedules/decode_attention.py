@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import math
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -61,7 +60,6 @@ from fastdlight.analysis.decode_attention import (
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
 from fastdlight.schedules.decode_combine import build_combine, merge_tails
-from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -313,16 +311,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
     stream = stream_staged if staged else (stream_pages_ahead if page else stream_registers)
     page_sets = 2 * U if page and not staged else 1  # (the register sets' page entries)
 
-    # the first keys of its chunk a CTA prefetches (K and V) while the kernel ahead of it finishes;
-    # not from pages (their table is read first) nor where the CTA's length is read from memory
-    key_bytes = D * tvm.DataType(dtype).bits // 8
-    prefetch_keys = 0 if page else prefetch_bytes(B * G * S * blocks, 1 << 30) // (2 * key_bytes)
-
-    def prefetch_chunk(cache, bg, start, end, n_cache):
-        first = (T.Cast("int64", bg) * n_cache + T.Cast("int64", start)) * key_bytes
-        stop = T.min(T.min(T.Cast("int64", end), n_cache), T.Cast("int64", start) + prefetch_keys)
-        return prefetch_l2(cache.data, first, (T.Cast("int64", bg) * n_cache + stop) * key_bytes)
-
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, Table, Lengths, O, M, L, Tickets, Y):
         T.device_entry()
@@ -371,11 +359,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         chunk = T.meta_var(T.Cast("int32", (key_count(nk[0]) + T.int64(S - 1)) // T.int64(S)))
         start = T.meta_var(part * chunk)
         end = T.meta_var(T.min(start + chunk, T.Cast("int32", key_count(nk[0]))))
-        if prefetch_keys > 0:
-            with dependency_prologue():
-                if tid == 0:
-                    T.evaluate(prefetch_chunk(Kc, bg, start, end, nk[0]))
-                    T.evaluate(prefetch_chunk(Vc, bg, start, end, nk[0]))
         for r in T.unroll(R):
             for e in T.unroll(E):
                 qr[r * E + e] = q_value(Qf, bg, r0, r, e0, e)

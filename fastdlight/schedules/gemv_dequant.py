@@ -55,7 +55,6 @@ from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, de
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
-from fastdlight.schedules.dependency import dependency_prologue, prefetch_bytes, prefetch_l2
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
@@ -212,18 +211,6 @@ __forceinline__ __device__ float fdl_cluster_ld(const float* p, unsigned rank) {
 """
 
 
-#: the weights' and scales' loads, read-only (``ld.global.nc``) by name: the prologue hands their
-#: pointers to a prefetch, after which nvcc no longer infers it (and, for the 16-row form, issued
-#: all of a thread's loads before the activations' barrier: 63 registers a thread instead of 36)
-_LDG = r"""
-template <typename T> __forceinline__ __device__ T fdl_ldg(const T* p) { return __ldg(p); }
-"""
-
-
-def _ldg(buf, index):
-    return cuda_func_call("fdl_ldg", T.address_of(buf[index]), source_code=_LDG, return_type=buf.dtype)
-
-
 def _cluster_load(ptr, rank):
     return cuda_func_call("fdl_cluster_ld", ptr, rank, source_code=_CLUSTER_LOAD, return_type="float32")
 
@@ -268,7 +255,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         return Z[j, g] if Z is not None else tirx.const(1 << (shape.bits - 1), shape.dtype)
 
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
-        return qpre[si * R + r] if pre else _ldg(Qv, j * C + c)
+        return qpre[si * R + r] if pre else Qv[j * C + c]
 
     def chunk(rank, cl):  # the lane step of K at step cl of the CTA's slice
         return cl if KS == 1 else rank * Cs + cl
@@ -283,19 +270,6 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
 
     def row_block(turn, bid):
         return turn * ctas + bid if KS == 1 else bid // KS
-
-    row_bytes = C * 16  # a weight row's packed words
-    # the bytes of the first row block a CTA prefetches while the kernel ahead of it finishes:
-    # its share of the block (a cluster's ranks share it), within the budget of the grid
-    share = prefetch_bytes(ctas, -(-rows * row_bytes // KS))
-
-    def prefetch_rows(Q, S, bid, rank):
-        row0 = T.Cast("int64", row_block(0, bid) * rows)
-        row_end = T.min(T.int64(N), row0 + rows)
-        first = row0 * row_bytes + rank * share
-        scale_row = s_shape[-1] * 2  # a row's scales (16-bit)
-        return (prefetch_l2(Q.data, first, T.min(row_end * row_bytes, first + share)),
-                prefetch_l2(S.data, row0 * scale_row, row_end * scale_row))
 
     def _sum_ranks(ps, e):
         total = _cluster_load(T.address_of(ps[e]), T.uint32(0))
@@ -317,7 +291,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                     for m in T.unroll(M):
                         acc[r * M + m] = acc[r * M + m] + dot(
                             q4, *x_at(Xw, xs, m, cl, c), zero(Z, j, g),
-                        ) * T.Cast("float32", _ldg(S, (j, g)))
+                        ) * T.Cast("float32", S[j, g])
 
     @T.macro
     def body(X, Q, S, Z, Y):
@@ -336,11 +310,6 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         else:
             xs = T.meta_var(None)
             ps = T.meta_var(None)
-        if share > 0:
-            with dependency_prologue():
-                if tid == 0:
-                    T.evaluate(prefetch_rows(Q, S, bid, rank)[0])
-                    T.evaluate(prefetch_rows(Q, S, bid, rank)[1])
         Xw = T.decl_buffer((M * K // 2,), "uint32", data=X.data)
         Qv = T.decl_buffer((N * C,), "uint32x4", data=Q.data)
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
@@ -353,7 +322,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                 j = T.meta_var(row_block(0, bid) * rows + (tid // 32) * R + r)
                 cl = T.meta_var(si * 32 + tid % 32)
                 if j < N and in_k(rank, cl):
-                    qpre[si * R + r] = _ldg(Qv, j * C + chunk(rank, cl))
+                    qpre[si * R + r] = Qv[j * C + chunk(rank, cl)]
         if x_words > 0:
             # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the
             # words of a lane step a chunk apart (lanes read consecutive 16 bytes); a CTA of a

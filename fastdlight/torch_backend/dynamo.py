@@ -17,6 +17,7 @@ import torch
 from torch import fx
 
 from fastdlight.compiler.compile import DEPENDENT_LAUNCH
+from fastdlight.schedules.dependency import RELEASE_EARLY
 from fastdlight.torch_backend.graph import (
     Signature,
     Unsupported,
@@ -138,7 +139,8 @@ class CompiledGraph:
         if self.settings.database is not None:  # a persistent cache: programs are kept beside the tunings
             key = program_key(self.gm, self.sig, args, target, {"fp16": fp16, "fp16_io": fp16_io,
                                                                  "tuning": self.settings.tuning,
-                                                                 "dependent_launch": DEPENDENT_LAUNCH})
+                                                                 "dependent_launch": DEPENDENT_LAUNCH,
+                                                                 "early_release": RELEASE_EARLY})
             stored = programs.load(key, dev)
             if stored is not None:
                 return Program(stored.main, device, stored.in_dtypes, self.out_dtypes, cuda_graph=self.settings.cuda_graph)

@@ -1,7 +1,7 @@
 """Kernels built for sm_90+ are launched as programmatic dependents: TVM's launch tag (before the
 dynamic-shared-memory tag, which must stay last) and ``griddepcontrol.wait`` before the kernel's
 first access to global memory; none on sm_80, none when switched off; scheduled (s_tir) kernels
-and TIRx kernels alike."""
+and TIRx kernels alike. A template's release mark becomes ``launch_dependents`` there only."""
 
 import re
 
@@ -13,6 +13,8 @@ from fastdlight.analysis.decode_attention import DecodeAttentionShape, decode_sp
 from fastdlight.arch import CUDA
 from fastdlight.compiler import compile as cc
 from fastdlight.compiler.dependent_launch import (
+    _map_stmts,
+    _with_releases,
     COOPERATIVE_TAG,
     DYN_SMEM_TAG,
     LAUNCH_PARAMS,
@@ -23,6 +25,7 @@ from fastdlight.compiler.dependent_launch import (
 )
 from fastdlight.policies.decode_attention import decode_attention_configs
 from fastdlight.policies.default import DefaultPolicy
+from fastdlight.schedules import dependency
 from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
 from fastdlight.schedules.dispatch import apply_config
 
@@ -38,8 +41,8 @@ def gemv_module(target) -> tvm.IRModule:
         return apply_config(func, config).mod
 
 
-def decode_module(target) -> tvm.IRModule:
-    func = decode_split_func(DecodeAttentionShape(1, 32, 1, 128, 17, False), 4096)
+def decode_module(target, merged: bool = False) -> tvm.IRModule:
+    func = decode_split_func(DecodeAttentionShape(1, 32, 1, 128, 17, False, merged=merged), 4096)
     config = decode_attention_configs(match_decode_split(func), H100)[0]
     with target:
         return tvm.IRModule({"main": DecodeAttentionTemplate().apply_config(func, config)})
@@ -108,3 +111,40 @@ def test_the_tag_goes_before_the_shared_memory_tag_once():
     tags = [t for t in kernel.attrs[LAUNCH_PARAMS] if str(t) != PDL_TAG]
     cooperative = kernel.with_attr(LAUNCH_PARAMS, [*tags[:-1], COOPERATIVE_TAG, tags[-1]])
     assert with_dependent_launch(cooperative).same_as(cooperative)  # keeps its cooperative launch
+
+
+RELEASE = "griddepcontrol_launch_dependents()"
+
+
+def test_the_merged_decode_step_releases_the_next_kernel_from_its_merging_cta_only():
+    (body,) = kernel_bodies(cc.cuda_source(cc.build(decode_module(SM90A, merged=True), SM90A)))
+    assert body.count(RELEASE) == 1
+    # after the CTA has taken its ticket and found itself the last of its head, before the merge
+    assert body.index("griddepcontrol_wait()") < body.index("atomic_add") < body.index(RELEASE)
+    merging = body[:body.index(RELEASE)].rindex("if (")
+    assert "== 16)" in body[merging:body.index(RELEASE)]  # the ticket of the 17th chunk
+    for module in (decode_module(SM90A), gemv_module(SM90A)):  # no mark: they release by exiting
+        assert RELEASE not in cc.cuda_source(cc.build(module, SM90A))
+
+
+def test_the_release_mark_is_dropped_where_kernels_are_not_dependents_or_early_release_is_off(monkeypatch):
+    assert "griddepcontrol" not in cc.cuda_source(cc.build(decode_module(SM80, merged=True), SM80))
+    monkeypatch.setattr(dependency, "RELEASE_EARLY", False)
+    source = cc.cuda_source(cc.build(decode_module(SM90A, merged=True), SM90A))
+    assert RELEASE not in source and "griddepcontrol_wait()" in source
+    monkeypatch.setattr(cc, "DEPENDENT_LAUNCH", False)
+    assert "griddepcontrol" not in cc.cuda_source(cc.build(decode_module(SM90A, merged=True), SM90A))
+
+
+def test_marks_are_found_under_loops_and_branches_and_nothing_else_is_rebuilt():
+    i = tvm.tirx.Var("i", "int32")
+    mark = tvm.tirx.AttrStmt(tvm.tirx.const(0, "int32"), dependency.RELEASE, tvm.tirx.const(1, "int32"),
+                             tvm.tirx.Evaluate(0))
+    plain = tvm.tirx.Evaluate(tvm.tirx.const(7, "int32"))
+    branch = tvm.tirx.IfThenElse(i > 3, tvm.tirx.SeqStmt([plain, mark]), None)
+    loop = tvm.tirx.For(i, 0, 8, tvm.tirx.ForKind.SERIAL, branch)
+    released = _with_releases(tvm.tirx.SeqStmt([plain, loop]), release=True)
+    text = str(released)
+    assert dependency.RELEASE not in text and "launch_dependents" in text and "for i" in text
+    assert "launch_dependents" not in str(_with_releases(loop, release=False))
+    assert _map_stmts(loop, lambda s: None).same_as(loop)  # nothing replaced: the same statement
