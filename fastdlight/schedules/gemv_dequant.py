@@ -61,7 +61,17 @@ IN_FLIGHT_ROWS = 8
 #: most CTAs of a split-K cluster (the portable cluster size)
 MAX_SPLIT = 8
 
-_DOT32 = r"""
+#: ``(w & mask) | magic`` as one ``lop3``: written in C, nvcc emits two (an AND, then an OR),
+#: since an instruction takes one immediate; here both constants sit in registers set once
+_AND_OR = r"""
+__forceinline__ __device__ unsigned fdl_and_or(unsigned w, unsigned mask, unsigned magic) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "r"(magic));
+  return r;
+}
+"""
+
+_DOT32 = _AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, half z) {
   // per word: nibbles (t, t + 4) as fp16 pairs. The low nibble of each half OR-ed into the
@@ -81,8 +91,8 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
   for (int i = 0; i < 4; ++i) {
     const uint4 xv = XLOAD;
     const unsigned w = q[i], w8 = w >> 8;
-    unsigned a = (w & 0x000F000Fu) | 0x64006400u, b = (w & 0x00F000F0u) | 0x64006400u;
-    unsigned c = (w8 & 0x000F000Fu) | 0x64006400u, d = (w8 & 0x00F000F0u) | 0x64006400u;
+    unsigned a = fdl_and_or(w, 0x000F000Fu, 0x64006400u), b = fdl_and_or(w, 0x00F000F0u, 0x64006400u);
+    unsigned c = fdl_and_or(w8, 0x000F000Fu, 0x64006400u), d = fdl_and_or(w8, 0x00F000F0u, 0x64006400u);
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), low(*reinterpret_cast<half2*>(&a)), p);
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), high(*reinterpret_cast<half2*>(&b)), p);
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.z), low(*reinterpret_cast<half2*>(&c)), p);
@@ -113,7 +123,7 @@ _ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW": "__hsub2(__hfma2(h, k8th, __hneg2
                "HIGH": "__hsub2(__hfma2(h, k128th, __hneg2(k8)), z8)"}
 
 
-_DOT32_BF16 = r"""
+_DOT32_BF16 = _AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, __nv_bfloat16 z) {
   // bf16 has 7 mantissa bits: each nibble shifted down and OR-ed into the mantissa of 128
@@ -130,7 +140,7 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
     __nv_bfloat162 p = __float2bfloat162_rn(0.f);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      unsigned v = ((q[i] >> (4 * t)) & 0x000F000Fu) | 0x43004300u;
+      unsigned v = fdl_and_or(q[i] >> (4 * t), 0x000F000Fu, 0x43004300u);
       p = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[t]), deq(*reinterpret_cast<__nv_bfloat162*>(&v)), p);
     }
     const float2 f = __bfloat1622float2(p);
@@ -144,7 +154,7 @@ _BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ": "__hsub2(h, __hadd2(k128, zz)
 _BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ": "__hsub2(__hsub2(h, k128), zz)"}
 
 
-_DOT16_INT8 = r"""
+_DOT16_INT8 = _AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, half z) {
   // 8-bit weights: bytes 0 and 2 of a word OR-ed into the mantissa of 1024 give 1024 + b, bytes
@@ -159,7 +169,7 @@ __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, uns
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint2 xv = *reinterpret_cast<const uint2*>(x + 2 * i * stride);
-    unsigned a = (q[i] & 0x00FF00FFu) | 0x64006400u, c = ((q[i] >> 8) & 0x00FF00FFu) | 0x64006400u;
+    unsigned a = fdl_and_or(q[i], 0x00FF00FFu, 0x64006400u), c = fdl_and_or(q[i] >> 8, 0x00FF00FFu, 0x64006400u);
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.x), deq(*reinterpret_cast<half2*>(&a)), p);
     p = __hfma2(*reinterpret_cast<const half2*>(&xv.y), deq(*reinterpret_cast<half2*>(&c)), p);
   }
