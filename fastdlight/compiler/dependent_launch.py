@@ -136,23 +136,25 @@ def without_marks(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-@tvm.transform.module_pass(opt_level=0, name="fastdlight.DependentLaunch")
-def dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Every sm_90+ kernel of lowered module ``mod`` launched as a programmatic dependent."""
-    mod = mod.clone()  # a pass leaves its input as it was
+def _launched(mod: tvm.IRModule, dependent: bool) -> tvm.IRModule:
+    """A copy of lowered module ``mod`` (a pass leaves its input as it was): with ``dependent``,
+    every sm_90+ kernel a programmatic dependent; every other function's release marks dropped."""
+    mod = mod.clone()
     for gvar, func in list(mod.functions_items()):
-        if is_kernel(func) and supports(func.attrs.get("target")):
+        if dependent and is_kernel(func) and supports(func.attrs.get("target")):
             mod.update_func(gvar, with_dependent_launch(func))
         elif isinstance(func, tirx.PrimFunc):
             mod.update_func(gvar, without_marks(func))
     return mod
 
 
+@tvm.transform.module_pass(opt_level=0, name="fastdlight.DependentLaunch")
+def dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Every sm_90+ kernel of lowered module ``mod`` launched as a programmatic dependent."""
+    return _launched(mod, dependent=True)
+
+
 @tvm.transform.module_pass(opt_level=0, name="fastdlight.WithoutDependentLaunch")
 def without_dependent_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """Lowered module ``mod`` with its kernels launched plainly (the templates' marks dropped)."""
-    mod = mod.clone()
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, tirx.PrimFunc):
-            mod.update_func(gvar, without_marks(func))
-    return mod
+    return _launched(mod, dependent=False)
