@@ -257,12 +257,25 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
     dot = _dot(shape, x_global)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
+    # a CTA's group scales (and zero points) staged in shared memory with X, where each CTA owns
+    # one row block and K whole: read in place, ptxas sank the scale loads past a CTA's last
+    # weights, so that every CTA waited one more HBM round trip after its stream had ended
+    NG = K // G
+    staged = x_words > 0 and KS == 1 and turns == 1
+    s_elems = rows * NG if staged else 0
+    s_params = 2 if shape.zero_point else 1
+    s_loads = -(-s_elems // threads)
 
     def half_of(xv, i):  # activation i of a group (16 bits of its word i // 2), low bits
         return T.bitwise_and(T.shift_right(xv[i // 2], T.Cast("uint32", (i % 2) * 16)), T.uint32(0xFFFF))
 
-    def zero(Z, j, g):  # the group's zero point, or the middle of the range
-        return Z[j, g] if Z is not None else tirx.const(1 << (shape.bits - 1), shape.dtype)
+    def zero(Z, ss, j, jr, g):  # the group's zero point (staged: row jr of the block), or the middle
+        if Z is None:
+            return tirx.const(1 << (shape.bits - 1), shape.dtype)
+        return ss[s_elems + jr * NG + g] if staged else Z[j, g]
+
+    def scale(S, ss, j, jr, g):  # the group's scale, staged (row jr of the block) or in place
+        return ss[jr * NG + g] if staged else S[j, g]
 
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
         return qpre[si * R + r] if pre else Qv[j * C + c]
@@ -288,20 +301,21 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         return total
 
     @T.macro
-    def group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, so, tid, pre):
+    def group(Qv, qpre, Xw, xs, ss, S, Z, acc, block, rank, so, tid, pre):
         """Steps ``so * unroll ..`` of ``block``'s rows, their loads unrolled together."""
         for si in T.unroll(unroll):
             cl = T.meta_var((so * unroll + si) * 32 + tid % 32)
             c = T.meta_var(chunk(rank, cl))
             for r in T.unroll(R):
-                j = T.meta_var(block * rows + (tid // 32) * R + r)
+                jr = T.meta_var((tid // 32) * R + r)
+                j = T.meta_var(block * rows + jr)
                 if j < N and in_k(rank, cl):
                     q4 = T.meta_var(weights(pre, qpre, Qv, si, r, j, c))
                     g = T.meta_var(c * shape.lane_weights // G)
                     for m in T.unroll(M):
                         acc[r * M + m] = acc[r * M + m] + dot(
-                            q4, *x_at(Xw, xs, m, cl, c), zero(Z, j, g),
-                        ) * T.Cast("float32", S[j, g])
+                            q4, *x_at(Xw, xs, m, cl, c), zero(Z, ss, j, jr, g),
+                        ) * T.Cast("float32", scale(S, ss, j, jr, g))
 
     @T.macro
     def body(X, Q, S, Z, Y):
@@ -316,13 +330,17 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
             pool = T.SMEMPool()
             xs = pool.alloc((max(1, x_words * pairs),), "uint32", align=16)
             ps = pool.alloc((partials,), "float32", align=16)
+            ss = pool.alloc((max(1, s_elems * s_params),), s_dtype, align=16)
             pool.commit()
         else:
             xs = T.meta_var(None)
             ps = T.meta_var(None)
+            ss = T.meta_var(None)
         Xw = T.decl_buffer((M * K // 2,), "uint32", data=X.data)
         Qv = T.decl_buffer((N * C,), "uint32x4", data=Q.data)
         Yf = T.decl_buffer((M * N,), out_dtype, data=Y.data)
+        Sf = T.decl_buffer((N * NG,), s_dtype, data=S.data)
+        Zf = T.meta_var(T.decl_buffer((N * NG,), s_dtype, data=Z.data) if Z is not None else None)
         xv = T.alloc_buffer((pairs,), "uint32", scope="local")
         acc = T.alloc_buffer((R * M,), "float32", scope="local")
         # the first group of steps' weights (the first block's), in flight while X is staged
@@ -333,6 +351,13 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                 cl = T.meta_var(si * 32 + tid % 32)
                 if j < N and in_k(rank, cl):
                     qpre[si * R + r] = Qv[j * C + chunk(rank, cl)]
+        # the row block's scales (and zero points) read now, stored beside X before the barrier
+        sv = T.alloc_buffer((max(1, s_loads * s_params),), s_dtype, scope="local")
+        for it in T.unroll(s_loads):
+            if it * threads + tid < s_elems and bid * rows + (it * threads + tid) // NG < N:
+                sv[it] = Sf[bid * rows * NG + it * threads + tid]
+                if Z is not None:
+                    sv[s_loads + it] = Zf[bid * rows * NG + it * threads + tid]
         if x_words > 0:
             # X to shared memory: eight activations (four words) as the pairs (x_t, x_t+4), the
             # words of a lane step a chunk apart (lanes read consecutive 16 bytes); a CTA of a
@@ -349,6 +374,11 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                         for t in T.unroll(pairs):
                             xs[base + t] = T.bitwise_or(half_of(xv, t),
                                                         T.shift_left(half_of(xv, t + pairs), T.uint32(16)))
+            for it in T.unroll(s_loads):
+                if it * threads + tid < s_elems and bid * rows + (it * threads + tid) // NG < N:
+                    ss[it * threads + tid] = sv[it]
+                    if Z is not None:
+                        ss[s_elems + it * threads + tid] = sv[s_loads + it]
             T.cuda.cta_sync()
         lane = T.meta_var(tid % 32)
         for turn in T.serial(turns):
@@ -356,11 +386,11 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
             for a in T.unroll(R * M):
                 acc[a] = T.float32(0)
             if turn == 0:
-                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, 0, tid, True)
+                group(Qv, qpre, Xw, xs, ss, S, Z, acc, block, rank, 0, tid, True)
             else:
-                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, 0, tid, False)
+                group(Qv, qpre, Xw, xs, ss, S, Z, acc, block, rank, 0, tid, False)
             for so in T.serial(1, groups):
-                group(Qv, qpre, Xw, xs, S, Z, acc, block, rank, so, tid, False)
+                group(Qv, qpre, Xw, xs, ss, S, Z, acc, block, rank, so, tid, False)
             for a in T.unroll(R * M):
                 for o in T.unroll(5):
                     acc[a] = acc[a] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), acc[a], 16 >> o, 32, 32)
