@@ -7,7 +7,9 @@ For each size: a read kernel of our own (each thread XORs 16-byte ``ld.global.nc
 ``unroll`` of them in flight, nothing stored; a grid that covers the bytes once, or a
 persistent one that strides) in several shapes, each built by fastdlight's pipeline (so launched
 as a programmatic dependent, its first statement the dependency wait, as every kernel we build)
-and timed in the same CUDA graphs of back-to-back launches over copies rotated out of L2; and
+and timed in the same CUDA graphs of back-to-back launches over copies rotated out of L2; the
+same bytes read in the pattern of the kernels that read them (``CHUNKED``: each CTA a contiguous
+chunk, of one region or of K and V); and
 torch's (cuBLAS) fp16 GEMV of a layer of the same bytes in a torch CUDA graph, and ours (tuned,
 top 8). A row a size: the best read kernel's ms and TB/s, each shape's, the two GEMVs'. Writes ``$OUT/read_floor.json``
 and ``.md``. About 30 s on an H200.
@@ -39,6 +41,16 @@ SIZES = {
 #: (threads a CTA, 16-byte loads a thread has in flight, persistent CTAs an SM or 0: one pass)
 SHAPES = [(256, 4, 0), (256, 8, 0), (512, 4, 0), (512, 8, 0), (1024, 4, 0), (256, 8, 4), (512, 8, 2),
           (1024, 8, 1), (256, 16, 0), (1024, 16, 1)]
+#: the same bytes read as the kernels of a size read them: each CTA its own contiguous chunk of
+#: each of ``streams`` equal regions (threads, loads of each region in flight a thread, CTAs,
+#: streams): a 4-bit GEMV's row blocks (344 CTAs of 32 rows of 1x11008x4096, 256 of 16 rows of
+#: 1x4096x11008), split-KV decode's chunks of K and V (17, 16 or 8 chunks of 32 heads), the
+#: fp16 GEMV's 688 blocks of 16 rows
+CHUNKED = {
+    "w4a16_layer": [(256, 4, 344, 1), (256, 8, 344, 1), (512, 4, 256, 1), (512, 8, 256, 1)],
+    "decode_b1_h32": [(128, 2, 544, 2), (128, 4, 544, 2), (256, 2, 544, 2), (128, 4, 512, 2), (128, 8, 256, 2)],
+    "fp16_11008x4096": [(256, 4, 688, 1), (256, 8, 688, 1)],
+}
 
 _READ = r"""
 __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* out, int bid, int tid) {
@@ -62,14 +74,38 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 """
 
 
-def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int):
-    """The TIRx read kernel over ``nbytes`` (a multiple of 16) in ``ctas`` CTAs."""
+_READ_CHUNKS = r"""
+__forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* out, int bid, int tid) {
+  // CTA bid streams its own contiguous chunk of each of STREAMS equal regions, as a split-KV
+  // decode CTA streams its chunk of K and of V
+  const uint4* p = reinterpret_cast<const uint4*>(words);
+  const long long region = N16 / STREAMS, per = (region + CTAS - 1) / CTAS;
+  const long long begin = (long long)bid * per, end = begin + per < region ? begin + per : region;
+  unsigned acc = 0u;
+  for (long long base = begin + tid; base < end; base += (long long)THREADS * UNROLL) {
+    uint4 v[STREAMS * UNROLL];
+#pragma unroll
+    for (int u = 0; u < STREAMS * UNROLL; ++u) {
+      const long long i = base + (long long)(u % UNROLL) * THREADS;
+      v[u] = i < end ? __ldg(p + (u / UNROLL) * region + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < STREAMS * UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9E3779B9u) out[0] = acc;
+}
+"""
+
+
+def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int = 0):
+    """The TIRx read kernel over ``nbytes`` (a multiple of 16) in ``ctas`` CTAs: striding over
+    them (``streams`` 0), or each CTA its chunk of each of ``streams`` regions."""
     from tvm.backend.cuda.op import cuda_func_call
     from tvm.script import tirx as T
 
     n16 = nbytes // 16
-    source = (_READ.replace("N16", f"{n16}LL").replace("CTAS", str(ctas)).replace("THREADS", str(threads))
-              .replace("UNROLL", str(unroll)))
+    source = ((_READ_CHUNKS if streams else _READ).replace("N16", f"{n16}LL").replace("CTAS", str(ctas))
+              .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams)))
 
     @T.prim_func
     def kernel(P: T.Buffer((n16 * 4,), "uint32"), O: T.Buffer((1,), "uint32")):
@@ -92,13 +128,18 @@ def label_of(threads: int, unroll: int, per_sm: int) -> str:
     return f"{threads} threads, {unroll} loads" + (f", persistent {per_sm} an SM" if per_sm else "")
 
 
+def chunked_label(threads: int, unroll: int, ctas: int, streams: int) -> str:
+    return f"chunks: {ctas} CTAs of {threads} threads, {unroll} loads" + (f" of {streams} streams" if streams > 1 else "")
+
+
 def rotated_copies(nbytes: int, l2_bytes: int) -> int:
     """Copies of the input a graph cycles through, so that each launch reads from HBM."""
     return max(2, math.ceil(3 * l2_bytes / nbytes))
 
 
-def read_timers(nbytes: int, arch, dev, log) -> dict:
-    """``label -> timer`` of each shape's read kernel over rotated copies of ``nbytes``."""
+def read_timers(name: str, nbytes: int, arch, dev, log) -> dict:
+    """``label -> timer`` of each shape's read kernel over rotated copies of ``nbytes`` (and of
+    the chunked shapes of size ``name``)."""
     import numpy as np
     import tvm
 
@@ -110,11 +151,12 @@ def read_timers(nbytes: int, arch, dev, log) -> dict:
     sets = [[tvm.runtime.tensor(rng.integers(0, 2**32, words, dtype=np.uint32), dev),
              tvm.runtime.tensor(np.zeros(1, np.uint32), dev)] for _ in range(rotated_copies(nbytes, arch.l2_bytes))]
     timers = {}
-    for threads, unroll, per_sm in SHAPES:
-        ctas = grid_of(nbytes, threads, unroll, per_sm, arch.sm_count)
-        label = label_of(threads, unroll, per_sm)
+    kernels = [(label_of(t, u, s), (t, u, grid_of(nbytes, t, u, s, arch.sm_count), 0)) for t, u, s in SHAPES]
+    kernels += [(chunked_label(*shape), shape) for shape in CHUNKED.get(name, [])]
+    for label, (threads, unroll, ctas, streams) in kernels:
         try:
-            mod = build(tvm.IRModule({"read_floor": read_kernel(nbytes, threads, unroll, ctas)}), arch.target)
+            kernel = read_kernel(nbytes, threads, unroll, ctas, streams)
+            mod = build(tvm.IRModule({"read_floor": kernel}), arch.target)
             launch = mod["read_floor"]
             per_launch = nbytes / 3.0e9  # ms at 3 TB/s: sizes the graph
             timers[label] = (lambda f: lambda ms: time_graph(f, sets, dev, ms, per_launch).median_ms)(launch)
@@ -153,16 +195,21 @@ def run_size(name: str, arch, rounds: int, round_ms: float, log) -> dict:
 
     nbytes, layer = SIZES[name]
     nbytes -= nbytes % 16
-    timers = read_timers(nbytes, arch, tvm.cuda(0), log)
+    timers = read_timers(name, nbytes, arch, tvm.cuda(0), log)
     timers["cuBLAS fp16 GEMV"] = cublas_timer(layer, nbytes, arch.l2_bytes)
     timers["our fp16 GEMV"] = ours_timer(layer, arch, tvm.cuda(0))
     medians, errors = timed_rounds(timers, rounds, round_ms)
     layer_bytes = layer[0] * layer[1] * 2
     gemvs = ("cuBLAS fp16 GEMV", "our fp16 GEMV")
     shapes = {k: round(v, 5) for k, v in medians.items() if k not in gemvs}
-    best = min(shapes, key=shapes.get) if shapes else None
+    plain = {k: v for k, v in shapes.items() if not k.startswith("chunks")}
+    chunked = {k: v for k, v in shapes.items() if k.startswith("chunks")}
+    best = min(plain, key=plain.get) if plain else None
+    best_chunked = min(chunked, key=chunked.get) if chunked else None
     row = {"size": name, "mb": round(nbytes / 1e6, 2), "best": best,
            "ms": shapes.get(best), "tbs": round(nbytes / shapes[best] / 1e9, 2) if best else None,
+           "chunked_best": best_chunked, "chunked_ms": shapes.get(best_chunked),
+           "chunked_tbs": round(nbytes / shapes[best_chunked] / 1e9, 2) if best_chunked else None,
            "cublas_layer": f"1x{layer[0]}x{layer[1]}", "cublas_ms": round(medians["cuBLAS fp16 GEMV"], 5)
            if "cuBLAS fp16 GEMV" in medians else None,
            "shapes": shapes, "errors": errors}
@@ -170,7 +217,8 @@ def run_size(name: str, arch, rounds: int, round_ms: float, log) -> dict:
     for key in ("cublas", "ours"):
         if row[f"{key}_ms"]:
             row[f"{key}_tbs"] = round(layer_bytes / row[f"{key}_ms"] / 1e9, 2)
-    log(f"  {name}: {row['mb']} MB best {best} {row['ms']} ms ({row['tbs']} TB/s); GEMV "
+    log(f"  {name}: {row['mb']} MB best {best} {row['ms']} ms ({row['tbs']} TB/s); in chunks {best_chunked} "
+        f"{row['chunked_ms']} ms ({row['chunked_tbs']} TB/s); GEMV "
         f"{row['cublas_layer']}: cuBLAS {row['cublas_ms']} ms, ours {row['ours_ms']} ms")
     return row
 
@@ -178,10 +226,11 @@ def run_size(name: str, arch, rounds: int, round_ms: float, log) -> dict:
 def markdown(rows: list[dict], device: str) -> str:
     title = (f"read_floor, {device}, {time.strftime('%Y-%m-%d')}: B bytes read by the best of our read kernels "
              "and by cuBLAS's fp16 GEMV of a layer of those bytes, CUDA graphs, inputs rotated out of L2")
-    keys = ("size", "mb", "ms", "tbs", "best", "cublas_layer", "cublas_ms", "cublas_tbs", "ours_ms", "ours_tbs")
+    keys = ("size", "mb", "ms", "tbs", "best", "chunked_ms", "chunked_tbs", "chunked_best", "cublas_layer",
+            "cublas_ms", "cublas_tbs", "ours_ms", "ours_tbs")
     cells = [["-" if r.get(k) is None else r[k] for k in keys] for r in rows]
-    return table(title, ["size", "MB", "read ms", "TB/s", "read kernel", "fp16 GEMV layer", "cuBLAS ms", "TB/s",
-                         "ours ms", "TB/s"], cells)
+    return table(title, ["size", "MB", "read ms", "TB/s", "read kernel", "in chunks ms", "TB/s", "chunked kernel",
+                         "fp16 GEMV layer", "cuBLAS ms", "TB/s", "ours ms", "TB/s"], cells)
 
 
 def main(argv=None) -> int:

@@ -45,6 +45,19 @@ def test_the_read_kernel_builds_to_a_dependent_launch_whose_wait_comes_first():
     assert cubin.binary
 
 
+def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region():
+    pytest.importorskip("tvm")
+    import tvm
+
+    from fastdlight.compiler.compile import compile_mod_to_cubin
+
+    for name, shapes in brf.CHUNKED.items():
+        assert name in brf.SIZES and shapes
+    kernel = brf.read_kernel(1 << 20, 128, 4, 17, streams=2)
+    source, cubin = compile_mod_to_cubin(tvm.IRModule({"read_floor": kernel}), tvm.target.Target("nvidia/nvidia-h100"))
+    assert "region = 65536LL / 2, per = (region + 17 - 1) / 17" in source and cubin.binary
+
+
 def test_an_unknown_size_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, SCRIPT, "--only", "w4a16"], capture_output=True, text=True, timeout=120,
                           check=False)
@@ -54,6 +67,8 @@ def test_an_unknown_size_is_one_line_and_exit_2():
 
 def test_the_table_has_a_row_a_size_with_dashes_for_what_is_missing():
     rows = [{"size": "w4a16_layer", "mb": 23.25, "ms": 0.0062, "tbs": 3.75, "best": "256 threads, 8 loads",
-             "cublas_layer": "1x2816x4096", "cublas_ms": 0.0075, "cublas_tbs": 3.08, "ours_ms": None}]
+             "chunked_ms": None, "cublas_layer": "1x2816x4096", "cublas_ms": 0.0075, "cublas_tbs": 3.08,
+             "ours_ms": None}]
     md = brf.markdown(rows, "NVIDIA H200").splitlines()
-    assert md[-1] == "| w4a16_layer | 23.25 | 0.0062 | 3.75 | 256 threads, 8 loads | 1x2816x4096 | 0.0075 | 3.08 | - | - |"
+    assert md[-1] == ("| w4a16_layer | 23.25 | 0.0062 | 3.75 | 256 threads, 8 loads | - | - | - | 1x2816x4096 | 0.0075 "
+                      "| 3.08 | - | - |")
