@@ -6,7 +6,8 @@ GEMV of the same layer.
 
 For each case (``ops.matmul_int4(1, N, K)``, group 128, fp16): the configs of ``CONFIGS`` and
 the policy's variants (``dequant_gemv_variants``) are built, timed and verified against the
-float64 reference of the dequantized weights in one ``apply_and_build`` (``check="all"``); our
+float64 reference of the dequantized weights in one ``apply_and_build`` (``check="all"``), the
+tensor-core form's (``gemv_dequant_mma``) among them; our
 fp16 GEMV (``ops.gemv(N, K)``) is tuned. Then every verified config and the fp16 GEMV are timed
 in CUDA graphs, inputs rotated out of L2, in alternating rounds (each timing after an untimed
 run of its own; medians). A row a config: ms, GB/s of the packed weights and scales, the
@@ -51,6 +52,9 @@ def config_of(rows: int, per_warp: int, split: int, x_global: bool):
 
 
 def label_of(config) -> str:
+    if config.kind == "gemv_dequant_mma":
+        return (f"tensor cores: {config.block[0]} rows, {config.warp[0]} warps splitting K, "
+                f"{config.pipeline_stages} steps ahead")
     parts = [f"{config.block[0]} rows", f"{config.thread[0]} a warp", f"{config.num_threads} threads"]
     if config.split_k > 1:
         parts.append(f"split-K {config.split_k}")
@@ -67,7 +71,7 @@ def case_configs(name: str, op, arch) -> list:
 
     fixed = [config_of(*c) for c in CONFIGS[name]]
     policy = [c for c in dequant_gemv_configs(match_weight_only(op.func), arch, 8, variants=True)
-              if c.split_k > 1 or c.vectorize]
+              if c.split_k > 1 or c.vectorize or c.kind == "gemv_dequant_mma"]
     out = []
     for c in fixed + policy:
         if c not in out:

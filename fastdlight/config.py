@@ -35,6 +35,7 @@ KINDS = (
     "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
     "gemv_dequant",  # decode rows against 4- or 8-bit weights, dequantized in registers: block=(rows,), thread=(rows a warp,)
+    "gemv_dequant_mma",  # the same on tensor cores (mma.sync): block=(rows,) in 16-row tiles, warp=(warps splitting K,)
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
@@ -120,7 +121,7 @@ class Config:
             return 32 * self.block[0] // (self.warp[0] if self.warp else 16)  # a warp per 16 or 32 query rows
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
-        if self.kind in ("decode_attention", "decode_combine"):
+        if self.kind in ("decode_attention", "decode_combine", "gemv_dequant_mma"):
             return 32 * self.warp[0]
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
 
@@ -155,6 +156,12 @@ class Config:
                 raise ValueError("an attention config is block=(query rows, a multiple of 64; keys a step) only")
             if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
                 raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
+            return
+        if self.kind == "gemv_dequant_mma":
+            if len(self.block) != 1 or self.block[0] % 16 or len(self.warp) != 1 or self.warp[0] <= 0 \
+                    or self.thread or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
+                raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,) and "
+                                 "pipeline_stages (steps of K loaded ahead) only")
             return
         if self.kind in ("decode_attention", "decode_combine"):
             if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \

@@ -170,3 +170,27 @@ def resident_ctas(shape: WeightOnlyShape, warps: int, arch=None) -> int:
     threads = arch.max_threads_per_sm if arch is not None else 2048
     smem = arch.smem_per_sm if arch is not None else 228 * 1024
     return max(1, min(threads // (32 * warps), smem // max(1, shape.x_bytes)))
+
+
+#: K a warp step of the tensor-core dequantizing GEMV (4 lanes of 32 weights), and so the
+#: smallest group it takes (one scale a step); its activation rows: the mma's 8 columns
+MMA_STEP_K = 128
+MMA_MAX_ROWS = 8
+#: shared memory the tensor-core GEMV may stage (X and its sums, the scales, the warps' sums)
+MMA_MAX_SMEM = 96 * 1024
+
+
+def mma_gemv_smem(shape: WeightOnlyShape, rows: int, warps: int) -> int:
+    """Bytes of shared memory the tensor-core dequantizing GEMV stages for CTAs of ``rows`` rows
+    and ``warps`` warps: X, two fp32 sums of each step of each of its rows, the rows' group
+    scales, each warp's partial sums."""
+    return (shape.x_bytes + shape.m * (shape.k // MMA_STEP_K) * 8 + rows * shape.groups * 2
+            + warps * rows * MMA_MAX_ROWS * 4)
+
+
+def mma_gemv_fits(shape: WeightOnlyShape) -> bool:
+    """Whether the tensor-core dequantizing GEMV takes ``shape``: symmetric 4-bit weights, fp16
+    activations and output, at most 8 rows, K and the groups in whole steps of 128."""
+    return (shape.bits == 4 and shape.dtype == "float16" and shape.out_dtype == "float16" and not shape.zero_point
+            and shape.m <= MMA_MAX_ROWS and shape.k % MMA_STEP_K == 0 and shape.group_size % MMA_STEP_K == 0
+            and mma_gemv_smem(shape, 16, 1) <= MMA_MAX_SMEM)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fastdlight.analysis.weight_only import (X_GLOBAL_WIDTH, WeightOnlyShape, dequant_gemv_fits, resident_ctas,
-                                             x_global_fits)
+from fastdlight.analysis.weight_only import (MMA_MAX_SMEM, X_GLOBAL_WIDTH, WeightOnlyShape, dequant_gemv_fits,
+                                             mma_gemv_fits, mma_gemv_smem, resident_ctas, x_global_fits)
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 
@@ -30,6 +30,14 @@ SPLIT_VARIANTS, GLOBAL_X_VARIANTS = 3, 3
 #: a persistent config's predicted cost over its plain twin's
 PERSISTENT_PENALTY = 1.05
 ROWS_PER_WARP = (1, 2, 4)
+#: tensor-core configs (``gemv_dequant_mma``): (rows a CTA, warps splitting K, steps of K loaded
+#: ahead), in the order tried
+MMA_SHAPES = ((16, 8, 2), (16, 4, 2), (16, 16, 2), (32, 8, 2), (16, 8, 4))
+#: the first GPU generation with ``mma.sync`` m16n8k16 in fp16 with fp32 accumulation
+MMA_MIN_CC = (8, 0)
+#: the tensor-core configs' predicted cost: not modelled, ranked after every CUDA-core config
+#: (with no GPU to time them, the tuner keeps the CUDA-core pick)
+MMA_COST = 100.0
 
 
 def _tail(blocks: int, slots: int, sm_count: int) -> float:
@@ -72,8 +80,18 @@ def dequant_gemv_configs(shape: WeightOnlyShape, arch: CUDA, topk: int = 8, vari
                 # layer was won by a persistent config (2026-11-29)
                 out.append(dataclasses.replace(plain, persistent=True, cost=cost * PERSISTENT_PENALTY))
     ranked = sorted(out, key=lambda c: c.cost)
-    plain = ranked[:topk]
+    plain = ranked[:topk] + dequant_gemv_mma_configs(shape, arch)
     return plain + dequant_gemv_variants(shape, arch, [c for c in ranked if not c.persistent]) if variants else plain
+
+
+def dequant_gemv_mma_configs(shape: WeightOnlyShape, arch: CUDA) -> list[Config]:
+    """The tensor-core form's configs (``gemv_dequant_mma``) where it takes ``shape``: CTAs of 16
+    or 32 rows whose warps split K, measured beside the CUDA-core ones (the cost does not model
+    the tensor pipe)."""
+    if not mma_gemv_fits(shape) or tuple(arch.compute_capability) < MMA_MIN_CC:
+        return []
+    return [Config("gemv_dequant_mma", block=(rows,), warp=(warps,), pipeline_stages=ahead, cost=MMA_COST + 0.01 * i)
+            for i, (rows, warps, ahead) in enumerate(MMA_SHAPES) if mma_gemv_smem(shape, rows, warps) <= MMA_MAX_SMEM]
 
 
 def dequant_gemv_variants(shape: WeightOnlyShape, arch: CUDA, plain: list[Config]) -> list[Config]:

@@ -122,13 +122,14 @@ _OPTIONAL = {
     "fastdlight.schedules.attention.template": ("AttentionTemplate", ("attention_wgmma",)),
     "fastdlight.schedules.attention.mma_template": ("MmaAttentionTemplate", ("attention_mma",)),
     "fastdlight.schedules.gemv_dequant": ("DequantGemvTemplate", ("gemv_dequant",)),
+    "fastdlight.schedules.gemv_dequant_mma": ("DequantGemvMmaTemplate", ("gemv_dequant_mma",)),
     "fastdlight.schedules.decode_attention": ("DecodeAttentionTemplate", ("decode_attention", "decode_combine")),
 }
 #: kinds the fallback must not stand in for: stock Dlight is Dlight's schedule or nothing, and a
 #: wgmma config that the wgmma template refuses would otherwise be built as something else, and a
 #: MetaSchedule record is its own trace
 NO_FALLBACK = ("dlight", "matmul_wgmma", "matmul_wgmma_dequant", "attention_wgmma", "attention_mma", "gemv_dequant",
-               "decode_attention", "decode_combine", "ms_record")
+               "gemv_dequant_mma", "decode_attention", "decode_combine", "ms_record")
 _MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
 
 

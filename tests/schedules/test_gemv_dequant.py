@@ -12,6 +12,7 @@ from fastdlight.compiler.compile import compile_mod_to_cubin
 from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 from fastdlight.policies.select import candidate_sets
 from fastdlight.schedules.gemv_dequant import DequantGemvTemplate
+from fastdlight.schedules.gemv_dequant_mma import DequantGemvMmaTemplate
 
 H100 = CUDA(tvm.target.Target("nvidia/nvidia-h100"))
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -32,14 +33,14 @@ def test_the_policy_takes_decode_shapes_only(m, n, k, dtype, takes, bits):
     shape = WeightOnlyShape((m,), n, k, group, dtype, dtype, bits=bits)
     configs = dequant_gemv_configs(shape, H100)
     assert bool(configs) == takes
-    assert all(c.kind == "gemv_dequant" and c.num_threads in (128, 256, 512) for c in configs)
+    assert all(c.kind in ("gemv_dequant", "gemv_dequant_mma") and c.num_threads in (128, 256, 512) for c in configs)
 
 
 def test_a_decode_function_gets_the_template_and_stock_only():
     op = ops.matmul_int4(1, 4096, 4096)
     sets = list(candidate_sets(op.func, H100, 20))
     assert [s.policy for s in sets] == ["DequantGemvPolicy"]
-    assert {c.kind for c in sets[0].configs} == {"gemv_dequant"}
+    assert {c.kind for c in sets[0].configs} == {"gemv_dequant", "gemv_dequant_mma"}
 
 
 @pytest.mark.parametrize("m, n, k, group, zero_point, dtype, bits", [
@@ -54,13 +55,15 @@ def test_every_config_compiles_to_a_cubin(m, n, k, group, zero_point, dtype, bit
     op = make(m, n, k, group_size=group, dtype=dtype, zero_point=zero_point)
     configs = dequant_gemv_configs(match_weight_only(op.func), H100)
     assert len(configs) >= 6
+    templates = {"gemv_dequant": DequantGemvTemplate(), "gemv_dequant_mma": DequantGemvMmaTemplate()}
     for config in configs[:3] if zero_point else configs:
-        kernel = DequantGemvTemplate().apply_config(op.func, config)
+        kernel = templates[config.kind].apply_config(op.func, config)
         assert kernel is not None, config
         assert [str(p.name) for p in kernel.params] == [str(p.name) for p in op.func.params]
         src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
         assert cubin.spill_bytes == 0, (config, cubin.log)
-        assert "__hfma2" in src  # the paired 16-bit arithmetic, not per element
+        # the paired 16-bit arithmetic, not per element; or the products on tensor cores
+        assert "__hfma2" in src or config.kind == "gemv_dequant_mma" and "mma.sync.aligned.m16n8k16" in src
         assert ("fdl_w4b" in src) == (dtype == "bfloat16") and ("fdl_w8" in src) == (bits == 8)
 
 

@@ -1,7 +1,8 @@
 """The dequantizing GEMV (4- and 8-bit weights) on the GPU: every config its policy emits is
 correct against the float64 dequantized reference, on odd shapes (N not a multiple of a CTA's
 rows, a partial last lane step along K, several activation rows, zero points, groups of 32,
-persistent CTAs walking the row blocks, bf16 activations, 8-bit weights). Needs an sm_90 GPU."""
+persistent CTAs walking the row blocks, bf16 activations, 8-bit weights; the tensor-core form
+where it applies). Needs an sm_90 GPU."""
 
 import pytest
 
@@ -21,6 +22,9 @@ CASES = {
     "bf16_decode": (1, 4100, 11008, 128, False, "bfloat16"),
     "int8_decode": (1, 4100, 4096, 128, False, "float16", 8),
     "int8_rows3_zeros": (3, 1000, 11008, 64, True, "float16", 8),
+    # the tensor-core form: 86 steps of K over its warps unevenly, groups of two steps, 3 columns
+    "mma_rows3_group256": (3, 1000, 11008, 256, False),
+    "mma_rows8": (8, 520, 2048, 128, False),
 }
 
 
@@ -35,4 +39,6 @@ def test_every_dequant_gemv_config_is_correct(name, hopper_arch):
                                     progress=False)
     bad = [f"{r.config}: {r.error or r.check_message}" for r in results if not r.verified]
     assert not bad, "\n".join(bad)
-    assert best.config.kind == "gemv_dequant"
+    assert best.config.kind in ("gemv_dequant", "gemv_dequant_mma")
+    if m <= 8 and bits == 4 and dtype == "float16" and not zero_point and k % 128 == 0 and group % 128 == 0:
+        assert any(r.config.kind == "gemv_dequant_mma" and r.verified for r in results)
