@@ -40,7 +40,7 @@ def test_a_decode_function_gets_the_template_and_stock_only():
     op = ops.matmul_int4(1, 4096, 4096)
     sets = list(candidate_sets(op.func, H100, 20))
     assert [s.policy for s in sets] == ["DequantGemvPolicy"]
-    assert {c.kind for c in sets[0].configs} == {"gemv_dequant", "gemv_dequant_mma"}
+    assert {c.kind for c in sets[0].configs} == {"gemv_dequant"}
 
 
 @pytest.mark.parametrize("m, n, k, group, zero_point, dtype, bits", [

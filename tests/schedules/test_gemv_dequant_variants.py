@@ -16,17 +16,19 @@ from fastdlight.compiler.compile import compile_mod_to_cubin
 from fastdlight.config import Config
 from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 from fastdlight.schedules.gemv_dequant import DequantGemvTemplate
+from fastdlight.schedules.gemv_dequant_mma import DequantGemvMmaTemplate
 
 H100 = CUDA(tvm.target.Target("nvidia/nvidia-h100"))
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
 def _variants(configs):
-    return [c for c in configs if c.split_k > 1 or c.vectorize]
+    return [c for c in configs if c.split_k > 1 or c.vectorize or c.kind == "gemv_dequant_mma"]
 
 
 def _compile(op, config):
-    kernel = DequantGemvTemplate().apply_config(op.func, config)
+    template = DequantGemvMmaTemplate() if config.kind == "gemv_dequant_mma" else DequantGemvTemplate()
+    kernel = template.apply_config(op.func, config)
     assert kernel is not None, config
     assert [str(p.name) for p in kernel.params] == [str(p.name) for p in op.func.params]
     return compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
@@ -42,6 +44,7 @@ def test_the_llama_decode_layers_get_the_variants_after_the_plain_configs_where_
     plain, variants = configs[:-len(_variants(configs))], _variants(configs)
     assert len(plain) >= 6 and not _variants(plain)  # the plain ones as before, first
     assert any(c.split_k > 1 for c in variants) and any(c.vectorize for c in variants)
+    assert any(c.kind == "gemv_dequant_mma" for c in variants)  # the products on tensor cores
     assert all(c.num_threads in (128, 256, 512) and not c.persistent for c in variants)
     assert len(set(configs)) == len(configs)
     for c in variants:
@@ -61,6 +64,8 @@ def test_every_variant_compiles_without_spilling(n, k):
         assert cubin.registers <= 128, (config, cubin.registers)
         if config.split_k > 1:
             assert "ld.shared::cluster.f32" in src and "%cluster_ctarank" in src and "barrier.cluster" in src
+        if config.kind == "gemv_dequant_mma":
+            assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src and "__hfma2" not in src
         if config.vectorize:
             assert "fdl_w4_dot32g" in src and "__ldg" in src
             assert (config.split_k > 1) == ("pool_buf_ptr" in src)  # no staging: shared memory only for split-K sums
