@@ -165,9 +165,8 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         red = pool.alloc((warps * partials,), "float32", align=16)  # the warps' partial sums
         pool.commit()
         Xv = T.decl_buffer((M * K // 8,), "uint32x4", data=X.data)
-        # 16-byte views of the ring and of X: the pool's data pointer at their offsets
-        Rv = T.decl_buffer((D * slots * threads,), "uint32x4", data=ring.data, elem_offset=ring.elem_offset // 4)
-        Xs = T.decl_buffer((items,), "uint32x4", data=xs.data, elem_offset=xs.elem_offset // 4)
+        Xs = T.decl_buffer((items,), "uint32x4", data=xs.data)
+        Rv = T.decl_buffer((D * slots * threads,), "uint32x4", data=ring.data)
         Qf = T.decl_buffer((N * words,), "uint32", data=Q.data)
         Sf = T.decl_buffer((N * NG,), s_dtype, data=S.data)
         Yf = T.decl_buffer((M * N,), "float16", data=Y.data)
