@@ -180,13 +180,12 @@ MMA_MAX_ROWS = 8
 MMA_MAX_SMEM = 96 * 1024
 
 
-def mma_gemv_smem(shape: WeightOnlyShape, rows: int, warps: int, stages: int = 2) -> int:
+def mma_gemv_smem(shape: WeightOnlyShape, rows: int, warps: int) -> int:
     """Bytes of shared memory the tensor-core dequantizing GEMV stages for CTAs of ``rows`` rows
-    and ``warps`` warps: its ring of ``stages`` steps of weights (each thread 16 bytes of two
-    rows of each 16-row tile a step), X, two fp32 sums of each step of each of its rows, the
-    rows' group scales, each warp's partial sums."""
-    return (stages * (rows // 16) * 2 * 32 * warps * 16 + shape.x_bytes + shape.m * (shape.k // MMA_STEP_K) * 8
-            + rows * shape.groups * 2 + warps * rows * MMA_MAX_ROWS * 4)
+    and ``warps`` warps: X, two fp32 sums of each step of each of its rows, the rows' group
+    scales, each warp's partial sums."""
+    return (shape.x_bytes + shape.m * (shape.k // MMA_STEP_K) * 8 + rows * shape.groups * 2
+            + warps * rows * MMA_MAX_ROWS * 4)
 
 
 def mma_gemv_fits(shape: WeightOnlyShape) -> bool:
@@ -194,4 +193,4 @@ def mma_gemv_fits(shape: WeightOnlyShape) -> bool:
     activations and output, at most 8 rows, K and the groups in whole steps of 128."""
     return (shape.bits == 4 and shape.dtype == "float16" and shape.out_dtype == "float16" and not shape.zero_point
             and shape.m <= MMA_MAX_ROWS and shape.k % MMA_STEP_K == 0 and shape.group_size % MMA_STEP_K == 0
-            and mma_gemv_smem(shape, 16, 1, 2) <= MMA_MAX_SMEM)
+            and mma_gemv_smem(shape, 16, 1) <= MMA_MAX_SMEM)

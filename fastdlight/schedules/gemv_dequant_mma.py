@@ -107,13 +107,12 @@ def _stage(src, dst, sums):
 
 
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps: int,
-                 stages: int = 4, chains: int = 1) -> tirx.PrimFunc:
+                 prefetch: int = 2, chains: int = 1) -> tirx.PrimFunc:
     """The kernel for ``func``: CTAs of ``tiles`` 16-row tiles, their ``warps`` warps splitting K
-    (each a run of 128-wide steps), each thread's weights copied with ``cp.async`` into a ring of
-    ``stages`` steps in shared memory (``stages - 1`` in flight, no registers held), each tile's
-    step summed in ``chains`` accumulators (1, 2 or 4)."""
-    assert chains in (1, 2, 4) and stages >= 2
-    CH, D = chains, stages
+    (each a run of 128-wide steps, ``prefetch`` steps' weights loaded ahead), each tile's step
+    summed in ``chains`` accumulators (1, 2 or 4)."""
+    assert chains in (1, 2, 4)
+    CH = chains
     M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
     NS, NG = K // MMA_STEP_K, K // G
     rows, threads = 16 * tiles, 32 * warps
@@ -122,11 +121,12 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
     items = M * words
     stage_turns = -(-items // threads)
     per_warp = -(-NS // warps)  # steps of K a warp takes (the last fewer)
+    U = max(1, min(prefetch, per_warp))
+    rounds = -(-per_warp // U)
     s_elems = rows * NG
     s_turns = -(-s_elems // threads)
     partials = rows * MMA_MAX_ROWS
     out_turns = -(-(rows * M) // threads)
-    slots = tiles * 2  # a thread's 16-byte chunks a step: rows g and g + 8 of each tile
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
 
@@ -136,21 +136,20 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
             total = total + c[base + 4 * i]
         return total
 
-    def step_of(w, si):  # the warp's si-th step of K
-        return w * per_warp + si
+    def step_of(w, rd, u):  # the warp's u-th step of round rd
+        return w * per_warp + rd * U + u
+
+    def in_range(w, rd, u):
+        return tirx.all(rd * U + u < per_warp, step_of(w, rd, u) < NS)
 
     @T.macro
-    def fetch(Qf, ring, st, si, bid, warp, g, t, tid):
-        """Step si's chunks of the thread into ring stage st, one commit group a step (each thread
-        copies what it alone reads: no barrier)."""
-        for ti in T.unroll(tiles):
-            for h in T.unroll(2):
-                row = T.meta_var(bid * rows + ti * 16 + g + 8 * h)
-                if si < per_warp and step_of(warp, si) < NS and row < N:
-                    T.ptx["cp.async.cg.shared.global"](
-                        ring.ptr_to([((st * slots + ti * 2 + h) * threads + tid) * 4]),
-                        Qf.ptr_to([row * words + step_of(warp, si) * 16 + t * 4]), 16)
-        T.ptx["cp.async.commit_group"]()
+    def load_round(Qv, dst, rd, bid, warp, g, t):  # the weights of round rd's steps
+        for u in T.unroll(U):
+            for ti in T.unroll(tiles):
+                for h in T.unroll(2):
+                    row = T.meta_var(bid * rows + ti * 16 + g + 8 * h)
+                    if in_range(warp, rd, u) and row < N:
+                        dst[(u * tiles + ti) * 2 + h] = Qv[row * (K // 32) + step_of(warp, rd, u) * 4 + t]
 
     @T.macro
     def body(X, Q, S, Y):
@@ -158,7 +157,6 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         bid = T.cta_id([ctas])
         tid = T.thread_id([threads])
         pool = T.SMEMPool()
-        ring = pool.alloc((D * slots * threads * 4,), "uint32", align=16)  # the weights in flight
         xs = pool.alloc((items * 4,), "uint32", align=16)  # the staged X words (uint4 each)
         sums = pool.alloc((M * NS * 2,), "float32", align=16)  # (L, H) of each row of X and step
         ss = pool.alloc((s_elems,), s_dtype, align=16)  # the CTA's group scales
@@ -166,23 +164,23 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         pool.commit()
         Xv = T.decl_buffer((M * K // 8,), "uint32x4", data=X.data)
         Xs = T.decl_buffer((items,), "uint32x4", data=xs.data)
-        Rv = T.decl_buffer((D * slots * threads,), "uint32x4", data=ring.data)
-        Qf = T.decl_buffer((N * words,), "uint32", data=Q.data)
+        Qv = T.decl_buffer((N * K // 32,), "uint32x4", data=Q.data)
         Sf = T.decl_buffer((N * NG,), s_dtype, data=S.data)
         Yf = T.decl_buffer((M * N,), "float16", data=Y.data)
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)
         g = T.meta_var(lane // 4)
         t = T.meta_var(lane % 4)
-        qv = T.alloc_buffer((slots,), "uint32x4", scope="local")
+        # this round's weights and the next round's (in flight while this one is used)
+        qv = T.alloc_buffer((U * tiles * 2,), "uint32x4", scope="local")
+        qn = T.alloc_buffer((U * tiles * 2,), "uint32x4", scope="local")
+        tot = T.alloc_buffer((1,), "float32", scope="local")
         c = T.alloc_buffer((tiles * 4 * CH,), "float32", scope="local")
         acc = T.alloc_buffer((tiles * 4,), "float32", scope="local")
         lh = T.alloc_buffer((2,), "float32", scope="local")
-        tot = T.alloc_buffer((1,), "float32", scope="local")
 
-        # the first steps' weights, in flight while X and the scales are staged
-        for s0 in T.unroll(D - 1):
-            fetch(Qf, ring, s0, s0, bid, warp, g, t, tid)
+        # the first round's weights, in flight while X and the scales are staged
+        load_round(Qv, qv, 0, bid, warp, g, t)
         for it in T.unroll(s_turns):
             e = T.meta_var(it * threads + tid)
             if e < s_elems and bid * rows + e // NG < N:
@@ -203,28 +201,28 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         T.cuda.cta_sync()
         for a in T.unroll(tiles * 4):
             acc[a] = T.float32(0)
-        for si in T.serial(per_warp):
-            T.ptx["cp.async.wait_group"](D - 2)
-            for a in T.unroll(slots):
-                qv[a] = Rv[((si % D) * slots + a) * threads + tid]
-            # the stage just read takes the step D - 1 ahead
-            fetch(Qf, ring, (si + D - 1) % D, si + D - 1, bid, warp, g, t, tid)
-            s = T.meta_var(step_of(warp, si))
-            if s < NS:
-                for a in T.unroll(tiles * 4 * CH):
-                    c[a] = T.float32(0)
-                for ti in T.unroll(tiles):
-                    _step(T.address_of(qv[ti * 2]), T.address_of(Xs[T.min(g, M - 1) * words + s * 16 + t * 4]),
-                          T.Cast("int32", g < M), T.address_of(c[ti * 4 * CH]), CH)
-                # sum x (q - 8) = the accumulator less 1032 L + 72 H, times the group scale
-                for ti in T.unroll(tiles):
-                    for j in T.unroll(4):
-                        m = T.meta_var(T.min(2 * t + j % 2, M - 1))
-                        jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
-                        acc[ti * 4 + j] = acc[ti * 4 + j] + T.Cast("float32", ss[jr * NG + s * MMA_STEP_K // G]) * (
-                            chain_sum(c, ti * 4 * CH + j) - T.float32(1032) * sums[(m * NS + s) * 2]
-                            - T.float32(72) * sums[(m * NS + s) * 2 + 1])
-        T.ptx["cp.async.wait_group"](0)
+        for rd in T.serial(rounds):
+            if rd + 1 < rounds:
+                load_round(Qv, qn, rd + 1, bid, warp, g, t)
+            for u in T.unroll(U):
+                if in_range(warp, rd, u):
+                    s = T.meta_var(step_of(warp, rd, u))
+                    for a in T.unroll(tiles * 4 * CH):
+                        c[a] = T.float32(0)
+                    for ti in T.unroll(tiles):
+                        _step(T.address_of(qv[(u * tiles + ti) * 2]),
+                              T.address_of(Xs[T.min(g, M - 1) * words + s * 16 + t * 4]),
+                              T.Cast("int32", g < M), T.address_of(c[ti * 4 * CH]), CH)
+                    # sum x (q - 8) = the accumulator less 1032 L + 72 H, times the group scale
+                    for ti in T.unroll(tiles):
+                        for j in T.unroll(4):
+                            m = T.meta_var(T.min(2 * t + j % 2, M - 1))
+                            jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
+                            acc[ti * 4 + j] = acc[ti * 4 + j] + T.Cast("float32", ss[jr * NG + s * MMA_STEP_K // G]) * (
+                                chain_sum(c, ti * 4 * CH + j) - T.float32(1032) * sums[(m * NS + s) * 2]
+                                - T.float32(72) * sums[(m * NS + s) * 2 + 1])
+            for a in T.unroll(U * tiles * 2):
+                qv[a] = qn[a]
         for ti in T.unroll(tiles):
             for j in T.unroll(4):
                 jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
@@ -259,7 +257,6 @@ class DequantGemvMmaTemplate(ScheduleTemplate):
         chains = config.thread[0] if config.thread else 1
         if not mma_gemv_fits(shape) or rows % 16 or not 1 <= warps <= 16 or chains not in (1, 2, 4):
             return None
-        stages = max(2, config.pipeline_stages)
-        if mma_gemv_smem(shape, rows, warps, stages) > MMA_MAX_SMEM:
+        if mma_gemv_smem(shape, rows, warps) > MMA_MAX_SMEM:
             return None
-        return build_kernel(func, shape, rows // 16, warps, stages, chains)
+        return build_kernel(func, shape, rows // 16, warps, max(1, config.pipeline_stages), chains)
