@@ -54,7 +54,7 @@ def config_of(rows: int, per_warp: int, split: int, x_global: bool):
 def label_of(config) -> str:
     if config.kind == "gemv_dequant_mma":
         return (f"tensor cores: {config.block[0]} rows, {config.warp[0]} warps splitting K, "
-                f"{config.pipeline_stages} steps ahead, {config.thread[0] if config.thread else 1} accumulators")
+                f"{config.pipeline_stages} steps ahead")
     parts = [f"{config.block[0]} rows", f"{config.thread[0]} a warp", f"{config.num_threads} threads"]
     if config.split_k > 1:
         parts.append(f"split-K {config.split_k}")

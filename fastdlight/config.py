@@ -35,9 +35,7 @@ KINDS = (
     "general_reduction",  # several reductions + elementwise over the same rows (softmax, norms)
     "gemv",  # matrix-vector and low-batch (M <= 16) matrix-matrix
     "gemv_dequant",  # decode rows against 4- or 8-bit weights, dequantized in registers: block=(rows,), thread=(rows a warp,)
-    # the same on tensor cores (mma.sync): block=(rows,) in 16-row tiles, warp=(warps splitting K,),
-    # thread=(accumulators a tile,)
-    "gemv_dequant_mma",
+    "gemv_dequant_mma",  # the same on tensor cores (mma.sync): block=(rows,) in 16-row tiles, warp=(warps splitting K,)
     "matmul",  # CUDA-core tiled reduction: matmul, batch matmul, conv (implicit GEMM)
     "matmul_tc",  # tensor-core matmul (ldmatrix + mma.sync)
     "matmul_wgmma",  # Hopper tensor-core matmul (TMA + wgmma, warp-specialized; sm_90a)
@@ -161,11 +159,9 @@ class Config:
             return
         if self.kind == "gemv_dequant_mma":
             if len(self.block) != 1 or self.block[0] % 16 or len(self.warp) != 1 or self.warp[0] <= 0 \
-                    or self.thread not in ((), (1,), (2,), (4,)) or self.rstep or self.split_k != 1 \
-                    or self.cluster != 1 or self.persistent:
-                raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,), "
-                                 "thread=(accumulator chains: 1, 2 or 4,) and pipeline_stages (steps of K loaded "
-                                 "ahead) only")
+                    or self.thread or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
+                raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,) and "
+                                 "pipeline_stages (steps of K loaded ahead) only")
             return
         if self.kind in ("decode_attention", "decode_combine"):
             if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \

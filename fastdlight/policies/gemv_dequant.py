@@ -31,9 +31,8 @@ SPLIT_VARIANTS, GLOBAL_X_VARIANTS = 3, 3
 PERSISTENT_PENALTY = 1.05
 ROWS_PER_WARP = (1, 2, 4)
 #: tensor-core configs (``gemv_dequant_mma``): (rows a CTA, warps splitting K, steps of K loaded
-#: ahead, accumulators a tile), in the order tried
-MMA_SHAPES = ((16, 4, 2, 1), (16, 4, 2, 2), (16, 4, 2, 4), (16, 8, 2, 2), (16, 16, 2, 2), (16, 4, 4, 2),
-              (16, 8, 1, 4))
+#: ahead), in the order tried
+MMA_SHAPES = ((16, 8, 2), (16, 4, 2), (16, 16, 2), (32, 8, 2), (16, 8, 4))
 #: the first GPU generation with ``mma.sync`` m16n8k16 in fp16 with fp32 accumulation
 MMA_MIN_CC = (8, 0)
 #: the tensor-core configs' predicted cost: not modelled, ranked after every CUDA-core config
@@ -91,10 +90,8 @@ def dequant_gemv_mma_configs(shape: WeightOnlyShape, arch: CUDA) -> list[Config]
     0.0089 for the CUDA-core template's (2026-12-01)."""
     if not mma_gemv_fits(shape) or tuple(arch.compute_capability) < MMA_MIN_CC:
         return []
-    return [Config("gemv_dequant_mma", block=(rows,), warp=(warps,), thread=(chains,), pipeline_stages=ahead,
-                   cost=MMA_COST + 0.01 * i)
-            for i, (rows, warps, ahead, chains) in enumerate(MMA_SHAPES)
-            if mma_gemv_smem(shape, rows, warps) <= MMA_MAX_SMEM]
+    return [Config("gemv_dequant_mma", block=(rows,), warp=(warps,), pipeline_stages=ahead, cost=MMA_COST + 0.01 * i)
+            for i, (rows, warps, ahead) in enumerate(MMA_SHAPES) if mma_gemv_smem(shape, rows, warps) <= MMA_MAX_SMEM]
 
 
 def dequant_gemv_variants(shape: WeightOnlyShape, arch: CUDA, plain: list[Config]) -> list[Config]:

@@ -57,16 +57,15 @@ __forceinline__ __device__ void fdl_mma16816(float* c, unsigned a0, unsigned a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __forceinline__ __device__ void fdl_w4_mma_step(const uint4* q, const uint4* x, int has_x, float* c) {
-  // q[0], q[1]: the lane's 4 packed words of rows g and g + 8; x: its 4 staged words of X; c:
-  // CHAINS accumulators, word i adding to the (i % CHAINS)-th (chains of 8 / CHAINS dependent mma)
+  // q[0], q[1]: the lane's 4 packed words of rows g and g + 8; x: its 4 staged words of X
   const unsigned r0[4] = {q[0].x, q[0].y, q[0].z, q[0].w}, r1[4] = {q[1].x, q[1].y, q[1].z, q[1].w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 b = has_x ? x[i] : make_uint4(0u, 0u, 0u, 0u);
     const unsigned h0 = r0[i] >> 8, h1 = r1[i] >> 8;
-    fdl_mma16816(c + 4 * (i % CHAINS), fdl_mma_and_or(r0[i], 0x000F000Fu), fdl_mma_and_or(r1[i], 0x000F000Fu),
+    fdl_mma16816(c, fdl_mma_and_or(r0[i], 0x000F000Fu), fdl_mma_and_or(r1[i], 0x000F000Fu),
                  fdl_mma_and_or(r0[i], 0x00F000F0u), fdl_mma_and_or(r1[i], 0x00F000F0u), b.x, b.y);
-    fdl_mma16816(c + 4 * (i % CHAINS), fdl_mma_and_or(h0, 0x000F000Fu), fdl_mma_and_or(h1, 0x000F000Fu),
+    fdl_mma16816(c, fdl_mma_and_or(h0, 0x000F000Fu), fdl_mma_and_or(h1, 0x000F000Fu),
                  fdl_mma_and_or(h0, 0x00F000F0u), fdl_mma_and_or(h1, 0x00F000F0u), b.z, b.w);
   }
 }
@@ -96,10 +95,8 @@ __forceinline__ __device__ void fdl_w4_mma_stage(const uint4* src, uint4* dst, f
 """
 
 
-def _step(q, x, has_x, c, chains: int):
-    name = f"fdl_w4_mma_step{chains}"
-    source = _STEP.replace("fdl_w4_mma_step", name).replace("CHAINS", str(chains))
-    return cuda_func_call(name, q, x, has_x, c, source_code=source)
+def _step(q, x, has_x, c):
+    return cuda_func_call("fdl_w4_mma_step", q, x, has_x, c, source_code=_STEP)
 
 
 def _stage(src, dst, sums):
@@ -107,12 +104,9 @@ def _stage(src, dst, sums):
 
 
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps: int,
-                 prefetch: int = 2, chains: int = 1) -> tirx.PrimFunc:
+                 prefetch: int = 2) -> tirx.PrimFunc:
     """The kernel for ``func``: CTAs of ``tiles`` 16-row tiles, their ``warps`` warps splitting K
-    (each a run of 128-wide steps, ``prefetch`` steps' weights loaded ahead), each tile's step
-    summed in ``chains`` accumulators (1, 2 or 4)."""
-    assert chains in (1, 2, 4)
-    CH = chains
+    (each a run of 128-wide steps, ``prefetch`` steps' weights loaded ahead)."""
     M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
     NS, NG = K // MMA_STEP_K, K // G
     rows, threads = 16 * tiles, 32 * warps
@@ -129,12 +123,6 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
     out_turns = -(-(rows * M) // threads)
     (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
     y_shape = shape.lead + (N,)
-
-    def chain_sum(c, base):  # a tile's accumulator: the sum of its chains
-        total = c[base]
-        for i in range(1, CH):
-            total = total + c[base + 4 * i]
-        return total
 
     def step_of(w, rd, u):  # the warp's u-th step of round rd
         return w * per_warp + rd * U + u
@@ -175,7 +163,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         qv = T.alloc_buffer((U * tiles * 2,), "uint32x4", scope="local")
         qn = T.alloc_buffer((U * tiles * 2,), "uint32x4", scope="local")
         tot = T.alloc_buffer((1,), "float32", scope="local")
-        c = T.alloc_buffer((tiles * 4 * CH,), "float32", scope="local")
+        c = T.alloc_buffer((tiles * 4,), "float32", scope="local")
         acc = T.alloc_buffer((tiles * 4,), "float32", scope="local")
         lh = T.alloc_buffer((2,), "float32", scope="local")
 
@@ -207,19 +195,19 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
             for u in T.unroll(U):
                 if in_range(warp, rd, u):
                     s = T.meta_var(step_of(warp, rd, u))
-                    for a in T.unroll(tiles * 4 * CH):
+                    for a in T.unroll(tiles * 4):
                         c[a] = T.float32(0)
                     for ti in T.unroll(tiles):
                         _step(T.address_of(qv[(u * tiles + ti) * 2]),
                               T.address_of(Xs[T.min(g, M - 1) * words + s * 16 + t * 4]),
-                              T.Cast("int32", g < M), T.address_of(c[ti * 4 * CH]), CH)
+                              T.Cast("int32", g < M), T.address_of(c[ti * 4]))
                     # sum x (q - 8) = the accumulator less 1032 L + 72 H, times the group scale
                     for ti in T.unroll(tiles):
                         for j in T.unroll(4):
                             m = T.meta_var(T.min(2 * t + j % 2, M - 1))
                             jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
                             acc[ti * 4 + j] = acc[ti * 4 + j] + T.Cast("float32", ss[jr * NG + s * MMA_STEP_K // G]) * (
-                                chain_sum(c, ti * 4 * CH + j) - T.float32(1032) * sums[(m * NS + s) * 2]
+                                c[ti * 4 + j] - T.float32(1032) * sums[(m * NS + s) * 2]
                                 - T.float32(72) * sums[(m * NS + s) * 2 + 1])
             for a in T.unroll(U * tiles * 2):
                 qv[a] = qn[a]
@@ -254,9 +242,8 @@ class DequantGemvMmaTemplate(ScheduleTemplate):
         if shape is None or config.kind != "gemv_dequant_mma" or len(config.block) != 1 or len(config.warp) != 1:
             return None
         rows, warps = config.block[0], config.warp[0]
-        chains = config.thread[0] if config.thread else 1
-        if not mma_gemv_fits(shape) or rows % 16 or not 1 <= warps <= 16 or chains not in (1, 2, 4):
+        if not mma_gemv_fits(shape) or rows % 16 or not 1 <= warps <= 16:
             return None
         if mma_gemv_smem(shape, rows, warps) > MMA_MAX_SMEM:
             return None
-        return build_kernel(func, shape, rows // 16, warps, max(1, config.pipeline_stages), chains)
+        return build_kernel(func, shape, rows // 16, warps, max(1, config.pipeline_stages))
