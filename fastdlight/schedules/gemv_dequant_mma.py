@@ -151,7 +151,8 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         red = pool.alloc((warps * partials,), "float32", align=16)  # the warps' partial sums
         pool.commit()
         Xv = T.decl_buffer((M * K // 8,), "uint32x4", data=X.data)
-        Xs = T.decl_buffer((items,), "uint32x4", data=xs.data)
+        # a 16-byte view of X: the pool's data pointer, at X's offset in it
+        Xs = T.decl_buffer((items,), "uint32x4", data=xs.data, elem_offset=xs.elem_offset // 4)
         Qv = T.decl_buffer((N * K // 32,), "uint32x4", data=Q.data)
         Sf = T.decl_buffer((N * NG,), s_dtype, data=S.data)
         Yf = T.decl_buffer((M * N,), "float16", data=Y.data)
