@@ -227,6 +227,8 @@ class Config:
             parts.append(f"warp={list(self.warp)}")
         elif self.thread:
             parts.append(f"thread={list(self.thread)}")
+        if self.kind in ("decode_attention", "decode_combine", "gemv_dequant_mma"):
+            parts.append(f"warp={list(self.warp)}")  # warps a CTA: configs differing only in them differ
         if self.rstep:
             parts.append(f"rstep={list(self.rstep)}")
         if any(r > 1 for r in self.reduce_thread):
