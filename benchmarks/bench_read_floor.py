@@ -129,7 +129,8 @@ def label_of(threads: int, unroll: int, per_sm: int) -> str:
 
 
 def chunked_label(threads: int, unroll: int, ctas: int, streams: int) -> str:
-    return f"chunks: {ctas} CTAs of {threads} threads, {unroll} loads" + (f" of {streams} streams" if streams > 1 else "")
+    streams_part = f" of {streams} streams" if streams > 1 else ""
+    return f"chunks: {ctas} CTAs of {threads} threads, {unroll} loads{streams_part}"
 
 
 def rotated_copies(nbytes: int, l2_bytes: int) -> int:
