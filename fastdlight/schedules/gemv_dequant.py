@@ -63,7 +63,7 @@ MAX_SPLIT = 8
 
 #: ``(w & mask) | magic`` as one ``lop3``: written in C, nvcc emits two (an AND, then an OR),
 #: since an instruction takes one immediate; here both constants sit in registers set once
-_AND_OR = r"""
+AND_OR = r"""
 __forceinline__ __device__ unsigned fdl_and_or(unsigned w, unsigned mask, unsigned magic) {
   unsigned r;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "r"(magic));
@@ -71,7 +71,7 @@ __forceinline__ __device__ unsigned fdl_and_or(unsigned w, unsigned mask, unsign
 }
 """
 
-_DOT32 = _AND_OR + r"""
+_DOT32 = AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, half z) {
   // per word: nibbles (t, t + 4) as fp16 pairs. The low nibble of each half OR-ed into the
@@ -123,7 +123,7 @@ _ZERO_POINT = {"NAME": "fdl_w4z_dot32", "LOW": "__hsub2(__hfma2(h, k8th, __hneg2
                "HIGH": "__hsub2(__hfma2(h, k128th, __hneg2(k8)), z8)"}
 
 
-_DOT32_BF16 = _AND_OR + r"""
+_DOT32_BF16 = AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, __nv_bfloat16 z) {
   // bf16 has 7 mantissa bits: each nibble shifted down and OR-ed into the mantissa of 128
@@ -154,7 +154,7 @@ _BF16_SYMMETRIC = {"NAME": "fdl_w4b_dot32", "DEQ": "__hsub2(h, __hadd2(k128, zz)
 _BF16_ZERO_POINT = {"NAME": "fdl_w4bz_dot32", "DEQ": "__hsub2(__hsub2(h, k128), zz)"}
 
 
-_DOT16_INT8 = _AND_OR + r"""
+_DOT16_INT8 = AND_OR + r"""
 __forceinline__ __device__ float NAME(unsigned q0, unsigned q1, unsigned q2, unsigned q3, const unsigned* x,
                                       int stride, half z) {
   // 8-bit weights: bytes 0 and 2 of a word OR-ed into the mantissa of 1024 give 1024 + b, bytes
@@ -277,6 +277,9 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
     def scale(S, ss, j, jr, g):  # the group's scale, staged (row jr of the block) or in place
         return ss[jr * NG + g] if staged else S[j, g]
 
+    def scale_slot(it, bid, tid):  # a thread's it-th staged scale: in the block and of a row of Y
+        return tirx.all(it * threads + tid < s_elems, bid * rows + (it * threads + tid) // NG < N)
+
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
         return qpre[si * R + r] if pre else Qv[j * C + c]
 
@@ -354,7 +357,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
         # the row block's scales (and zero points) read now, stored beside X before the barrier
         sv = T.alloc_buffer((max(1, s_loads * s_params),), s_dtype, scope="local")
         for it in T.unroll(s_loads):
-            if it * threads + tid < s_elems and bid * rows + (it * threads + tid) // NG < N:
+            if scale_slot(it, bid, tid):
                 sv[it] = Sf[bid * rows * NG + it * threads + tid]
                 if Z is not None:
                     sv[s_loads + it] = Zf[bid * rows * NG + it * threads + tid]
@@ -375,7 +378,7 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_p
                             xs[base + t] = T.bitwise_or(half_of(xv, t),
                                                         T.shift_left(half_of(xv, t + pairs), T.uint32(16)))
             for it in T.unroll(s_loads):
-                if it * threads + tid < s_elems and bid * rows + (it * threads + tid) // NG < N:
+                if scale_slot(it, bid, tid):
                     ss[it * threads + tid] = sv[it]
                     if Z is not None:
                         ss[s_elems + it * threads + tid] = sv[s_loads + it]

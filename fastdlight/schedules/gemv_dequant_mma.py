@@ -43,13 +43,9 @@ from fastdlight.analysis.weight_only import (MMA_MAX_ROWS, MMA_MAX_SMEM, MMA_STE
                                              mma_gemv_fits, mma_gemv_smem)
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
+from fastdlight.schedules.gemv_dequant import AND_OR
 
-_STEP = r"""
-__forceinline__ __device__ unsigned fdl_mma_and_or(unsigned w, unsigned mask) {
-  unsigned r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "r"(0x64006400u));
-  return r;
-}
+_STEP = AND_OR + r"""
 __forceinline__ __device__ void fdl_mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                              unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -59,14 +55,15 @@ __forceinline__ __device__ void fdl_mma16816(float* c, unsigned a0, unsigned a1,
 __forceinline__ __device__ void fdl_w4_mma_step(const uint4* q, const uint4* x, int has_x, float* c) {
   // q[0], q[1]: the lane's 4 packed words of rows g and g + 8; x: its 4 staged words of X
   const unsigned r0[4] = {q[0].x, q[0].y, q[0].z, q[0].w}, r1[4] = {q[1].x, q[1].y, q[1].z, q[1].w};
+  const unsigned m = 0x64006400u;  // 1024 in both halves: a nibble OR-ed in gives 1024 + q
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 b = has_x ? x[i] : make_uint4(0u, 0u, 0u, 0u);
     const unsigned h0 = r0[i] >> 8, h1 = r1[i] >> 8;
-    fdl_mma16816(c, fdl_mma_and_or(r0[i], 0x000F000Fu), fdl_mma_and_or(r1[i], 0x000F000Fu),
-                 fdl_mma_and_or(r0[i], 0x00F000F0u), fdl_mma_and_or(r1[i], 0x00F000F0u), b.x, b.y);
-    fdl_mma16816(c, fdl_mma_and_or(h0, 0x000F000Fu), fdl_mma_and_or(h1, 0x000F000Fu),
-                 fdl_mma_and_or(h0, 0x00F000F0u), fdl_mma_and_or(h1, 0x00F000F0u), b.z, b.w);
+    fdl_mma16816(c, fdl_and_or(r0[i], 0x000F000Fu, m), fdl_and_or(r1[i], 0x000F000Fu, m),
+                 fdl_and_or(r0[i], 0x00F000F0u, m), fdl_and_or(r1[i], 0x00F000F0u, m), b.x, b.y);
+    fdl_mma16816(c, fdl_and_or(h0, 0x000F000Fu, m), fdl_and_or(h1, 0x000F000Fu, m),
+                 fdl_and_or(h0, 0x00F000F0u, m), fdl_and_or(h1, 0x00F000F0u, m), b.z, b.w);
   }
 }
 """
