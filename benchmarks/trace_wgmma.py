@@ -13,7 +13,7 @@ loop's cycles against the tensor cores' ideal, the wait for the tile's first sta
 (one tile's main-loop end to the next tile's start) and the last tile's epilogue and drain.
 
     python benchmarks/trace_wgmma.py --shape 4096 4096 4096 --tile 128x256 [--layout NN]
-        [--dtype float16] [--stages S] [--group G]
+        [--dtype float16|bfloat16|float8_e4m3fn] [--stages S] [--group G]
 
 The tile is spelled as for ``bench_energy``: ``BMxBN[/WM][+C[m|n]]`` (rows per consumer
 warpgroup, a cluster of C CTAs along M or N); its stages and rasterization group are the
@@ -167,10 +167,11 @@ def parse(text: str) -> list[CtaRecord]:
             for k in sorted(heads)]
 
 
-def ideal_tile_cycles(m_n_k: tuple[int, int, int], bm: int, bn: int, bk: int = 64) -> float:
-    """A tile's main loop on the tensor cores alone: 2 bm bn K flops at the SM's peak rate."""
+def ideal_tile_cycles(m_n_k: tuple[int, int, int], bm: int, bn: int, bk: int = 64, in_bytes: int = 2) -> float:
+    """A tile's main loop on the tensor cores alone: 2 bm bn K flops at the SM's peak rate
+    (twice the 16-bit rate for 8-bit inputs)."""
     steps = -(-m_n_k[2] // bk)
-    return 2 * bm * bn * bk * steps / FLOPS_PER_SM_CYCLE
+    return 2 * bm * bn * bk * steps / (FLOPS_PER_SM_CYCLE * 2 // in_bytes)
 
 
 def _stats(values) -> dict:
@@ -290,13 +291,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 4096), metavar=("M", "N", "K"))
     ap.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"])
-    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float8_e4m3fn"],
+                    help="inputs; float8_e4m3fn: ops.matmul_scaled (TN, per-tensor scales, fp16 out)")
     ap.add_argument("--tile", type=tile_spec, default="128x256", help="BMxBN[/WM][+C[m|n]] (default 128x256)")
     ap.add_argument("--stages", type=int, default=None, help="stage ring depth (default: the policy's)")
     ap.add_argument("--group", type=int, default=None, help="rasterization group (default: the policy's)")
     args = ap.parse_args(argv)
     from bench_gemm_hopper import matmul_func
     from bench_setup import write_results
+    from fastdlight import ops
     from fastdlight.arch import auto_arch
     from fastdlight.arch.cuda import has_gpu
 
@@ -306,7 +309,8 @@ def main(argv=None) -> int:
     if not arch.has_wgmma:
         raise SystemExit(f"trace_wgmma: {arch} has no wgmma; it traces the sm_90a template")
     m, n, k = args.shape
-    func = matmul_func(m, n, k, args.dtype, args.layout)
+    fp8 = args.dtype == "float8_e4m3fn"
+    func = ops.matmul_scaled(m, n, k, args.dtype).func if fp8 else matmul_func(m, n, k, args.dtype, args.layout)
     try:
         config = tile_config(args.tile, func, arch)
     except BadTile as e:
@@ -314,9 +318,9 @@ def main(argv=None) -> int:
     config = dataclasses.replace(config, pipeline_stages=args.stages or config.pipeline_stages,
                                  rasterization=args.group or config.rasterization)
     records = trace(func, config, arch)
-    ideal = ideal_tile_cycles((m, n, k), *config.block)
+    ideal = ideal_tile_cycles((m, n, k), *config.block, bk=config.rstep[0], in_bytes=1 if fp8 else 2)
     summaries = summarize(records, ideal)
-    title = f"{args.dtype} {m}x{n}x{k} {args.layout}, {config} on {arch.name}"
+    title = f"{args.dtype} {m}x{n}x{k} {'NT, scaled' if fp8 else args.layout}, {config} on {arch.name}"
     md = markdown(title, summaries, ideal)
     write_results("trace_wgmma", {"title": title, "ideal_cycles": ideal, "launches": summaries,
                                   "records": [dataclasses.asdict(r) for r in records]}, md)

@@ -1,5 +1,5 @@
 """benchmarks/trace_wgmma.py on the CPU: the instrumented template kernels compile to cubins
-without spills (cooperative, ping-pong, a cluster), a source of another shape is refused,
+without spills (cooperative, ping-pong, a cluster, 8-bit inputs), a source of another shape is refused,
 printed records parse into the per-wave summary, and a malformed tile is one line."""
 
 import os
@@ -22,8 +22,10 @@ H100 = CUDA("nvidia/nvidia-h100")
 
 
 def _source(m, n, k, dtype, layout, bm, bn, wm, cluster=1):
-    func = ops.matmul(m, n, k, dtype, dtype, layout, None, acc_dtype="float32").func
-    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(64,), pipeline_stages=4,
+    fp8 = dtype == "float8_e4m3fn"  # the scaled GEMM (A M×K, B N×K), as trace_wgmma takes it
+    func = (ops.matmul_scaled(m, n, k, dtype).func if fp8
+            else ops.matmul(m, n, k, dtype, dtype, layout, None, acc_dtype="float32").func)
+    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(128 if fp8 else 64,), pipeline_stages=4,
                     use_async_copy=True, rasterization=8, cluster=cluster)
     with H100.target:
         kernel = apply_config(func, config)
@@ -33,7 +35,8 @@ def _source(m, n, k, dtype, layout, bm, bn, wm, cluster=1):
 def test_instrumented_kernels_compile_without_spills():
     sources = [_source(4096, 2048, 512, "float16", "NN", 128, 256, 64),  # cooperative
                _source(4096, 2048, 512, "bfloat16", "NT", 128, 128, 128),  # ping-pong
-               _source(4096, 2048, 512, "float16", "NN", 128, 256, 64, cluster=2)]
+               _source(4096, 2048, 512, "float16", "NN", 128, 256, 64, cluster=2),
+               _source(4096, 2048, 1024, "float8_e4m3fn", None, 128, 256, 64)]
     traced = [tw.instrument(s) for s in sources]
     for src in traced:
         # one record slot per CTA and launch, filled by thread 128, printed by the last CTA
@@ -53,6 +56,8 @@ def test_a_source_without_a_tile_loop_is_refused():
 def test_printed_records_give_each_waves_main_loop_epilogue_and_drain():
     ideal = tw.ideal_tile_cycles((4096, 4096, 4096), 128, 256)
     assert ideal == 65536  # 64 K steps of 1024 cycles
+    # 8-bit inputs: K steps of 128 at twice the rate, the same cycles a step
+    assert tw.ideal_tile_cycles((4096, 4096, 4096), 128, 256, bk=128, in_bytes=1) == 32768
     lines = ["unrelated output",
              # launch 16, CTA 0 on SM 4: two tiles; CTA 1: one tile (its second iteration had none)
              "FDL 16 0 4 1000 201000 0 300000",
