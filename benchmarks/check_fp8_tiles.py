@@ -57,7 +57,7 @@ def tile_rows(name: str, specs, rounds: int, arch, log) -> list[dict]:
     if not configs:
         raise RuntimeError(f"no tile of {', '.join(specs)} fits {name}")
     specs_of = {repr(c): s for s, c in configs.values()}
-    results, _ = apply_and_build(op.func, [c for _, c in configs.values()], arch, ref=op.reference)
+    results, _ = apply_and_build(op.func, [c for _, c in configs.values()], arch, ref=op.reference, check="all")
     theirs = None
     rows = []
     for r in sorted(results, key=lambda r: r.index):

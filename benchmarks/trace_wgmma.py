@@ -133,7 +133,9 @@ def instrument(code: str, first_launch: int = WARM_LAUNCHES) -> str:
     sites = [("decl", lambda s, line: line.startswith('extern "C" __global__') and s.endswith(";"), True),
              ("entry", lambda s, line: s.startswith("int k_tid = "), False),
              ("tile", lambda s, line: s == loops[0].group(0), False),
-             ("first", lambda s, line: s.startswith("tvm_builtin_cuda_mbarrier_wait(") and f"({kv} & " in s, False),
+             # the main loop's stage wait (its index a mask or, with a ring not a power of two, a modulo)
+             ("first", lambda s, line: s.startswith("tvm_builtin_cuda_mbarrier_wait(") and re.search(rf"\b{kv}\b", s),
+              False),
              ("end", lambda s, line: s == _MAIN_LOOP_END, False),
              ("drain", lambda s, line: s == _DRAIN, False),  # the exit probes go after the block it closes
              ("exit", lambda s, line: s == "}", False)]

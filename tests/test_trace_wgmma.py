@@ -21,11 +21,11 @@ from fastdlight.compiler.compile import build, compile_cubin, cuda_source  # noq
 H100 = CUDA("nvidia/nvidia-h100")
 
 
-def _source(m, n, k, dtype, layout, bm, bn, wm, cluster=1):
+def _source(m, n, k, dtype, layout, bm, bn, wm, cluster=1, stages=4):
     fp8 = dtype == "float8_e4m3fn"  # the scaled GEMM (A M×K, B N×K), as trace_wgmma takes it
     func = (ops.matmul_scaled(m, n, k, dtype).func if fp8
             else ops.matmul(m, n, k, dtype, dtype, layout, None, acc_dtype="float32").func)
-    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(128 if fp8 else 64,), pipeline_stages=4,
+    config = Config("matmul_wgmma", block=(bm, bn), warp=(wm, bn), rstep=(128 if fp8 else 64,), pipeline_stages=stages,
                     use_async_copy=True, rasterization=8, cluster=cluster)
     with H100.target:
         kernel = apply_config(func, config)
@@ -36,7 +36,9 @@ def test_instrumented_kernels_compile_without_spills():
     sources = [_source(4096, 2048, 512, "float16", "NN", 128, 256, 64),  # cooperative
                _source(4096, 2048, 512, "bfloat16", "NT", 128, 128, 128),  # ping-pong
                _source(4096, 2048, 512, "float16", "NN", 128, 256, 64, cluster=2),
-               _source(4096, 2048, 1024, "float8_e4m3fn", None, 128, 256, 64)]
+               _source(4096, 2048, 1024, "float8_e4m3fn", None, 128, 256, 64),
+               # a ring of 6 stages: the stage index a modulo, not a mask
+               _source(4096, 2048, 1024, "float8_e4m3fn", None, 128, 128, 128, cluster=2, stages=6)]
     traced = [tw.instrument(s) for s in sources]
     for src in traced:
         # one record slot per CTA and launch, filled by thread 128, printed by the last CTA
