@@ -51,6 +51,8 @@ class Plan:
     cluster: int = 1  # CTAs of a cluster, sharing B (along M) or A (along N; see ``Operand.split``)
     cluster_axis: str = "m"
     smem: int = SM90_SMEM_OPTIN  # the shared memory a block may opt in to
+    #: the epilogue's stores deferred into the next tile's first K steps (see ``held_chunks``)
+    deferred: bool = False
 
     producer_regs = PRODUCER_REGS
 
@@ -232,6 +234,16 @@ class Plan:
     def out_chunks(self) -> int:
         """Chunks of output a 64-row slice of a tile stores."""
         return self.out_bn // self.chunk_cols
+
+    @property
+    def held_chunks(self) -> int:
+        """Output chunks a consumer thread's tile holds (a deferred epilogue stores one a K step)."""
+        return self.m_per_wg * self.out_chunks
+
+    @property
+    def held_regs(self) -> int:
+        """32-bit registers holding a tile's 16-bit outputs in pairs (one where none are held)."""
+        return self.held_chunks * self.chunk_cols // 8 * 2 if self.deferred else 1
 
     def acc_chunk(self, c):
         """The accumulator chunk output chunk ``c`` is made of (the first of its pair)."""

@@ -18,6 +18,11 @@ rasterization = group of M tiles) the function ``D = epilogue(A @ B)`` becomes o
   swizzled shared memory and written by TMA stores that overlap the next tile's main loop.
   Where the function pairs accumulator columns (gate and up projections interleaved into one
   GEMM, ``WgmmaMatch.pair``) each output chunk is made of two accumulator chunks;
+* deferred epilogue (cooperative tiles whose epilogue reads nothing but scalars, 16-bit
+  outputs): the evaluated outputs are packed into registers when a tile's main loop ends, and
+  each K step of the next tile stores one chunk of them (staging, TMA store) after issuing
+  its wgmma group, so the tensor cores are not idle while the warpgroups stage the chunks;
+  the last tile's are stored after the loop;
 * ``cluster = 2``: two CTAs of a thread-block cluster take vertically adjacent tiles; each
   loads half of the B tile they share and multicasts it to both, and a stage goes back to the
   producers once the consumers of both CTAs released it (remote mbarrier arrives).
@@ -53,6 +58,9 @@ from fastdlight.schedules.wgmma.plan import Plan
 from fastdlight.schedules.wgmma.tma import SWIZZLE_128B, SWIZZLE_BYTES, operands
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("kernel.tvmscript")
+#: registers a consumer thread keeps for addresses, descriptors and the epilogue's temporaries
+#: beside its accumulators and held outputs, where the epilogue is deferred
+DEFER_SPARE_REGS = 40
 def config_fits(match: WgmmaMatch, config: Config) -> bool:
     """Structural legality: warp tile (64 | 128 rows, bn) per consumer warpgroup, block tile of
     one (ping-pong), two or (64-row warp tiles, no convolution) three (cooperative) warp tiles,
@@ -118,6 +126,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
     func = distinct_param_names(func)
     epilogue = extract_epilogue(func, plan.match)
     a, b, d = operands(plan.match, plan.bm, plan.bn, plan.bk, plan.cluster, plan.cluster_axis)
+    plan = dataclasses.replace(plan, deferred=defers_epilogue(plan, epilogue, d))
     out = next(p for p in func.params if str(p.name) == plan.match.d_name)
     params = "" if bind is not None else ", ".join(
         f'{p.name}: T.Buffer({tuple(int(x) for x in p.shape)}, "{p.dtype}")' for p in func.params)
@@ -138,7 +147,10 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{REGISTERS}", epilogue.registers(plan, _indent("{REGISTERS}")))
             .replace("{PREFETCH_NEXT}", epilogue.prefetch_next(plan, _indent("{PREFETCH_NEXT}")))
             .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
+            .replace("{HOLD}", epilogue.stores(plan, _indent("{HOLD}")).replace("k_Cs[k_cw, k_buf, k_at]", HELD_PAIR))
             .replace("{STORE}", epilogue.stores(plan, _indent("{STORE}"))))
+    text = _each("{STORE_HELD}", text, lambda indent: _store_held(d.store_chunk(
+        plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n, plan.match.out_dtype), indent))
     from tvm.script import tirx as T
 
     env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
@@ -148,6 +160,47 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
         env.update({str(p.name): p for p in bind.params})
     kernel = tvm.script.from_source(text, extra_vars=env, check_well_formed=bind is None)
     return as_tirx_kernel(kernel, func)
+
+
+#: the held register of the thread's pair (k_j, k_h) of chunk (k_mi, k_c)
+HELD_PAIR = "k_held[((k_mi * K_PLAN.out_chunks + k_c) * (K_PLAN.chunk_cols // 8) + k_j) * 2 + k_h]"
+
+
+def defers_epilogue(plan: Plan, epilogue, d) -> bool:
+    """Whether ``plan``'s epilogue can be deferred into the next tile's main loop: cooperative
+    (a ping-pong warpgroup's epilogue already runs under the other's main loop), 16-bit
+    outputs stored by TMA, no reads but scalars (prefetch rings are tied to the current tile),
+    a chunk for each of the first K steps, and the held pairs fitting beside the accumulators."""
+    held = dataclasses.replace(plan, deferred=True).held_regs
+    return (not plan.pingpong and d.tma and plan.match.out_bytes == 2 and all(r.scalar for r in epilogue.reads)
+            and plan.held_chunks <= plan.k_steps and plan.acc_regs + held + DEFER_SPARE_REGS <= plan.consumer_regs)
+
+
+def _store_held(store_chunk: list[str], indent: str) -> str:
+    """Statements storing chunk ``k_q`` of the held tile (``k_prev``: its coordinates and
+    sequence number, as ``k_pb, k_pm, k_pn, k_pi``): staged and stored as the plain epilogue's
+    chunks are, in the same alternation of staging buffers."""
+    held_tile = [re.sub(r"\bk_([bmn])\b", r"k_p\1", line) for line in store_chunk]
+    lines = ["k_mi = T.meta_var(k_q // K_PLAN.out_chunks)",
+             "k_c = T.meta_var(k_q % K_PLAN.out_chunks)",
+             "k_buf = T.meta_var((k_pi * K_PLAN.held_chunks + k_q) % K_PLAN.out_buffers)",
+             "if k_ltid == 0:",
+             '    T.ptx["cp.async.bulk.wait_group.read"](K_PLAN.out_buffers - 1)',
+             'T.ptx.bar.sync(T.Cast("uint32", 1 + k_cw), T.uint32(128))',
+             "for k_j in T.unroll(K_PLAN.chunk_cols // 8):",
+             "    for k_h in T.unroll(2):",
+             "        k_row = T.meta_var(k_r0 + 8 * k_h)",
+             "        k_col = T.meta_var(k_j * 8 + (k_lane % 4) * 2)",
+             f"        k_Cs[k_cw, k_buf, k_row * 32 + K_PLAN.swizzled_word(k_row, k_col)] = {HELD_PAIR}",
+             "T.ptx.fence.proxy.async_.shared__cta()",
+             'T.ptx.bar.sync(T.Cast("uint32", 1 + k_cw), T.uint32(128))',
+             *held_tile]
+    return ("\n" + indent).join(lines)
+
+
+def _each(placeholder: str, text: str, make) -> str:
+    """``text`` with every ``placeholder`` replaced by ``make(its indentation)``."""
+    return re.sub(rf"\n( *){re.escape(placeholder)}", lambda m: "\n" + m.group(1) + make(m.group(1)), text)
 
 
 def _release(stage: str, cluster: int, indent: str) -> str:
