@@ -245,6 +245,18 @@ class Plan:
         """32-bit registers holding a tile's 16-bit outputs in pairs (one where none are held)."""
         return self.held_chunks * self.chunk_cols // 8 * 2 if self.deferred else 1
 
+    @property
+    def k_parts(self) -> int:
+        """The main loop's parts: the first ``held_chunks`` K steps and the rest where the
+        epilogue is deferred, else one."""
+        return 2 if self.deferred else 1
+
+    def k_begin(self, part):
+        return tirx.if_then_else(part == 0, 0, self.held_chunks) if self.deferred else 0
+
+    def k_end(self, part):
+        return tirx.if_then_else(part == 0, self.held_chunks, self.k_steps) if self.deferred else self.k_steps
+
     def acc_chunk(self, c):
         """The accumulator chunk output chunk ``c`` is made of (the first of its pair)."""
         return 2 * c if self.match.pair else c
