@@ -457,3 +457,30 @@ def test_snake_order_visits_every_tile_once_and_reverses_odd_groups_and_odd_tile
         for it in (0, 1):
             steps = [value(plan.k_step(tirx.const(it, "int32"), tirx.const(s, "int32"))) for s in range(plan.k_steps)]
             assert steps == (list(range(plan.k_steps)) if it == 0 else list(range(plan.k_steps))[::-1])
+
+
+def test_cooperative_tiles_with_scalar_or_no_reads_defer_their_epilogue_into_the_next_main_loop():
+    """Held outputs stored a chunk a K step in the next tile's first steps: cooperative tiles of
+    plain and per-tensor-scaled GEMMs; not ping-pong tiles (already overlapped), epilogues with
+    per-output reads (their prefetch ring follows the current tile), fp32 outputs, nor K loops
+    shorter than a tile's chunks. Deferred kernels compile without spills."""
+    from fastdlight.schedules.wgmma.template import defers_epilogue
+
+    def defers(func, bm, bn, wm, k_steps_ok=True):
+        match = match_wgmma(func)[0]
+        plan = Plan(match, bm, bn, match.bk, 4, 8, 132, wm)
+        d = operands(match, bm, bn, match.bk, 1, "m")[2]
+        return defers_epilogue(plan, extract_epilogue(func, match), d)
+
+    scaled = ops.matmul_scaled(4096, 4096, 4096).func
+    assert defers(gemm(4096, 4096, 4096, layout="NT"), 128, 256, 64) and defers(scaled, 128, 256, 64)
+    assert defers(scaled, 256, 128, 128)  # two 64-row slices a warpgroup: 128 + 64 registers
+    assert not defers(gemm(4096, 4096, 4096), 128, 128, 128)  # ping-pong
+    assert not defers(ops.matmul_gated(1000, 520, 264).func, 128, 256, 64)  # a gate read per output
+    assert not defers(gemm(4096, 4096, 4096, out="float32"), 128, 256, 64)
+    assert not defers(gemm(4096, 4096, 192), 128, 256, 64)  # 3 K steps for 4 chunks
+    assert not defers(gemm(4096, 4096, 4096), 192, 192, 64)  # three warpgroups: no room beside 96 + 48
+    jobs = [(gemm(1000, 520, 1000, layout="NT"), wgmma(128, 256)), (gemm(2048, 2048, 512), wgmma(256, 128, wm=128))]
+    for _, src, cubin in compile_all(jobs):
+        check_hopper_kernel(src, cubin, 256 if "m64n256" in src else 128)
+        assert "k_held" in src and src.count("bulk_group") >= 2  # stores in the loop and after it
