@@ -81,7 +81,8 @@ def markdown(rows: list[dict], device: str) -> str:
     lines = [f"check_fp8_tiles, {device}, {time.strftime('%Y-%m-%d')}: e4m3 GEMMs (per-tensor scales, fp16 out) at "
              "fixed tiles against torch._scaled_mm (fast accumulation), CUDA graphs, inputs rotated out of L2, "
              "medians of alternating rounds", "",
-             "| case | tile | config | ms | torch ms | vs torch | TFLOPS | registers |", "|---|---|---|---|---|---|---|---|"]
+             "| case | tile | config | ms | torch ms | vs torch | TFLOPS | registers |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("tile") is None:
             lines.append(f"| {r['case']} | refused | {r['refused']} | | | | | |")
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
 
     def one(name: str) -> list[dict]:
         print(f"[{name}]", flush=True)
-        return tile_rows(name, [t.strip().lower() for t in args.tiles], args.rounds, arch, lambda msg: print(msg, flush=True))
+        tiles = [t.strip().lower() for t in args.tiles]
+        return tile_rows(name, tiles, args.rounds, arch, lambda msg: print(msg, flush=True))
 
     rows, errors = each_case(names, one)
     write_case_results(NAME, arch, rows, errors, markdown, tiles=args.tiles, rounds=args.rounds)

@@ -90,7 +90,8 @@ def _probes(ti: str, kv: str, n_tiles: int, first_launch: int) -> dict[str, list
         "decl": [f"__device__ unsigned long long fdl_rec[2 * {MAX_CTAS} * {width}];",
                  "__device__ unsigned int fdl_launch = 0;", "__device__ unsigned int fdl_done[2] = {0, 0};"],
         "entry": [
-            "  unsigned long long* fdl_r = 0; bool fdl_me = false; int fdl_l = 0; unsigned long long fdl_g0 = 0, fdl_c0 = 0;",
+            "  unsigned long long* fdl_r = 0; bool fdl_me = false; int fdl_l = 0;",
+            "  unsigned long long fdl_g0 = 0, fdl_c0 = 0;",
             f"  if (threadIdx.x == {WATCH_TID}) {{ fdl_l = atomicAdd(&fdl_launch, 1u) / gridDim.x; "
             f"fdl_me = (fdl_l == {first_launch} || fdl_l == {first_launch + 1}) && blockIdx.x < {MAX_CTAS}; }}",
             # the record is written in place (one thread's global stores): an array of the tiles'
@@ -105,8 +106,8 @@ def _probes(ti: str, kv: str, n_tiles: int, first_launch: int) -> dict[str, list
             "    if (fdl_me) {",
             '      unsigned long long g1, c1 = clock64(); unsigned sm; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));',
             '      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));',
-            "      fdl_r[0] = fdl_l; fdl_r[1] = blockIdx.x; fdl_r[2] = sm; fdl_r[3] = fdl_g0; fdl_r[4] = g1; fdl_r[5] = fdl_c0; "
-            "fdl_r[6] = c1;",
+            "      fdl_r[0] = fdl_l; fdl_r[1] = blockIdx.x; fdl_r[2] = sm;",
+            "      fdl_r[3] = fdl_g0; fdl_r[4] = g1; fdl_r[5] = fdl_c0; fdl_r[6] = c1;",
             "      __threadfence();",
             f"      if (atomicAdd(&fdl_done[fdl_l - {first_launch}], 1u) == gridDim.x - 1) {{  // the last CTA prints",
             "        __threadfence();",

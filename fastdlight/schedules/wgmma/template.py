@@ -134,9 +134,6 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{NAME}", "wgmma_gemm").replace("{PARAMS}", params)
             .replace("{D_MAP}", _lines("{D_MAP}", d.host(plan.match.d_name)))
             .replace("{D_PREFETCH}", _lines("{D_PREFETCH}", d.prefetch()))
-            .replace("{STORE_CHUNK}", _lines("{STORE_CHUNK}", d.store_chunk(
-                plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
-                plan.match.out_dtype)))
             .replace("{MMA_FLAGS}", plan.mma_flags)
             .replace("{A}", plan.match.a_name).replace("{B}", plan.match.b_name).replace("{D}", plan.match.d_name)
             .replace("{RANK}", "k_rank = T.cta_id_in_cluster([K_PLAN.cluster])" if plan.cluster > 1 else "k_rank = T.meta_var(0)")
@@ -149,8 +146,10 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
             .replace("{HOLD}", epilogue.stores(plan, _indent("{HOLD}")).replace("k_Cs[k_cw, k_buf, k_at]", HELD_PAIR))
             .replace("{STORE}", epilogue.stores(plan, _indent("{STORE}"))))
-    text = _each("{STORE_HELD}", text, lambda indent: _store_held(d.store_chunk(
-        plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n, plan.match.out_dtype), indent))
+    store_chunk = d.store_chunk(plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
+                                plan.match.out_dtype)
+    text = text.replace("{STORE_CHUNK}", _lines("{STORE_CHUNK}", store_chunk))
+    text = _each("{STORE_HELD}", text, lambda indent: _store_held(store_chunk, indent))
     from tvm.script import tirx as T
 
     env = {"T": T, "K_PLAN": plan, "K_A": a, "K_B": b, "K_D": d, "K_IN_DTYPE": plan.match.in_dtype,
