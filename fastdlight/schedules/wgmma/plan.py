@@ -261,6 +261,11 @@ class Plan:
         """The accumulator chunk output chunk ``c`` is made of (the first of its pair)."""
         return 2 * c if self.match.pair else c
 
+    def acc_reg(self, mi, c, j, h):
+        """The first accumulator register of a thread's pair ``j, h`` (column group, row half)
+        of output chunk ``c`` in 64-row slice ``mi``."""
+        return mi * self.slice_regs + (self.acc_chunk(c) * (self.chunk_cols // 8) + j) * 4 + h * 2
+
     @property
     def pair_regs(self) -> int:
         """Accumulator registers from a value to its pair's (the next chunk's same place)."""

@@ -142,13 +142,13 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
             .replace("{RELEASE_LAST}", _release("(k_it * K_PLAN.k_steps + K_PLAN.k_steps - 1) % K_PLAN.stages",
                                                 plan.cluster, _indent("{RELEASE_LAST}")))
             .replace("{REGISTERS}", epilogue.registers(plan, _indent("{REGISTERS}")))
-            .replace("{PREFETCH_NEXT}", epilogue.prefetch_next(plan, _indent("{PREFETCH_NEXT}")))
             .replace("{PREFETCH}", epilogue.prefetch(plan, _indent("{PREFETCH}")))
-            .replace("{HOLD}", epilogue.stores(plan, _indent("{HOLD}")).replace("k_Cs[k_cw, k_buf, k_at]", HELD_PAIR))
-            .replace("{STORE}", epilogue.stores(plan, _indent("{STORE}"))))
+            .replace("{HOLD}", epilogue.stores(plan, _indent("{HOLD}")).replace("k_Cs[k_cw, k_buf, k_at]", HELD_PAIR)))
     store_chunk = d.store_chunk(plan.match.d_name, tuple(int(x) for x in out.shape), plan.match.m, plan.match.out_n,
                                 plan.match.out_dtype)
-    text = text.replace("{STORE_CHUNK}", _lines("{STORE_CHUNK}", store_chunk))
+    staged_pair = ["k_reg = T.meta_var(K_PLAN.acc_reg(k_mi, k_c, k_j, k_h))", *epilogue.stores(plan, "").split("\n")]
+    text = text.replace("{STAGE_CHUNK}", _stage_chunk(staged_pair, epilogue.prefetch_next(plan, "").split("\n"),
+                                                      store_chunk, _indent("{STAGE_CHUNK}")))
     text = _each("{STORE_HELD}", text, lambda indent: _store_held(store_chunk, indent))
     from tvm.script import tirx as T
 
@@ -175,26 +175,37 @@ def defers_epilogue(plan: Plan, epilogue, d) -> bool:
             and plan.held_chunks <= plan.k_steps and plan.acc_regs + held + DEFER_SPARE_REGS <= plan.consumer_regs)
 
 
-def _store_held(store_chunk: list[str], indent: str) -> str:
-    """Statements storing chunk ``k_q`` of the held tile (``k_prev``: its coordinates and
-    sequence number, as ``k_pb, k_pm, k_pn, k_pi``): staged and stored as the plain epilogue's
-    chunks are, in the same alternation of staging buffers."""
-    held_tile = [re.sub(r"\bk_([bmn])\b", r"k_p\1", line) for line in store_chunk]
-    lines = ["k_mi = T.meta_var(k_q // K_PLAN.out_chunks)",
-             "k_c = T.meta_var(k_q % K_PLAN.out_chunks)",
-             "k_buf = T.meta_var((k_pi * K_PLAN.held_chunks + k_q) % K_PLAN.out_buffers)",
-             "if k_ltid == 0:",
+def _stage_chunk(pair: list[str], after: list[str], store: list[str], indent: str) -> str:
+    """Statements staging chunk ``k_mi, k_c`` of a tile in buffer ``k_buf`` and storing it:
+    once the store that last read the buffer has read it, each thread writes its pairs
+    (``pair``: statements writing the pair ``k_j, k_h`` to word ``k_at``), then ``after``, then
+    the warpgroup hands the chunk to ``store`` (a TMA store, or its own element stores)."""
+    lines = ["if k_ltid == 0:",
              '    T.ptx["cp.async.bulk.wait_group.read"](K_PLAN.out_buffers - 1)',
              'T.ptx.bar.sync(T.Cast("uint32", 1 + k_cw), T.uint32(128))',
              "for k_j in T.unroll(K_PLAN.chunk_cols // 8):",
              "    for k_h in T.unroll(2):",
              "        k_row = T.meta_var(k_r0 + 8 * k_h)",
              "        k_col = T.meta_var(k_j * 8 + (k_lane % 4) * 2)",
-             f"        k_Cs[k_cw, k_buf, k_row * 32 + K_PLAN.swizzled_word(k_row, k_col)] = {HELD_PAIR}",
+             "        k_at = T.meta_var(k_row * 32 + K_PLAN.swizzled_word(k_row, k_col))",
+             *("        " + line for line in pair),
+             *after,
              "T.ptx.fence.proxy.async_.shared__cta()",
              'T.ptx.bar.sync(T.Cast("uint32", 1 + k_cw), T.uint32(128))',
-             *held_tile]
+             *store]
     return ("\n" + indent).join(lines)
+
+
+def _store_held(store_chunk: list[str], indent: str) -> str:
+    """Statements storing chunk ``k_q`` of the held tile (``k_prev``: its coordinates and
+    sequence number, as ``k_pb, k_pm, k_pn, k_pi``), in the staging buffers' alternation of the
+    plain epilogue's chunks."""
+    held_tile = [re.sub(r"\bk_([bmn])\b", r"k_p\1", line) for line in store_chunk]
+    heads = ["k_mi = T.meta_var(k_q // K_PLAN.out_chunks)",
+             "k_c = T.meta_var(k_q % K_PLAN.out_chunks)",
+             "k_buf = T.meta_var((k_pi * K_PLAN.held_chunks + k_q) % K_PLAN.out_buffers)"]
+    return ("\n" + indent).join(heads) + "\n" + indent + _stage_chunk(
+        [f"k_Cs[k_cw, k_buf, k_at] = {HELD_PAIR}"], [], held_tile, indent)
 
 
 def _each(placeholder: str, text: str, make) -> str:
