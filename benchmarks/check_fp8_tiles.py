@@ -56,12 +56,11 @@ def tile_rows(name: str, specs, rounds: int, arch, log) -> list[dict]:
             log(f"  {e}")
     if not configs:
         raise RuntimeError(f"no tile of {', '.join(specs)} fits {name}")
-    specs_of = {repr(c): s for s, c in configs.values()}
     results, _ = apply_and_build(op.func, [c for _, c in configs.values()], arch, ref=op.reference, check="all")
     theirs = None
     rows = []
     for r in sorted(results, key=lambda r: r.index):
-        row = {"case": name, "tile": specs_of[repr(r.config)], "config": repr(r.config), "verified": r.verified,
+        row = {"case": name, "tile": configs[repr(r.config)][0], "config": repr(r.config), "verified": r.verified,
                "registers": r.registers, "failure": r.failure.message if r.failure else None}
         if r.ok and r.verified:
             theirs = theirs or torch_timer(scaled_mm(m, n, k), (m + n) * k, arch, r.latency_ms)
@@ -120,9 +119,10 @@ def main(argv=None) -> int:
         print(f"{NAME}: {arch.arch} has no wgmma; the FP8 tiles need sm_90a", file=sys.stderr)
         return 2
 
+    tiles = [t.strip().lower() for t in args.tiles]
+
     def one(name: str) -> list[dict]:
         print(f"[{name}]", flush=True)
-        tiles = [t.strip().lower() for t in args.tiles]
         return tile_rows(name, tiles, args.rounds, arch, lambda msg: print(msg, flush=True))
 
     rows, errors = each_case(names, one)

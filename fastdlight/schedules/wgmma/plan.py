@@ -241,9 +241,18 @@ class Plan:
         return self.m_per_wg * self.out_chunks
 
     @property
+    def held_pairs(self) -> int:
+        """A consumer thread's 16-bit output pairs of a tile, one 32-bit register each when held."""
+        return self.held_chunks * self.chunk_cols // 8 * 2
+
+    @property
     def held_regs(self) -> int:
-        """32-bit registers holding a tile's 16-bit outputs in pairs (one where none are held)."""
-        return self.held_chunks * self.chunk_cols // 8 * 2 if self.deferred else 1
+        """Registers the kernel allocates for held outputs (one where none are held)."""
+        return self.held_pairs if self.deferred else 1
+
+    def held_reg(self, mi, c, j, h):
+        """The held register of a thread's pair ``j, h`` of output chunk ``c`` in slice ``mi``."""
+        return ((mi * self.out_chunks + c) * (self.chunk_cols // 8) + j) * 2 + h
 
     @property
     def k_parts(self) -> int:

@@ -162,7 +162,7 @@ def build_kernel(func: tirx.PrimFunc, plan: Plan, bind: tirx.PrimFunc | None = N
 
 
 #: the held register of the thread's pair (k_j, k_h) of chunk (k_mi, k_c)
-HELD_PAIR = "k_held[((k_mi * K_PLAN.out_chunks + k_c) * (K_PLAN.chunk_cols // 8) + k_j) * 2 + k_h]"
+HELD_PAIR = "k_held[K_PLAN.held_reg(k_mi, k_c, k_j, k_h)]"
 
 
 def defers_epilogue(plan: Plan, epilogue, d) -> bool:
@@ -170,9 +170,9 @@ def defers_epilogue(plan: Plan, epilogue, d) -> bool:
     (a ping-pong warpgroup's epilogue already runs under the other's main loop), 16-bit
     outputs stored by TMA, no reads but scalars (prefetch rings are tied to the current tile),
     a chunk for each of the first K steps, and the held pairs fitting beside the accumulators."""
-    held = dataclasses.replace(plan, deferred=True).held_regs
     return (not plan.pingpong and d.tma and plan.match.out_bytes == 2 and all(r.scalar for r in epilogue.reads)
-            and plan.held_chunks <= plan.k_steps and plan.acc_regs + held + DEFER_SPARE_REGS <= plan.consumer_regs)
+            and plan.held_chunks <= plan.k_steps
+            and plan.acc_regs + plan.held_pairs + DEFER_SPARE_REGS <= plan.consumer_regs)
 
 
 def _stage_chunk(pair: list[str], after: list[str], store: list[str], indent: str) -> str:
