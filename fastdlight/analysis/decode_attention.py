@@ -386,12 +386,6 @@ def lane_width(head_dim: int) -> int:
     return VECTOR * key_lanes(head_dim, VECTOR)
 
 
-def merge_scratch(shape: DecodeAttentionShape) -> int:
-    """Bytes of shared memory a merged step's last CTA merges the chunks in: each chunk's max
-    (then weight) and sum of every row, and each row's weighted sum (4 where it merges nothing)."""
-    return 4 * (2 * shape.splits * shape.rows + shape.rows) if shape.merged and shape.splits > 1 else 4
-
-
 def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warps: int) -> bool:
     """Whether ``(tile, dims_per_lane, warps)`` lays out: whole 16-byte loads, a key's lanes
     within a warp, the tile a whole number of loads a thread, the merge in shared memory."""
@@ -402,17 +396,16 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
         return False
     slots = warps * (32 // lanes)
     rows = block_rows(shape.rows)
-    return tile % slots == 0 and warps * rows * shape.head_dim * 4 + merge_scratch(shape) <= MAX_SHARED_BYTES
+    return tile % slots == 0 and warps * rows * shape.head_dim * 4 <= MAX_SHARED_BYTES
 
 
 def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
     """Whether a ring of ``stages`` tiles (K and V of ``tile`` keys each) fits in shared memory
-    beside the merge's scratch, within what every CTA gets without opting in: ``stages`` >= 3
+    beside the warps' partial results, within what every CTA gets without opting in: ``stages`` >= 3
     (two stages are what the register sets already give)."""
     ring = stages * tile * lane_width(shape.head_dim) * 2 * 2
     rows = block_rows(shape.rows)
-    return stages >= 3 and ring + warps * rows * shape.head_dim * 4 + 2 * warps * rows * 4 + 16 \
-        + merge_scratch(shape) <= MAX_SHARED_BYTES
+    return stages >= 3 and ring + warps * rows * shape.head_dim * 4 + 2 * warps * rows * 4 + 16 <= MAX_SHARED_BYTES
 
 
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:

@@ -52,7 +52,6 @@ from fastdlight.analysis.decode_attention import (
     layout_fits,
     match_decode_combine,
     match_decode_split,
-    merge_scratch,
     row_blocks,
     split_fits,
     staged_fits,
@@ -321,7 +320,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         l_s = pool.alloc((warps * R,), "float32", align=16)
         o_s = pool.alloc((warps * R * D,), "float32", align=16)
         last = pool.alloc((1,), "int32", align=16)
-        w_s = pool.alloc((merge_scratch(shape) // 4,), "float32", align=16)
         ring = pool.alloc((stages * U * 2 * E * threads if staged else VECTOR,), dtype, align=16)
         pool.commit()
         Kf = T.decl_buffer((pool_elems,), dtype, data=Kc.data)
@@ -410,7 +408,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                                                   T.float32(EMPTY_MAX))
                     Lf[out0 + r] = merged[2]
                 finish(Y, out0, idx, merged)
-        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s)
+        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well

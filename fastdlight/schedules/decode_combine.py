@@ -13,6 +13,9 @@ from tvm.script import tirx as T
 from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, row_blocks
 from fastdlight.schedules.dependency import release_dependents
 
+#: most chunks a merging thread of a merged step loads at once (more come in batches)
+MERGE_BATCH = 24
+
 
 def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) -> tirx.PrimFunc:
     """The TIRx kernel that merges the chunks (a :func:`decode_combine_func` of ``shape``): a
@@ -102,70 +105,69 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
     each (batch, K/V head) merges its chunks: ``merge_last``; a no-op for an unmerged shape or
     one chunk) and ``finish`` on each output element (one chunk: the element, final)."""
     B, G, R, D, S, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits, shape.dtype
-    lane_chunks = -(-S // 32)  # chunks a lane of a merging warp takes
+    # the chunks a merging thread folds per batch: each chunk's max, sum and value in flight
+    # together (three registers a chunk), so a batch waits out one L2 round trip
+    batches = -(-S // MERGE_BATCH)
+    per_batch = -(-S // batches)
+    tickets = S * row_blocks(R)  # (every row block of every chunk takes one)
 
     @T.macro
-    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
-        """(A merged shape.) Each thread's writes made visible, the CTA takes a ticket for its
-        (batch, K/V head); the CTA that takes the last merges every chunk of it and leaves the
-        counter at zero. The chunks' maxima and sums go to shared memory once, a warp a row
-        turns them into each chunk's weight and the row's sum, and then each output element is
-        a weighted sum of the chunks' rows, its loads independent (unrolled) so that they are in
-        flight together: a thread folding the chunks one by one waits out an L2 round trip a
-        chunk (H200: 9.5 us at 66 chunks of four rows)."""
+    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
+        """(A merged shape.) Once the CTA's writes are done, one thread releases them and takes a
+        ticket for the (batch, K/V head); the CTA that takes the last merges every chunk of it and
+        leaves the counter at zero. Each of its threads folds output elements by itself: a
+        batch of chunks' maxima, sums and values loaded at once, then weighted, so that the
+        merge after the ticket is one L2 round trip a batch (H200: with the maxima and sums
+        staged in shared memory first, a weight a chunk, then the values, it was three)."""
         Tf = T.decl_buffer((B * G,), "int32", data=Tickets.data)
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
-        lane = T.meta_var(tid % 32)
-        T.cuda.thread_fence()
-        T.cuda.cta_sync()
+        mx = T.alloc_buffer((per_batch,), "float32", scope="local")
+        sm = T.alloc_buffer((per_batch,), "float32", scope="local")
+        ov = T.alloc_buffer((per_batch,), "float32", scope="local")
+        T.cuda.cta_sync()  # the CTA's writes of its chunk precede the release below
         if tid == 0:
+            T.cuda.thread_fence()  # (cumulative: the barrier ordered the other threads' writes)
             ticket[0] = T.cuda.atomic_add(T.address_of(Tf[bg]), 1)
+            if ticket[0] == tickets - 1:
+                T.cuda.thread_fence()  # the other CTAs' chunks, released before their tickets
             last[0] = ticket[0]
         T.cuda.cta_sync()
-        if last[0] == S * row_blocks(R) - 1:  # (every row block of every chunk a ticket)
+        if last[0] == tickets - 1:
             # the others have left: the next kernel may take their slots while this one merges
             with release_dependents():
                 T.evaluate(0)
-            T.cuda.thread_fence()  # the other CTAs' chunks, fenced before their tickets
-            # w_s: [S, R] maxima (then weights), [S, R] sums, [R] the rows' weighted sums
-            for it in T.serial((S * R + threads - 1) // threads):
-                j = T.meta_var(it * threads + tid)
-                if j < S * R:
-                    w_s[j] = Mf[bg * S * R + j]
-                    w_s[S * R + j] = Lf[bg * S * R + j]
-            T.cuda.cta_sync()
-            for rr in T.serial((R + warps - 1) // warps):
-                r = T.meta_var(rr * warps + tid // 32)
-                if r < R:  # a warp a row: its lanes take chunks lane, lane + 32, ...
-                    st[0] = T.min_value("float32")
-                    for c in T.unroll(lane_chunks):
-                        if c * 32 + lane < S:
-                            st[0] = T.max(st[0], w_s[(c * 32 + lane) * R + r])
-                    for o in T.unroll(5):
-                        st[0] = T.max(st[0], T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), st[0], 16 >> o, 32, 32))
-                    st[1] = T.float32(0)
-                    for c in T.unroll(lane_chunks):
-                        if c * 32 + lane < S:
-                            st[2] = T.exp(w_s[(c * 32 + lane) * R + r] - st[0])
-                            w_s[(c * 32 + lane) * R + r] = st[2]
-                            st[1] = st[1] + st[2] * w_s[S * R + (c * 32 + lane) * R + r]
-                    for o in T.unroll(5):
-                        st[1] = st[1] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), st[1], 16 >> o, 32, 32)
-                    if lane == 0:
-                        w_s[2 * S * R + r] = st[1]
-            T.cuda.cta_sync()
             for it in T.serial((R * D + threads - 1) // threads):
                 idx = T.meta_var(it * threads + tid)
                 if idx < R * D:
-                    st[3] = T.float32(0)
-                    for p in T.unroll(S):
-                        st[3] = st[3] + w_s[p * R + idx // D] * Of[(bg * S + p) * R * D + idx]
-                    Yf[bg * R * D + idx] = T.Cast(dtype, st[3] / w_s[2 * S * R + idx // D])
+                    st[0] = T.min_value("float32")  # running max, sum, weighted sum
+                    st[1] = T.float32(0)
+                    st[2] = T.float32(0)
+                    for b in T.unroll(batches):
+                        for p in T.unroll(per_batch):
+                            if b * per_batch + p < S:
+                                at = T.meta_var((bg * S + b * per_batch + p) * R + idx // D)
+                                mx[p] = Mf[at]
+                                sm[p] = Lf[at]
+                                ov[p] = Of[(bg * S + b * per_batch + p) * R * D + idx]
+                        st[3] = st[0]
+                        for p in T.unroll(per_batch):
+                            if b * per_batch + p < S:
+                                st[3] = T.max(st[3], mx[p])
+                        st[0] = T.exp(st[0] - st[3])  # (the batches before: rescaled)
+                        st[1] = st[1] * st[0]
+                        st[2] = st[2] * st[0]
+                        for p in T.unroll(per_batch):
+                            if b * per_batch + p < S:
+                                mx[p] = T.exp(mx[p] - st[3])
+                                st[1] = st[1] + mx[p] * sm[p]
+                                st[2] = st[2] + mx[p] * ov[p]
+                        st[0] = st[3]
+                    Yf[bg * R * D + idx] = T.Cast(dtype, st[2] / st[1])
             if tid == 0:
                 Tf[bg] = 0
 
     @T.macro
-    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st, w_s):
+    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
         T.evaluate(0)
 
     @T.macro
