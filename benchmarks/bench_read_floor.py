@@ -43,12 +43,14 @@ SHAPES = [(256, 4, 0), (256, 8, 0), (512, 4, 0), (512, 8, 0), (1024, 4, 0), (256
           (1024, 8, 1), (256, 16, 0), (1024, 16, 1)]
 #: the same bytes read as the kernels of a size read them: each CTA its own contiguous chunk of
 #: each of ``streams`` equal regions (threads, loads of each region in flight a thread, CTAs,
-#: streams): a 4-bit GEMV's row blocks (344 CTAs of 32 rows of 1x11008x4096, 256 of 16 rows of
-#: 1x4096x11008), split-KV decode's chunks of K and V (17, 16 or 8 chunks of 32 heads), the
+#: streams, and optionally a group: that many CTAs sharing a chunk, block by block): a 4-bit GEMV's row blocks (344 CTAs of 32 rows of 1x11008x4096, 256 of 16 rows of
+#: 1x4096x11008), split-KV decode's chunks of K and V (17, 16 or 8 chunks of 32 heads; or a
+#: head's keys shared by its 17 or 16 CTAs a block each in turn), the
 #: fp16 GEMV's 688 blocks of 16 rows
 CHUNKED = {
     "w4a16_layer": [(256, 4, 344, 1), (256, 8, 344, 1), (512, 4, 256, 1), (512, 8, 256, 1)],
-    "decode_b1_h32": [(128, 2, 544, 2), (128, 4, 544, 2), (256, 2, 544, 2), (128, 4, 512, 2), (128, 8, 256, 2)],
+    "decode_b1_h32": [(128, 2, 544, 2), (128, 4, 544, 2), (256, 2, 544, 2), (128, 4, 512, 2), (128, 8, 256, 2),
+                      (128, 2, 544, 2, 17), (128, 4, 544, 2, 17), (256, 2, 544, 2, 17), (128, 4, 512, 2, 16)],
     "fp16_11008x4096": [(256, 4, 688, 1), (256, 8, 688, 1)],
 }
 
@@ -76,13 +78,15 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 
 _READ_CHUNKS = r"""
 __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* out, int bid, int tid) {
-  // CTA bid streams its own contiguous chunk of each of STREAMS equal regions, as a split-KV
-  // decode CTA streams its chunk of K and of V
+  // CTA bid streams its own chunk of each of STREAMS equal regions, as a split-KV decode CTA
+  // streams its chunk of K and of V: contiguous (GROUP 1), or, GROUP CTAs sharing a chunk,
+  // every GROUP-th block of THREADS * UNROLL words of it from block bid % GROUP on
   const uint4* p = reinterpret_cast<const uint4*>(words);
-  const long long region = N16 / STREAMS, per = (region + CTAS - 1) / CTAS;
-  const long long begin = (long long)bid * per, end = begin + per < region ? begin + per : region;
+  const long long region = N16 / STREAMS, groups = CTAS / GROUP, per = (region + groups - 1) / groups;
+  const long long begin = (long long)(bid / GROUP) * per, end = begin + per < region ? begin + per : region;
+  const long long block = (long long)THREADS * UNROLL;
   unsigned acc = 0u;
-  for (long long base = begin + tid; base < end; base += (long long)THREADS * UNROLL) {
+  for (long long base = begin + (bid % GROUP) * block + tid; base < end; base += GROUP * block) {
     uint4 v[STREAMS * UNROLL];
 #pragma unroll
     for (int u = 0; u < STREAMS * UNROLL; ++u) {
@@ -97,15 +101,16 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 """
 
 
-def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int = 0):
+def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int = 0, group: int = 1):
     """The TIRx read kernel over ``nbytes`` (a multiple of 16) in ``ctas`` CTAs: striding over
-    them (``streams`` 0), or each CTA its chunk of each of ``streams`` regions."""
+    them (``streams`` 0), or each CTA its chunk of each of ``streams`` regions (``group`` > 1:
+    a chunk of ``group`` CTAs, read in turns)."""
     from tvm.backend.cuda.op import cuda_func_call
     from tvm.script import tirx as T
 
     n16 = nbytes // 16
     source = ((_READ_CHUNKS if streams else _READ).replace("N16", f"{n16}LL").replace("CTAS", str(ctas))
-              .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams)))
+              .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams)).replace("GROUP", str(group)))
 
     @T.prim_func
     def kernel(P: T.Buffer((n16 * 4,), "uint32"), O: T.Buffer((1,), "uint32")):
@@ -128,9 +133,10 @@ def label_of(threads: int, unroll: int, per_sm: int) -> str:
     return f"{threads} threads, {unroll} loads" + (f", persistent {per_sm} an SM" if per_sm else "")
 
 
-def chunked_label(threads: int, unroll: int, ctas: int, streams: int) -> str:
+def chunked_label(threads: int, unroll: int, ctas: int, streams: int, group: int = 1) -> str:
     streams_part = f" of {streams} streams" if streams > 1 else ""
-    return f"chunks: {ctas} CTAs of {threads} threads, {unroll} loads{streams_part}"
+    group_part = f", a chunk of {group} CTAs in turns" if group > 1 else ""
+    return f"chunks: {ctas} CTAs of {threads} threads, {unroll} loads{streams_part}{group_part}"
 
 
 def rotated_copies(nbytes: int, l2_bytes: int) -> int:
@@ -154,9 +160,9 @@ def read_timers(name: str, nbytes: int, arch, dev, log) -> dict:
     timers = {}
     kernels = [(label_of(t, u, s), (t, u, grid_of(nbytes, t, u, s, arch.sm_count), 0)) for t, u, s in SHAPES]
     kernels += [(chunked_label(*shape), shape) for shape in CHUNKED.get(name, [])]
-    for label, (threads, unroll, ctas, streams) in kernels:
+    for label, shape in kernels:
         try:
-            kernel = read_kernel(nbytes, threads, unroll, ctas, streams)
+            kernel = read_kernel(nbytes, *shape)
             mod = build(tvm.IRModule({"read_floor": kernel}), arch.target)
             launch = mod["read_floor"]
             per_launch = nbytes / 3.0e9  # ms at 3 TB/s: sizes the graph

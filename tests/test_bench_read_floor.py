@@ -45,7 +45,7 @@ def test_the_read_kernel_builds_to_a_dependent_launch_whose_wait_comes_first():
     assert cubin.binary
 
 
-def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region():
+def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region_or_a_groups_in_turns():
     pytest.importorskip("tvm")
     import tvm
 
@@ -53,9 +53,13 @@ def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region():
 
     for name, shapes in brf.CHUNKED.items():
         assert name in brf.SIZES and shapes
-    kernel = brf.read_kernel(1 << 20, 128, 4, 17, streams=2)
-    source, cubin = compile_mod_to_cubin(tvm.IRModule({"read_floor": kernel}), tvm.target.Target("nvidia/nvidia-h100"))
-    assert "region = 65536LL / 2, per = (region + 17 - 1) / 17" in source and cubin.binary
+    target = tvm.target.Target("nvidia/nvidia-h100")
+    for ctas, group in ((17, 1), (34, 17)):
+        kernel = brf.read_kernel(1 << 20, 128, 4, ctas, streams=2, group=group)
+        source, cubin = compile_mod_to_cubin(tvm.IRModule({"read_floor": kernel}), target)
+        assert f"region = 65536LL / 2, groups = {ctas} / {group}" in source and cubin.binary
+        assert f"base += {group} * block" in source
+    assert "in turns" in brf.chunked_label(128, 4, 34, 2, 17) and "turns" not in brf.chunked_label(128, 4, 17, 2)
 
 
 def test_an_unknown_size_is_one_line_and_exit_2():

@@ -8,10 +8,26 @@ each (batch, K/V head), or, with one chunk, each CTA's output written as it is."
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
 from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, row_blocks
 from fastdlight.schedules.dependency import release_dependents
+
+_TICKET = r"""
+__forceinline__ __device__ int fdl_take_ticket(int* counter) {
+  // the counter's value before this add: the writes before it released, those of every CTA
+  // that added before acquired
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+"""
+
+
+def _take_ticket(counter):
+    return cuda_func_call("fdl_take_ticket", counter, source_code=_TICKET, return_type="int32")
+
 
 #: most chunks a merging thread of a merged step loads at once (more come in batches)
 MERGE_BATCH = 24
@@ -126,10 +142,9 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
         ov = T.alloc_buffer((per_batch,), "float32", scope="local")
         T.cuda.cta_sync()  # the CTA's writes of its chunk precede the release below
         if tid == 0:
-            T.cuda.thread_fence()  # (cumulative: the barrier ordered the other threads' writes)
-            ticket[0] = T.cuda.atomic_add(T.address_of(Tf[bg]), 1)
-            if ticket[0] == tickets - 1:
-                T.cuda.thread_fence()  # the other CTAs' chunks, released before their tickets
+            # released and acquired in one atomic (cumulative: the barrier ordered the other
+            # threads' writes before it)
+            ticket[0] = _take_ticket(T.address_of(Tf[bg]))
             last[0] = ticket[0]
         T.cuda.cta_sync()
         if last[0] == tickets - 1:
