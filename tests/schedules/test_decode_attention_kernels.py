@@ -147,6 +147,23 @@ def test_a_staged_step_copies_its_tiles_asynchronously_without_spills(page_size,
     assert "cp.async.wait_group 0;" in src and "cp.async.commit_group;" in src
 
 
+@pytest.mark.parametrize("head_dim, merged", [(96, True), (80, True), (128, False)])
+def test_the_staged_ring_starts_on_a_128_byte_boundary(head_dim, merged):
+    """Whatever shared memory the warps' partial results take before it (their size follows the
+    head dim), every cp.async destination of the ring is 128-byte aligned at thread 0."""
+    import re
+
+    from fastdlight.config import Config
+
+    shape = DecodeAttentionShape(1, 32, 1, head_dim, 17, appended=False, merged=merged)
+    func = decode_split_func(shape, tirx.Var("n", "int64"))
+    config = Config("decode_attention", block=(16,), thread=(8,), warp=(4,), pipeline_stages=4)
+    ((_, kernel),) = kernels(func, [config])
+    src, _ = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+    starts = {int(n) for n in re.findall(r"pool_buf_ptr\)\[\(\(\(\(int\)threadIdx\.x\) \* 8\) \+ (\d+)\)\]", src)}
+    assert starts and all(n * 2 % 128 == 0 for n in starts), sorted(starts)
+
+
 def test_staged_variants_of_the_best_layouts_that_fit():
     from fastdlight.analysis.decode_attention import staged_fits
     from fastdlight.policies.decode_attention import MAX_STAGES, STAGED_LAYOUTS
