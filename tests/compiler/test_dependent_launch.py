@@ -120,7 +120,7 @@ def test_the_merged_decode_step_releases_the_next_kernel_from_its_merging_cta_on
     (body,) = kernel_bodies(cc.cuda_source(cc.build(decode_module(SM90A, merged=True), SM90A)))
     assert body.count(RELEASE) == 1
     # after the CTA has taken its ticket and found itself the last of its head, before the merge
-    assert body.index("griddepcontrol_wait()") < body.index("atomic_add") < body.index(RELEASE)
+    assert body.index("griddepcontrol_wait()") < body.index("fdl_take_ticket(") < body.index(RELEASE)
     merging = body[:body.index(RELEASE)].rindex("if (")
     assert "== 16)" in body[merging:body.index(RELEASE)]  # the ticket of the 17th chunk
     for module in (decode_module(SM90A), gemv_module(SM90A)):  # no mark: they release by exiting
