@@ -43,10 +43,10 @@ SHAPES = [(256, 4, 0), (256, 8, 0), (512, 4, 0), (512, 8, 0), (1024, 4, 0), (256
           (1024, 8, 1), (256, 16, 0), (1024, 16, 1)]
 #: the same bytes read as the kernels of a size read them: each CTA its own contiguous chunk of
 #: each of ``streams`` equal regions (threads, loads of each region in flight a thread, CTAs,
-#: streams, and optionally a group: that many CTAs sharing a chunk, block by block): a 4-bit GEMV's row blocks (344 CTAs of 32 rows of 1x11008x4096, 256 of 16 rows of
-#: 1x4096x11008), split-KV decode's chunks of K and V (17, 16 or 8 chunks of 32 heads; or a
-#: head's keys shared by its 17 or 16 CTAs a block each in turn), the
-#: fp16 GEMV's 688 blocks of 16 rows
+#: streams, and optionally a group: that many CTAs sharing a chunk, block by block): a 4-bit
+#: GEMV's row blocks (344 CTAs of 32 rows of 1x11008x4096, 256 of 16 rows of 1x4096x11008),
+#: split-KV decode's chunks of K and V (17, 16 or 8 chunks of 32 heads; or a head's keys shared by
+#: its 17 or 16 CTAs a block each in turn), the fp16 GEMV's 688 blocks of 16 rows
 CHUNKED = {
     "w4a16_layer": [(256, 4, 344, 1), (256, 8, 344, 1), (512, 4, 256, 1), (512, 8, 256, 1)],
     "decode_b1_h32": [(128, 2, 544, 2), (128, 4, 544, 2), (256, 2, 544, 2), (128, 4, 512, 2), (128, 8, 256, 2),
@@ -110,7 +110,8 @@ def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int 
 
     n16 = nbytes // 16
     source = ((_READ_CHUNKS if streams else _READ).replace("N16", f"{n16}LL").replace("CTAS", str(ctas))
-              .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams)).replace("GROUP", str(group)))
+              .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams))
+              .replace("GROUP", str(group)))
 
     @T.prim_func
     def kernel(P: T.Buffer((n16 * 4,), "uint32"), O: T.Buffer((1,), "uint32")):
