@@ -133,8 +133,8 @@ def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
         ticket for the (batch, K/V head); the CTA that takes the last merges every chunk of it and
         leaves the counter at zero. Each of its threads folds output elements by itself: a
         batch of chunks' maxima, sums and values loaded at once, then weighted, so that the
-        merge after the ticket is one L2 round trip a batch (H200: with the maxima and sums
-        staged in shared memory first, a weight a chunk, then the values, it was three)."""
+        merge after the ticket is one L2 round trip a batch (staging the maxima and sums in
+        shared memory first, then loading the values, took a fence and two)."""
         Tf = T.decl_buffer((B * G,), "int32", data=Tickets.data)
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
         mx = T.alloc_buffer((per_batch,), "float32", scope="local")
