@@ -259,7 +259,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
 
     # one chunk: the step writes the output itself (no tickets, no last CTA); more: the last CTA
     # of a (batch, K/V head) folds the chunks
-    tail, finish = merge_tails(shape, threads, warps)
+    tail, finish = merge_tails(shape, threads)
 
     def in_rows(idx, r0):
         """Whether element ``idx`` of the CTA's rows' outputs is one of the rows (a short last block)."""

@@ -115,11 +115,11 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
     return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
 
 
-def merge_tails(shape: DecodeAttentionShape, threads: int, warps: int):
-    """The chunk step's ending for a merged ``shape`` (a CTA of ``threads`` threads in
-    ``warps`` warps), as two macros: ``tail`` after the CTA's chunk is written (the last CTA of
-    each (batch, K/V head) merges its chunks: ``merge_last``; a no-op for an unmerged shape or
-    one chunk) and ``finish`` on each output element (one chunk: the element, final)."""
+def merge_tails(shape: DecodeAttentionShape, threads: int):
+    """The chunk step's ending for a merged ``shape`` (a CTA of ``threads`` threads), as two
+    macros: ``tail`` after the CTA's chunk is written (the last CTA of each (batch, K/V head)
+    merges its chunks: ``merge_last``; a no-op for an unmerged shape or one chunk) and
+    ``finish`` on each output element (one chunk: the element, final)."""
     B, G, R, D, S, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits, shape.dtype
     # the chunks a merging thread folds per batch: each chunk's max, sum and value in flight
     # together (three registers a chunk), so a batch waits out one L2 round trip
