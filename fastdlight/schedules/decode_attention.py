@@ -342,7 +342,6 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
         other = T.alloc_buffer((2,), "float32", scope="local")
         merged = T.alloc_buffer((3,), "float32", scope="local")
         nk = T.alloc_buffer((1,), "int64", scope="local")
-        ticket = T.alloc_buffer((1,), "int32", scope="local")
         st = T.alloc_buffer((4,), "float32", scope="local")
         part = T.meta_var(bid % S if blocks == 1 else bid // blocks % S)
         bg = T.meta_var(bid // S if blocks == 1 else bid // (blocks * S))
@@ -410,7 +409,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                                                   T.float32(EMPTY_MAX))
                     Lf[out0 + r] = merged[2]
                 finish(Y, out0, idx, merged)
-        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st)
+        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, st)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well

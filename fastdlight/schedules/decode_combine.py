@@ -128,7 +128,7 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
     tickets = S * row_blocks(R)  # (every row block of every chunk takes one)
 
     @T.macro
-    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
+    def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, st):
         """(A merged shape.) Once the CTA's writes are done, one thread releases them and takes a
         ticket for the (batch, K/V head); the CTA that takes the last merges every chunk of it and
         leaves the counter at zero. Each of its threads folds output elements by itself: a
@@ -144,8 +144,7 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
         if tid == 0:
             # released and acquired in one atomic (cumulative: the barrier ordered the other
             # threads' writes before it)
-            ticket[0] = _take_ticket(T.address_of(Tf[bg]))
-            last[0] = ticket[0]
+            last[0] = _take_ticket(T.address_of(Tf[bg]))
         T.cuda.cta_sync()
         if last[0] == tickets - 1:
             # the others have left: the next kernel may take their slots while this one merges
@@ -182,7 +181,7 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
                 Tf[bg] = 0
 
     @T.macro
-    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, ticket, st):
+    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, st):
         T.evaluate(0)
 
     @T.macro
