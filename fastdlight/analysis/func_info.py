@@ -412,12 +412,10 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     weight = None
     if not reduction_blocks:
         kind = "elementwise"
-    elif len(stores) > 1 or len(reduction_blocks) > 2:
+    elif len(reduction_blocks) > 1 or len(stores) > 1:
         kind = "general_reduction"
     else:
         kind, weight = _classify((si, ri, reads, extents), block)
-        if len(reduction_blocks) == 2 and not (kind == "gemv" and _row_statistic_first(sch, blocks, weight)):
-            kind, weight = "general_reduction", None
     dominant = None
     if reads:
         dominant = max(reads, key=lambda a: (a.is_param, math.prod(a.region(extents)))).name
@@ -438,17 +436,6 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
         gemv_weight=weight,
         dominant_read=dominant,
     )
-
-def _row_statistic_first(sch: s_tir.Schedule, blocks, weight: str) -> bool:
-    """A GEMV whose activations are normalized first (an RMSNorm merged in front of a decode
-    step's projection): the first of the two reductions reduces the activations' rows to at most
-    ``GEMV_MAX_ROWS`` values and does not read the weight."""
-    first = next(b for b in blocks if reduces(b))
-    stmt = sch.get(first.block_rv)
-    if len(stmt.writes) != 1 or any(str(r.source.name) == weight for r in stmt.reads):
-        return False
-    return math.prod(static_extent(d, "row statistic") for d in stmt.writes[0].source.shape) <= GEMV_MAX_ROWS
-
 
 def _output_block_inlined(normalized: tirx.PrimFunc, blocks, anchor: str):
     """The output block with the injective producers before it (a convolution's padding,

@@ -46,7 +46,6 @@ from fastdlight.relax.decode import decode_weight_layout
 from fastdlight.relax.decode_attention import decode_attention
 from fastdlight.relax.fuse_attention import fused_attention
 from fastdlight.relax.gated import gated_projections
-from fastdlight.relax.prologues import decode_prologues
 from fastdlight.relax.reshapes import merge_reshapes, output_reshape_views, sink_reshapes
 from fastdlight.relax.rewrites import (
     causal_masks,
@@ -155,7 +154,6 @@ def prepare(target, *, fuse_attention: bool = True) -> tvm.transform.Pass:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
-        decode_prologues(),  # a decode GEMV's SiLU gate or RMSNorm, computed where it loads them
         relax.transform.FuseTIR(),
         fold_views(target),  # where the target has wgmma: matmuls read attention's heads in place
         relax.transform.DeadCodeElimination(),

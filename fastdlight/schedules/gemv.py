@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 
-import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import s_tir, tirx
 
 from fastdlight.config import Config
 from fastdlight.schedules.base import (
@@ -43,7 +42,7 @@ class GemvTemplate(ScheduleTemplate):
         sch, blocks, anchor, spatial, reduce = prepare(func)
         if len(reduce) != 1 or len(spatial) not in (1, 2):
             return None
-        prologue, stats = _prologue(sch, blocks, anchor)
+        inline_injective(sch, blocks, keep=[anchor])
         epilogue = output_epilogue(sch, blocks, anchor, spatial)  # e.g. float32 acc -> fp16
         apart = []
         if epilogue is False:
@@ -62,35 +61,12 @@ class GemvTemplate(ScheduleTemplate):
         if stmt.init is None or len(stmt.reads) < 2 or not _is_gemv(stmt, anchor, spatial):
             return None
         if dominant_read_is_contiguous_in(sch, anchor, "R"):
-            schedule_inner_reduction(sch, anchor, spatial, reduce, config, epilogue,
-                                     prologue=prologue and prologue.block_rv, stats=stats and stats.block_rv)
-        elif stats is not None:
-            return None
+            schedule_inner_reduction(sch, anchor, spatial, reduce, config, epilogue)
         else:
-            if prologue is not None:
-                sch.compute_inline(prologue.block_rv)
             schedule_outer_reduction(sch, anchor, spatial, reduce, config, epilogue)
         for info in apart:
             _schedule_elementwise_kernel(sch, info.block_rv)
         return sch
-
-
-def _prologue(sch: s_tir.Schedule, blocks, anchor):
-    """Inline the injective blocks; returns ``(prologue, stats)``, each an SBlockInfo or None,
-    both taken out of ``blocks``: the block computing the activations when it is kept (see
-    :func:`x_prologue`) and the row statistic it reads (an RMSNorm's sum of squares)."""
-    prologue = x_prologue(sch, blocks, anchor)
-    inline_injective(sch, blocks, keep=[anchor, *([prologue] if prologue else [])])
-    stats = next((b for b in blocks if b.is_reduction() and not b.block_rv.same_as(anchor.block_rv)), None)
-    if prologue is None:
-        return None, None
-    blocks.remove(prologue)
-    if stats is not None:
-        blocks.remove(stats)
-    elif _loads(sch.get(prologue.block_rv)) < 2:  # a cast or view of one input: read in place
-        sch.compute_inline(prologue.block_rv)
-        prologue = None
-    return prologue, stats
 
 
 #: threads a block of an epilogue that runs as a kernel of its own
@@ -104,31 +80,6 @@ def _schedule_elementwise_kernel(sch: s_tir.Schedule, block) -> None:
     bx, tx = sch.split(fused, [None, EPILOGUE_THREADS], preserve_unit_iters=True)
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-
-
-def x_prologue(sch: s_tir.Schedule, blocks, anchor):
-    """The injective block that writes the activations ``anchor`` reads, when one does (a
-    decode step's SiLU gate, ``silu(gate) * up``, merged in front of the down projection), else
-    None. Inlined into the GEMV's loads, such a prologue reads its inputs at several places
-    in one index expression, which no vector load covers; kept, it is computed a vector at a
-    time in registers beside each load of the weights."""
-    written = {}
-    for info in blocks:
-        if info.block_rv.same_as(anchor.block_rv):
-            break
-        for region in sch.get(info.block_rv).writes:
-            written[region.source.name] = info
-    for region in sch.get(anchor.block_rv).reads:
-        info = written.get(region.source.name)
-        if info is not None and info.is_injective():
-            return info
-    return None
-
-
-def _loads(block: tirx.SBlock) -> int:
-    found = []
-    tvm_ffi.structural_walk(block.body, (ir.TensorLoad, found.append), order="post")
-    return len(found)
 
 
 def _is_gemv(stmt: tirx.SBlock, anchor, spatial) -> bool:

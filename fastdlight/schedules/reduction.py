@@ -27,8 +27,6 @@ from tvm import s_tir, tirx
 from fastdlight.config import Config
 from fastdlight.schedules.base import (
     MAX_THREADS,
-    MAX_VECTOR_BITS,
-    expr_bits,
     ScheduleTemplate,
     config_fits_axes,
     dominant_read_is_contiguous_in,
@@ -115,12 +113,7 @@ def _fuse(sch, loops):
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
 
 
-def schedule_inner_reduction(sch, anchor, spatial, reduce, config: Config, epilogue=None,
-                             prologue=None, stats=None) -> s_tir.Schedule:
-    """``prologue``: an injective block computing one of the block's inputs (see
-    ``gemv.x_prologue``), computed in registers a vector at a time where the input is loaded;
-    ``stats``: a reduction of rows that the prologue reads (an RMSNorm's sum of squares), computed
-    by all the block's threads first, into shared memory."""
+def schedule_inner_reduction(sch, anchor, spatial, reduce, config: Config, epilogue=None) -> s_tir.Schedule:
     block = anchor.block_rv
     r_loops = iter_loops(anchor, "R")
     r_extent = math.prod(a.extent for a in reduce)
@@ -146,16 +139,6 @@ def schedule_inner_reduction(sch, anchor, spatial, reduce, config: Config, epilo
     ty = _fuse(sch, threads)
     sch.bind(ty, "threadIdx.y")
     sch.bind(tr, "threadIdx.x")
-    if prologue is not None:
-        sch.set_scope(prologue, 0, "local")
-        sch.compute_at(prologue, u, preserve_unit_loops=True)
-        _vectorize_computed(sch, prologue, vec if vec > 1 else 1, below=u)
-    if stats is not None:
-        sch.set_scope(stats, 0, "shared")
-        sch.compute_at(stats, bx, preserve_unit_loops=True)
-        _, sty, stx = sch.split(sch.get_loops(stats)[-1], [None, math.prod(config.threads_per_axis), rt])
-        sch.bind(sty, "threadIdx.y")
-        sch.bind(stx, "threadIdx.x")
     if vec > 1:
         # Per step, registers receive one vector of each row the thread owns, for every input
         # read along the row (gemv: W rows and the X vector(s)): 128-bit loads.
@@ -175,21 +158,6 @@ def schedule_inner_reduction(sch, anchor, spatial, reduce, config: Config, epilo
     sch.bind(r_loop[0], "threadIdx.x")
     schedule_epilogue(sch, block, epilogue, bx, (math.prod(config.threads_per_axis), rt))
     return sch
-
-
-def _vectorize_computed(sch: s_tir.Schedule, block, vec: int, below) -> None:
-    """Vectorize ``block``'s innermost loop (``vec`` elements) in vectors of at most 128 bits of
-    the widest value it computes (an fp16 input normalized in fp32: 4 lanes, twice), wider ones
-    being what TVM's CUDA code generator cannot write; its other loops under ``below`` unrolled,
-    so that its registers are indexed by constants (not spilled to the stack)."""
-    lanes = min(vec, max(1, MAX_VECTOR_BITS // expr_bits(sch.get(block))))
-    inner = sch.split(sch.get_loops(block)[-1], [None, lanes])[-1]
-    loops = [sch.get(lp) for lp in sch.get_loops(block)]
-    first = next(i for i, lp in enumerate(loops) if lp.same_as(sch.get(below))) + 1
-    for loop in sch.get_loops(block)[first:-1]:
-        sch.unroll(loop)
-    if lanes > 1:
-        sch.vectorize(inner)
 
 
 def _writeback_loops(sch, block, config: Config, vec: int):
