@@ -61,6 +61,7 @@ class GeneralReductionTemplate(ScheduleTemplate):
             return None
         reductions = [b for b in blocks if b.is_reduction()]
         inline_injective(sch, blocks, keep=reductions)
+        _row_loops_of_one_row(sch, blocks, spatial)
         chain = _chain(sch, blocks, spatial, reduce)
         if chain is None:
             return None
@@ -128,7 +129,10 @@ class GeneralReductionTemplate(ScheduleTemplate):
 
     def _cache_rows(self, sch, readers, bx, config: Config, threads_y: int, rt: int, r_extent: int) -> None:
         """Read each input that is read whole-row by several blocks of the chain into shared
-        memory once per thread block (if the block's rows fit ``smem_limit``)."""
+        memory once per thread block (if the block's rows fit ``smem_limit``); and so each one
+        the last block alone reads (a norm's weight, a residual), fetched with the others
+        before the reductions: read where it is used, its load would wait for the reductions
+        (a memory round trip after them, of a 1.2 us RMSNorm of a decode step)."""
         rows = math.prod(config.block)
         counts: dict = {}
         for blk in readers:
@@ -139,16 +143,18 @@ class GeneralReductionTemplate(ScheduleTemplate):
                     if not any(b.same_as(blk) for b in entry[1]):
                         entry[1].append(blk)
         used = 0
+        last = readers[-1]
         for name, (buf, consumers) in counts.items():
-            if len(consumers) < 2:
-                continue  # read once anyway: caching would only add a copy
-            size = rows * r_extent * dtype_bits(buf.dtype) // 8
+            if len(consumers) < 2 and (len(readers) < 2 or not consumers[0].same_as(last)):
+                continue  # read once, by a reduction, anyway: caching would only add a copy
+            size = min(rows * r_extent, _numel(buf)) * dtype_bits(buf.dtype) // 8  # (a weight: one row)
             if used + size > self.smem_limit:
                 continue
             used += size
             idx = [r.source.name for r in sch.get(consumers[0]).reads].index(name)
             cache = sch.cache_read(consumers[0], idx, "shared", consumer_blocks=consumers)
-            sch.compute_at(cache, bx, preserve_unit_loops=True)
+            # (index -2: the first place it may go, the start of the block, before the reductions)
+            sch.compute_at(cache, bx, preserve_unit_loops=True, index=-2 if len(consumers) < 2 else -1)
             bits = dtype_bits(buf.dtype)
             vec = largest_pow2_divisor(r_extent, max(1, 128 // bits))
             cooperative_fetch(sch, cache, [threads_y, rt], vec)
@@ -156,6 +162,18 @@ class GeneralReductionTemplate(ScheduleTemplate):
 
 def _numel(buf) -> int:
     return math.prod(int(d) for d in buf.shape)
+
+
+def _row_loops_of_one_row(sch, blocks, spatial) -> None:
+    """A function of one row (a batch-1 decode step's RMSNorm of ``[1, 1, K]``): an inlined block
+    may have lost its unit row loops, which every step below indexes (``loops[:n_s]``); give
+    them back, outermost."""
+    if math.prod(a.extent for a in spatial) != 1:
+        return
+    for info in blocks:
+        missing = len(spatial) + 1 - len(sch.get_loops(info.block_rv))
+        for _ in range(max(0, missing)):
+            sch.add_unit_loop(sch.get_loops(info.block_rv)[0])
 
 
 def _chain(sch, blocks, spatial, reduce):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import numpy as np
-from tvm import te
+from tvm import te, topi
 
 from fastdlight import ops
 from fastdlight.config import Config
@@ -26,6 +28,23 @@ def gemv_acc32(n: int, k: int, m: int = 1) -> ops.Op:
     func = te.create_prim_func([X, W, Y]).with_attr("global_symbol", "gemv_acc32")
     ref = lambda x, w: x.astype(np.float64) @ w.astype(np.float64).T  # noqa: E731
     return ops.Op("gemv_acc32", func, ref, 2.0 * m * n * k, (m * k + n * k + m * n) * 2)
+
+
+def rms_norm(shape, dtype: str = "float32") -> ops.Op:
+    """TVM's RMSNorm (``topi.nn.rms_norm``, what Relax's ``nn.rms_norm`` legalizes to) with its
+    result cast to fp16; ``[1, 1, K]``: a batch-1 decode step's, rows of extent 1 only."""
+    X = te.placeholder(shape, dtype, name="X")
+    W = te.placeholder((shape[-1],), dtype, name="W")
+    norm = topi.nn.rms_norm(X, W, axis=[-1], epsilon=1e-5)
+    Y = te.compute(norm.shape, lambda *i: norm[i].astype("float16"), name="Y")
+    func = te.create_prim_func([X, W, Y]).with_attr("global_symbol", "rms_norm")
+
+    def ref(x, w):
+        x = x.astype(np.float64)
+        return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5) * w.astype(np.float64)
+
+    n, bytes_ = math.prod(shape), np.dtype(dtype).itemsize
+    return ops.Op("rms_norm", func, ref, 4.0 * n, n * (bytes_ + 2) + shape[-1] * bytes_)
 
 
 def ew(block, thread, **vec):
@@ -71,6 +90,12 @@ CASES = [
     Case("softmax_6x64x512", lambda: ops.softmax(64, 512, batch=6), "general_reduction",  # attention's scores
          [red("general_reduction", (1, 8), (1, 1), (128,), (16,)), red("general_reduction", (2, 2), (1, 1), (256,), (32,))],
          "A_shared"),
+    # one row (the unit row loops TVM's inlining drops); the weight, read after the reduction
+    # only, fetched into shared memory with the rows before it
+    Case("rms_norm_1x1x3072", lambda: rms_norm((1, 1, 3072)), "general_reduction",
+         [red("reduction", (1,), (1,), (1024,), (256,))], "W_shared"),
+    Case("rms_norm_7x1000_f16", lambda: rms_norm((7, 1000), "float16"), "general_reduction",
+         [red("reduction", (1,), (1,), (256,), (64,)), red("reduction", (2,), (1,), (128,), (32,))], "W_shared"),
     Case("gemv_1x4096x4096", lambda: ops.gemv(4096, 4096), "gemv",
          [red("gemv", (8,), (2,), (512,), (32,)), red("gemv", (2,), (1,), (256,), (32,))], "__shfl"),
     Case("gemv_8x1000x4096", lambda: ops.gemv(1000, 4096, m=8), "gemv",
