@@ -417,3 +417,27 @@ def test_a_prefill_matmul_gets_no_column_sum_configs():
 
     configs = default_configs(_matmul_kn(512, 1024, 1024), CUDA("nvidia/nvidia-h100"), 20)
     assert {c.kind for c in configs} == {"matmul"}
+
+
+def rotary(heads: int, head_dim: int):
+    """``x * cos + rotate_half(x) * sin`` over heads of ``head_dim``, ``x`` the flat projection
+    output a decode step splits into heads: its swapped halves read across the head's row, a
+    gather TVM does not vectorize."""
+    x = te.placeholder((heads * head_dim,), "float16", name="x")
+    cos = te.placeholder((head_dim,), "float16", name="cos")
+    sin = te.placeholder((head_dim,), "float16", name="sin")
+    half = head_dim // 2
+
+    def rotated(h, d):
+        return tirx.if_then_else(d < half, -x[h * head_dim + d + half], x[h * head_dim + d - half])
+
+    y = te.compute((heads, head_dim), lambda h, d: x[h * head_dim + d] * cos[d] + rotated(h, d) * sin[d], name="y")
+    return te.create_prim_func([x, cos, sin, y])
+
+
+def test_a_small_gather_is_also_offered_one_element_a_thread():
+    def per_thread(func):
+        return {c.thread[-1] for c in DefaultPolicy(func, H100).emit_config(20)}
+
+    assert 1 in per_thread(rotary(32, 96))  # a decode step's rotary: 3,072 elements
+    assert 1 not in per_thread(rotary(4096, 128))  # a prefill's: the vectors as before

@@ -4,6 +4,7 @@ and A100, including shapes the tiles do not divide; plus DefaultPolicy's top con
 from __future__ import annotations
 
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -159,3 +160,17 @@ def test_a_vocabulary_wide_row_is_a_loop_not_thousands_of_lines():
     src = kernel_body(cuda_source(build(res.schedule.mod, "nvidia/nvidia-h100")))
     assert 32000 // (32 * 8) > MAX_UNROLLED_ROW_STEPS
     assert src.count("\n") < 600 and src.count("for (") >= 3, src.count("\n")
+
+
+def test_a_norms_weight_is_fetched_with_its_row_before_the_reduction():
+    """The weight only the last block reads goes to shared memory before the sum of squares, so
+    its load is in flight with the row's instead of after the reduction (a decode step's
+    RMSNorm of one row: a memory round trip of a microsecond kernel)."""
+    from mb_cases import rms_norm
+
+    cfg = Config("reduction", block=(1,), thread=(1,), rstep=(1024,), reduce_thread=(256,))
+    res = dispatch_config(rms_norm((1, 1, 3072)).func, cfg, allow_fallback=False)
+    assert res.template == "general_reduction"
+    body = kernel_body(cuda_source(build(res.schedule.mod, TARGETS[0])))
+    fetch = re.search(r"W_shared_ptr\[[^;]*\] = ", body)  # the fill, not the declaration
+    assert fetch is not None and fetch.start() < body.find("__shfl"), body[:2000]
