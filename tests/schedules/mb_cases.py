@@ -47,6 +47,24 @@ def rms_norm(shape, dtype: str = "float32") -> ops.Op:
     return ops.Op("rms_norm", func, ref, 4.0 * n, n * (bytes_ + 2) + shape[-1] * bytes_)
 
 
+def layer_norm(shape, dtype: str = "float16") -> ops.Op:
+    """TVM's LayerNorm (``topi.nn.layer_norm``) over the last axis; ``[1, 1, K]``: a GPT-2-style
+    decode step's."""
+    X = te.placeholder(shape, dtype, name="X")
+    G = te.placeholder((shape[-1],), dtype, name="G")
+    B = te.placeholder((shape[-1],), dtype, name="B")
+    func = te.create_prim_func([X, G, B, topi.nn.layer_norm(X, G, B, axis=[-1], epsilon=1e-5)])
+    func = func.with_attr("global_symbol", "layer_norm")
+
+    def ref(x, g, b):
+        x = x.astype(np.float64)
+        mean, var = x.mean(axis=-1, keepdims=True), x.var(axis=-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + 1e-5) * g.astype(np.float64) + b.astype(np.float64)
+
+    n, bytes_ = math.prod(shape), np.dtype(dtype).itemsize
+    return ops.Op("layer_norm", func, ref, 8.0 * n, (2 * n + 2 * shape[-1]) * bytes_)
+
+
 def ew(block, thread, **vec):
     return Config("elementwise", block=block, thread=thread, vectorize=vec)
 
@@ -96,6 +114,8 @@ CASES = [
          [red("reduction", (1,), (1,), (1024,), (256,))], "W_shared"),
     Case("rms_norm_7x1000_f16", lambda: rms_norm((7, 1000), "float16"), "general_reduction",
          [red("reduction", (1,), (1,), (256,), (64,)), red("reduction", (2,), (1,), (128,), (32,))], "W_shared"),
+    Case("layer_norm_1x1x1024", lambda: layer_norm((1, 1, 1024)), "general_reduction",
+         [red("general_reduction", (1,), (1,), (256,), (128,))], "G_shared"),
     Case("gemv_1x4096x4096", lambda: ops.gemv(4096, 4096), "gemv",
          [red("gemv", (8,), (2,), (512,), (32,)), red("gemv", (2,), (1,), (256,), (32,))], "__shfl"),
     Case("gemv_8x1000x4096", lambda: ops.gemv(1000, 4096, m=8), "gemv",
