@@ -114,6 +114,8 @@ CASES = [
          [red("reduction", (1,), (1,), (1024,), (256,))], "W_shared"),
     Case("rms_norm_7x1000_f16", lambda: rms_norm((7, 1000), "float16"), "general_reduction",
          [red("reduction", (1,), (1,), (256,), (64,)), red("reduction", (2,), (1,), (128,), (32,))], "W_shared"),
+    Case("softmax_1x32000", lambda: ops.softmax(1, 32000), "general_reduction",  # a decode step's next token
+         [red("general_reduction", (1,), (1,), (1024,), (256,))], "__shfl"),
     Case("layer_norm_1x1x1024", lambda: layer_norm((1, 1, 1024)), "general_reduction",
          [red("general_reduction", (1,), (1,), (256,), (128,))], "G_shared"),
     Case("gemv_1x4096x4096", lambda: ops.gemv(4096, 4096), "gemv",
