@@ -112,8 +112,8 @@ class TvmSide:
         meta["untuned"] = {e.function: e.error for e in report if e.status == "untuned"}
         meta["dispatch"] = {e.function: e.dispatch for e in report if e.dispatch}
         # winner, its time, stock Dlight's, ours at best (among the policy's first 4 and 8), config
-        meta["functions"] = {e.function: [e.winner, e.latency_ms and round(e.latency_ms, 4), e.stock_ms and round(
-            e.stock_ms, 4), [ms for _, ms in e.best_of_first], str(e.config)] for e in report}
+        meta["functions"] = {e.function: [e.winner, _ms(e.latency_ms), _ms(e.stock_ms),
+                                          [ms for _, ms in e.best_of_first], str(e.config)] for e in report}
         self.vm = relax.VirtualMachine(ex, self.dev)
 
     def run(self, s, batch: int, length: int, row: dict):
@@ -166,6 +166,10 @@ def dry_run(s, batch: int, lengths, target: str) -> dict:
     mod, dim = relax_module(decode_step.build(s), decode_step.inputs(s, batch, lengths[0]), symbolic=True)
     return {"batch": batch, "cache_length": dim, "functions": len(prim_funcs(prepare(target)(mod))),
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _ms(value):
+    return None if value is None else round(value, 4)
 
 
 def _ratio(a, b) -> str:

@@ -145,7 +145,9 @@ class GeneralReductionTemplate(ScheduleTemplate):
         used = 0
         last = readers[-1]
         for name, (buf, consumers) in counts.items():
-            if len(consumers) < 2 and (len(readers) < 2 or not consumers[0].same_as(last)):
+            # read by the last block alone, after reductions: fetched ahead, at the block's start
+            ahead = len(readers) > 1 and len(consumers) == 1 and consumers[0].same_as(last)
+            if len(consumers) < 2 and not ahead:
                 continue  # read once, by a reduction, anyway: caching would only add a copy
             size = min(rows * r_extent, _numel(buf)) * dtype_bits(buf.dtype) // 8  # (a weight: one row)
             if used + size > self.smem_limit:
@@ -154,7 +156,7 @@ class GeneralReductionTemplate(ScheduleTemplate):
             idx = [r.source.name for r in sch.get(consumers[0]).reads].index(name)
             cache = sch.cache_read(consumers[0], idx, "shared", consumer_blocks=consumers)
             # (index -2: the first place it may go, the start of the block, before the reductions)
-            sch.compute_at(cache, bx, preserve_unit_loops=True, index=-2 if len(consumers) < 2 else -1)
+            sch.compute_at(cache, bx, preserve_unit_loops=True, index=-2 if ahead else -1)
             bits = dtype_bits(buf.dtype)
             vec = largest_pow2_divisor(r_extent, max(1, 128 // bits))
             cooperative_fetch(sch, cache, [threads_y, rt], vec)

@@ -7,9 +7,11 @@ from tvm import relax
 
 from fastdlight.analysis.func_info import analyze
 from fastdlight.arch import CUDA
+from fastdlight.policies.select import candidate_sets
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.decode import DECODE_ROWS, decode_weight_layout
 from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.schedules import dispatch_config
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -96,9 +98,6 @@ def test_every_function_of_a_decode_step_is_scheduled_by_its_own_template():
     """Each function's best-ranked config is scheduled by the template of its kind, not by the
     fallback, which would build, verify and lose to stock Dlight unseen (the one-row RMSNorm
     did: 44-59 us against 1.2 on an H200)."""
-    from fastdlight.policies.select import candidate_sets
-    from fastdlight.schedules import dispatch_config
-
     mod, params = decode_layer()
     funcs = prim_funcs(prepare(H100.target)(for_inference(mod, params, fp16=True)))
     assert any("rms_norm" in name for name in funcs) and any("concatenate" in name for name in funcs), list(funcs)

@@ -5,9 +5,8 @@ cross-thread reductions on x and y, shared-memory row cache on / off)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import te, topi

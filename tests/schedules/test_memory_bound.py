@@ -8,7 +8,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from mb_cases import CASES, Case, case_ids
+from mb_cases import CASES, Case, case_ids, rms_norm
 from tvm import tirx
 
 from fastdlight import ops
@@ -166,8 +166,6 @@ def test_a_norms_weight_is_fetched_with_its_row_before_the_reduction():
     """The weight only the last block reads goes to shared memory before the sum of squares, so
     its load is in flight with the row's instead of after the reduction (a decode step's
     RMSNorm of one row: a memory round trip of a microsecond kernel)."""
-    from mb_cases import rms_norm
-
     cfg = Config("reduction", block=(1,), thread=(1,), rstep=(1024,), reduce_thread=(256,))
     res = dispatch_config(rms_norm((1, 1, 3072)).func, cfg, allow_fallback=False)
     assert res.template == "general_reduction"
