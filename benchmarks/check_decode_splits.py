@@ -100,7 +100,9 @@ def form_timers(name: str, splits: int, form: str, arch, topk: int) -> tuple[lis
     rows, timers = [], {}
     for c in configs:
         r = results.get(c)
-        row = {"case": name, "splits": splits, "form": form, "config": str(c).split("](", 1)[-1].rstrip(")"),
+        tensor_cores = "mma.sync " if c.kind == "decode_attention_mma" else ""
+        row = {"case": name, "splits": splits, "form": form,
+               "config": tensor_cores + str(c).split("](", 1)[-1].rstrip(")"),
                "merge": merge_config, "registers": r.registers if r else None,
                "spill_bytes": r.spill_bytes if r else None, "verified": bool(r is not None and r.verified),
                "error": "" if r is not None and r.verified else (r.check_message if r is not None else "not built")}

@@ -43,6 +43,7 @@ KINDS = (
     "attention_wgmma",  # fused attention on Hopper: block = (query rows, keys a step); sm_90a
     "attention_mma",  # fused attention with mma.sync (sm_80+): block = (query rows, keys a step), warp = (rows a warp,)
     "decode_attention",  # split-KV decode attention: block=(keys a step,), thread=(values of a key a lane,), warp=(warps,)
+    "decode_attention_mma",  # the same chunk step on mma.sync: block=(16 keys a warp step,), warp=(warps,)
     "decode_combine",  # the merge of its chunks: block=(head dim,), thread=(values a lane,), warp=(warps,)
     "dlight",  # TVM's stock Dlight rules at ``arch``: the baseline every tuning run measures too
     "prebuilt",  # a function the caller scheduled (``@fastdlight.autotune``): block=(candidate number,)
@@ -121,7 +122,7 @@ class Config:
             return 32 * self.block[0] // (self.warp[0] if self.warp else 16)  # a warp per 16 or 32 query rows
         if self.kind == "matmul_tc":
             return math.prod(self.threads_per_axis) * 32
-        if self.kind in ("decode_attention", "decode_combine", "gemv_dequant_mma"):
+        if self.kind in ("decode_attention", "decode_attention_mma", "decode_combine", "gemv_dequant_mma"):
             return 32 * self.warp[0]
         return math.prod(self.threads_per_axis) * math.prod(self.reduce_thread or (1,))
 
@@ -162,6 +163,11 @@ class Config:
                     or self.thread or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
                 raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,) and "
                                  "pipeline_stages (steps of K loaded ahead) only")
+            return
+        if self.kind == "decode_attention_mma":
+            if self.block != (16,) or len(self.warp) != 1 or self.warp[0] <= 0 or self.thread or self.rstep \
+                    or self.split_k != 1 or self.cluster != 1 or self.persistent or self.pipeline_stages != 1:
+                raise ValueError("a decode_attention_mma config is block=(16,), warp=(warps,) only")
             return
         if self.kind in ("decode_attention", "decode_combine"):
             if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \
@@ -227,7 +233,7 @@ class Config:
             parts.append(f"warp={list(self.warp)}")
         elif self.thread:
             parts.append(f"thread={list(self.thread)}")
-        if self.kind in ("decode_attention", "decode_combine", "gemv_dequant_mma"):
+        if self.kind in ("decode_attention", "decode_attention_mma", "decode_combine", "gemv_dequant_mma"):
             parts.append(f"warp={list(self.warp)}")  # warps a CTA: configs differing only in them differ
         if self.rstep:
             parts.append(f"rstep={list(self.rstep)}")

@@ -408,6 +408,18 @@ def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int)
     return stages >= 3 and ring + warps * rows * shape.head_dim * 4 + 2 * warps * rows * 4 + 16 <= MAX_SHARED_BYTES
 
 
+#: head dims the tensor-core chunk step takes (a lane's loads of a key: D / 32 for K, D / 64 for V)
+MMA_HEAD_DIMS = (64, 128)
+
+
+def mma_step_fits(shape: DecodeAttentionShape, warps: int) -> bool:
+    """Whether the tensor-core chunk step (``decode_attention_mma``) takes ``shape`` in CTAs of
+    ``warps`` warps: a contiguous cache, head dim 64 or 128, fp16 or bf16, the merge in shared memory."""
+    return (not shape.page_size and shape.head_dim in MMA_HEAD_DIMS and shape.dtype in ("float16", "bfloat16")
+            and 1 <= warps <= 8 and split_fits(shape)
+            and warps * block_rows(shape.rows) * shape.head_dim * 4 <= MAX_SHARED_BYTES)
+
+
 def combine_fits(shape: DecodeAttentionShape, warps: int) -> bool:
     """Whether the merge kernel lays out: at most 8 warps (the head dim over a warp's lanes)."""
     return 1 <= warps <= 8

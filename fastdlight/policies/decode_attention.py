@@ -20,6 +20,7 @@ from fastdlight.analysis.decode_attention import (
     combine_fits,
     key_lanes,
     layout_fits,
+    mma_step_fits,
     row_blocks,
     split_fits,
     staged_fits,
@@ -38,6 +39,8 @@ TYPICAL_LENGTH = 4096
 #: CTAs an SM) is about 3.5 TB/s at HBM's latency (H200: 3.3-3.6 TB/s measured at B1)
 STAGED_LAYOUTS = 2
 MAX_STAGES = 4
+#: CTA sizes of the tensor-core step
+MMA_WARPS = (1, 2, 4)
 
 
 def fragment_regs(shape: DecodeAttentionShape, loads: int, per_lane: int) -> int:
@@ -83,7 +86,17 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
     options.sort(key=lambda o: o[0])
     configs = [Config("decode_attention", block=(tile,), thread=(per_lane,), warp=(warps,), cost=c)
                for c, tile, per_lane, warps in options[:topk]]
-    return configs + (staged_variants(shape, configs[:STAGED_LAYOUTS]) if arch.has_async_copy else [])
+    staged = staged_variants(shape, configs[:STAGED_LAYOUTS]) if arch.has_async_copy else []
+    return configs + staged + (mma_configs(shape) if arch.has_async_copy else [])
+
+
+def mma_configs(shape: DecodeAttentionShape) -> list[Config]:
+    """The tensor-core chunk step (``decode_attention_mma``, sm_80+) in CTAs of 1, 2 and 4
+    warps, measured beside the CUDA-core layouts (the cost does not model it). A warp holds 16
+    keys' K and V twice over (the next tile's in flight) in 128 registers at D = 128, so
+    CTAs of one or two warps are what keep enough of them resident an SM."""
+    return [Config("decode_attention_mma", block=(16,), warp=(w,), cost=float(i))
+            for i, w in enumerate(w for w in MMA_WARPS if mma_step_fits(shape, w))]
 
 
 def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:

@@ -58,7 +58,7 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
-from fastdlight.schedules.decode_combine import build_combine, merge_tails
+from fastdlight.schedules.decode_combine import build_combine, write_chunk
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -257,13 +257,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                 for e in T.unroll(E):
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
-    # one chunk: the step writes the output itself (no tickets, no last CTA); more: the last CTA
-    # of a (batch, K/V head) folds the chunks
-    tail, finish = merge_tails(shape, threads)
-
-    def in_rows(idx, r0):
-        """Whether element ``idx`` of the CTA's rows' outputs is one of the rows (a short last block)."""
-        return tirx.all(idx < R * D, r0 + idx // D < RT) if short else idx < R * D
+    write = write_chunk(shape, warps, threads)
 
     @T.macro
     def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
@@ -386,30 +380,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, tile:
                     l_s[warp * R + r] = lr[r]
                 for e in T.unroll(E):
                     o_s[(warp * R + r) * D + e0 + e] = acc[r * E + e]
-        T.cuda.cta_sync()
-        Of = T.decl_buffer((B * G * S * RT * D,), "float32", data=O.data)
-        Mf = T.decl_buffer((B * G * S * RT,), "float32", data=M.data)
-        Lf = T.decl_buffer((B * G * S * RT,), "float32", data=L.data)
-        for it in T.serial((R * D + threads - 1) // threads):
-            idx = T.meta_var(it * threads + tid)
-            if in_rows(idx, r0):
-                r = T.meta_var(idx // D)
-                merged[0] = m_s[r]
-                for w in T.serial(1, warps):
-                    merged[0] = T.max(merged[0], m_s[w * R + r])
-                merged[1] = T.float32(0)
-                merged[2] = T.float32(0)
-                for w in T.serial(warps):
-                    merged[1] = merged[1] + T.exp2(m_s[w * R + r] - merged[0]) * o_s[w * R * D + idx]
-                    merged[2] = merged[2] + T.exp2(m_s[w * R + r] - merged[0]) * l_s[w * R + r]
-                Of[out0 * D + idx] = merged[1]
-                if idx % D == 0:
-                    # m in natural units; a chunk without keys keeps the floor
-                    Mf[out0 + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
-                                                  T.float32(EMPTY_MAX))
-                    Lf[out0 + r] = merged[2]
-                finish(Y, out0, idx, merged)
-        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, st)
+        write(m_s, l_s, o_s, O, M, L, Tickets, Y, bg, r0, out0, tid, merged, last, st)
 
     # the body reads the function's own parameters (symbolic ones included): the kernel takes
     # its place with the same signature, in a dispatcher's branch as well

@@ -7,11 +7,13 @@ each (batch, K/V head), or, with one chunk, each CTA's output written as it is."
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
-from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, row_blocks
+from fastdlight.analysis.decode_attention import EMPTY_MAX, DecodeAttentionShape, block_rows, row_blocks
 from fastdlight.schedules.dependency import release_dependents
 
 _TICKET = r"""
@@ -198,3 +200,47 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
     tail = merge_last if shape.merged and S > 1 else no_merge
     finish = write_out if shape.merged and S == 1 else no_write
     return tail, finish
+
+
+def write_chunk(shape: DecodeAttentionShape, warps: int, threads: int):
+    """The chunk step's ending, after each warp left its rows' max, sum and weighted values
+    (``m_s``, ``l_s``: ``[warps, R]``; ``o_s``: ``[warps, R, D]``, max in the exp2 domain) in
+    shared memory: the warps merged, the chunk's ``o``, ``m`` and ``l`` written (or, one chunk of
+    a merged shape, the output), then the merge of the chunks (:func:`merge_tails`)."""
+    RT, D, S = shape.rows, shape.head_dim, shape.splits
+    blocks, R = row_blocks(RT), block_rows(RT)
+    short = blocks * R > RT
+    tail, finish = merge_tails(shape, threads)
+
+    def in_rows(idx, r0):
+        """Whether element ``idx`` of the CTA's rows' outputs is one of the rows (a short last block)."""
+        return tirx.all(idx < R * D, r0 + idx // D < RT) if short else idx < R * D
+
+    @T.macro
+    def write(m_s, l_s, o_s, O, M, L, Tickets, Y, bg, r0, out0, tid, merged, last, st):
+        T.cuda.cta_sync()
+        Of = T.decl_buffer((shape.batch * shape.kv_heads * S * RT * D,), "float32", data=O.data)
+        Mf = T.decl_buffer((shape.batch * shape.kv_heads * S * RT,), "float32", data=M.data)
+        Lf = T.decl_buffer((shape.batch * shape.kv_heads * S * RT,), "float32", data=L.data)
+        for it in T.serial((R * D + threads - 1) // threads):
+            idx = T.meta_var(it * threads + tid)
+            if in_rows(idx, r0):
+                r = T.meta_var(idx // D)
+                merged[0] = m_s[r]
+                for w in T.serial(1, warps):
+                    merged[0] = T.max(merged[0], m_s[w * R + r])
+                merged[1] = T.float32(0)
+                merged[2] = T.float32(0)
+                for w in T.serial(warps):
+                    merged[1] = merged[1] + T.exp2(m_s[w * R + r] - merged[0]) * o_s[w * R * D + idx]
+                    merged[2] = merged[2] + T.exp2(m_s[w * R + r] - merged[0]) * l_s[w * R + r]
+                Of[out0 * D + idx] = merged[1]
+                if idx % D == 0:
+                    # m in natural units; a chunk without keys keeps the floor
+                    Mf[out0 + r] = T.if_then_else(merged[2] > T.float32(0), merged[0] * T.float32(math.log(2.0)),
+                                                  T.float32(EMPTY_MAX))
+                    Lf[out0 + r] = merged[2]
+                finish(Y, out0, idx, merged)
+        tail(Of, Mf, Lf, Tickets, Y, bg, tid, last, st)
+
+    return write

@@ -124,12 +124,13 @@ _OPTIONAL = {
     "fastdlight.schedules.gemv_dequant": ("DequantGemvTemplate", ("gemv_dequant",)),
     "fastdlight.schedules.gemv_dequant_mma": ("DequantGemvMmaTemplate", ("gemv_dequant_mma",)),
     "fastdlight.schedules.decode_attention": ("DecodeAttentionTemplate", ("decode_attention", "decode_combine")),
+    "fastdlight.schedules.decode_attention_mma": ("DecodeAttentionMmaTemplate", ("decode_attention_mma",)),
 }
 #: kinds the fallback must not stand in for: stock Dlight is Dlight's schedule or nothing, and a
 #: wgmma config that the wgmma template refuses would otherwise be built as something else, and a
 #: MetaSchedule record is its own trace
 NO_FALLBACK = ("dlight", "matmul_wgmma", "matmul_wgmma_dequant", "attention_wgmma", "attention_mma", "gemv_dequant",
-               "gemv_dequant_mma", "decode_attention", "decode_combine", "ms_record")
+               "gemv_dequant_mma", "decode_attention", "decode_attention_mma", "decode_combine", "ms_record")
 _MODULE_KINDS = {mod: kinds for mod, (_, kinds) in _OPTIONAL.items()}
 
 

@@ -29,6 +29,7 @@ from tvm.script import tirx as T
 
 from fastdlight.analysis.prepare import scalar_dtype
 from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
+from fastdlight.schedules.decode_attention_mma import DecodeAttentionMmaTemplate
 from fastdlight.schedules.wgmma.template import symbolic_kernel
 
 
@@ -43,6 +44,8 @@ def generalize(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, scheduled, config
     trace = getattr(scheduled, "trace", None)
     if config is not None and config.kind == "decode_attention":
         return DecodeAttentionTemplate().apply_config(symbolic, config)  # reads the length at run time
+    if config is not None and config.kind == "decode_attention_mma":
+        return DecodeAttentionMmaTemplate().apply_config(symbolic, config)
     if trace is None:
         if config is not None and config.kind == "matmul_wgmma":
             return symbolic_kernel(symbolic, static, config, num_sms)
