@@ -5,7 +5,7 @@ m16n8k16, for the rows a K/V head serves (GQA's group, MQA's block of 8).
 The CUDA-core step spreads a key over 16 lanes and repeats each row's products, shuffles and
 exp2 in every lane: at four rows a key (LLaMA-3's group) it issues about 75 warp instructions a
 key, as long as the key's bytes take at HBM's rate (H200, B1 H32/G8: 2.6 TB/s). Here a warp
-takes 16 keys a step in about 140 instructions, whatever the rows (up to 8).
+takes 16 keys a step in about 150 instructions, whatever the rows (up to 8).
 
 Each warp streams its own tiles of 16 keys (tile ``step * warps + warp`` of the chunk), loading
 every value straight from global memory into the registers of the fragment that uses it, 16
@@ -106,8 +106,13 @@ __forceinline__ __device__ void fdl_decode_tile_{ty}_d{D}(const void* kp, const 
   ml[1] = ml[1] * alpha + sum;
   // the rescale of rows 2c and 2c + 1, whose outputs this lane holds (rows live in lanes 4 r ..)
   const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
-  const {pair} p01 = {pack}(p[0], p[1]), p23 = {pack}(p[2], p[3]);
-  const unsigned b0 = *reinterpret_cast<const unsigned*>(&p01), b1 = *reinterpret_cast<const unsigned*>(&p23);
+  // P as two 16-bit parts, hi + lo: the partial results are fp32 and checked as such (P rounded
+  // once is 2^-11 off a weight, about 5e-4 of a chunk's output over a few thousand keys)
+  const {pair} h01 = {pack}(p[0], p[1]), h23 = {pack}(p[2], p[3]);
+  const float2 f01 = {unpack}(h01), f23 = {unpack}(h23);
+  const {pair} l01 = {pack}(p[0] - f01.x, p[1] - f01.y), l23 = {pack}(p[2] - f23.x, p[3] - f23.y);
+  const unsigned b0 = *reinterpret_cast<const unsigned*>(&h01), b1 = *reinterpret_cast<const unsigned*>(&h23);
+  const unsigned c0 = *reinterpret_cast<const unsigned*>(&l01), c1 = *reinterpret_cast<const unsigned*>(&l23);
 #pragma unroll
   for (int mt = 0; mt < {MT}; ++mt) {{
     // dim rows g and g + 8 of tile mt: the lane's values mt and mt + {MT} (value i: load i / 8, half i % 8)
@@ -122,17 +127,19 @@ __forceinline__ __device__ void fdl_decode_tile_{ty}_d{D}(const void* kp, const 
     acc[mt * 4 + 2] *= a0;
     acc[mt * 4 + 3] *= a1;
     fdl_decode_mma_{ty}(acc + mt * 4, x0, x1, x2, x3, b0, b1);
+    fdl_decode_mma_{ty}(acc + mt * 4, x0, x1, x2, x3, c0, c1);
   }}
 }}
 """
 
-_TYPES = {"float16": ("f16", "half2", "__floats2half2_rn"), "bfloat16": ("bf16", "__nv_bfloat162", "__floats2bfloat162_rn")}
+_TYPES = {"float16": ("f16", "half2", "__floats2half2_rn", "__half22float2"),
+          "bfloat16": ("bf16", "__nv_bfloat162", "__floats2bfloat162_rn", "__bfloat1622float2")}
 
 
 def _tile_call(shape: DecodeAttentionShape, k, v, q, acc, ml, scale, left):
-    ty, pair, pack = _TYPES[shape.dtype]
+    ty, pair, pack, unpack = _TYPES[shape.dtype]
     D = shape.head_dim
-    fmt = {"ty": ty, "pair": pair, "pack": pack, "D": D, "NK": D // 32, "NV": D // 64, "MT": D // 16}
+    fmt = {"ty": ty, "pair": pair, "pack": pack, "unpack": unpack, "D": D, "NK": D // 32, "NV": D // 64, "MT": D // 16}
     source = _MMA.format(**fmt) + _TILE.format(**fmt)
     return cuda_func_call(f"fdl_decode_tile_{ty}_d{D}", k, v, q, acc, ml, scale, left, source_code=source)
 
