@@ -19,9 +19,11 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import compile_mod_to_cubin
+from fastdlight.config import Config
 from fastdlight.policies.decode_attention import decode_attention_configs
 from fastdlight.policies.select import candidate_sets
 from fastdlight.schedules.decode_attention import DecodeAttentionTemplate
+from fastdlight.schedules.decode_attention_mma import DecodeAttentionMmaTemplate
 from fastdlight.schedules.symbolic import generalize
 
 H100 = CUDA(tvm.target.Target("nvidia/nvidia-h100"))
@@ -30,8 +32,9 @@ SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 def kernels(func, configs):
     for config in configs:
+        template = DecodeAttentionMmaTemplate() if config.kind == "decode_attention_mma" else DecodeAttentionTemplate()
         with SM90A:
-            kernel = DecodeAttentionTemplate().apply_config(func, config)
+            kernel = template.apply_config(func, config)
         assert kernel is not None, config
         assert [str(p.name) for p in kernel.params] == [str(p.name) for p in func.params]
         yield config, kernel
@@ -219,3 +222,35 @@ def test_more_rows_than_a_cta_holds_come_in_blocks_of_at_most_eight():
     src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
     assert cubin.spill_bytes == 0 and "] == 14) {" in src  # the last ticket: 5 chunks x 3 blocks
     assert "((int)blockIdx.x) % 3) * 896)" in src  # a block's first row (7 rows of 128 values)
+
+
+@pytest.mark.parametrize("batch, kv_heads, rows, head_dim, splits, appended, dtype, merged, symbolic", [
+    (1, 8, 4, 128, 66, False, "float16", False, True),  # LLaMA-3-8B's decode attention, the pair
+    (1, 8, 4, 128, 33, True, "float16", True, True),  # merged in the step, with the appended token
+    (2, 4, 8, 64, 16, True, "bfloat16", False, False),
+    (1, 1, 32, 128, 32, False, "float16", False, False),  # MQA: blocks of 8 rows
+    (2, 4, 12, 64, 9, True, "float16", True, False),  # a short last block
+])  # fmt: skip
+def test_the_tensor_core_step_compiles_without_spills(batch, kv_heads, rows, head_dim, splits, appended, dtype, merged,
+                                                      symbolic):
+    shape = DecodeAttentionShape(batch, kv_heads, rows, head_dim, splits, appended, dtype=dtype, merged=merged)
+    func = decode_split_func(shape, tirx.Var("n", "int64") if symbolic else 1000)
+    configs = [c for c in decode_attention_configs(match_decode_split(func), H100) if c.kind == "decode_attention_mma"]
+    assert [c.warp[0] for c in configs] == [1, 2, 4]
+    for config in configs:
+        with SM90A:
+            kernel = DecodeAttentionMmaTemplate().apply_config(func, config)
+        assert [str(p.name) for p in kernel.params] == [str(p.name) for p in func.params]
+        src, cubin = compile_mod_to_cubin(tvm.IRModule({"main": kernel}), SM90A)
+        assert cubin.spill_bytes == 0, (config, cubin.log)
+        assert src.count("mma.sync.aligned.m16n8k16") >= 1 and "__byte_perm" in src
+
+
+def test_the_tensor_core_step_takes_no_paged_cache_and_no_odd_head_dim():
+    for shape in (DecodeAttentionShape(1, 8, 4, 128, 17, False, page_size=16), DecodeAttentionShape(1, 32, 1, 96, 17)):
+        func = (decode_paged_func(shape, 64, 8) if shape.page_size else decode_split_func(shape, 1000))
+        assert not [c for c in decode_attention_configs(match_decode_split(func), H100)
+                    if c.kind == "decode_attention_mma"]
+        with SM90A:
+            assert DecodeAttentionMmaTemplate().apply_config(func, Config("decode_attention_mma", block=(16,),
+                                                                          warp=(2,))) is None
