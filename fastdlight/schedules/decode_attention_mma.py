@@ -274,7 +274,8 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
     def kernel():
         body(q, k, v, kn, vn, o, m, l, tickets, y)
 
-    return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    return func.with_body(kernel.body).with_attrs(attrs)
 
 
 class DecodeAttentionMmaTemplate(ScheduleTemplate):
