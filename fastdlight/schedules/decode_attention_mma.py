@@ -50,7 +50,7 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
-from fastdlight.schedules.decode_combine import write_chunk
+from fastdlight.schedules.decode_combine import cta_place, write_chunk
 
 LOG2E = 1.0 / math.log(2.0)
 #: keys a warp takes a step (the N of ``S``'s two m16n8 tiles, the K of ``P·V``)
@@ -221,10 +221,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
         merged = T.alloc_buffer((3,), "float32", scope="local")
         st = T.alloc_buffer((4,), "float32", scope="local")
         nk = T.alloc_buffer((1,), "int64", scope="local")
-        part = T.meta_var(bid % S if blocks == 1 else bid // blocks % S)
-        bg = T.meta_var(bid // S if blocks == 1 else bid // (blocks * S))
-        r0 = T.meta_var(0 if blocks == 1 else bid % blocks * R)
-        out0 = T.meta_var(bid * R if blocks == 1 else (bg * S + part) * RT + r0)
+        part, bg, r0, out0 = T.meta_var(cta_place(shape, bid))
         nk[0] = cache_length()
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)

@@ -202,6 +202,16 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
     return tail, finish
 
 
+def cta_place(shape: DecodeAttentionShape, bid):
+    """Where CTA ``bid`` of a chunk step is: its chunk, its (batch, K/V head), its first row, and
+    where its rows' partial results (one chunk: its outputs) start."""
+    S, blocks, R = shape.splits, row_blocks(shape.rows), block_rows(shape.rows)
+    if blocks == 1:
+        return bid % S, bid // S, 0, bid * R
+    bg, part = bid // (blocks * S), bid // blocks % S
+    return part, bg, bid % blocks * R, (bg * S + part) * shape.rows + bid % blocks * R
+
+
 def write_chunk(shape: DecodeAttentionShape, warps: int, threads: int):
     """The chunk step's ending, after each warp left its rows' max, sum and weighted values
     (``m_s``, ``l_s``: ``[warps, R]``; ``o_s``: ``[warps, R, D]``, max in the exp2 domain) in
