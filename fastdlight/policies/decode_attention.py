@@ -91,10 +91,14 @@ def decode_attention_configs(found: tuple[DecodeAttentionShape, object], arch: C
 
 
 def mma_configs(shape: DecodeAttentionShape) -> list[Config]:
-    """The tensor-core chunk step (``decode_attention_mma``, sm_80+) in CTAs of 1, 2 and 4
-    warps, measured beside the CUDA-core layouts (the cost does not model it). A warp holds 16
+    """The tensor-core chunk step (``decode_attention_mma``, sm_80+) for two or more rows a
+    K/V head, in CTAs of 1, 2 and 4 warps, measured beside the CUDA-core layouts (the cost does not model it). A warp holds 16
     keys' K and V twice over (the next tile's in flight) in 128 registers at D = 128, so
     CTAs of one or two warps are what keep enough of them resident an SM."""
+    if block_rows(shape.rows) < 2:
+        # one row a head: the CUDA-core step waits on HBM, not on its instructions (H200, B1 H32
+        # L4096: 0.0214 ms on tensor cores against 0.0190), and a static one-chunk step spills here
+        return []
     return [Config("decode_attention_mma", block=(16,), warp=(w,), cost=float(i))
             for i, w in enumerate(w for w in MMA_WARPS if mma_step_fits(shape, w))]
 
