@@ -200,6 +200,9 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
     @T.macro
     def body(Q, Kc, Vc, Kn, Vn, O, M, L, Tickets, Y):
         T.device_entry()
+        # one CTA a multiprocessor is enough to ask for: ptxas would otherwise cap a one-warp
+        # CTA at 128 registers and spill the two register sets' fragments
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         bid = T.cta_id([B * G * S * blocks])
         tid = T.thread_id([threads])
         pool = T.SMEMPool()

@@ -1,7 +1,5 @@
 """The crash-proof worker pool on its own."""
 
-import ctypes
-import os
 import time
 
 import pytest
@@ -9,48 +7,9 @@ import pytest
 from fastdlight.measure.gpu_turns import GPU_TURNS
 
 from fastdlight.compiler.workers import Task, WorkerPool
-
-
-def square(x):
-    return x * x
-
-
-def fail(x):
-    raise ValueError(f"bad input {x}")
-
-
-def abort(x):
-    os.abort()
-
-
-def hold_gil(x):
-    # PyDLL does not release the GIL: a hang the worker's own threads could not interrupt.
-    ctypes.PyDLL(None).sleep(600)
-
-
-def pid(x):
-    return os.getpid()
-
-
-def slow_pid(seconds):
-    time.sleep(seconds)
-    return os.getpid()
-
-
-def slow_note(path):
-    time.sleep(0.5)
-    note(path)
-
-
-def note(path):
-    with open(path, "a") as f:
-        f.write(f"{os.getpid()}\n")
-
-
-def torch_module(x):
-    import sys
-
-    return repr(sys.modules.get("torch", "absent"))
+# the tasks live in a module of their own: a worker imports it to unpickle a task, and this
+# one imports TVM (seconds on a busy machine, counted in a task's timeout)
+from worker_tasks import abort, fail, hold_gil, note, pid, slow_note, slow_pid, square, torch_module
 
 
 @pytest.fixture
