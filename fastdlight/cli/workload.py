@@ -145,7 +145,7 @@ def decode_attention_steps(args, arch) -> list[tuple[str, object]]:
                       arch.sm_count)
     if shape is None:
         return []
-    shape = dataclasses.replace(shape, merged=merges_in_step(shape.splits, merge_form()))
+    shape = dataclasses.replace(shape, merged=merges_in_step(shape, merge_form()))
     step = decode_split_func(shape, seq_kv)
     if shape.merged:  # the tickets start at zero, as the model's constant holds them
         return [("decode_attention", step.with_attr(INPUT_VALUES, {TICKETS: 0.0}))]

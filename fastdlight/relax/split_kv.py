@@ -4,12 +4,14 @@ attention rewrites emit for decode attention (the symbolic cache lengths of
 
 Where the chunks are merged (``FASTDLIGHT_DECODE_MERGE``): ``auto`` (the default) emits the
 merged form, one call of a chunk step whose last CTA of each (batch, K/V head) merges the chunks
-(its ticket counters a constant of the module: zeros, left zero by every call), where a shape has
-at most :data:`STEP_MERGE_SPLITS` chunks, and the pair (a merge kernel of its own) where it has
-more; ``step`` and ``kernel`` ask for one form always. On an H200 (2026-11-30, fixed configs
-against torch SDPA in CUDA graphs) the merged step was 0.6-2.5% faster at B1 H32 with 17
-chunks and 0.6% with one chunk (B16, where it writes the output itself), the pair 1.25x faster
-at B1 with 8 K/V heads and 66 chunks (the last CTA merges them alone, after every other CTA).
+(its ticket counters a constant of the module: zeros, left zero by every call), where that CTA
+folds at most :data:`STEP_MERGE_ROWS` chunk rows (the chunks times the query rows a CTA holds),
+and the pair (a merge kernel of its own) where it would fold more; ``step`` and ``kernel`` ask
+for one form always. On an H200 (2026-11-30, fixed configs against torch SDPA in CUDA graphs)
+the merged step was 0.6-2.5% faster at B1 H32 with 17 chunks of one row and 0.6% with one chunk
+(B16, where it writes the output itself); with the 4 rows of B1 with 8 K/V heads the pair was
+faster at 17, 33 and 66 chunks (by 11%, 17% and 25%: the last CTA merges alone, after every
+other CTA, and its work grows with the rows).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator
 from fastdlight.analysis.decode_attention import (
     TICKETS,
     DecodeAttentionShape,
+    block_rows,
     decode_combine_func,
     decode_split_func,
 )
@@ -33,8 +36,9 @@ from fastdlight.relax.rewrites import add_opaque_func
 #: where the chunks are merged: "auto", "kernel" (a kernel of its own) or "step" (the chunk step's last CTA)
 MERGE_ENV = "FASTDLIGHT_DECODE_MERGE"
 MERGE_FORMS = ("auto", "kernel", "step")
-#: most chunks the "auto" form merges in the step (measured: 17 faster merged, 33 and 66 as a pair)
-STEP_MERGE_SPLITS = 24
+#: most chunk rows (chunks x the query rows a CTA holds) the "auto" form merges in the step
+#: (measured: 17 chunks of one row faster merged; 17, 33 and 66 chunks of 4 rows as a pair)
+STEP_MERGE_ROWS = 24
 
 
 def merge_form() -> str:
@@ -45,9 +49,9 @@ def merge_form() -> str:
     return value
 
 
-def merges_in_step(splits: int, form: str) -> bool:
-    """Whether a shape of ``splits`` chunks merges in its step under ``form``."""
-    return form == "step" or (form == "auto" and splits <= STEP_MERGE_SPLITS)
+def merges_in_step(shape: DecodeAttentionShape, form: str) -> bool:
+    """Whether ``shape`` merges its chunks in its step under ``form``."""
+    return form == "step" or (form == "auto" and shape.splits * block_rows(shape.rows) <= STEP_MERGE_ROWS)
 
 
 class SplitKvCalls:
@@ -81,7 +85,7 @@ class SplitKvCalls:
         dtype) over the K and V ``caches`` and, where appended, the ``new`` token's K and V (all
         visited already)."""
         builder = self.mutator.builder_
-        shape = dataclasses.replace(shape, merged=merges_in_step(shape.splits, self.form))
+        shape = dataclasses.replace(shape, merged=merges_in_step(shape, self.form))
         split, combine = self.functions(shape, seq_kv)
         if str(q.ty.dtype) != shape.dtype:
             q = builder.emit(relax.op.astype(q, shape.dtype))

@@ -11,7 +11,8 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from fastdlight.analysis.decode_attention import COMBINE_ATTR, SPLIT_ATTR
+from fastdlight.analysis.decode_attention import COMBINE_ATTR, SPLIT_ATTR, TICKETS, default_splits, match_decode_split
+from fastdlight.measure.inputs import known_input_values
 from fastdlight.relax import prepare
 from fastdlight.relax.decode_attention import decode_attention
 
@@ -102,9 +103,6 @@ def test_prepare_keeps_the_pair_whole_with_their_attributes():
 def test_merged_in_the_step_it_is_one_call_with_zero_tickets_and_the_same_values(appended, monkeypatch):
     """``FASTDLIGHT_DECODE_MERGE=step``: the chunk step also merges (its last CTA, on a GPU);
     its ticket counters are a constant of zeros, and a tuning run's inputs hold zeros too."""
-    from fastdlight.analysis.decode_attention import TICKETS, match_decode_split
-    from fastdlight.measure.inputs import known_input_values
-
     monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", "step")
     mod = decode_module(appended)
     fused = decode_attention("nvidia/nvidia-h100")(mod)
@@ -119,21 +117,22 @@ def test_merged_in_the_step_it_is_one_call_with_zero_tickets_and_the_same_values
         np.testing.assert_allclose(run(fused, *arrays), run(mod, *arrays), rtol=5e-3, atol=5e-3)
 
 
-@pytest.mark.parametrize("kv_heads, form, one_call", [
-    (32, "", True),  # 17 chunks on 132 SMs: merged in the step by default
-    (2, "", False),  # 128 chunks: the pair
-    (32, "kernel", False),
-    (2, "step", True),
-])
-def test_the_merge_form_follows_the_chunk_count_unless_asked(kv_heads, form, one_call, monkeypatch):
-    from fastdlight.analysis.decode_attention import match_decode_split
-
+@pytest.mark.parametrize("kv_heads, rows, form, one_call", [
+    (32, 1, "", True),  # 17 chunks of one row on 132 SMs: merged in the step by default
+    (2, 1, "", False),  # 128 chunks: the pair
+    (32, 4, "", False),  # 17 chunks of 4 rows (68 rows for the last CTA to fold): the pair
+    (64, 2, "", True),  # 9 chunks of 2 rows
+    (32, 1, "kernel", False),
+    (32, 4, "step", True),
+])  # fmt: skip
+def test_the_merge_form_follows_the_rows_the_last_cta_folds_unless_asked(kv_heads, rows, form, one_call, monkeypatch):
     monkeypatch.setenv("FASTDLIGHT_DECODE_MERGE", form)
-    fused = decode_attention("nvidia/nvidia-h100")(decode_module(False, rows=1, kv_heads=kv_heads))
+    fused = decode_attention("nvidia/nvidia-h100")(decode_module(False, rows=rows, kv_heads=kv_heads))
     assert calls(fused).count("decode_combine") == (0 if one_call else 1)
     step = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
     shape = match_decode_split(step)[0]
-    assert shape.merged == one_call and shape.splits == (17 if kv_heads == 32 else 128)
+    assert shape.merged == one_call and shape.splits == default_splits(B, kv_heads, 132, rows)
+    assert shape.splits == {32: 17, 2: 128, 64: 9}[kv_heads]
 
 
 def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):
