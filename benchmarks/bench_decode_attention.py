@@ -43,6 +43,7 @@ CASES = {
     "b16_h32": (16, 32, 32, 4096, 128),
     "b64_h32_2k": (64, 32, 32, 2048, 128),
     "b1_gqa_8k": (1, 32, 8, 8192, 128),
+    "b4_gqa_8k": (4, 32, 8, 8192, 128),  # LLaMA-3-8B serving four sequences
     # head dims no power of two: Phi-3 mini's 96, Phi-2's 80
     "b1_phi3_d96": (1, 32, 32, 4096, 96),
     "b1_phi2_d80": (1, 32, 32, 2048, 80),

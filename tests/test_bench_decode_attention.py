@@ -18,13 +18,14 @@ def test_list_needs_no_torch_and_a_bad_case_is_one_line():
     bad = subprocess.run([sys.executable, SCRIPT, "--cases", "b1_h32,nope"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
-        "unknown case(s) nope; known: b1_h32, b16_h32, b64_h32_2k, b1_gqa_8k, b1_phi3_d96, b1_phi2_d80, b8_mqa_8k")
+        "unknown case(s) nope; known: b1_h32, b16_h32, b64_h32_2k, b1_gqa_8k, b4_gqa_8k, b1_phi3_d96, b1_phi2_d80, b8_mqa_8k")
 
 
 @pytest.mark.parametrize("case, merge_kernel", [("b1_h32", False), ("b1_gqa_8k", True), ("b1_phi3_d96", False),
-                                                  ("b8_mqa_8k", False)])
+                                                  ("b4_gqa_8k", True), ("b8_mqa_8k", True)])
 def test_each_case_prepares_into_the_split_kv_step(case, merge_kernel):
-    """B1 H32 (17 chunks) merges in its step; 8 K/V heads (66 chunks) keep the merge kernel."""
+    """B1 H32 (17 chunks of one row) merges in its step; 8 K/V heads (66 chunks of 4 rows; at B4
+    17), and MQA (17 chunks of 8-row blocks) keep the merge kernel."""
     torch = pytest.importorskip("torch")
     import bench_decode_attention as bench
 
