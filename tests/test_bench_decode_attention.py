@@ -24,8 +24,8 @@ def test_list_needs_no_torch_and_a_bad_case_is_one_line():
 @pytest.mark.parametrize("case, merge_kernel", [("b1_h32", False), ("b1_gqa_8k", True), ("b1_phi3_d96", False),
                                                   ("b4_gqa_8k", True), ("b8_mqa_8k", True)])
 def test_each_case_prepares_into_the_split_kv_step(case, merge_kernel):
-    """B1 H32 (17 chunks of one row) merges in its step; 8 K/V heads (66 chunks of 4 rows; at B4
-    17), and MQA (17 chunks of 8-row blocks) keep the merge kernel."""
+    """B1 H32 (16 chunks of one row) merges in its step; 8 K/V heads (66 chunks of 4 rows; at B4
+    16), and MQA (16 chunks of 8-row blocks) keep the merge kernel."""
     torch = pytest.importorskip("torch")
     import bench_decode_attention as bench
 

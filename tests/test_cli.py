@@ -42,7 +42,7 @@ def test_tune_add_compile_only_end_to_end(tmp_path):
 
 def test_a_decode_sized_attention_is_tuned_as_a_model_runs_it(tmp_path):
     """One query token a head: the split-KV functions the Relax rewrite gives such an attention
-    (on the H100 model's 132 SMs: 17 chunks merged by the step's last CTA; with 8 K/V heads
+    (on the H100 model's 132 SMs: 16 chunks merged by the step's last CTA; with 8 K/V heads
     over 8192 keys 66 chunks, the step and the merge kernel), each tuned and in the JSON; a
     prefill size stays the fused attention."""
     out = tmp_path / "decode.json"

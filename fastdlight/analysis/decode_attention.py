@@ -144,14 +144,15 @@ def block_rows(rows: int) -> int:
 
 
 def default_splits(batch: int, kv_heads: int, sm_count: int, rows: int = 1) -> int:
-    """Chunks per (batch, K/V head): :data:`CTAS_PER_SM` CTAs an SM over all of them (each of a
-    chunk's row blocks a CTA), or one where the pairs alone are :data:`ONE_CHUNK_PAIRS_PER_SM`
-    an SM (a short cache leaves chunks of a few keys, which cost little: the step is
-    launch-bound there)."""
+    """Chunks per (batch, K/V head): at most :data:`CTAS_PER_SM` CTAs an SM over all of them
+    (each of a chunk's row blocks a CTA; rounded down, so that CTAs whose registers allow no more
+    an SM, as the tensor-core step's, fit in one wave), or one where the pairs alone are
+    :data:`ONE_CHUNK_PAIRS_PER_SM` an SM (a short cache leaves chunks of a few keys, which cost
+    little: the step is launch-bound there)."""
     pairs = batch * kv_heads * row_blocks(rows)
     if pairs >= ONE_CHUNK_PAIRS_PER_SM * sm_count:
         return 1
-    return max(1, min(MAX_SPLITS, -(-CTAS_PER_SM * sm_count // pairs)))
+    return max(1, min(MAX_SPLITS, CTAS_PER_SM * sm_count // pairs))
 
 
 def keys(seq_kv, appended: bool):

@@ -73,7 +73,7 @@ def test_bad_shapes_are_refused_and_splits_fill_the_sms():
     with pytest.raises(ValueError, match="dtype"):
         DecodeAttentionShape(1, 8, 4, 128, 4, dtype="float32")
     assert default_splits(1, 8, 132) == 66 and default_splits(1, 1, 132) == 128
-    assert default_splits(16, 32, 132) == 1 and default_splits(8, 32, 132) == 3  # pairs alone two an SM: one chunk
+    assert default_splits(16, 32, 132) == 1 and default_splits(8, 32, 132) == 2  # pairs alone two an SM: one chunk
 
 
 def test_decode_sizes_get_the_split_step_and_short_prefills_do_not():

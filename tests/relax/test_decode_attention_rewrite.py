@@ -118,10 +118,10 @@ def test_merged_in_the_step_it_is_one_call_with_zero_tickets_and_the_same_values
 
 
 @pytest.mark.parametrize("kv_heads, rows, form, one_call", [
-    (32, 1, "", True),  # 17 chunks of one row on 132 SMs: merged in the step by default
+    (32, 1, "", True),  # 16 chunks of one row on 132 SMs: merged in the step by default
     (2, 1, "", False),  # 128 chunks: the pair
-    (32, 4, "", False),  # 17 chunks of 4 rows (68 rows for the last CTA to fold): the pair
-    (64, 2, "", True),  # 9 chunks of 2 rows
+    (32, 4, "", False),  # 16 chunks of 4 rows (64 rows for the last CTA to fold): the pair
+    (64, 2, "", True),  # 8 chunks of 2 rows
     (32, 1, "kernel", False),
     (32, 4, "step", True),
 ])  # fmt: skip
@@ -132,7 +132,7 @@ def test_the_merge_form_follows_the_rows_the_last_cta_folds_unless_asked(kv_head
     step = next(f for gv, f in fused.functions_items() if gv.name_hint == "decode_attention")
     shape = match_decode_split(step)[0]
     assert shape.merged == one_call and shape.splits == default_splits(B, kv_heads, 132, rows)
-    assert shape.splits == {32: 17, 2: 128, 64: 9}[kv_heads]
+    assert shape.splits == {32: 16, 2: 128, 64: 8}[kv_heads]
 
 
 def test_a_merge_place_it_does_not_know_is_one_line(monkeypatch):

@@ -221,7 +221,7 @@ def test_more_rows_than_a_cta_holds_come_in_blocks_of_at_most_eight():
     assert [(row_blocks(r), block_rows(r)) for r in (1, 8, 12, 20, 32, 71)] == \
         [(1, 1), (1, 8), (2, 6), (3, 7), (4, 8), (9, 8)]
     assert block_rows(71) <= MAX_ROWS
-    assert default_splits(8, 1, 132, 32) == 17 and default_splits(8, 1, 132) == 66  # four CTAs an SM, blocks counted
+    assert default_splits(8, 1, 132, 32) == 16 and default_splits(8, 1, 132) == 66  # four CTAs an SM, blocks counted
     shape = DecodeAttentionShape(2, 4, 20, 128, 5, appended=True, merged=True)
     func = decode_split_func(shape, 1000)
     config = decode_attention_configs(match_decode_split(func), H100)[0]
