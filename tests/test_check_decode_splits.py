@@ -12,7 +12,7 @@ import check_decode_splits as cds  # noqa: E402
 
 
 def test_the_counts_tried_surround_the_default_and_one_chunk_where_the_pairs_fill_the_sms():
-    assert cds.split_counts(1, 32, 132) == [17, 26, 34]
+    assert cds.split_counts(1, 32, 132) == [16, 24, 32]
     assert cds.split_counts(16, 32, 132) == [1, 2]  # the default is one chunk there
     assert cds.split_counts(1, 1, 132) == [128]  # capped at the most chunks
 
