@@ -18,7 +18,8 @@ def test_list_needs_no_torch_and_a_bad_case_is_one_line():
     bad = subprocess.run([sys.executable, SCRIPT, "--cases", "b1_h32,nope"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
-        "unknown case(s) nope; known: b1_h32, b16_h32, b64_h32_2k, b1_gqa_8k, b4_gqa_8k, b1_phi3_d96, b1_phi2_d80, b8_mqa_8k")
+        "unknown case(s) nope; known: b1_h32, b16_h32, b64_h32_2k, b1_gqa_8k, b4_gqa_8k, b1_phi3_d96, b1_phi2_d80, "
+        "b8_mqa_8k")
 
 
 @pytest.mark.parametrize("case, merge_kernel", [("b1_h32", False), ("b1_gqa_8k", True), ("b1_phi3_d96", False),
