@@ -60,6 +60,13 @@ def compile_together(func, configs):
     return src
 
 
+def assert_one_ticket_a_kernel(src, configs):
+    """A merged step's module: each kernel takes one ticket, by one acquire-release add (the
+    helper defined once), and fences nothing else."""
+    assert src.count("fdl_take_ticket(") == len(configs) + 1 and "thread_fence" not in src
+    assert src.count("atom.acq_rel.gpu.global.add.s32") == 1
+
+
 @pytest.mark.parametrize("batch, kv_heads, rows, head_dim, splits, appended, dtype, symbolic, merged", [
     (1, 8, 4, 128, 33, True, "float16", True, True),  # LLaMA-3-8B's decode step, merged in the step
     (1, 8, 4, 128, 66, False, "float16", True, False),  # the same attention as a pair with a merge kernel
@@ -87,9 +94,8 @@ def test_every_config_compiles_to_a_cubin(batch, kv_heads, rows, head_dim, split
     mma = [c.warp[0] for c in configs if c.kind == "decode_attention_mma"]
     assert mma == ([1, 2, 4] if rows > 1 and head_dim in (64, 128) else [])
     assert ("mma.sync.aligned.m16n8k16" in src and "__byte_perm" in src) == bool(mma)
-    if merged:  # one ticket a kernel, taken by one acquire-release add (the helper defined once)
-        assert src.count("fdl_take_ticket(") == len(configs) + 1 and "thread_fence" not in src
-        assert src.count("atom.acq_rel.gpu.global.add.s32") == 1
+    if merged:
+        assert_one_ticket_a_kernel(src, configs)
 
 
 def test_the_step_gets_the_template_and_stock_only():
@@ -136,10 +142,7 @@ def test_a_merged_paged_step_compiles_for_every_config_with_its_ticket():
     shape = DecodeAttentionShape(1, 8, 4, 128, 33, appended=False, page_size=16, merged=True)
     func = decode_paged_func(shape, 600, 512)
     configs = decode_attention_configs(match_decode_split(func), H100)
-    src = compile_together(func, configs)
-    # one ticket a kernel, taken by one acquire-release add (the helper defined once)
-    assert src.count("fdl_take_ticket(") == len(configs) + 1 and "thread_fence" not in src
-    assert src.count("atom.acq_rel.gpu.global.add.s32") == 1
+    assert_one_ticket_a_kernel(compile_together(func, configs), configs)
 
 
 def test_a_merged_step_of_one_chunk_writes_its_output_without_tickets():
