@@ -2,6 +2,7 @@
 memory-bound kernel of that many bytes, beside the kernels whose targets depend on it.
 
     python benchmarks/bench_read_floor.py [--only w4a16_layer decode_b1_h32] [--rounds 5] [--list]
+                                          [--loads ldg l2_256 ...]
 
 For each size: a read kernel of our own (each thread XORs 16-byte ``ld.global.nc`` loads,
 ``unroll`` of them in flight, nothing stored; a grid that covers the bytes once, or a
@@ -11,7 +12,9 @@ and timed in the same CUDA graphs of back-to-back launches over copies rotated o
 same bytes read in the pattern of the kernels that read them (``CHUNKED``: each CTA a contiguous
 chunk, of one region or of K and V); and
 torch's (cuBLAS) fp16 GEMV of a layer of the same bytes in a torch CUDA graph, and ours (tuned,
-top 8). A row a size: the best read kernel's ms and TB/s, each shape's, the two GEMVs'. Writes ``$OUT/read_floor.json``
+top 8). ``--loads``: the load instructions to time each shape with (``ldg`` by default; the
+others add cache hints, :data:`LOADS`); a shape's label then names its load. A row a size: the
+best read kernel's ms and TB/s, each shape's, the two GEMVs'. Writes ``$OUT/read_floor.json``
 and ``.md``. About 30 s on an H200.
 """
 
@@ -54,6 +57,27 @@ CHUNKED = {
     "fp16_11008x4096": [(256, 4, 688, 1), (256, 8, 688, 1)],
 }
 
+#: the 16-byte load a read kernel issues: ``__ldg`` (``ld.global.nc``), or with cache hints:
+#: ``L2::256B``/``L2::128B`` ask L2 to fetch that much around the line from HBM (fewer, larger
+#: DRAM requests for a stream), ``L1::no_allocate`` keeps the stream out of L1
+LOADS = {
+    "ldg": "",
+    "l2_128": "ld.global.nc.L2::128B.v4.u32",
+    "l2_256": "ld.global.nc.L2::256B.v4.u32",
+    "na": "ld.global.nc.L1::no_allocate.v4.u32",
+    "na_l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.u32",
+}
+
+
+def load_source(load: str) -> str:
+    """The device function ``fdl_load16(const uint4*)`` that issues ``load``'s instruction."""
+    if not LOADS[load]:
+        return "__forceinline__ __device__ uint4 fdl_load16(const uint4* p) { return __ldg(p); }\n"
+    return ("__forceinline__ __device__ uint4 fdl_load16(const uint4* p) {\n  uint4 v;\n"
+            f'  asm("{LOADS[load]} {{%0, %1, %2, %3}}, [%4];"\n'
+            '               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));\n  return v;\n}\n')
+
+
 _READ = r"""
 __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* out, int bid, int tid) {
   // XOR of every 16-byte word, so that no load is dead; stored only if it hits a value random
@@ -66,7 +90,7 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const long long i = base + (long long)u * THREADS;
-      v[u] = i < n ? __ldg(p + i) : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = i < n ? fdl_load16(p + i) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
@@ -91,7 +115,7 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 #pragma unroll
     for (int u = 0; u < STREAMS * UNROLL; ++u) {
       const long long i = base + (long long)(u % UNROLL) * THREADS;
-      v[u] = i < end ? __ldg(p + (u / UNROLL) * region + i) : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = i < end ? fdl_load16(p + (u / UNROLL) * region + i) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < STREAMS * UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
@@ -101,15 +125,17 @@ __forceinline__ __device__ void fdl_read_floor(const unsigned* words, unsigned* 
 """
 
 
-def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int = 0, group: int = 1):
+def read_kernel(nbytes: int, threads: int, unroll: int, ctas: int, streams: int = 0, group: int = 1,
+                load: str = "ldg"):
     """The TIRx read kernel over ``nbytes`` (a multiple of 16) in ``ctas`` CTAs: striding over
     them (``streams`` 0), or each CTA its chunk of each of ``streams`` regions (``group`` > 1:
-    a chunk of ``group`` CTAs, read in turns)."""
+    a chunk of ``group`` CTAs, read in turns); its loads ``load``'s (:data:`LOADS`)."""
     from tvm.backend.cuda.op import cuda_func_call
     from tvm.script import tirx as T
 
     n16 = nbytes // 16
-    source = ((_READ_CHUNKS if streams else _READ).replace("N16", f"{n16}LL").replace("CTAS", str(ctas))
+    template = _READ_CHUNKS if streams else _READ
+    source = load_source(load) + (template.replace("N16", f"{n16}LL").replace("CTAS", str(ctas))
               .replace("THREADS", str(threads)).replace("UNROLL", str(unroll)).replace("STREAMS", str(streams))
               .replace("GROUP", str(group)))
 
@@ -145,9 +171,9 @@ def rotated_copies(nbytes: int, l2_bytes: int) -> int:
     return max(2, math.ceil(3 * l2_bytes / nbytes))
 
 
-def read_timers(name: str, nbytes: int, arch, dev, log) -> dict:
+def read_timers(name: str, nbytes: int, arch, dev, log, loads=("ldg",)) -> dict:
     """``label -> timer`` of each shape's read kernel over rotated copies of ``nbytes`` (and of
-    the chunked shapes of size ``name``)."""
+    the chunked shapes of size ``name``), with each of ``loads``."""
     import numpy as np
     import tvm
 
@@ -161,9 +187,11 @@ def read_timers(name: str, nbytes: int, arch, dev, log) -> dict:
     timers = {}
     kernels = [(label_of(t, u, s), (t, u, grid_of(nbytes, t, u, s, arch.sm_count), 0)) for t, u, s in SHAPES]
     kernels += [(chunked_label(*shape), shape) for shape in CHUNKED.get(name, [])]
-    for label, shape in kernels:
+    kernels = [(label + ("" if load == "ldg" else f", {load}"), shape, load)
+               for load in loads for label, shape in kernels]
+    for label, shape, load in kernels:
         try:
-            kernel = read_kernel(nbytes, *shape)
+            kernel = read_kernel(nbytes, *shape, load=load)
             mod = build(tvm.IRModule({"read_floor": kernel}), arch.target)
             launch = mod["read_floor"]
             per_launch = nbytes / 3.0e9  # ms at 3 TB/s: sizes the graph
@@ -198,12 +226,12 @@ def ours_timer(shape: tuple[int, int], arch, dev):
     return KernelTimer(best, Workload(best._func, dev, seed=0).timing_arg_sets(arch.l2_bytes), dev)
 
 
-def run_size(name: str, arch, rounds: int, round_ms: float, log) -> dict:
+def run_size(name: str, arch, rounds: int, round_ms: float, log, loads=("ldg",)) -> dict:
     import tvm
 
     nbytes, layer = SIZES[name]
     nbytes -= nbytes % 16
-    timers = read_timers(name, nbytes, arch, tvm.cuda(0), log)
+    timers = read_timers(name, nbytes, arch, tvm.cuda(0), log, loads)
     timers["cuBLAS fp16 GEMV"] = cublas_timer(layer, nbytes, arch.l2_bytes)
     timers["our fp16 GEMV"] = ours_timer(layer, arch, tvm.cuda(0))
     medians, errors = timed_rounds(timers, rounds, round_ms)
@@ -243,6 +271,8 @@ def markdown(rows: list[dict], device: str) -> str:
 
 def main(argv=None) -> int:
     ap = rounds_parser(__doc__.splitlines()[0], round_ms=30.0)
+    ap.add_argument("--loads", nargs="+", default=["ldg"], choices=list(LOADS),
+                    help="the load instructions to time each shape with (default: ldg)")
     args = ap.parse_args(argv)
     listing = "\n".join(f"{name}: {b / 1e6:.2f} MB (cuBLAS layer 1x{n}x{k})" for name, (b, (n, k)) in SIZES.items())
     names = cases_to_run(NAME, args, SIZES, listing)
@@ -254,7 +284,8 @@ def main(argv=None) -> int:
 
     arch = CUDA.from_device(tvm.cuda(0))
     return run_cases(NAME, names, arch, lambda name: [run_size(name, arch, args.rounds, args.round_ms,
-                                                                lambda msg: print(msg, flush=True))], markdown)
+                                                                lambda msg: print(msg, flush=True),
+                                                                args.loads)], markdown)
 
 
 if __name__ == "__main__":
