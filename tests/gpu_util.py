@@ -16,6 +16,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
+from fastdlight.compiler.compile import build
+from fastdlight.schedules import dispatch_config
+
 #: default relative-norm tolerance per output dtype
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2, "int32": 0.0, "int8": 0.0}
 
@@ -100,9 +103,6 @@ def run_and_check(built, op, tol: float | None = None, seed: int = 0, dev=None) 
 def check_configs(op, configs, arch) -> None:
     """Each of ``configs`` scheduled by its own template (no fallback), built for ``arch`` and
     checked against ``op.reference`` (see :func:`run_and_check`)."""
-    from fastdlight.schedules import dispatch_config
-    from fastdlight.compiler.compile import build
-
     assert configs
     for config in configs:
         with arch.target:

@@ -21,6 +21,7 @@ def test_list_names_every_case_without_importing_torch_or_tvm():
 
 
 def test_every_case_is_an_attention_the_operator_accepts():
+    # fastdlight.ops imports TVM, which this module otherwise leaves out (see its docstring)
     from fastdlight import ops
 
     for case in bench_attention.CASES.values():

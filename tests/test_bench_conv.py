@@ -5,6 +5,11 @@ import json
 import os
 import sys
 
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.schedules import dispatch_config
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_conv  # noqa: E402
@@ -51,11 +56,6 @@ def test_pipeline_dry_run_makes_the_stem_a_gemm_and_nchw_layers_transposes(tmp_p
 def test_held_out_shapes_are_drawn_from_the_seed_and_reach_tensor_cores(tmp_path, monkeypatch):
     """``--held-out``: random geometries no test names. The same seed draws the same shapes; the
     NHWC ones with channels a multiple of 8 get tensor-core candidates, whose top one compiles."""
-    from fastdlight.arch import CUDA
-    from fastdlight.schedules import dispatch_config
-    from fastdlight.policies.select import candidate_sets
-    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
-
     drawn = bench_conv.held_out_layers(6, seed=11)
     assert drawn == bench_conv.held_out_layers(6, seed=11) != bench_conv.held_out_layers(6, seed=12)
     names = {ly.name for ly in bench_conv.LAYERS}

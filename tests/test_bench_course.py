@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import tvm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
@@ -15,7 +16,8 @@ import bench_course  # noqa: E402
 import course_metaschedule  # noqa: E402
 import course_schedules  # noqa: E402
 
-from fastdlight.compiler.compile import compile_mod_to_cubin  # noqa: E402
+from fastdlight.arch import auto_arch  # noqa: E402
+from fastdlight.compiler.compile import build, compile_mod_to_cubin  # noqa: E402
 
 #: small sizes every hand tile divides
 SIZES = {"gemm": 256, "window": 4096}
@@ -70,11 +72,6 @@ def test_dry_run_writes_table_and_json(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hand", course_schedules.HAND, ids=IDS)
 def test_hand_schedule_correct(hand):
-    import tvm
-
-    from fastdlight.arch import auto_arch
-    from fastdlight.compiler.compile import build
-
     n = SIZES[hand.workload]
     func = course_schedules.make_func(hand.workload, n)
     kernel = build(hand.schedule(func).mod, auto_arch().target)["main"]

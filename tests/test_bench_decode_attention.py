@@ -1,15 +1,22 @@
 """benchmarks/bench_decode_attention.py (CPU): ``--list`` without torch, a bad case is one line,
 and (with torch) each case's module exports and prepares into the split-KV pair alone."""
 
+import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+import fastdlight.arch
+from fastdlight.relax import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_decode_attention.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_decode_attention as bench  # noqa: E402
 
 
 def test_list_needs_no_torch_and_a_bad_case_is_one_line():
@@ -28,9 +35,6 @@ def test_each_case_prepares_into_the_split_kv_step(case, merge_kernel):
     """B1 H32 (16 chunks of one row) merges in its step; 8 K/V heads (66 chunks of 4 rows; at B4
     16), and MQA (16 chunks of 8-row blocks) keep the merge kernel."""
     torch = pytest.importorskip("torch")
-    import bench_decode_attention as bench
-
-    from fastdlight.relax import prepare
 
     b, h, g, _, d = bench.CASES[case]
     example = (torch.randn(b, g, h // g, d), torch.randn(b, g, 40, d), torch.randn(b, g, 40, d))
@@ -49,8 +53,6 @@ def test_a_page_size_the_kernel_has_not_is_one_line():
 
 
 def test_the_paged_table_shows_both_times_and_their_ratio():
-    import bench_decode_attention as bench
-
     row = {"case": "b16_h32", "batch": 16, "heads": 32, "kv_heads": 32, "length": 4096, "head_dim": 128,
            "page_size": 16, "splits": 2, "errors": {}, "contiguous_ms": 0.03, "paged_ms": 0.032,
            "paged_vs_contiguous": 0.938, "contiguous_tune_s": 9.0, "paged_tune_s": 10.0}
@@ -64,12 +66,6 @@ def test_the_paged_table_shows_both_times_and_their_ratio():
 def test_each_case_is_saved_as_it_finishes(tmp_path, monkeypatch):
     """A run cut short (a time limit's kill) keeps the cases it finished."""
     pytest.importorskip("torch")
-    import json
-    from types import SimpleNamespace
-
-    import bench_decode_attention as bench
-
-    import fastdlight.arch
 
     def run_case(name, arch, topk):
         if name == "b16_h32":

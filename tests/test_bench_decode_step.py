@@ -8,9 +8,15 @@ import warnings
 
 import pytest
 
+import fastdlight
+from fastdlight.arch import CUDA
+from fastdlight.relax import prepare
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_decode_step.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_decode_step  # noqa: E402
 
 
 def test_bad_lengths_are_one_line():
@@ -22,6 +28,7 @@ def test_bad_lengths_are_one_line():
 
 def test_the_step_and_the_static_cache_form_agree():
     torch = pytest.importorskip("torch")
+    # decode_step imports torch, which is optional
     import decode_step
 
     s = decode_step.DecodeShape(dim=128, heads=4, kv_heads=2, ffn=256)
@@ -40,12 +47,8 @@ def test_one_module_with_a_symbolic_cache_length_tunes_per_length_and_compiles()
     """Exported once with L symbolic: the functions that depend on L get a kernel per length
     behind a dispatcher, and the module builds (compile-only here)."""
     pytest.importorskip("torch")
-    import bench_decode_step
+    # decode_step imports torch, which is optional
     import decode_step
-
-    import fastdlight
-    from fastdlight.arch import CUDA
-    from fastdlight.relax import prepare
 
     h100 = CUDA("nvidia/nvidia-h100")
     s = decode_step.DecodeShape(dim=256, heads=8, kv_heads=2, ffn=512)
@@ -65,7 +68,7 @@ def test_one_module_with_a_symbolic_cache_length_tunes_per_length_and_compiles()
 
 def test_the_models_named_are_the_layers_decode_step_has():
     pytest.importorskip("torch")
-    import bench_decode_step
+    # decode_step imports torch, which is optional
     import decode_step
 
     assert tuple(decode_step.SHAPES) == bench_decode_step.MODELS

@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+from fastdlight.arch import has_gpu
+from fastdlight.config import Config
+from fastdlight.relax.apply_fast_tuning import FunctionReport
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_devices.py")
 
@@ -19,8 +23,6 @@ def test_bad_devices_are_one_line():
 
 
 def test_without_a_gpu_it_says_so():
-    from fastdlight.arch import has_gpu
-
     if has_gpu():
         return
     done = run()
@@ -29,6 +31,7 @@ def test_without_a_gpu_it_says_so():
 
 def test_a_row_shows_each_run_and_both_ratios():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    # benchmarks/ is on sys.path only from the line above
     import bench_devices
 
     row = {"model": "m", "devices": [0, 1], "one_s": 10, "one_jobs": 4, "one_wide_s": 8, "one_wide_jobs": 8,
@@ -43,9 +46,8 @@ def test_a_row_shows_each_run_and_both_ratios():
 
 def test_the_longest_function_is_the_one_that_took_longest_from_start_to_pick():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    # benchmarks/ is on sys.path only from the line above
     import bench_devices
-
-    from fastdlight.relax.apply_fast_tuning import FunctionReport
 
     entries = [FunctionReport("add", "tuned", 0.8, candidates=4), FunctionReport("matmul", "tuned", 5.25, candidates=20),
                FunctionReport("norm", "database", 0.1)]
@@ -55,10 +57,8 @@ def test_the_longest_function_is_the_one_that_took_longest_from_start_to_pick():
 
 def test_differing_winners_name_their_place_and_a_kernel_measured_twice():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    # benchmarks/ is on sys.path only from the line above
     import bench_devices
-
-    from fastdlight.config import Config
-    from fastdlight.relax.apply_fast_tuning import FunctionReport
 
     tile = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,))
     one = {"f": FunctionReport("f", "tuned", 1.0, tile, 0.0100, rank=2),

@@ -1,10 +1,13 @@
 """benchmarks/bench_energy.py (CPU; the GPU, torch and NVML only on the GPU machine): how a
 stretch turns the energy counter into power and energy a GEMM, and the table's ratios."""
 
+import json
 import os
 import sys
 
 import pytest
+
+from fastdlight.arch import CUDA, auto_arch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
@@ -92,8 +95,6 @@ def test_turns_flip_the_order_and_time_each_side_hot_and_in_a_graph(monkeypatch)
 
 
 def test_a_tile_gets_the_policys_stages_group_and_cluster_axis():
-    from fastdlight.arch import CUDA
-
     h100 = CUDA("nvidia/nvidia-h100")
     func = bench.matmul_func(2048, 12288, 4096, "float16", "NN")
     wide = bench.tile_config("256x192/128", func, h100)
@@ -117,8 +118,6 @@ def test_a_tile_gets_the_policys_stages_group_and_cluster_axis():
     ("128x256+3", "tile 128x256\\+3: "),  # the Config type takes clusters of 1 or 2
 ])  # fmt: skip
 def test_tiles_the_template_does_not_take_are_refused_in_one_line(spec, why):
-    from fastdlight.arch import CUDA
-
     func = bench.matmul_func(2048, 12288, 4096, "float16", "NN")
     with pytest.raises(bench.BadTile, match=why) as e:
         bench.tile_config(spec, func, CUDA("nvidia/nvidia-h100"))
@@ -141,10 +140,6 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(argv, message, capsys):
 def test_one_gemm_of_your_own_runs_end_to_end_on_a_hopper_gpu(tmp_path, monkeypatch):
     """Two tiles (one spelled twice) and cuBLAS: each side checked, timed at the cap, hot and in
     a graph, and written out."""
-    import json
-
-    from fastdlight.arch import auto_arch
-
     pytest.importorskip("torch")
     if not auto_arch().has_wgmma:
         pytest.skip("no wgmma on this GPU")

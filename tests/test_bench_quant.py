@@ -7,6 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_quant  # noqa: E402
+import bench_setup  # noqa: E402
 
 
 def test_the_issue_cases_are_listed(capsys):
@@ -30,8 +31,6 @@ def test_the_table_has_a_row_per_case():
 
 
 def test_each_case_keeps_the_rows_and_a_failed_cases_one_line_error(capsys):
-    import bench_setup
-
     def one(name):
         if name == "bad":
             raise RuntimeError("Traceback (most recent call last):\n  File x\nValueError: odd shape")

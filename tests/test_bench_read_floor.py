@@ -29,6 +29,7 @@ def test_enough_copies_rotate_that_each_launch_reads_from_memory():
 
 def test_the_read_kernel_builds_to_a_dependent_launch_whose_wait_comes_first():
     pytest.importorskip("tvm")
+    # TVM (and fastdlight's compiler, which imports it) is optional here: the other tests run without it
     import tvm
 
     from fastdlight.arch import CUDA
@@ -47,6 +48,7 @@ def test_the_read_kernel_builds_to_a_dependent_launch_whose_wait_comes_first():
 
 def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region_or_a_groups_in_turns():
     pytest.importorskip("tvm")
+    # TVM (and fastdlight's compiler, which imports it) is optional here: the other tests run without it
     import tvm
 
     from fastdlight.compiler.compile import compile_mod_to_cubin

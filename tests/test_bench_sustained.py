@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from fastdlight.arch import CUDA
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_sustained as bench  # noqa: E402
@@ -24,8 +26,6 @@ def test_each_case_names_the_layout_its_function_stores_b_in(case):
 
 def test_every_tile_of_every_case_is_a_valid_policy_config():
     """The policy emits 256x128 with a cluster along N: the same tile alone must not keep it."""
-    from fastdlight.arch import CUDA
-
     h100 = CUDA("nvidia/nvidia-h100")
     for name, make, tiles, _layout in bench.CASES:
         func = make()

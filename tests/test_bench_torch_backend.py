@@ -9,6 +9,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "bench_torch_backend.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_torch_backend  # noqa: E402
+import zoo_models  # noqa: E402
 
 
 def test_the_table_shows_the_backend_against_the_relax_path_and_the_second_process():
@@ -28,8 +29,6 @@ def test_an_unknown_model_is_refused_in_one_line():
 
 
 def test_the_default_models_are_a_cnn_an_encoder_and_a_decoder_of_the_zoo():
-    import zoo_models
-
     assert all(name in zoo_models.MODELS for name in bench_torch_backend.DEFAULT_MODELS)
     families = {zoo_models.MODELS[name].family for name in bench_torch_backend.DEFAULT_MODELS}
     assert families == {"torchvision", "transformers"}

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from fastdlight.arch import has_gpu
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_zoo.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -107,8 +109,6 @@ def test_an_unknown_model_is_refused_in_one_line(capsys):
 
 
 def test_without_a_gpu_the_full_run_says_so_in_one_line_and_exits_2():
-    from fastdlight.arch import has_gpu
-
     if has_gpu():
         pytest.skip("a GPU is here: the full run would run")
     done = subprocess.run([sys.executable, SCRIPT, "--models", "timm_resnet18"], capture_output=True, text=True,

@@ -1,13 +1,16 @@
 """check_decode_splits (CPU): the split counts a case tries, its list syntax, refusals and table."""
 
+import json
 import os
 import subprocess
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "check_decode_splits.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import bench_setup  # noqa: E402
 import check_decode_splits as cds  # noqa: E402
 
 
@@ -42,11 +45,6 @@ def test_the_table_has_a_row_each_with_dashes_for_what_is_missing():
 
 
 def test_a_run_of_cases_writes_every_row_and_each_failure_and_exits_by_them(tmp_path, monkeypatch, capsys):
-    import json
-    import types
-
-    import bench_setup
-
     monkeypatch.setenv("OUT", str(tmp_path))
     arch = types.SimpleNamespace(device_name="NVIDIA H200", name="cuda")
     finished = []
@@ -66,10 +64,6 @@ def test_a_run_of_cases_writes_every_row_and_each_failure_and_exits_by_them(tmp_
 
 
 def test_the_cases_to_run_or_the_exit_code_of_a_listing_or_a_refusal(capsys):
-    import types
-
-    import bench_setup
-
     cases = {"a": 1, "b": 2}
     ask = lambda **kw: types.SimpleNamespace(**({"list": False, "only": []} | kw))  # noqa: E731
     assert bench_setup.cases_to_run("x", ask(list=True), cases, "a\nb") == 0 and capsys.readouterr().out == "a\nb\n"

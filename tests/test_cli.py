@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
+from fastdlight import cli, ops
 from fastdlight.arch import has_gpu
-from fastdlight.cli import main
+from fastdlight.cli import commands, load_primfunc, main
+from fastdlight.compiler import pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,9 +95,6 @@ def test_tune_file_compile_only(tmp_path):
 
 def test_a_file_as_tvm_prints_it_loads(tmp_path):
     """``func.script()`` prints its imports as comments; the file still loads as it is."""
-    from fastdlight import ops
-    from fastdlight.cli import load_primfunc
-
     text = ops.elementwise((64, 64), "float16", "add").func.script()
     assert "# from tvm.script import tirx as T" in text
     kernel = tmp_path / "printed.py"
@@ -156,10 +155,6 @@ def test_the_probe_process_starts_with_the_build_workers_where_kernels_will_be_t
                                                                                    probe_started):
     """Both start before the command imports TVM; the probe process only where a GPU's device
     node says kernels will be timed. The run is stopped right after (a made-up usage error)."""
-    from fastdlight import cli
-    from fastdlight.cli import commands
-    from fastdlight.compiler import pool
-
     started = []
 
     class Pool:

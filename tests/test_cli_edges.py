@@ -2,18 +2,31 @@
 build for the target, reasons cut at a colon, checks made late, and the small ones. A user error
 exits 2 with ONE line on stderr, before TVM is imported where no TVM is needed, and writes nothing."""
 
-import re
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 import warnings
+from argparse import Namespace
+from types import SimpleNamespace
 
 import pytest
 
 import fastdlight
-from fastdlight.cli import main, toolkit
+import fastdlight.arch
+import fastdlight.export as ex
+from fastdlight.arch import CUDA
+from fastdlight.cli import main, preflight, toolkit
+from fastdlight.cli.args import UsageError, build_parser, validate_args
+from fastdlight.cli.preflight import once_resolved, select_gpu
+from fastdlight.cli.workload import make_op
+from fastdlight.compiler.compile import CompileError, compile_cubin, cuda_compiler, first_error_line
+from fastdlight.measure.workload import param_buffers, static_shape
+from fastdlight.policies.select import candidate_sets
+from fastdlight.search import candidates, runner
+from fastdlight.search.report import format_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TVM_LOADED = "import sys; from fastdlight.cli import main; rc = main({argv!r}); print(rc, 'tvm' in sys.modules)"
@@ -77,11 +90,6 @@ def test_sizes_are_checked_against_the_target_memory(capsys):
 
 def test_once_resolved_the_gpu_own_memory_is_the_bound():
     """A live GPU's memory is known only once TVM asks it: the second round of checks."""
-    from types import SimpleNamespace
-
-    from fastdlight.cli.args import build_parser
-    from fastdlight.cli.preflight import once_resolved
-
     args = build_parser().parse_args(["tune", "add", "4096", "1048576", "--dtype", "float32"])
     small = SimpleNamespace(dram_bytes=8 * 2**30, name="an 8 GiB GPU", arch="sm_90a")
     with pytest.raises(fastdlight.cli.UsageError, match=r"A \(4096x1048576 float32\) is 16 GiB, more than the 8 GiB"):
@@ -146,8 +154,6 @@ def test_the_real_nvcc_refuses_the_v100_up_front():
 
 @pytest.mark.parametrize("target", ["cuda", "cuda -max_num_threads=1024", '{"kind": "cuda"}'])
 def test_a_target_that_leaves_the_arch_to_a_missing_gpu_says_so(capsys, monkeypatch, target):
-    from fastdlight.cli import preflight
-
     monkeypatch.setattr(preflight, "gpu_device_nodes", lambda: False)
     line = one_error_line(capsys, ["tune", "add", "64", "--target", target])
     assert "names no GPU, and there is no GPU here to read the arch from" in line
@@ -155,8 +161,6 @@ def test_a_target_that_leaves_the_arch_to_a_missing_gpu_says_so(capsys, monkeypa
 
 @pytest.mark.parametrize("asked", ["", "nvcc", "nvrtc", "clang"])
 def test_the_compiler_is_chosen_as_the_compile_module_chooses_it(monkeypatch, asked):
-    from fastdlight.compiler.compile import CompileError, cuda_compiler
-
     monkeypatch.setenv("FASTDLIGHT_CUDA_COMPILER", asked)
 
     def outcome(choose, error):
@@ -170,8 +174,6 @@ def test_the_compiler_is_chosen_as_the_compile_module_chooses_it(monkeypatch, as
 
 # -- reasons that survive ----------------------------------------------------------------------------
 def test_nvcc_fatal_line_is_the_reason():
-    from fastdlight.compiler.compile import first_error_line
-
     log = "nvcc fatal   : Unsupported gpu architecture 'compute_70'\n"
     reason = "nvcc fatal : Unsupported gpu architecture 'compute_70'"
     assert first_error_line(f"nvcc failed for sm_70:\n{log}") == reason
@@ -181,8 +183,6 @@ def test_nvcc_fatal_line_is_the_reason():
 
 @pytest.mark.skipif(not nvcc_lacks(70), reason="this nvcc still builds sm_70")
 def test_a_compile_for_a_dropped_arch_says_why_on_its_first_line():
-    from fastdlight.compiler.compile import CompileError, compile_cubin
-
     with pytest.raises(CompileError) as e:
         compile_cubin("__global__ void k() {}", "nvidia/nvidia-v100")
     assert str(e.value).splitlines()[0] == \
@@ -222,8 +222,6 @@ def test_version(capsys):
 
 
 def test_arch_does_not_say_tuning(capsys, monkeypatch):
-    import fastdlight.arch
-
     monkeypatch.setattr(fastdlight.arch, "has_gpu", lambda: False)
     assert main(["arch"]) == 0
     out = capsys.readouterr().out
@@ -233,9 +231,6 @@ def test_arch_does_not_say_tuning(capsys, monkeypatch):
 
 def test_fp16_on_a_t4_says_why_it_runs_on_cuda_cores(capsys, monkeypatch):
     """Tuning is stopped after the sets are announced: no candidate is built."""
-    from fastdlight.policies.select import candidate_sets
-    from fastdlight.search import candidates, runner
-
     def announce_only(func, arch, topk, opts, opt_shapes=None, on_set=None):
         for cset in candidate_sets(func, arch, topk):
             on_set(cset)
@@ -249,14 +244,10 @@ def test_fp16_on_a_t4_says_why_it_runs_on_cuda_cores(capsys, monkeypatch):
 
 
 def test_the_cost_column_says_its_unit():
-    from fastdlight.search.report import format_table
-
     assert "pred. cost (policy units)" in format_table([]).splitlines()[0]
 
 
 def test_a_large_export_says_its_size_in_one_line(tmp_path, capsys, monkeypatch):
-    import fastdlight.export as ex
-
     monkeypatch.setattr(ex, "LARGE_DATA_BYTES", 1000)
     out = tmp_path / "add"
     with warnings.catch_warnings(record=True) as caught:
@@ -270,8 +261,6 @@ def test_a_large_export_says_its_size_in_one_line(tmp_path, capsys, monkeypatch)
 
 
 def test_a_library_warning_points_at_the_callers_line():
-    from fastdlight.arch import CUDA
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         CUDA("cuda -arch=sm_86")  # no table row: a warning about generic numbers
@@ -295,10 +284,6 @@ def test_a_library_warning_points_at_the_callers_line():
     ["matmul", "1", "32", "256", "--weight-dtype", "int4", "--zero-point", "--dtype", "bfloat16"],
 ])  # fmt: skip
 def test_the_size_checks_see_the_tensors_ops_builds(argv):
-    from fastdlight.cli.args import build_parser, validate_args
-    from fastdlight.cli.workload import make_op
-    from fastdlight.measure.workload import param_buffers, static_shape
-
     args = build_parser().parse_args(["tune", *argv])
     built = [(static_shape(b), str(b.dtype)) for b in param_buffers(make_op(args).func)]
     assert [(t.shape, t.dtype) for t in validate_args(args)] == built
@@ -306,9 +291,6 @@ def test_the_size_checks_see_the_tensors_ops_builds(argv):
 
 @pytest.mark.parametrize("op", ["matmul", "gemv", "add", "sum", "softmax", "conv2d", "attention"])
 def test_the_dtypes_refused_early_are_those_ops_refuses(op):
-    from fastdlight.cli.args import UsageError, build_parser, validate_args
-    from fastdlight.cli.workload import make_op
-
     shape = {"matmul": ["16"] * 3, "add": ["8"], "conv2d": ["1", "4", "4", "4", "4"],
              "attention": ["1", "2", "4", "4", "8"]}.get(op, ["16", "16"])
     for dtype in ("float16", "bfloat16", "float32", "int8", "int32", "float64"):
@@ -334,8 +316,6 @@ def test_the_dtypes_refused_early_are_those_ops_refuses(op):
     (["attention", "1", "8", "16", "16"], "attention"),
 ])  # fmt: skip
 def test_bad_attention_arguments_are_refused_in_one_line(argv, says):
-    from fastdlight.cli.args import UsageError, build_parser, validate_args
-
     with pytest.raises(UsageError, match=re.escape(says)) as caught:
         validate_args(build_parser().parse_args(["tune", *argv]))
     assert "\n" not in str(caught.value)
@@ -344,11 +324,6 @@ def test_bad_attention_arguments_are_refused_in_one_line(argv, says):
 def test_devices_become_this_process_s_gpus_in_their_order(monkeypatch):
     """--devices are the process's GPUs 0, 1, ..., counted within a CUDA_VISIBLE_DEVICES the
     user set."""
-    from argparse import Namespace
-
-    from fastdlight.cli.args import UsageError
-    from fastdlight.cli.preflight import select_gpu
-
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert select_gpu((1, 0), Namespace(rpc=None)) == (0, 1)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,0"

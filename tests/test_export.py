@@ -13,13 +13,21 @@ import warnings
 
 import numpy as np
 import pytest
+import tvm
 from tvm.script import tirx as T
 
 import fastdlight
+import fastdlight.export as ex
 from fastdlight import ops
+from fastdlight.arch import CUDA, auto_arch
 from fastdlight.cli import main
-from fastdlight.arch import CUDA
+from fastdlight.compiler import build_task
+from fastdlight.compiler.compile import build
+from fastdlight.config import Config
 from fastdlight.export import DATA_MAGIC, ExportError, export
+from fastdlight.measure.timing import function_name, time_module
+from fastdlight.measure.workload import Workload
+from fastdlight.policies.default import DefaultPolicy
 from fastdlight.search.database import TuningDatabase
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
@@ -138,8 +146,6 @@ def test_tensor_core_matmul(tmp_path):
 
 def export_wgmma(out_dir, name: str, m: int, n: int, cluster: int = 1) -> str:
     """Export an fp16 NT GEMM ``m x n x 256`` under a 128 x 128 wgmma config; its header."""
-    from fastdlight.config import Config
-
     op = ops.matmul(m, n, 256, "float16", "float16", "NT", acc_dtype="float32")
     cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
                  use_async_copy=True, rasterization=8, cluster=cluster)
@@ -186,9 +192,6 @@ def rowscale(A: T.Buffer((128, 256), "float32"), s: T.Buffer((128,), "float32"),
 
 
 def rowscale_config():
-    from fastdlight.arch import CUDA
-    from fastdlight.policies.default import DefaultPolicy
-
     return DefaultPolicy(rowscale, CUDA(H100)).emit_config(1)[0]
 
 
@@ -200,8 +203,6 @@ def test_without_a_numpy_reference_the_function_runs_on_the_cpu(tmp_path):
 
 
 def test_nothing_half_written(tmp_path, monkeypatch):
-    import fastdlight.export as ex
-
     out = tmp_path / "never"
 
     def broken_rename(src, dst):
@@ -268,8 +269,6 @@ def test_example_runs_and_passes_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_a_cluster_example_runs_and_passes_on_the_gpu(tmp_path):
-    from fastdlight.config import Config
-
     op = ops.matmul(1000, 520, 264, "float16", "float16", "NT", acc_dtype="float32")  # edges in M, N, K
     cfg = Config("matmul_wgmma", block=(128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=4,
                  use_async_copy=True, rasterization=8, cluster=2)
@@ -280,14 +279,6 @@ def test_a_cluster_example_runs_and_passes_on_the_gpu(tmp_path):
 def tvm_timer(func, config):
     """A function timing the same config built through TVM (``fastdlight.measure.timing``: inputs
     rotated, queued launches between CUDA events, median), ms."""
-    import tvm
-
-    from fastdlight.arch import auto_arch
-    from fastdlight.compiler import build_task
-    from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import function_name, time_module
-    from fastdlight.measure.workload import Workload
-
     arch = auto_arch()
     with arch.target:
         mod = build_task.as_module(build_task.apply_template(func, config))

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import tvm
 
+import fastdlight
 from fastdlight import ops
+from fastdlight.arch import auto_arch
 
 
 def loop_attention(q, k, v, causal):
@@ -73,9 +75,6 @@ def test_bad_attention_shapes_are_refused(kwargs, says):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_attention_tunes_to_a_verified_kernel(causal):
-    import fastdlight
-    from fastdlight.arch import auto_arch
-
     op = ops.attention(2, 8, 100, 100, 64, kv_heads=2, causal=causal)
     _, best = fastdlight.tune(op.func, auto_arch(), topk=8, ref=op.reference)
     assert best.verified and best.latency_ms > 0

@@ -1,11 +1,14 @@
 """PrimFunc analysis: op families, axes, buffers, footprints, and clear errors."""
 
 import pytest
+import tvm_ffi
 from tvm import te, tirx
 from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.analysis.func_info import FuncInfo, analyze
+from fastdlight.arch import CUDA
+from fastdlight.policies import DefaultPolicy
 
 FAMILY_CASES = {
     "add": (ops.elementwise((64, 128), "float16", "add"), "elementwise"),
@@ -208,9 +211,6 @@ def scale_by_scalar(a: T.Buffer((64, 512), "float16"), s: T.Buffer((), "float16"
 
 
 def test_a_scalar_parameter_is_no_vector_run_and_the_function_gets_configs():
-    from fastdlight.arch import CUDA
-    from fastdlight.policies import DefaultPolicy
-
     info = analyze(scale_by_scalar)
     scalar = next(r for r in info.reads if r.name == "s")
     assert scalar.innermost_axis() is None
@@ -221,11 +221,6 @@ def test_a_scalar_parameter_is_no_vector_run_and_the_function_gets_configs():
 def test_the_analysis_cache_keeps_each_functions_buffer_names():
     """Structurally equal functions with other buffer names (two models' weight transposes) get
     their own names: configs name buffers (vector widths, the transpose's source)."""
-    import tvm_ffi
-    from tvm import te
-
-    from fastdlight.analysis.func_info import analyze
-
     def transpose(src: str, dst: str):
         x = te.placeholder((256, 128), "float16", name=src)
         return te.create_prim_func([x, te.compute((128, 256), lambda i, j: x[j, i], name=dst)])

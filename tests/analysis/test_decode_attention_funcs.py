@@ -10,6 +10,7 @@ from tvm import tirx
 from fastdlight import ops
 from fastdlight.analysis.decode_attention import (
     EMPTY_MAX,
+    TICKETS,
     DecodeAttentionShape,
     decode_combine_func,
     decode_of,
@@ -17,6 +18,7 @@ from fastdlight.analysis.decode_attention import (
     default_splits,
     match_decode_split,
 )
+from fastdlight.measure.inputs import known_input_values
 
 
 def run(func, *arrays, outs, dtype="float32"):
@@ -108,9 +110,6 @@ def test_the_paged_step_reads_each_sequence_through_its_page_table(seq_kv, page_
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_the_merged_step_also_writes_attention_over_every_key(page_size):
     """A merged step takes the ticket counters (zeros) and writes the chunks and their merge."""
-    from fastdlight.analysis.decode_attention import TICKETS
-    from fastdlight.measure.inputs import known_input_values
-
     op = ops.decode_attention(2, 2, 3, 37, 32, splits=4, page_size=page_size, merged=True)
     shape = match_decode_split(op.func)[0]
     assert shape.merged and known_input_values(op.func)[TICKETS] == 0.0

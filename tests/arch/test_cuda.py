@@ -7,6 +7,7 @@ import tvm
 from tvm.target import Target
 
 from fastdlight.arch import CUDA, auto_arch
+from fastdlight.arch import cuda as cuda_mod
 from fastdlight.arch.cuda import parse_compute_version, parse_sm
 from fastdlight.arch.table import GPUS, GPUS_BY_KEY, KB, MB
 
@@ -225,8 +226,6 @@ def test_live_device_agrees_with_table():
 
 @pytest.mark.parametrize("target", ["cuda -arch=sm_90", {"kind": "cuda", "arch": "sm_90"}, "cuda"])
 def test_a_bare_cuda_target_resolves_to_the_live_gpu(target, monkeypatch, no_warnings):
-    from fastdlight.arch import cuda as cuda_mod
-
     monkeypatch.setattr(cuda_mod, "live_device", lambda: FakeDevice("NVIDIA H200", sms=132, l2=60 * MB))
     if target == "cuda":  # TVM picks the arch from the local GPU; without one it says sm_50
         target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

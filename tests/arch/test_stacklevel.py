@@ -3,6 +3,7 @@
 import inspect
 import warnings
 
+from fastdlight.arch import CUDA
 from fastdlight.arch.stacklevel import caller_stacklevel
 
 
@@ -19,8 +20,6 @@ def test_outside_the_package_the_warning_is_the_callers_own_line():
 
 
 def test_through_several_package_frames_it_names_the_caller():
-    from fastdlight.arch import CUDA
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         here = inspect.currentframe().f_lineno + 1

@@ -1,16 +1,19 @@
 """CUDA source → cubin through NVRTC with a precompiled header, and the choice of compiler."""
 
 import os
+import shutil
+import struct
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import tvm
 from tvm.script import tirx as T
 
+from fastdlight import ops
 from fastdlight.arch import CUDA
-from fastdlight.config import Config
-from fastdlight.policies.default import DefaultPolicy
-from fastdlight.schedules import apply_config
-from fastdlight.compiler import nvrtc
+from fastdlight.compiler import build_task, nvrtc
 from fastdlight.compiler.compile import (
     COMPILER_ENV,
     NVRTC_REJECTED,
@@ -20,6 +23,9 @@ from fastdlight.compiler.compile import (
     cuda_compiler,
     cuda_source,
 )
+from fastdlight.config import Config
+from fastdlight.policies.default import DefaultPolicy
+from fastdlight.schedules import apply_config
 
 needs_nvrtc = pytest.mark.skipif(nvrtc.unavailable_reason() is not None,
                                  reason=f"NVRTC not usable here: {nvrtc.unavailable_reason()}")
@@ -89,9 +95,6 @@ def test_the_preludes_type_traits_come_from_their_own_headers(softmax_source):
 def test_the_light_trait_headers_define_what_the_prelude_aliases(tmp_path):
     """Checked with nvcc (CI has no NVRTC): the toolkit has these headers and they declare the
     eight traits, each used the way TVM's prelude may use it."""
-    import shutil
-    import subprocess
-
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
@@ -170,10 +173,6 @@ def test_what_the_compiler_prints_meanwhile_goes_to_the_log_not_the_terminal(cap
 def test_the_compile_callback_uses_the_threads_its_caller_gives(monkeypatch):
     """A model's build asks for the CPUs (:func:`compile_threads`); a build worker's one kernel
     gets one thread."""
-    from types import SimpleNamespace
-
-    from fastdlight.compiler import build_task
-
     seen = []
     monkeypatch.setattr(build_task, "compile_cubin",
                         lambda code, target, threads=1: seen.append(threads) or SimpleNamespace(binary=b"cubin"))
@@ -187,8 +186,6 @@ def test_the_compile_callback_uses_the_threads_its_caller_gives(monkeypatch):
 
 def _text_sections(cubin: bytes) -> dict[str, bytes]:
     """The ELF's ``.text.*`` sections (the machine code) by name."""
-    import struct
-
     shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
     size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
@@ -205,8 +202,6 @@ def _text_sections(cubin: bytes) -> dict[str, bytes]:
 def test_the_light_traits_give_the_same_machine_code(monkeypatch, softmax_source):
     """A wgmma GEMM and the softmax, compiled with libcu++'s whole type_traits (TVM's prelude as
     it is) and with the eight traits' own headers: the same instructions."""
-    from fastdlight import ops
-
     config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
                     use_async_copy=True, rasterization=8)
     with H100.target:
@@ -259,6 +254,7 @@ def test_include_dirs_finds_the_toolkits_folders(tmp_path):
 
 def test_an_nvrtc_newer_than_the_driver_is_not_used(monkeypatch):
     pytest.importorskip("cuda.bindings.nvrtc")
+    # cuda-bindings is optional (the nvrtc extra)
     from cuda.bindings import nvrtc as lib
 
     _, major, minor = lib.nvrtcVersion()
@@ -271,9 +267,6 @@ def test_an_nvrtc_newer_than_the_driver_is_not_used(monkeypatch):
 
 
 def test_a_gone_process_precompiled_headers_are_removed(tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
     monkeypatch.setattr(nvrtc.tempfile, "gettempdir", lambda: str(tmp_path))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = tmp_path / f"{nvrtc.PCH_PREFIX}{int(gone.stdout)}"

@@ -1,12 +1,19 @@
 """The crash-proof worker pool on its own."""
 
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from fastdlight.arch import CUDA
+from fastdlight.compiler import build_task
+from fastdlight.compiler.workers import Outcome, Task, WorkerPool
 from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.measure.timing import Timing
+from fastdlight.search import stages
+from fastdlight.search.options import TuneOptions
 
-from fastdlight.compiler.workers import Task, WorkerPool
 # the tasks live in a module of their own: a worker imports it to unpickle a task, and this
 # one imports TVM (seconds on a busy machine, counted in a task's timeout)
 from worker_tasks import abort, fail, hold_gil, note, pid, slow_note, slow_pid, square, torch_module
@@ -72,8 +79,6 @@ def test_reset_restarts_every_worker(pool):
 
 
 def test_post_runs_on_each_outcome_and_its_errors_are_recorded(pool):
-    from fastdlight.compiler.workers import Outcome
-
     def post(out):
         if out.key == 2:
             raise RuntimeError("post failed")
@@ -85,8 +90,6 @@ def test_post_runs_on_each_outcome_and_its_errors_are_recorded(pool):
 
 
 def test_stopping_early_with_post_returns(pool):
-    import threading
-
     gen = pool.imap_unordered([Task(i, square, (i,)) for i in range(6)], post=lambda o: o)
     assert next(gen).ok
     closer = threading.Thread(target=gen.close)
@@ -98,8 +101,6 @@ def test_stopping_early_with_post_returns(pool):
 def test_calls_made_at_once_share_the_workers():
     """Two functions' builds at once: every task runs as soon as any worker is free, so three
     tasks from two calls on three workers run side by side, in three processes."""
-    import threading
-
     with WorkerPool(3) as pool:
         pool.warm_up()
         pids = []
@@ -129,10 +130,6 @@ def test_stopping_early_waits_for_the_call_s_running_tasks(tmp_path):
 def test_the_probe_keeps_the_inputs_of_functions_tuned_side_by_side(monkeypatch):
     """Probes of several functions interleave when a model is tuned; each function's random
     inputs are made once, and the cache stays within its entry and byte bounds."""
-    from types import SimpleNamespace
-
-    from fastdlight.compiler import build_task
-
     monkeypatch.setattr(build_task, "PROBE_INPUTS", build_task.OrderedDict())
     monkeypatch.setattr(build_task, "PROBE_CACHE_ENTRIES", 3)
     monkeypatch.setattr(build_task, "PROBE_CACHE_BYTES", 100)
@@ -155,11 +152,6 @@ def test_the_probe_keeps_the_inputs_of_functions_tuned_side_by_side(monkeypatch)
 def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
     """``Prober.prepare`` sends the inputs task ahead of the first probe, and it does not hold
     the GPU turn (timing another candidate may go on meanwhile); probes still take turns."""
-    import threading
-
-    from fastdlight.compiler import build_task
-    from fastdlight.search import stages
-
     seen = []
 
     class Pool:
@@ -174,11 +166,6 @@ def test_the_probe_process_makes_a_functions_inputs_without_the_gpu_turn():
 
 
 def test_a_refused_launch_keeps_the_probe_process_and_a_fault_replaces_it():
-    import threading
-    from types import SimpleNamespace
-
-    from fastdlight.search import stages
-
     errors = iter(["RuntimeError: CUDALaunch Error: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
                    "RuntimeError: CUDA Runtime Error: cudaErrorMisalignedAddress (716): misaligned address"])
     resets = []
@@ -202,13 +189,6 @@ def test_a_timing_waits_for_its_workload_before_it_takes_the_gpu_turn(monkeypatc
     """The workload's copies to the GPU take the GPU turn (a copy queued between another
     function's timing events would count in it), so a timing must not hold the turn while it
     waits for its workload: that wait would never end."""
-    import threading
-
-    from fastdlight.arch import CUDA
-    from fastdlight.search import stages
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.options import TuneOptions
-
     copied = threading.Event()
 
     def make():  # the workload maker's copies

@@ -42,6 +42,7 @@ def note(path):
 
 
 def torch_module(x):
+    # here, not at the top: the task runs in a worker process, which unpickles it by name
     import sys
 
     return repr(sys.modules.get("torch", "absent"))

@@ -6,10 +6,15 @@ import gc
 import numpy as np
 import pytest
 import tvm
+from tvm.script import tirx as T
 
 from fastdlight import ops
+from fastdlight.compiler.compile import build
+from fastdlight.config import Config
 from fastdlight.measure import arena
 from fastdlight.measure import timing as measure
+from fastdlight.measure.workload import params_bytes
+from fastdlight.schedules import dispatch_config
 
 
 def _tensor(values: np.ndarray, dev=None):
@@ -65,10 +70,6 @@ def test_nbytes_counts_whole_bytes_per_element():
 def test_a_functions_buffers_count_as_the_runtime_allocates_them():
     """One count of a tensor's bytes for the arena and for a function's parameters: sub-byte
     types packed, a bool a byte."""
-    from tvm.script import tirx as T
-
-    from fastdlight.measure.workload import params_bytes
-
     @T.prim_func(s_tir=True)
     def f(a: T.Buffer((7,), "int4"), b: T.Buffer((10,), "bool"), c: T.Buffer((3, 4), "float16")):
         for i in range(7):
@@ -83,10 +84,6 @@ def test_a_functions_buffers_count_as_the_runtime_allocates_them():
 
 @pytest.mark.gpu
 def test_a_gpu_kernel_runs_on_device_copies():
-    from fastdlight.config import Config
-    from fastdlight.compiler.compile import build
-    from fastdlight.schedules import dispatch_config
-
     dev = tvm.cuda(0)
     op = ops.elementwise((1000, 33), "float16", "add")  # rows of 66 bytes: copies start padded
     sch = dispatch_config(op.func, Config("elementwise", block=(1, 256), thread=(1, 64))).schedule

@@ -13,7 +13,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import fastdlight
-from fastdlight.arch import CUDA
+from fastdlight.arch import CUDA, auto_arch
+from fastdlight.measure import gpu_turns
 from fastdlight.measure.gpu_turns import GPU_TURNS, GpuTurns
 from fastdlight.search.options import TuneOptions
 
@@ -92,8 +93,6 @@ def test_a_model_on_two_gpus_schedules_every_function(model):
 
 @pytest.mark.gpu
 def test_gpu_a_model_tuned_on_two_gpus_uses_both_and_computes_what_stock_dlight_s_build_does(model, tmp_path):
-    from fastdlight.arch import auto_arch
-
     if not tvm.cuda(1).exist:
         pytest.skip("needs two GPUs")
     given = dict(GPU_TURNS.given)
@@ -110,8 +109,6 @@ def test_gpu_a_model_tuned_on_two_gpus_uses_both_and_computes_what_stock_dlight_
 
 
 def test_a_gpu_the_machine_has_not_is_one_line(monkeypatch):
-    from fastdlight.measure import gpu_turns
-
     class Device:
         def __init__(self, index):
             self.exist = index < 2

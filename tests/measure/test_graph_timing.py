@@ -2,8 +2,17 @@
 timing and the launch stream is restored (GPU)."""
 
 import pytest
+import tvm
+import tvm_ffi
 
+from fastdlight import ops
+from fastdlight.arch import auto_arch
+from fastdlight.compiler.compile import build
+from fastdlight.config import Config
 from fastdlight.measure import graph_timing
+from fastdlight.measure.timing import function_name, time_launches
+from fastdlight.measure.workload import Workload
+from fastdlight.schedules import apply_config
 
 
 def test_a_graph_lasts_long_enough_and_covers_whole_rotations():
@@ -18,17 +27,6 @@ def test_a_graph_lasts_long_enough_and_covers_whole_rotations():
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1024, 8192])  # ~3 us and ~0.2 ms adds
 def test_graph_timing_of_a_tvm_kernel(n):
-    import tvm
-    import tvm_ffi
-
-    from fastdlight import ops
-    from fastdlight.arch import auto_arch
-    from fastdlight.config import Config
-    from fastdlight.schedules import apply_config
-    from fastdlight.compiler.compile import build
-    from fastdlight.measure.timing import function_name, time_launches
-    from fastdlight.measure.workload import Workload
-
     op = ops.elementwise((n, n), "float16", "add")
     arch = auto_arch()
     mod = build(apply_config(op.func, Config("elementwise", (1, 256), (1, 1))).mod, arch.target)

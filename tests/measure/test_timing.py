@@ -4,14 +4,19 @@ import math
 
 import numpy as np
 import pytest
-
-from fastdlight.measure.gpu_turns import GPU_TURNS
 import tvm
+from tvm.script import tirx as T
 
 from fastdlight import ops
-from fastdlight.measure import inputs
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build
+from fastdlight.config import Config
+from fastdlight.measure import inputs, workload
 from fastdlight.measure import timing as measure
-from fastdlight.measure import workload
+from fastdlight.measure.gpu_turns import GPU_TURNS
+from fastdlight.measure.verify import check_outputs, expected_from_numpy
+from fastdlight.schedules import dispatch_config
+from fastdlight.search import runner
 
 
 def cpu_build(func):
@@ -42,8 +47,6 @@ def test_float_and_bf16_inputs():
 
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
 def test_workload_checks_a_built_kernel_and_catches_poison(dtype):
-    from fastdlight.measure.verify import check_outputs, expected_from_numpy
-
     op = ops.elementwise((64, 64), dtype, "add")
     mod = cpu_build(op.func)
     wl = workload.Workload(op.func, tvm.cpu(0))
@@ -91,9 +94,6 @@ def test_a_copy_on_another_device_has_the_same_inputs_without_making_them_again(
 
 
 def test_a_candidates_check_run_holds_the_gpu_turn(monkeypatch):
-    from fastdlight.search import runner
-    from fastdlight.measure.verify import expected_from_numpy
-
     op = ops.elementwise((8, 8), "float32", "add")
     mod = cpu_build(op.func)
     wl = workload.Workload(op.func, tvm.cpu(0))
@@ -171,11 +171,6 @@ def test_time_module_rejects_unknown_method():
 def test_rotated_timing_reads_from_dram_not_l2():
     """A 16 MB copy fits in L2. Timed on one argument set, back-to-back launches find their
     input in L2 and beat DRAM bandwidth; rotated through copies they must not."""
-    from fastdlight.arch import CUDA
-    from fastdlight.schedules import dispatch_config
-    from fastdlight.config import Config
-    from fastdlight.compiler.compile import build
-
     dev = tvm.cuda(0)
     arch = CUDA.from_device(dev)
     op = ops.elementwise((2048, 4096), "float16", "copy")  # 16 MB in, 16 MB out
@@ -192,8 +187,6 @@ def test_rotated_timing_reads_from_dram_not_l2():
 
 
 def test_integer_inputs_that_index_another_buffer_stay_inside_it():
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def gather(table: T.Buffer((32, 64), "float16"), idx: T.Buffer((128,), "int32"),
                out: T.Buffer((128, 64), "float16")):
@@ -209,8 +202,6 @@ def test_integer_inputs_that_index_another_buffer_stay_inside_it():
 
 
 def _gather_of(rows: int):
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def gather(table: T.Buffer((rows, 8), "float16"), idx: T.Buffer((4, 32), "int32"),
                out: T.Buffer((4, 32, 8), "float16")):
@@ -241,8 +232,6 @@ def test_a_paged_decode_ops_page_table_has_no_page_twice():
 
 
 def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
-    from tvm.script import tirx as T
-
     # torch.export's advanced indexing: the index tensors are broadcast into intermediates
     # (which print under one name) before the gather reads through them
     @T.prim_func(s_tir=True)
@@ -270,8 +259,6 @@ def test_an_index_copied_through_intermediate_buffers_is_bounded_too():
 
 
 def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def scaled(a: T.Buffer((8, 16), "float16"), s: T.Buffer((), "float16"), b: T.Buffer((8, 16), "float16")):
         for i, j in T.grid(8, 16):
@@ -288,8 +275,6 @@ def test_a_0d_buffer_parameter_gets_a_random_scalar_on_the_cpu():
 
 
 def test_inputs_a_model_passes_as_constants_hold_its_values():
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def cube(x: T.Buffer((64,), "float16"), p: T.Buffer((), "float16"), y: T.Buffer((64,), "float16")):
         for i in range(64):

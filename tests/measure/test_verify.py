@@ -10,6 +10,8 @@ from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.measure import host, verify, widen
+from fastdlight.measure.check_kinds import FP8_MMA_ACC, output_kinds
+from fastdlight.measure.verify import check_outputs, expected_from_numpy
 from fastdlight.measure.workload import param_buffers
 
 M, N, K = 64, 64, 4096
@@ -571,9 +573,6 @@ def _attention_like_kernel(q, k, v, causal, drop_tile=None):
 def test_attention_is_bounded_by_its_weighted_magnitudes():
     """Early causal rows average a few keys, which cancel: the rounding of the probabilities
     errs relative to Σ p |v|, not to the output. That passes; a key tile left out does not."""
-    from fastdlight import ops
-    from fastdlight.measure.verify import check_outputs, expected_from_numpy, output_kinds
-
     op = ops.attention(1, 4, 256, 256, 64, causal=True)
     rng = np.random.default_rng(3)
     q, k, v = (rng.uniform(-1, 1, (1, 4, 256, 64)).astype(np.float16) for _ in range(3))
@@ -587,8 +586,6 @@ def test_sums_of_fp8_products_are_checked_at_the_tensor_cores_accumulation():
     """Hopper's tensor cores keep about 14 bits of a running sum of fp8 products: every wgmma
     tile of a 1000x520x272 e4m3 GEMM erred by 6e-5 of S at the same elements (H200), past the
     float32 bound. fp16 products keep the float32 bound."""
-    from fastdlight.measure.check_kinds import FP8_MMA_ACC, output_kinds
-
     fp8 = ops.matmul(64, 64, 272, "float8_e4m3fn", "float16", "NT", acc_dtype="float32").func
     (kind,) = output_kinds(fp8)
     assert kind.acc_dtype == FP8_MMA_ACC

@@ -1,13 +1,23 @@
 """The naive float64 reference's schedules: the tiled one for plain contractions, stock Dlight's
 Fallback for everything else, and both computing the same sums in the same order."""
 
+import threading
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tvm
+from tvm import te
+from tvm.s_tir import dlight as dl
 
 from fastdlight import ops
+from fastdlight.compiler.compile import build, compile_cubin
 from fastdlight.measure import widen
-from fastdlight.compiler.compile import compile_cubin
+from fastdlight.measure.workload import output_indices, param_buffers, static_shape
+from fastdlight.search import reference
+from fastdlight.search.reference import ReferenceRun
+from fastdlight.search.results import Failure
+from fastdlight.search.stages import Built
 
 H100 = tvm.target.Target("nvidia/nvidia-h100")
 
@@ -37,8 +47,6 @@ def test_plain_contractions_get_the_tiled_schedule_and_compile(op):
 def _matmul_then_batchnorm_relu6(m=128, n=96, k=16):
     """A 1x1 convolution as a GEMM, its fp16 result through BatchNorm and ReLU6 (MobileNetV2's
     expansion layers): the subtraction after the fp16 cast may cancel beyond the elementwise bound."""
-    from tvm import te
-
     x, w = te.placeholder((m, k), "float16", "x"), te.placeholder((k, n), "float16", "w")
     mean, std = te.placeholder((n,), "float32", "mean"), te.placeholder((n,), "float32", "std")
     r = te.reduce_axis((0, k), "r")
@@ -74,11 +82,6 @@ def test_everything_else_gets_dlights_fallback(op):
 @pytest.mark.gpu
 def test_narrow_blocks_give_the_same_bits_as_dlights_own_fallback():
     """The naive schedule's narrow blocks change where each output is summed, not how."""
-    from tvm.s_tir import dlight as dl
-
-    from fastdlight.compiler.compile import build
-    from fastdlight.measure.workload import param_buffers, static_shape
-
     op = ops.softmax(96, 3000)
     wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
     with H100:
@@ -108,11 +111,6 @@ def test_the_tiled_and_the_fallback_schedule_give_the_same_bits(op):
 def _assert_same_bits_as_fallback(op):
     """The reference module of ``op`` and Dlight's Fallback schedule of its float64 twin give
     the same bits on the same random inputs."""
-    from tvm.s_tir import dlight as dl
-
-    from fastdlight.compiler.compile import build
-    from fastdlight.measure.workload import param_buffers, static_shape
-
     wide = widen.widen_to_float64(op.func).with_attr("global_symbol", "main")
     with H100:
         fallback = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(tvm.IRModule({"main": wide}))
@@ -133,12 +131,6 @@ def _assert_same_bits_as_fallback(op):
 def test_the_naive_reference_runs_on_its_own_thread_once_and_reports_why_it_failed():
     """``start_early`` runs the reference beside the build stream; ``expected`` waits for it and
     never runs it a second time. A reference that did not build is reported in one line."""
-    import threading
-
-    from fastdlight.search.results import Failure
-    from fastdlight.search.reference import ReferenceRun
-    from fastdlight.search.stages import Built
-
     op = ops.matmul(64, 64, 64, layout="NT")
     release, calls = threading.Event(), []
 
@@ -165,11 +157,6 @@ def test_the_naive_reference_runs_on_its_own_thread_once_and_reports_why_it_fail
                          ids=["softmax", "matmul"])
 def test_the_reference_runs_on_absolute_inputs_only_for_sums_of_products(op, runs, monkeypatch):
     """Magnitudes bound a sum of products only: a softmax's reference runs once, a matmul's twice."""
-    from types import SimpleNamespace
-
-    from fastdlight.measure.workload import output_indices, param_buffers, static_shape
-    from fastdlight.search import reference
-
     seen = []
     out = param_buffers(op.func)[output_indices(op.func)[0]]
 

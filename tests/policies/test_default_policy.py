@@ -5,15 +5,22 @@ import math
 import time
 
 import pytest
-from tvm import te, tirx
+from tvm import te, tirx, topi
 from tvm.script import tirx as T
 
 from fastdlight import ops
+from fastdlight.analysis.func_info import analyze
 from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_mod_to_cubin, cuda_source
 from fastdlight.config import Config
 from fastdlight.policies import DefaultPolicy
-from fastdlight.analysis.func_info import analyze
+from fastdlight.policies.default import MAX_UNROLLED_FMAS
 from fastdlight.policies.roller import candidate_sizes
+from fastdlight.policies.select import COLUMN_SUM_MIN_K, MEMORY_BOUND_KINDS, candidate_sets, default_configs
+from fastdlight.schedules import dispatch_config
+from fastdlight.schedules.matmul import MatmulTemplate
+from fastdlight.search.options import TuneOptions
+from fastdlight.search.runner import apply_and_build
 
 H100 = CUDA("nvidia/nvidia-h100")
 A100 = CUDA("nvidia/nvidia-a100")
@@ -255,9 +262,6 @@ def test_a_one_step_reduction_emits_each_kernel_once():
 
 
 def test_pipelining_a_one_step_reduction_builds_the_same_kernel():
-    from fastdlight.compiler.compile import compile_mod_to_cubin
-    from fastdlight.schedules.matmul import MatmulTemplate
-
     func = depthwise_conv()
     plain = DefaultPolicy(func, H100).emit_config(1)[0]
     sources = set()
@@ -311,8 +315,6 @@ def test_accepts_a_func_info():
 
 
 def _conv2d_nchw(n=16, c=512, hw=7, k=512):
-    from tvm import topi
-
     data = te.placeholder((n, c, hw, hw), "float16", name="data")
     weight = te.placeholder((k, c, 3, 3), "float16", name="weight")
     out = topi.nn.conv2d_nchw(data, weight, 1, 1, 1, out_dtype="float32")
@@ -322,9 +324,6 @@ def _conv2d_nchw(n=16, c=512, hw=7, k=512):
 def test_nchw_convolution_gets_configs_with_channels_and_width_as_the_micro_axes():
     """ResNet's last stage in NCHW: output [16, 512, 7, 7]. The micro tile goes on the output
     channels (GEMM N, the weight's) and the width (GEMM M, the data's), not on 7 x 7."""
-    from fastdlight.search.options import TuneOptions
-    from fastdlight.search.runner import apply_and_build
-
     func = _conv2d_nchw()
     policy = DefaultPolicy(func, H100)
     assert policy.planner.micro == (1, 3)
@@ -342,8 +341,6 @@ def test_matmul_and_nhwc_conv_keep_their_last_two_axes_as_micro_axes():
 def test_cuda_core_candidates_bound_their_unrolled_k_step():
     """nvcc time grows with outputs per thread x rstep: ResNet's fp16 convolutions at 8x8 x 32
     took 11-19 s each to compile. The bound keeps the shape of the best fp32 GEMM (8x8 x 16)."""
-    from fastdlight.policies.default import MAX_UNROLLED_FMAS
-
     conv = ops.conv2d_nhwc(16, 56, 56, 64, 64, dtype="float16", out_dtype="float32").func
     configs = DefaultPolicy(conv, H100).emit_config(20)
     assert configs
@@ -353,8 +350,6 @@ def test_cuda_core_candidates_bound_their_unrolled_k_step():
 
 
 def test_memory_bound_functions_get_fewer_candidates_than_matmuls():
-    from fastdlight.policies.select import MEMORY_BOUND_KINDS, candidate_sets
-
     h100 = CUDA("nvidia/nvidia-h100")
     for op in (ops.elementwise((4096, 4096), "float16", "add"), ops.reduce((4096, 1024), "float16", "sum"),
                ops.softmax(4096, 4096)):
@@ -368,8 +363,6 @@ def test_memory_bound_functions_get_fewer_candidates_than_matmuls():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_memory_bound_topk_must_be_a_positive_integer(bad):
-    from fastdlight.search.options import TuneOptions
-
     with pytest.raises(ValueError, match="memory_bound_topk"):
         TuneOptions(memory_bound_topk=bad)
 
@@ -386,10 +379,6 @@ def _matmul_kn(m, n=11008, k=4096):
 @pytest.mark.parametrize("m", [1, 16])
 def test_a_decode_matmul_with_a_kn_weight_is_a_column_sum_first_and_its_configs_compile(m):
     """Along a long K the column sums rank first; a few matmul tiles compete after them."""
-    from fastdlight.compiler.compile import build, cuda_source
-    from fastdlight.policies.select import default_configs
-    from fastdlight.schedules import dispatch_config
-
     h100 = CUDA("nvidia/nvidia-h100")
     func = _matmul_kn(m).with_attr("global_symbol", "main")
     configs = default_configs(func, h100, 20)
@@ -405,16 +394,12 @@ def test_a_decode_matmul_with_a_kn_weight_is_a_column_sum_first_and_its_configs_
 def test_a_short_k_decode_matmul_keeps_the_matmul_tiles_first(n, k, first):
     """A squeeze-and-excitation FC at batch 1: the column sum from K = 64 on, the tiles (one
     thread's walk along K is short) below."""
-    from fastdlight.policies.select import COLUMN_SUM_MIN_K, default_configs
-
     configs = default_configs(_matmul_kn(1, n, k), CUDA("nvidia/nvidia-h200"), 20)
     assert (k >= COLUMN_SUM_MIN_K) == (first == "reduction") and configs[0].kind == first
     assert {c.kind for c in configs} == {"matmul", "reduction"}
 
 
 def test_a_prefill_matmul_gets_no_column_sum_configs():
-    from fastdlight.policies.select import default_configs
-
     configs = default_configs(_matmul_kn(512, 1024, 1024), CUDA("nvidia/nvidia-h100"), 20)
     assert {c.kind for c in configs} == {"matmul"}
 

@@ -1,6 +1,7 @@
 """Tensor-core eligibility (get_tensorized_func_and_tags) and TensorCorePolicy limits (CPU only)."""
 
 import pytest
+from tvm import te, topi
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
@@ -221,8 +222,6 @@ def test_split_k_where_the_tiles_fill_less_than_a_wave():
 
 
 def test_split_k_slices_a_convolutions_input_channels():
-    from tvm import te, topi
-
     data = te.placeholder((16, 7, 7, 512), "float16", name="data")
     weight = te.placeholder((512, 3, 3, 512), "float16", name="weight")
     conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")

@@ -7,11 +7,12 @@ import pytest
 import tvm
 
 from fastdlight import ops
-from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma import MAX_COST_SPREAD, WgmmaPolicy, wgmma_eligible
 from fastdlight.analysis.wgmma_match import match_wgmma
-from fastdlight.schedules.wgmma.template import Plan, config_fits
+from fastdlight.arch import CUDA
+from fastdlight.policies import wgmma
 from fastdlight.policies.select import candidate_sets
+from fastdlight.policies.wgmma import MAX_COST_SPREAD, WgmmaPolicy, wgmma_eligible
+from fastdlight.schedules.wgmma.template import Plan, config_fits
 
 H100 = CUDA("nvidia/nvidia-h100")  # sm_90a
 
@@ -161,8 +162,6 @@ def test_the_estimate_orders_8192_cubed_tiles_as_they_ran():
     bandwidth), the two-warpgroup tiles estimated behind 192x192; shared memory (128 bytes a
     cycle) binds the tall 256x128 and the small tiles instead. (256x128 ran 1.611 ms there: the
     estimate puts it behind 192x192, the one tile of that run it misplaces.)"""
-    from fastdlight.policies import wgmma
-
     policy = WgmmaPolicy(gemm(8192, 8192, 8192, layout="NT"), H100)
     cost = {(bm, bn): policy.cost(policy.tile(bm, bn, wm)) for bm, bn, wm in
             [(128, 256, 64), (128, 192, 64), (256, 128, 128), (192, 192, 64)]}

@@ -2,14 +2,15 @@
 (``fastdlight.relax.aligned``): the same values, one pad per activation, the weights padded as
 constants, and the wgmma template takes the result."""
 
+import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
 import fastdlight
-from fastdlight.arch import CUDA
 from fastdlight.analysis.wgmma_match import match_wgmma
+from fastdlight.arch import CUDA
 from fastdlight.relax import prepare
 from fastdlight.relax.aligned import aligned_extent, tma_aligned_matmuls
 from fastdlight.relax.pipeline import prim_funcs
@@ -136,7 +137,6 @@ def test_a_model_with_k_or_n_not_a_multiple_of_8_runs_on_wgmma_kernels_and_compu
     arch = CUDA.from_device(dev)
     if not arch.has_wgmma:
         pytest.skip(f"{arch.arch}: no wgmma")
-    import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 
     m = 2048
     mod, (w1, w2, bias) = two_projections(m, n, k, dtype)

@@ -7,15 +7,26 @@ import warnings
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import relax, te, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.search import candidates
 from fastdlight.compiler.compile import compile_cubin, cuda_source
+from fastdlight.config import Config, StockSchedule
+from fastdlight.measure.inputs import known_input_values
+from fastdlight.measure.timing import Timing
+from fastdlight.policies.select import CandidateSet
+from fastdlight.relax import apply_fast_tuning
+from fastdlight.relax.apply_fast_tuning import best_of_first, policy_rank
+from fastdlight.schedules.symbolic import DISPATCHER
+from fastdlight.search import candidates
+from fastdlight.search.candidates import SEEDED_OWN_TOP, Tuned, seeded
 from fastdlight.search.database import TuningDatabase
+from fastdlight.search.results import CompileResult
+from fastdlight.search.runner import TuningError
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -113,8 +124,6 @@ def test_unknown_keyword_is_refused_when_the_pass_is_made():
 
 
 def test_a_symbolic_function_gets_a_dispatcher_at_default_values():
-    from fastdlight.schedules.symbolic import DISPATCHER
-
     tuning = fastdlight.ApplyFastTuning(topk=2, target=H100, measure=False)
     out = tuning(legalized(Dynamic))  # symbolic n, no opt_shapes: values from the hardware model
     (entry,) = tuning.report
@@ -128,9 +137,6 @@ def test_a_symbolic_function_gets_a_dispatcher_at_default_values():
 
 
 def test_a_function_nothing_can_schedule_is_left_with_a_warning(monkeypatch):
-    from fastdlight.relax import apply_fast_tuning
-    from fastdlight.search.runner import TuningError
-
     def nothing(*_args, **_kwargs):
         raise TuningError("no candidate could be used (3 tried, none compiled)")
 
@@ -180,8 +186,6 @@ class Siblings:
 def test_a_sibling_with_the_same_matmul_is_tuned_after_it_from_its_best_configs(monkeypatch):
     """Two functions with the same matmul and different epilogues: the second is tuned once the
     first is done, its candidates seeded with the first's best configs."""
-    from fastdlight.relax import apply_fast_tuning
-
     calls = []
     real = apply_fast_tuning.tune_function
 
@@ -205,10 +209,6 @@ def test_a_sibling_with_the_same_matmul_is_tuned_after_it_from_its_best_configs(
 
 
 def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
-    from fastdlight.config import Config, StockSchedule
-    from fastdlight.search.candidates import SEEDED_OWN_TOP, seeded
-    from fastdlight.policies.select import CandidateSet
-
     own = tuple(Config("matmul_tc", block=(64 * (i + 1), 64), warp=(32, 32), rstep=(32,)) for i in range(8))
     stock = StockSchedule("sm_90a")
     cand = CandidateSet("TensorCorePolicy", None, own + (stock,))
@@ -221,8 +221,6 @@ def test_seeding_cuts_a_candidate_set_to_the_seeds_and_its_own_best_ranked():
 def _scaled_calls():
     """A PrimFunc with two 0-d inputs, called twice: the exponent 0.5 at both sites, the scale
     0.125 at one and 0.25 at the other (a cast constant stays such an input after fusion)."""
-    from tvm.script import tirx as T
-
     @T.prim_func(private=True, s_tir=True)
     def scaled(x: T.Buffer((64, 128), "float16"), e: T.Buffer((), "float16"), s: T.Buffer((), "float16"),
                y: T.Buffer((64, 128), "float16")):
@@ -243,9 +241,6 @@ def _scaled_calls():
 
 
 def test_scalar_constants_a_model_passes_reach_the_tuning_inputs(monkeypatch):
-    from fastdlight.measure.inputs import known_input_values
-    from fastdlight.relax import apply_fast_tuning
-
     mod = _scaled_calls()
     constants = apply_fast_tuning.scalar_constant_inputs(mod)
     assert list(constants.values()) == [{"e": 0.5}]  # the scale differs between the calls: random
@@ -266,8 +261,6 @@ def test_parameters_that_share_a_name_are_told_apart():
     """FuseTIR names parameters after the Relax values passed in, and two may share a name
     (EfficientNet's squeeze-excite: a [1, C] scale and the [1, H, W, C] map it scales, both
     ``lv9``); the analysis keyed their accesses by name and failed (tuple index out of range)."""
-    from tvm import te
-
     scale = te.placeholder((1, 32), "float32", name="lv9")
     x = te.placeholder((1, 14, 14, 32), "float32", name="lv9")
     y = te.compute((196, 32), lambda i, c: (scale[0, c] * x[0, i // 14, i % 14, c]).astype("float16"), name="y")
@@ -284,12 +277,6 @@ def test_parameters_that_share_a_name_are_told_apart():
 
 
 def test_the_report_says_where_the_winner_ranked_and_what_a_smaller_top_k_had_won():
-    from fastdlight.config import Config, StockSchedule
-    from fastdlight.measure.timing import Timing
-    from fastdlight.relax.apply_fast_tuning import best_of_first, policy_rank
-    from fastdlight.search.candidates import Tuned
-    from fastdlight.search.results import CompileResult
-
     def row(i, ms, stock=False):
         config = StockSchedule("sm_90a") if stock else Config("elementwise", (1, 64 * (i + 1)), (1, 1))
         return CompileResult(config, i, artifact={}, timing=Timing(ms, (ms,)))

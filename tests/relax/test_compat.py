@@ -275,6 +275,7 @@ def test_a_convolution_bias_reshape_stays_with_the_bias(batch):
 
 def test_an_exported_torch_block_with_relu6_hardswish_and_squeeze_excitation():
     torch = pytest.importorskip("torch")
+    # TVM's torch frontend imports torch, which is optional
     from tvm.relax.frontend.torch import from_exported_program
 
     class Block(torch.nn.Module):

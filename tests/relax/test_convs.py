@@ -10,13 +10,14 @@ import tvm
 from tvm import relax
 
 from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
 from fastdlight.relax import for_inference, prepare
 from fastdlight.relax.convs import im2col_convs, pointwise, pointwise_convs, rewritable
 from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.relax.reshapes import output_reshape_views
 from fastdlight.schedules import apply_config
-from fastdlight.policies.select import candidate_sets
 from fastdlight.search.candidates import stock_configs
-from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
 H100 = CUDA("nvidia/nvidia-h100")
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -120,8 +121,6 @@ def test_resnet18s_stem_is_a_gemm_with_its_batch_norm_and_relu_fused():
 def test_a_one_layer_stem_returns_its_gemm_as_a_view_not_a_copy():
     """The stem as a whole model returns the GEMM's ``[N*P*Q, K]`` result reshaped to NHWC: a view
     (``output_reshape_views``), where TVM alone copies it (47 us of 108 on an H100)."""
-    from fastdlight.relax.reshapes import output_reshape_views
-
     model = prepare(H100.target)(for_inference(conv_module((2, 32, 32, 3), (64, 7, 7, 3), stride=2, pad=3),
                                                layout="NHWC"))
 
@@ -170,7 +169,6 @@ def test_the_pointwise_gemm_computes_the_convolution_and_takes_a_tensor_core_pol
     got = run_on_cpu(rewritten, data, weight)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=1e-2, atol=1e-2)
-    from fastdlight.policies.select import candidate_sets
 
     (func,) = [f for f in prim_funcs(prepare(H100.target)(rewritten)).values() if "matmul" in f.script()]
     assert next(candidate_sets(func, H100, 4)).policy == "TensorCorePolicy"

@@ -290,6 +290,7 @@ def zoo_prepared(name: str, model=None) -> tvm.IRModule:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    # benchmarks/ is on sys.path only from here (and zoo_models needs torch)
     import zoo_models
 
     mod, params = zoo_models.to_relax(zoo_models.export(name, model=model))
@@ -299,6 +300,7 @@ def zoo_prepared(name: str, model=None) -> tvm.IRModule:
 def llama_like(name: str):
     """``name``'s model with heads of 64 (the zoo's have 32): 4 query heads reading 2 K/V
     heads."""
+    # transformers is optional; the callers put benchmarks/ on sys.path
     import transformers
     import zoo_models
 
@@ -332,6 +334,7 @@ def test_zoo_gqa_attention_reads_the_kv_heads_unrepeated(name):
 def hand_written_block(form: str, d: int = 128, heads: int = 2, seq: int = 32):
     """A GPT-2 style attention block: ``scaled_dot_product_attention`` (``is_causal`` or no mask),
     or :mod:`torch_models`' matmul + softmax + matmul with its additive causal mask."""
+    # torch is optional (the callers skip without it)
     import torch
     import torch.nn.functional as F
     import torch_models
@@ -357,6 +360,7 @@ def hand_written_block(form: str, d: int = 128, heads: int = 2, seq: int = 32):
 def test_hand_written_blocks_fuse_with_torch_s_values(form):
     torch = pytest.importorskip("torch")
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    # TVM's torch frontend imports torch, which is optional
     from tvm.relax.frontend.torch import from_exported_program
 
     torch.manual_seed(0)

@@ -5,16 +5,19 @@ import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, te
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from fastdlight.arch import CUDA
 from fastdlight.analysis.matmul_match import match_matmul
-from fastdlight.relax import prepare
-from fastdlight.relax.gated import PAIR_COLUMNS, gated_projections, interleave
-from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.policies.select import candidate_sets
+from fastdlight.relax import prepare
+from fastdlight.relax.gated import PAIR_COLUMNS, gated_product, gated_projections, interleave
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.schedules import apply_config
+from fastdlight.search.candidates import stock_configs
 from test_pipeline import run_on_cpu
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -70,9 +73,6 @@ def test_gate_and_up_become_one_gemm_with_the_same_values(silu_op, dtype):
 
 
 def test_bf16_weights_are_interleaved_too_and_compile_on_wgmma():
-    from fastdlight.schedules import apply_config
-    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
-
     rewritten = gated_projections()(gated_mlp(dtype="bfloat16"))
     assert str(rewritten["main"]).count("R.call_tir") == 1 and "R.matmul" not in str(rewritten["main"])
     (_name, func), = prim_funcs(prepare(H100.target)(gated_mlp(dtype="bfloat16"))).items()
@@ -92,11 +92,6 @@ def test_left_alone_where_it_does_not_apply():
 
 
 def test_only_the_wgmma_template_takes_the_pairs_and_its_kernel_compiles():
-    from fastdlight.schedules import apply_config
-    from fastdlight.policies.select import candidate_sets
-    from fastdlight.search.candidates import stock_configs
-    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
-
     (name, func), = prim_funcs(prepare(H100.target)(gated_mlp())).items()
     assert "gated" in name
     match, _ = match_matmul(func)
@@ -115,12 +110,6 @@ def test_at_one_row_the_pair_s_gemm_is_a_gemv_and_its_epilogue_a_kernel_of_its_o
     """A decode specialization of the pair (rows symbolic in a served model: the pair is formed,
     then tuned at one row): the GEMV template takes it, the product going to global memory and
     the gated epilogue, which reads two of its columns per output, running after it."""
-    from tvm import te
-
-    from fastdlight.compiler.compile import build, compile_cubin, cuda_source
-    from fastdlight.relax.gated import gated_product
-    from fastdlight.schedules import apply_config
-
     x = te.placeholder((1, 512), "float16", name="x")
     w = te.placeholder((2 * 1024, 512), "float16", name="w")
     func = te.create_prim_func([x, w, gated_product(x, w, "float32", "float16", "float16")])

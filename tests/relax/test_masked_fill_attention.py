@@ -72,6 +72,7 @@ def test_masked_fill_fuses_causal_with_the_unfused_values():
 # ---- torch: a GPT-2 style block, exported ------------------------------------------------------
 
 def gpt2_style(layers: int = 2, d: int = 128, heads: int = 2, seq: int = 32):
+    # torch is optional (the callers skip without it)
     import torch
 
     class Block(torch.nn.Module):
@@ -94,6 +95,7 @@ def gpt2_style(layers: int = 2, d: int = 128, heads: int = 2, seq: int = 32):
 
 def test_an_exported_masked_fill_block_fuses_one_attention_per_layer():
     torch = pytest.importorskip("torch")
+    # TVM's torch frontend imports torch, which is optional
     from tvm.relax.frontend.torch import from_exported_program
 
     model, x = gpt2_style()

@@ -13,14 +13,16 @@ import tvm
 from tvm import relax
 
 import fastdlight
+from fastdlight.analysis.matmul_match import anchor_key
 from fastdlight.arch import CUDA
-from fastdlight.relax import for_inference, prepare
-from fastdlight.relax.pipeline import leftovers, prim_funcs
-from fastdlight.schedules import dispatch_config
-from fastdlight.policies.select import candidate_sets
-from fastdlight.search.candidates import stock_configs
 from fastdlight.compiler.build_task import lower_and_compile
 from fastdlight.compiler.compile import compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.apply_fast_tuning import SELF, sibling_leaders
+from fastdlight.relax.pipeline import leftovers, prim_funcs
+from fastdlight.schedules import dispatch_config
+from fastdlight.search.candidates import stock_configs
 
 H100 = CUDA("nvidia/nvidia-h100")
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -92,9 +94,6 @@ def _kernel(source: str, name: str) -> str | None:
 def test_resnet_layers_with_and_without_the_residual_add_are_siblings():
     """Each convolution that occurs with two epilogues is tuned once in full; its other variants
     follow it, and no two different convolutions are paired."""
-    from fastdlight.analysis.matmul_match import anchor_key
-    from fastdlight.relax.apply_fast_tuning import SELF, sibling_leaders
-
     funcs = prim_funcs(prepared("resnet18_nhwc_b16"))
     names = sorted(funcs)
     leaders = sibling_leaders([funcs[n] for n in names])

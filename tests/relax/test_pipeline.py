@@ -1,6 +1,8 @@
 """fastdlight's Relax pipeline: the tuned PrimFuncs are exactly what the build runs, weight
 layout changes are folded at compile time, structurally equal functions are tuned once (CPU)."""
 
+import contextlib
+import os
 import warnings
 
 import numpy as np
@@ -8,15 +10,19 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
+from tvm.s_tir import dlight as dl
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import fastdlight
 from fastdlight.arch import CUDA
-from fastdlight.relax import apply_fast_tuning, for_inference, lowering, prepare
-from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.compiler.compile import cuda_source
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.relax import apply_fast_tuning, for_inference, lowering, pipeline, prepare
+from fastdlight.relax.pipeline import leftovers, prim_funcs
+from fastdlight.relax.rewrites import causal_masks, rms_norms, softmax_of_fp16
+from fastdlight.schedules import apply_config
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -60,11 +66,6 @@ def test_the_tuned_functions_are_what_the_build_runs(tuned):
 
 def test_a_models_build_compiles_its_kernels_on_every_cpu_it_may_use(tuned, monkeypatch):
     """The module of a model holds all its kernels; the build optimizes them at a time."""
-    import contextlib
-    import os
-
-    from fastdlight.relax import pipeline
-
     asked = []
 
     @contextlib.contextmanager
@@ -180,8 +181,6 @@ def test_fp16_nchw_convolutions_go_nhwc_by_default_and_stay_when_asked():
 
 
 def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
-    from fastdlight.relax.rewrites import softmax_of_fp16
-
     @I.ir_module
     class Attention:
         @R.function
@@ -207,8 +206,6 @@ def test_softmax_of_fp16_scores_reads_them_in_fp16_with_the_same_values():
 
 
 def test_a_decomposed_rms_norm_becomes_one_op_with_the_same_values():
-    from fastdlight.relax.rewrites import rms_norms
-
     @I.ir_module
     class Norm:
         @R.function
@@ -279,8 +276,6 @@ def test_fp16_io_takes_and_returns_fp16_with_the_same_values():
 def test_an_rms_norm_of_an_fp16_input_is_one_op_on_the_fp16_values():
     """What ``ToMixedPrecision`` leaves when the model's input is fp16 (``fp16_io``): squared in
     fp16 under a cast exponent, widened for the mean and the scaling."""
-    from fastdlight.relax.rewrites import rms_norms
-
     @I.ir_module
     class Norm:
         @R.function
@@ -329,8 +324,6 @@ def causal_attention(mask: np.ndarray):
 
 
 def test_a_causal_mask_is_computed_from_the_indices_with_the_same_values():
-    from fastdlight.relax.rewrites import causal_masks
-
     causal = np.triu(np.full((128, 128), -1e4, "float16"), 1)
     mod = causal_attention(causal)
     rewritten = causal_masks()(mod)
@@ -346,10 +339,6 @@ def test_a_causal_mask_is_computed_from_the_indices_with_the_same_values():
 
 
 def test_the_causal_scores_stay_on_the_wgmma_template_with_nothing_but_the_operands_to_read():
-    from fastdlight.schedules import apply_config
-    from fastdlight.policies.select import candidate_sets
-    from fastdlight.compiler.compile import build, compile_cubin
-
     mod = prepare(H100.target)(causal_attention(np.triu(np.full((128, 128), -1e4, "float16"), 1)))
     (name, func), = [(n, f) for n, f in prim_funcs(mod).items() if n.startswith("fused_matmul")]
     assert "causal" in name and len(func.params) == 3  # q, k^T, the scores: no mask
@@ -365,10 +354,6 @@ def _calls_args(mod) -> list:
 
 
 def test_a_stock_rule_that_raises_leaves_its_function_to_the_fallback_rule(monkeypatch):
-    from tvm.s_tir import dlight as dl
-
-    from fastdlight.relax.pipeline import leftovers
-
     @I.ir_module
     class Mm:
         @R.function

@@ -13,9 +13,9 @@ from tvm.script import relax as R
 
 from fastdlight.analysis.attention import match_attention
 from fastdlight.arch import CUDA
-from fastdlight.relax import for_inference, prepare
+from fastdlight.relax import for_inference, prepare, reshapes
 from fastdlight.relax.pipeline import prim_funcs
-from fastdlight.relax.reshapes import merge_reshapes, sink_reshapes
+from fastdlight.relax.reshapes import merge_reshapes, output_reshape_views, sink_reshapes
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 H100 = CUDA("nvidia/nvidia-h100")
@@ -146,8 +146,6 @@ def _reshape_kernels(mod) -> int:
 
 
 def test_a_reshape_the_model_returns_becomes_a_view_of_a_computed_value():
-    from fastdlight.relax.reshapes import output_reshape_views
-
     legal = relax.transform.LegalizeOps()(OutputReshape)
     stock = relax.transform.RewriteDataflowReshape()(legal)
     ours = relax.transform.RewriteDataflowReshape()(output_reshape_views()(legal))
@@ -191,8 +189,6 @@ def test_reshape_chains_become_one_reshape_or_none():
 def test_each_op_belongs_to_one_rule_so_one_pattern_can_serve_them_all():
     """A round matches every rule's pattern at once and hands each match to a rule by its op: a
     rule whose ops another rule also roots would never see its matches."""
-    from fastdlight.relax import reshapes
-
     rules = [rule(reshapes._Bindings()) for rule in reshapes.RULES]
     ops = [set(reshapes._root_ops(pattern)) for pattern, _ in rules]
     assert all(ops)

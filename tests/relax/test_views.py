@@ -12,14 +12,16 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from fastdlight.arch import CUDA
-from fastdlight.policies.wgmma import WgmmaPolicy
+import fastdlight.relax.views as views
 from fastdlight.analysis.wgmma_match import match_wgmma
+from fastdlight.arch import CUDA, auto_arch
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.policies.wgmma import WgmmaPolicy
 from fastdlight.relax import prepare
 from fastdlight.relax.views import fold_view, view_of
 from fastdlight.schedules import apply_config
-from fastdlight.policies.select import candidate_sets
-from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.search.runner import apply_and_build
 from test_pipeline import run_on_cpu
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -176,9 +178,6 @@ def test_a_view_is_an_element_move_and_folding_it_rewrites_the_loads():
 def test_every_config_of_the_folded_matmuls_is_correct_on_the_gpu(prepared):
     """Each matmul reading Q, K, V or the heads' outputs in place, every config the policy
     emits (clusters included), against the function itself widened to float64."""
-    from fastdlight.arch import auto_arch
-    from fastdlight.search.runner import apply_and_build
-
     arch = auto_arch()
     if not arch.has_wgmma:
         pytest.skip(f"{arch.arch}: no wgmma")
@@ -193,8 +192,6 @@ def test_every_config_of_the_folded_matmuls_is_correct_on_the_gpu(prepared):
 
 
 def test_a_failing_fold_leaves_the_copies_with_a_warning(monkeypatch):
-    import fastdlight.relax.views as views
-
     def broken(*_args):
         raise RuntimeError("analysis failed")
 

@@ -10,14 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tvm
+from tvm import tirx
 
 from fastdlight import ops
 from fastdlight.analysis.attention import AttentionShape, attention_func, fused_fits, match_attention, wgmma_padded_dim
 from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.config import Config, StockSchedule
-from fastdlight.policies.attention import attention_configs
+from fastdlight.policies.attention import attention_configs, consumer_regs, fits, key_padding
 from fastdlight.policies.select import candidate_sets
+from fastdlight.policies.wgmma import consumer_regs as wgmma_consumer_regs
 from fastdlight.schedules import apply_config
 from fastdlight.schedules.attention.plan import AttentionPlan
 from fastdlight.schedules.attention.template import AttentionTemplate, plan_for
@@ -146,9 +148,6 @@ def test_the_causal_mask_counts_in_a_tiles_registers():
     """A causal mask's test takes registers of its own: the three-consumer 192x128 tile is not
     offered where it would spill (d64 causal: 72 bytes at 160 registers), and is where it fits.
     The consumers' registers are what the producer frees of the CTA's launch share."""
-    from fastdlight.policies.attention import consumer_regs, fits
-    from fastdlight.policies.wgmma import consumer_regs as wgmma_consumer_regs
-
     assert (consumer_regs(2), consumer_regs(3)) == (240, 160)
     assert (wgmma_consumer_regs(2, 40), wgmma_consumer_regs(3, 40), wgmma_consumer_regs(2, 32)) == (232, 152, 232)
     for consumers, producer in ((2, 24), (2, 32), (2, 40), (3, 24), (3, 40)):
@@ -264,8 +263,6 @@ def test_causal_tiles_of_a_cta_each_come_in_blocks_of_heads_heaviest_first(shape
 def test_the_cost_counts_the_keys_a_wide_tile_computes_for_nothing():
     """Keys computed per key needed: the sequence end's padding, and (causal) the diagonal
     tiles' masked keys, which grow with the key tile."""
-    from fastdlight.policies.attention import key_padding
-
     full = match_attention(ops.attention(1, 32, 8192, 8192, 128).func)
     assert key_padding(full, 128, 128) == 1.0
     assert key_padding(full, 128, 176) == 47 * 176 / 8192
@@ -276,8 +273,6 @@ def test_the_cost_counts_the_keys_a_wide_tile_computes_for_nothing():
 def test_a_head_dim_short_of_whole_chunks_is_computed_over_them():
     """d96: the tiles load as two 64-column chunks (TMA fills columns 96-127 with zeros), the
     scores step over the 96 columns, P·V computes 128 of which O keeps 96."""
-    from tvm import tirx
-
     func = ops.attention(1, 8, 1000, 1000, 96, causal=True).func
     plan = plan_for(func, Config("attention_wgmma", block=(128, 128), pipeline_stages=2))
     assert plan.padded and plan.d_chunks == 2 and plan.d_steps == 6 and plan.o_regs == 64

@@ -6,10 +6,13 @@ head dims 40, 72, 80 and 96; more query rows than a CTA holds (MQA);
 tiles staged in shared memory).
 Needs an sm_90 GPU."""
 
+import dataclasses
+
 import pytest
 
 from fastdlight import ops
 from fastdlight.analysis.decode_attention import match_decode_split
+from fastdlight.config import Config
 from fastdlight.policies.decode_attention import decode_attention_configs
 from fastdlight.search.runner import apply_and_build
 
@@ -61,10 +64,6 @@ def test_every_decode_attention_config_is_correct(name, hopper_arch):
 @pytest.mark.parametrize("stages", [3, 4])
 def test_tiles_staged_in_shared_memory_are_correct(name, stages, hopper_arch):
     """The ring of tiles (cp.async) on the edges: an appended token, chunks left empty, pages."""
-    import dataclasses
-
-    from fastdlight.config import Config
-
     batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest = CASES[name]
     op = ops.decode_attention(batch, kv_heads, rows, seq_kv, head_dim, splits, appended, *rest)
     base = Config("decode_attention", block=(16,), thread=(8,), warp=(4,))

@@ -6,9 +6,14 @@ import dataclasses
 import types
 
 import pytest
+from tvm import te
 
 from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import compile_mod_to_cubin
 from fastdlight.config import Config
+from fastdlight.policies import DefaultPolicy
+from fastdlight.policies.default import GATHER_MAX_LANES
 from fastdlight.schedules import (
     IMPORT_ERRORS,
     ScheduleError,
@@ -19,7 +24,6 @@ from fastdlight.schedules import (
     templates_for,
 )
 from fastdlight.schedules import dispatch as dispatch_mod
-from fastdlight.compiler.compile import compile_mod_to_cubin
 
 EW = Config("elementwise", block=(2, 256), thread=(1, 8))
 RED = Config("reduction", block=(4,), thread=(1,), rstep=(256,), reduce_thread=(32,))
@@ -138,13 +142,6 @@ def test_a_gathered_fp16_vector_compiles(batch_heads):
     """A slice + transpose fusion (attention's K^T in a decoder layer): the output is stored in
     vectors while the input is read across rows. TVM packs 8 gathered fp16 lanes with an
     8-argument make_uint4 that nvcc rejects, so the policy caps such vectors at 4 lanes."""
-    from tvm import te
-
-    from fastdlight.arch import CUDA
-    from fastdlight.policies import DefaultPolicy
-    from fastdlight.policies.default import GATHER_MAX_LANES
-    from fastdlight.schedules import apply_config
-
     if batch_heads is None:
         qkv = te.placeholder((3, 16, 256, 64), "float16", name="qkv")
         kt = te.compute((16, 64, 256), lambda h, d, s: qkv[1, h, s, d], name="kt")

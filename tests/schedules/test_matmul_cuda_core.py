@@ -6,16 +6,23 @@ A100 so the sm_80 cp.async path is covered too. The no-spill checks hold for nvc
 and ptxas then spills 12 bytes in two of these configs (the tuner times what NVRTC builds).
 """
 
+import pathlib
 import re
 
 import pytest
+import tvm
 from tvm import s_tir, te, tirx
 
 from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import COMPILER_ENV, compile_mod_to_cubin
 from fastdlight.config import Config
+from fastdlight.policies.select import candidate_sets
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.schedules import dispatch_config
 from fastdlight.schedules.base import reverse_compute_inline
 from fastdlight.schedules.matmul import MatmulTemplate
-from fastdlight.compiler.compile import COMPILER_ENV, compile_mod_to_cubin
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
 
@@ -233,7 +240,6 @@ def test_uses_dynamic_shared_memory_beyond_48k():
 
 def test_default_policy_configs_schedule_and_compile():
     default = pytest.importorskip("fastdlight.policies.default")
-    from fastdlight.arch import CUDA
 
     arch = CUDA(H100)
     for op, topk in ((ops.matmul(1024, 1024, 1024, "float32"), 2), (ops.conv2d_nhwc(8, 28, 28, 64, 64, dtype="float32"), 1)):
@@ -250,16 +256,6 @@ def test_an_nchw_resnet_layer_with_batch_norm_schedules_on_cuda_cores():
     """ResNet-18's NCHW layer as FuseOps leaves it (batch norm parameters broadcast with
     expand_dims inside the function): the epilogue's other producers move with it, so the
     CUDA-core template schedules it instead of the fallback."""
-    import pathlib
-
-    import tvm
-
-    from fastdlight.arch import CUDA
-    from fastdlight.relax import for_inference, prepare
-    from fastdlight.relax.pipeline import prim_funcs
-    from fastdlight.schedules import dispatch_config
-    from fastdlight.policies.select import candidate_sets
-
     arch = CUDA(H100)
     fixture = pathlib.Path(__file__).parents[1] / "relax" / "fixtures" / "resnet18_nchw_b16.py"
     funcs = prim_funcs(prepare(arch.target)(for_inference(tvm.script.from_source(fixture.read_text()), layout=None)))

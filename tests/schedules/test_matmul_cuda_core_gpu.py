@@ -6,12 +6,14 @@ kernel never writes fails), and the error is ||out - ref|| / ||ref|| in float64.
 
 import numpy as np
 import pytest
+import tvm
 from tvm import te, tirx
 
 from fastdlight import ops
+from fastdlight.arch import auto_arch
+from fastdlight.compiler.compile import build
 from fastdlight.config import Config
 from fastdlight.schedules.matmul import MatmulTemplate
-from fastdlight.compiler.compile import build
 
 pytestmark = pytest.mark.gpu
 
@@ -24,8 +26,6 @@ def mm(**kw) -> Config:
 
 def _run_and_check(built, func, reference, seed: int = 0) -> float:
     """Run ``built`` on random inputs and return the relative error against ``reference``."""
-    import tvm
-
     dev = tvm.cuda(0)
     rng = np.random.default_rng(seed)
     params = list(func.params)
@@ -42,8 +42,6 @@ def _run_and_check(built, func, reference, seed: int = 0) -> float:
 
 
 def _target():
-    from fastdlight.arch import auto_arch
-
     return auto_arch().target
 
 
@@ -134,7 +132,6 @@ def test_fused_bias_relu_epilogue():
 
 def test_default_policy_top_configs():
     default = pytest.importorskip("fastdlight.policies.default")
-    from fastdlight.arch import auto_arch
 
     arch = auto_arch()
     for op in (ops.matmul(1024, 1024, 1024, "float32", layout="NT"), ops.conv2d_nhwc(4, 14, 14, 64, 96, dtype="float32")):

@@ -12,11 +12,12 @@ import re
 import numpy as np
 import pytest
 import tvm
+from gpu_util import relative_error, run
 from tvm import te, tirx
 
-from fastdlight.arch import CUDA
+from fastdlight.arch import CUDA, auto_arch
 from fastdlight.compiler import build_task
-from fastdlight.compiler.compile import PASS_CONFIG, cuda_source, tir_pipeline
+from fastdlight.compiler.compile import PASS_CONFIG, build, cuda_source, tir_pipeline
 from fastdlight.config import Config
 
 H100 = "nvidia/nvidia-h100"
@@ -97,11 +98,6 @@ def grouped_conv_reference(data, weight, group=16):
 def test_the_hoisted_bound_test_computes_the_convolution_on_the_gpu():
     """Every element written (the output is NaN-poisoned), each the float64 convolution's,
     under both configs."""
-    from gpu_util import relative_error, run
-
-    from fastdlight.arch import auto_arch
-    from fastdlight.compiler.compile import build
-
     target = auto_arch().target
     func = grouped_conv()
     rng = np.random.default_rng(0)

@@ -6,12 +6,13 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from tvm import te, topi
 
 from fastdlight import ops
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 from fastdlight.config import Config
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.schedules.matmul_tensorcore import TensorCoreMatmulTemplate, register_intrinsics
-from fastdlight.compiler.compile import build, compile_cubin, cuda_source
 
 H100, A100 = "nvidia/nvidia-h100", "nvidia/nvidia-a100"
 TEMPLATE = TensorCoreMatmulTemplate()
@@ -166,8 +167,6 @@ def test_nhwc_convolutions_compile_as_implicit_gemms():
 
 def conv2d_nhwc_ohwi_bf16(n, h, c, k):
     """A 3x3 stride-1 bf16 convolution with OHWI weights (fp32 accumulation, bf16 out)."""
-    from tvm import te, topi
-
     data = te.placeholder((n, h, h, c), "bfloat16", name="data")
     weight = te.placeholder((k, 3, 3, c), "bfloat16", name="weight")
     conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
@@ -179,8 +178,6 @@ def test_split_k_compiles_to_a_partial_sum_kernel_and_an_epilogue_kernel():
     """Split-K: the matmul kernel writes fp32 partial sums per K slice (blockIdx.y = slice), a
     second kernel adds them and runs the epilogue (bias, ReLU, cast), for a GEMM with an
     epilogue and a 3x3 convolution whose input channels are sliced."""
-    from tvm import te, topi
-
     data = te.placeholder((2, 7, 7, 256), "float16", name="data")
     weight = te.placeholder((256, 3, 3, 256), "float16", name="weight")
     conv = topi.nn.conv2d(data, weight, 1, 1, 1, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")

@@ -11,6 +11,7 @@ import pytest
 
 from fastdlight import ops
 from fastdlight.arch import auto_arch
+from fastdlight.config import Config
 from fastdlight.policies.tensorcore import TensorCorePolicy, get_tensorized_func_and_tags
 from fastdlight.schedules.matmul_tensorcore import apply_tensorcore
 from fastdlight.search.runner import apply_and_build
@@ -73,8 +74,6 @@ def test_top5_configs_correct(name):
 
 
 def _split(block, warp, rstep, split_k, stages=3):
-    from fastdlight.config import Config
-
     return Config("matmul_tc", block=block, warp=warp, rstep=(rstep,), pipeline_stages=stages, use_async_copy=True,
                   split_k=split_k)
 

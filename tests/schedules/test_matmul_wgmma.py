@@ -8,17 +8,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tvm
+from tvm import sym, te, tirx
 
 from fastdlight import ops
+from fastdlight.analysis.wgmma_conv import ConvGeometry
+from fastdlight.analysis.wgmma_match import match_wgmma
 from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, cuda_source, tir_pipeline
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.pipeline import prim_funcs
 from fastdlight.schedules import apply_config
-from fastdlight.schedules.wgmma.template import Plan
-from fastdlight.schedules.wgmma.epilogue import Epilogue, extract_epilogue
+from fastdlight.schedules.wgmma.epilogue import MAX_LIVE_REGS, Epilogue, extract_epilogue
+from fastdlight.schedules.wgmma.template import Plan, defers_epilogue
 from fastdlight.schedules.wgmma.tma import operands
-from fastdlight.analysis.wgmma_match import match_wgmma
-from fastdlight.compiler.compile import build, compile_cubin, cuda_source, tir_pipeline
 
 H100 = CUDA("nvidia/nvidia-h100")
 FIXTURES = pathlib.Path(__file__).parents[1] / "relax" / "fixtures"
@@ -90,8 +94,6 @@ def test_fp8_inputs_compile_to_k32_wgmma_with_128_wide_k_steps():
 def test_fp8_operands_must_be_k_major():
     """wgmma has no transpose for 8-bit inputs: an MN-major B is refused by the match (the
     operator builder refuses it first)."""
-    from tvm import te
-
     a = te.placeholder((256, 256), "float8_e4m3fn", name="A")
     b = te.placeholder((256, 256), "float8_e4m3fn", name="B")  # [K, N]: MN-major
     r = te.reduce_axis((0, 256), name="k")
@@ -237,9 +239,6 @@ def test_what_the_template_cannot_take_is_refused_not_rebuilt_otherwise(func, co
 
 
 def model_function(fixture: str, name: str):
-    from fastdlight.relax import for_inference, prepare
-    from fastdlight.relax.pipeline import prim_funcs
-
     mod = tvm.script.from_source((FIXTURES / f"{fixture}.py").read_text())
     return prim_funcs(prepare(H100.target)(for_inference(mod)))[name]
 
@@ -263,9 +262,6 @@ def test_epilogue_reads_of_other_inputs_are_prefetched_into_registers_within_the
     """A gate tensor (one value per output) is loaded in pairs before the main loop, in full
     where it fits beside the accumulators and as a ring of chunks where it does not; a fp32
     bias (one value per column) takes 8-byte loads when room is left; all without spills."""
-    from fastdlight.schedules.wgmma.template import Plan
-    from fastdlight.schedules.wgmma.epilogue import MAX_LIVE_REGS
-
     op = ops.matmul_gated(1000, 520, 264, "bfloat16")
     match = match_wgmma(op.func)[0]
     epi = extract_epilogue(op.func, match)
@@ -294,8 +290,6 @@ def test_reads_that_are_not_adjacent_pairs_stay_direct_loads_except_rows_and_sca
     epilogue, masked past the edges. A per-row scale is the same across a thread's columns: its
     two rows a slice are loaded before the main loop, as is a one-element scale (once, no mask);
     the kernel still compiles without spills."""
-    from tvm import te
-
     m, n, k = 1000, 520, 264
     A, B = te.placeholder((m, k), "float16", name="A"), te.placeholder((n, k), "float16", name="B")
     scale, T_ = te.placeholder((m,), "float16", name="scale"), te.placeholder((n, m), "float16", name="Gt")
@@ -336,8 +330,6 @@ def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():
     """An NHWC/OHWI convolution is an implicit GEMM: the input read as 4-D TMA boxes (the
     convolution's stride as the element stride), the weights as a 2-D K-major B, the output
     stored as 4-D boxes; the 3-channel stem and HWIO weights are refused with the reason."""
-    from fastdlight.analysis.wgmma_conv import ConvGeometry
-
     op = ops.conv2d_nhwc_ohwi(2, 30, 30, 64, 128, 3, 2, 1)
     match, _ = match_wgmma(op.func)
     assert match.conv == ConvGeometry(2, 30, 30, 64, 15, 15, 3, 3, (2, 2), (1, 1))
@@ -356,9 +348,6 @@ def test_nhwc_convolutions_load_their_input_as_4d_boxes_and_compile():
 def test_a_resnet_layer_with_batch_norm_and_residual_compiles_on_the_wgmma_conv():
     """ResNet-18's last 3x3 layer as the model fuses it (batch norm, residual add, ReLU, cast):
     the epilogue indexes the 4-D output by the tile's patch, and the kernel compiles cleanly."""
-    from fastdlight.relax import for_inference, prepare
-    from fastdlight.relax.pipeline import prim_funcs
-
     mod = tvm.script.from_source((FIXTURES / "resnet18_nhwc_b16.py").read_text())
     funcs = prim_funcs(prepare(H100.target)(for_inference(mod, layout="NHWC")))
     residual = [n for n in sorted(funcs) if re.fullmatch(r"fused_conv2d\d*_.*_add\d+_add\d+_relu\d+", n)]
@@ -442,8 +431,6 @@ def test_descriptors_are_not_packed_in_the_main_loop_and_come_from_the_uniform_w
 def test_snake_order_visits_every_tile_once_and_reverses_odd_groups_and_odd_tiles_k():
     """Plan.coords walks odd groups of rows right to left and Plan.k_step walks odd tiles' K
     backwards (matmul_wgmma.SNAKE_ORDER): still every tile once, and every K step once a tile."""
-    from tvm import sym, tirx
-
     def value(e):
         return int(sym.Analyzer().simplify(e)) if not isinstance(e, int) else e
 
@@ -464,8 +451,6 @@ def test_cooperative_tiles_with_scalar_or_no_reads_defer_their_epilogue_into_the
     plain and per-tensor-scaled GEMMs; not ping-pong tiles (already overlapped), epilogues with
     per-output reads (their prefetch ring follows the current tile), fp32 outputs, nor K loops
     shorter than a tile's chunks. Deferred kernels compile without spills."""
-    from fastdlight.schedules.wgmma.template import defers_epilogue
-
     def defers(func, bm, bn, wm, k_steps_ok=True):
         match = match_wgmma(func)[0]
         plan = Plan(match, bm, bn, match.bk, 4, 8, 132, wm)

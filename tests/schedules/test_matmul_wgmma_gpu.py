@@ -3,11 +3,14 @@ on odd shapes, every layout, fp16 and bf16, batched, with edges in M, N and K (T
 clipped stores), and on tile counts that are not a multiple of the CTAs (uneven persistent loops,
 an odd number of epilogue chunks per tile). Needs an sm_90a GPU (skipped elsewhere)."""
 
+import numpy as np
 import pytest
+from tvm import te
 
 from fastdlight import ops
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.relax.gated import PAIR_COLUMNS, gated_product
 from fastdlight.search.runner import apply_and_build
 
 pytestmark = pytest.mark.gpu
@@ -133,11 +136,6 @@ def test_gate_and_up_paired_in_one_gemm_are_correct(arch):
     """LLaMA's gate and up projections as one GEMM over interleaved weights
     (``fastdlight.relax.gated``), the epilogue pairing each gate chunk with its up chunk: every
     config (clusters included) agrees with numpy, with edges in M and K."""
-    import numpy as np
-    from tvm import te
-
-    from fastdlight.relax.gated import PAIR_COLUMNS, gated_product
-
     m, n, k = 1000, 5 * PAIR_COLUMNS, 264
     x, w = te.placeholder((m, k), "float16", name="x"), te.placeholder((2 * n, k), "float16", name="w")
     func = te.create_prim_func([x, w, gated_product(x, w, "float32", "float16", "float16")])

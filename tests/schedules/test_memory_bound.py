@@ -8,14 +8,17 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import tvm_ffi
 from mb_cases import CASES, Case, case_ids, rms_norm
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from fastdlight import ops
+from fastdlight.arch import CUDA
+from fastdlight.compiler.compile import build, compile_cubin, compile_mod_to_cubin, cuda_source
 from fastdlight.config import Config
 from fastdlight.schedules import dispatch_config
 from fastdlight.schedules.base import legal_vector, prepare, tile_spatial
-from fastdlight.compiler.compile import build, compile_cubin, compile_mod_to_cubin, cuda_source
+from fastdlight.schedules.general_reduction import MAX_UNROLLED_ROW_STEPS
 
 TARGETS = ["nvidia/nvidia-h100", "nvidia/nvidia-a100"]
 
@@ -28,8 +31,6 @@ def launch_extents(mod) -> dict[str, int]:
         if isinstance(stmt, tirx.For) and stmt.thread_binding is not None:
             tag = str(stmt.thread_binding.thread_tag)
             found[tag] = max(found.get(tag, 0), int(stmt.extent))
-
-    import tvm_ffi
 
     tvm_ffi.structural_walk(mod["main"].body, (tirx.For, visit), order="post")
     return found
@@ -78,7 +79,6 @@ POLICY_CASES = [c for c in CASES if c.id in ("add_1000x3000", "max_inner_999x409
 @pytest.mark.parametrize("case", POLICY_CASES, ids=[c.id for c in POLICY_CASES])
 def test_default_policy_top3_compile(case):
     default = pytest.importorskip("fastdlight.policies.default")
-    from fastdlight.arch import CUDA
 
     configs = default.DefaultPolicy(case.make().func, CUDA("nvidia/nvidia-h100")).emit_config(3)
     assert configs
@@ -109,16 +109,12 @@ def test_float32_values_cap_vector_lanes():
 
 
 def _loops(mod):
-    import tvm_ffi
-
     out = []
     tvm_ffi.structural_walk(mod["main"].body, (tirx.For, out.append), order="post")
     return out
 
 
 def test_tile_spatial_splits():
-    from tvm import s_tir
-
     op = ops.elementwise((1000,), op="copy")
     sch = s_tir.Schedule(op.func)
     (loop,) = sch.get_loops(sch.get_sblock("B"))
@@ -153,8 +149,6 @@ def test_chain_results_stay_with_their_row_threads():
 def test_a_vocabulary_wide_row_is_a_loop_not_thousands_of_lines():
     """The row loop of a 32000-wide softmax (250 steps of 128 values) stays a loop: unrolled it
     was 7,400 lines of CUDA and up to 2.7 s of nvcc a candidate."""
-    from fastdlight.schedules.general_reduction import MAX_UNROLLED_ROW_STEPS
-
     cfg = Config("general_reduction", block=(4,), thread=(1,), rstep=(256,), reduce_thread=(32,), vectorize={"A": 8})
     res = dispatch_config(ops.softmax(64, 32000).func, cfg, allow_fallback=False)
     src = kernel_body(cuda_source(build(res.schedule.mod, "nvidia/nvidia-h100")))

@@ -1,16 +1,21 @@
 """The transpose template (CPU): which functions get its configs, and that they schedule through
 shared memory and compile to cubin. (On the GPU: test_transpose_gpu.py.)"""
 
+import pathlib
+
 import pytest
 import tvm
+from tvm import te
 
 from fastdlight import ops
-from fastdlight.arch import CUDA
 from fastdlight.analysis.func_info import analyze
-from fastdlight.policies.transpose import transpose_configs
-from fastdlight.schedules import dispatch_config
-from fastdlight.policies.select import candidate_sets
+from fastdlight.arch import CUDA
 from fastdlight.compiler.compile import build, compile_cubin, cuda_source
+from fastdlight.policies.select import candidate_sets
+from fastdlight.policies.transpose import transpose_configs
+from fastdlight.relax import for_inference, prepare
+from fastdlight.relax.pipeline import prim_funcs
+from fastdlight.schedules import dispatch_config
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -48,8 +53,6 @@ def test_no_transpose_configs_where_the_innermost_axis_stays_or_is_too_small(sha
 
 
 def test_a_small_transposed_operand_is_no_layout_change():
-    from tvm import te
-
     x = te.placeholder((256, 512), "float16", name="x")
     bias = te.placeholder((512, 1), "float16", name="bias")  # read as bias[j, 0]: moves with j, but tiny
     y = te.compute((256, 512), lambda i, j: x[i, j] + bias[j, 0], name="y")
@@ -73,11 +76,6 @@ def test_transpose_configs_stage_through_shared_memory_and_compile(shape, axes, 
 def test_attentions_key_transpose_with_a_reshape_folded_in_is_a_transpose():
     """decoder_ln's K^T (a slice of QKV, heads folded into the batch by a reshape: the read's
     outer indices are not affine, its innermost one is the head dimension) gets staged tiles."""
-    import pathlib
-
-    from fastdlight.relax import for_inference, prepare
-    from fastdlight.relax.pipeline import prim_funcs
-
     fixture = pathlib.Path(__file__).parents[1] / "relax" / "fixtures" / "decoder_ln.py"
     # prepared for an A100 with its attention unfused: where the target has wgmma the matmuls
     # read Q, K and V in place, and a fused attention reads them itself

@@ -2,10 +2,12 @@
 and odd shapes runs on random inputs (output NaN-poisoned) and matches numpy."""
 
 import pytest
+import tvm
 from gpu_util import check_configs
 
 from fastdlight import ops
 from fastdlight.analysis.func_info import analyze
+from fastdlight.arch import CUDA
 from fastdlight.policies.transpose import transpose_configs
 
 pytestmark = pytest.mark.gpu
@@ -19,10 +21,6 @@ pytestmark = pytest.mark.gpu
     ((5, 33, 70), (0, 2, 1), "float16", "float32"),  # a widening cast
 ])
 def test_every_transpose_config_matches_numpy(shape, axes, dtype, out):
-    import tvm
-
-    from fastdlight.arch import CUDA
-
     arch = CUDA.from_device(tvm.cuda(0))
     op = ops.transpose(shape, axes, dtype, out)
     check_configs(op, transpose_configs(analyze(op.func), arch, 6), arch)

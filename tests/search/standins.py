@@ -30,6 +30,7 @@ def wrong_add_template(func, config):
     if config.block[0] == 1:
         shape = [int(d) for d in func.params[0].shape]
         dtype = str(func.params[0].dtype)
+        # here, not at the top: the templates run in build workers, which unpickle them by name
         from tvm import te
 
         A = te.placeholder(shape, dtype, name="A")
@@ -64,6 +65,7 @@ def add_op(n=1024, dtype="float16"):
 
 def _far_store_copy(n: int, dtype: str):
     """``add``'s signature, but the kernel stores 512 GiB past C: an illegal address on a GPU."""
+    # here, not at the top: called from a template in a build worker
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
@@ -95,6 +97,7 @@ MATMUL_SHAPE = (256, 256, 256)
 def sabotage_matmul(variant: str, m: int = 256, n: int = 256, k: int = 256):
     """C = A·B (fp16 in, fp32 out), correct or wrong in one of four realistic ways; always a
     single reduction block, so one schedule fits every variant."""
+    # here, not at the top: called from a template in a build worker
     from tvm import te, tirx
 
     A = te.placeholder((m, k), "float16", name="A")

@@ -1,14 +1,44 @@
 """The build-measure-pick loop: matching, crash/timeout isolation, errors, compile-only ranking."""
 
+import dataclasses
 import warnings
 
 import pytest
 import standins
+import tvm
 
+import fastdlight
 from fastdlight import ops
-from fastdlight.arch import CUDA, has_gpu
-from fastdlight.config import Config
-from fastdlight.search.runner import TuningError, apply_and_build, format_table, rank
+from fastdlight.arch import CUDA, auto_arch, has_gpu
+from fastdlight.compiler.artifacts import BuildArtifact
+from fastdlight.config import Config, StockSchedule
+from fastdlight.measure.timing import Timing
+from fastdlight.measure.verify import Verdict
+from fastdlight.policies.default import DefaultPolicy
+from fastdlight.policies.wgmma import WgmmaPolicy
+from fastdlight.search import runner, stages
+from fastdlight.search.options import TuneOptions
+from fastdlight.search.results import CompileResult, Failure
+from fastdlight.search.runner import (
+    CLUSTER_TIE_FRACTION,
+    HOT_TIE_FRACTION,
+    TIE_FRACTION,
+    TuningError,
+    apply_and_build,
+    format_table,
+    pick_order,
+    rank,
+)
+from fastdlight.search.stages import (
+    ESTIMATE_FINALIST_FRACTION,
+    OWN_HEAT_MIN_MS,
+    OWN_HEAT_MS,
+    RETIME_BY_ESTIMATE,
+    RETIME_ROUNDS,
+    RETIME_WITHIN,
+    Timer,
+    pick_finalists,
+)
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -92,8 +122,6 @@ def test_default_without_gpu_warns_and_compiles_only():
 @pytest.mark.parametrize("make_op", [lambda: ops.elementwise((1024, 1024), "float16", "add"),
                                      lambda: ops.matmul(256, 256, 256, "float32")], ids=["add", "matmul"])
 def test_compile_only_ranks_by_predicted_cost_with_real_cubins(make_op):
-    from fastdlight.policies.default import DefaultPolicy
-
     op = make_op()
     configs = DefaultPolicy(op.func, H100).emit_config(4)
     results, best = quiet(func=op.func, configs=configs)
@@ -109,8 +137,6 @@ def test_compile_only_ranks_by_predicted_cost_with_real_cubins(make_op):
 
 
 def test_parallel_and_serial_give_the_same_ranking():
-    from fastdlight.policies.default import DefaultPolicy
-
     op = ops.reduce((1024, 1024), "float16", "sum")
     configs = DefaultPolicy(op.func, H100).emit_config(3)
     par, _ = quiet(func=op.func, configs=configs)
@@ -121,11 +147,6 @@ def test_parallel_and_serial_give_the_same_ranking():
 
 
 def _row(index, latency=None, verified=None, compiled=True, error=None):
-    from fastdlight.compiler.artifacts import BuildArtifact
-    from fastdlight.search.results import CompileResult, Failure
-    from fastdlight.measure.timing import Timing
-    from fastdlight.measure.verify import Verdict
-
     art = BuildArtifact(index, "x", 1, 0, 0, b"") if compiled else None
     return CompileResult(
         flat_configs((64,))[0], index, artifact=art, failure=Failure("nvcc", error) if error else None,
@@ -153,10 +174,6 @@ def test_bad_option_values_are_refused(bad):
 
 
 def test_a_module_of_one_function_is_tuned_and_anything_else_is_one_line():
-    import tvm
-
-    import fastdlight
-
     func = standins.add_op().func
     results, best = fastdlight.tune(tvm.IRModule({"main": func}), H100, topk=2)
     assert best.config.kind == "elementwise"
@@ -174,9 +191,6 @@ def test_a_module_of_one_function_is_tuned_and_anything_else_is_one_line():
 @pytest.mark.parametrize("make_op", [lambda: ops.elementwise((2048, 2048), "float16", "add"),
                                      lambda: ops.matmul(512, 512, 512, "float32")], ids=["add", "matmul"])
 def test_gpu_measures_verifies_and_picks_fastest_verified(make_op):
-    from fastdlight.arch import auto_arch
-    from fastdlight.policies.default import DefaultPolicy
-
     op = make_op()
     arch = auto_arch()
     configs = DefaultPolicy(op.func, arch).emit_config(6)
@@ -184,19 +198,16 @@ def test_gpu_measures_verifies_and_picks_fastest_verified(make_op):
     timed = [r for r in results if r.latency_ms is not None]
     assert timed
     assert best.verified is True and best.latency_ms > 0
-    from fastdlight.search.runner import TIE_FRACTION  # a tie of the fastest goes to the estimate
 
     # the finalists' hot timings rank before every first-pass one (a cold GPU's time is no rival)
     assert best.timing.hot
     fastest = min(r.latency_ms for r in timed if r.verified and r.timing.hot)
-    assert fastest <= best.latency_ms <= fastest * (1 + TIE_FRACTION)
+    assert fastest <= best.latency_ms <= fastest * (1 + TIE_FRACTION)  # a tie of the fastest goes to the estimate
     assert best.module is not None and "__global__" in best.source
 
 
 @pytest.mark.gpu
 def test_gpu_wrong_candidate_is_never_best():
-    from fastdlight.arch import auto_arch
-
     op = standins.add_op(2048)
     configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1)),
                Config("elementwise", (4, 64), (1, 1))]
@@ -213,8 +224,6 @@ def test_gpu_wrong_candidate_is_never_best():
 def test_gpu_faulting_candidate_is_isolated_in_the_probe():
     # candidate 0 stores to an illegal address: it may poison only the probe process's CUDA
     # context; every other candidate is still timed and checked in this one
-    from fastdlight.arch import auto_arch
-
     op = standins.add_op(1024)
     configs = [Config("elementwise", (1, 256), (1, 1)), Config("elementwise", (2, 128), (1, 1)),
                Config("elementwise", (4, 64), (1, 1))]
@@ -228,8 +237,6 @@ def test_gpu_faulting_candidate_is_isolated_in_the_probe():
 
 @pytest.mark.gpu
 def test_gpu_naive_float64_reference_is_used_without_ref():
-    from fastdlight.arch import auto_arch
-
     op = standins.add_op(1024)
     results, best = apply_and_build(op.func, flat_configs((128, 256)), auto_arch(),
                                     template=standins.flat_template, budget_ms=20)
@@ -237,8 +244,6 @@ def test_gpu_naive_float64_reference_is_used_without_ref():
 
 
 def test_tune_uses_tensor_cores_for_fp16_matmul_compile_only():
-    import fastdlight
-
     op = ops.matmul(256, 256, 256, "float16", "float32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -262,11 +267,6 @@ def test_retime_takes_the_fastest_by_median_and_by_best_sample_in_turns_on_a_hot
     # a first timing taken while builds ran can be high in most samples (its median), so the
     # finalists timed again also include the fastest by best sample; they are timed after a
     # heat, in turns, so that all of them see the GPU in the same (sustained) state
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.options import TuneOptions
-    from fastdlight.search import stages
-    from fastdlight.search.stages import RETIME_ROUNDS, Timer
-
     monkeypatch.setattr(stages, "OWN_HEAT_MIN_MS", float("inf"))  # see the next test
     results = []
     for i, (median, best) in enumerate([(1.0, 0.95), (1.1, 1.05), (1.2, 1.15), (1.3, 0.4), (2.0, 1.9)]):
@@ -295,10 +295,6 @@ def test_long_finalists_run_alone_before_each_turn():
     """A finalist of a tenth of a millisecond or more draws enough power to set the clock: it
     runs untimed before each of its turns (but the first finalist's first, right after the
     GPU was heated with it); shorter ones are timed at once."""
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.options import TuneOptions
-    from fastdlight.search.stages import OWN_HEAT_MIN_MS, OWN_HEAT_MS, RETIME_ROUNDS, Timer
-
     results = [_row(i, ms).replace(module=i) for i, ms in enumerate([OWN_HEAT_MIN_MS * 1.1, OWN_HEAT_MIN_MS * 0.95])]
     timer = Timer(H100, lambda: None, TuneOptions(budget_ms=90))
     calls = []
@@ -313,11 +309,6 @@ def test_candidates_far_behind_the_fastest_are_not_retimed():
     """Only candidates whose first timing is within ``RETIME_WITHIN`` of the fastest's are timed
     hot (the retime reorders by up to 13%); stock Dlight's fastest is, as the baseline, unless it
     is ``STOCK_FINALIST_BEHIND`` times behind."""
-    import dataclasses
-
-    from fastdlight.config import StockSchedule
-    from fastdlight.search.stages import RETIME_WITHIN, pick_finalists
-
     results = [_row(0, 1.0), _row(1, 1.0 + RETIME_WITHIN / 2), _row(2, 1.0 + 2 * RETIME_WITHIN)]
     stock = dataclasses.replace(_row(3, 3.5), config=StockSchedule("sm_90a"))
     assert {r.index for r in pick_finalists(results + [stock])} == {0, 1, 3}
@@ -326,9 +317,6 @@ def test_candidates_far_behind_the_fastest_are_not_retimed():
 
 
 def test_light_kernels_are_not_heated():
-    from fastdlight.search import stages
-    from fastdlight.search.options import TuneOptions
-
     heated = []
     timer = stages.Timer(H100, lambda: heated.append("workload"), TuneOptions())
     timer._heat(_row(0, stages.HEAT_LIGHT_MS / 2))
@@ -339,9 +327,6 @@ def test_a_first_pass_time_never_beats_the_finalists_hot_times():
     """A hot timing runs 5-15% slower than the first pass's on an H100: after the retime, the
     pick compares finalists with each other, and a candidate left out of the finalists comes
     after them however fast its first (cold) timing was."""
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.runner import pick_order, rank
-
     finalists = [_row(0, 1.00), _row(1, 1.01)]
     finalists = [r.replace(timing=Timing(r.latency_ms * 1.1, (r.latency_ms * 1.1,), hot=True)) for r in finalists]
     cold = _row(2, 1.02)  # its first pass beat both finalists' hot times
@@ -355,10 +340,6 @@ def test_a_first_pass_time_never_beats_the_finalists_hot_times():
 def test_the_best_estimated_candidates_near_the_fastest_are_finalists_too():
     """The first pass times each candidate at whatever clock the GPU has then: a candidate the
     policy ranks first, a little behind there, gets the hot retime too; one far behind does not."""
-    import dataclasses
-
-    from fastdlight.search.stages import ESTIMATE_FINALIST_FRACTION, RETIME_BY_ESTIMATE, pick_finalists
-
     def row(i, ms, cost):
         r = _row(i, ms)
         return r.replace(config=dataclasses.replace(r.config, cost=cost))
@@ -373,10 +354,6 @@ def test_the_best_estimated_candidates_near_the_fastest_are_finalists_too():
 
 
 def test_the_first_pass_times_each_candidate_for_the_screen_budget(monkeypatch):
-    from fastdlight.search import stages
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.options import TuneOptions
-
     budgets = []
     monkeypatch.setattr(stages, "load_module", lambda art, arch: "module")
     timer = stages.Timer(H100, lambda: object(), TuneOptions(budget_ms=80, screen_ms=15))
@@ -391,9 +368,6 @@ def test_the_first_pass_times_each_candidate_for_the_screen_budget(monkeypatch):
 
 @pytest.mark.parametrize("given, options, expected", [(None, False, False), (None, True, True), (False, True, False)])
 def test_parallel_build_comes_from_options_unless_given(monkeypatch, given, options, expected):
-    from fastdlight.search import runner
-    from fastdlight.search.options import TuneOptions
-
     seen = []
 
     def record(func, configs, arch, opts, out_dir):
@@ -412,11 +386,6 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
     """Within 2% of the fastest (first-pass timings), the candidate the policy ranked better is
     checked first; a slower one, one of another kind, and stock Dlight's (no estimate) keep
     latency order; hot-retimed finalists keep their hot order."""
-    import dataclasses
-
-    from fastdlight.config import StockSchedule
-    from fastdlight.search.runner import TIE_FRACTION, pick_order
-
     def row(index, latency, cost, kind="elementwise"):
         r = _row(index, latency)
         config = StockSchedule("sm_90a") if kind == "dlight" else dataclasses.replace(
@@ -430,8 +399,6 @@ def test_ties_of_the_fastest_go_to_the_policys_estimate():
     assert [r.index for r in pick_order(stock_first)] == [4, 0, 1]
     assert pick_order([]) == [] and [r.index for r in pick_order([slow])] == [2]
     # hot-retimed finalists go by their hot times alone: no tie goes to the estimate there
-    from fastdlight.measure.timing import Timing
-
     def hot(r):
         return r.replace(timing=Timing(r.latency_ms, (r.latency_ms,), hot=True))
 
@@ -443,12 +410,6 @@ def test_a_cluster_tiles_hot_tie_with_a_plain_tile_goes_to_the_plain_one():
     cluster tile is checked first (a cluster spends more energy a GEMM, which shows only at the
     power limit); a plain one further behind, a first-pass time, or a fastest tile without a
     cluster change nothing."""
-    import dataclasses
-
-    from fastdlight.config import Config
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.runner import CLUSTER_TIE_FRACTION, pick_order
-
     def row(index, latency, cluster=1, hot=True):
         config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
                         use_async_copy=True, rasterization=8 + index, cluster=cluster)
@@ -469,13 +430,6 @@ def test_plain_tiles_in_a_cluster_tiles_hot_tie_go_by_the_policys_estimate():
     the policy's order, not by their hot times (which cannot rank them there): the
     8192³ NT finalists of an H100 tune (2026-11-27), where 192x192 timed 0.7% behind the
     cluster tile and 128x192 2.8%, and 192x192 then ran 4.5% behind 128x192 at the power limit."""
-    import dataclasses
-
-    from fastdlight import ops
-    from fastdlight.policies.wgmma import WgmmaPolicy
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.runner import pick_order
-
     policy = WgmmaPolicy(ops.matmul(8192, 8192, 8192, "float16", "float16", "NT", acc_dtype="float32").func, H100)
     cluster, wide, narrow = (policy.config(policy.tile(128, 256, 64, 2)), policy.config(policy.tile(192, 192, 64)),
                              policy.config(policy.tile(128, 192, 64)))
@@ -495,14 +449,6 @@ def test_plain_wgmma_finalists_within_the_hot_tie_go_by_the_policys_estimate():
     4096³ NN tune on an H100 (2026-11-27) where 256x128 timed 1.6% ahead of 128x256 hot (a
     128x256 turn met the power cap settling) and then ran 0.5-0.9% behind it at the power limit. A tile further
     behind, or one of another kind, keeps its hot place; the cluster tile stays after the plain ones."""
-    import dataclasses
-
-    from fastdlight import ops
-    from fastdlight.config import Config
-    from fastdlight.policies.wgmma import WgmmaPolicy
-    from fastdlight.measure.timing import Timing
-    from fastdlight.search.runner import HOT_TIE_FRACTION, pick_order
-
     policy = WgmmaPolicy(ops.matmul(4096, 4096, 4096, "float16", "float16", "NN", acc_dtype="float32").func, H100)
     wide, tall, cluster = (policy.config(policy.tile(128, 256, 64)), policy.config(policy.tile(256, 128, 128)),
                            policy.config(policy.tile(128, 256, 64, 2)))
@@ -522,9 +468,6 @@ def test_plain_wgmma_finalists_within_the_hot_tie_go_by_the_policys_estimate():
 
 @pytest.mark.gpu
 def test_gpu_a_short_kernel_is_timed_from_a_cuda_graph(monkeypatch):
-    from fastdlight.arch import auto_arch
-    from fastdlight.search import stages
-
     graphed = []
 
     class RecordedGraph(stages.LaunchGraph):

@@ -17,13 +17,17 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 import fastdlight
+from fastdlight.analysis.func_info import analyze
 from fastdlight.arch import CUDA
-from fastdlight.search import autotune as at
-from fastdlight.search.autotune import AutotuneError, Pruned, Resources, autotune, over_limits, read_tile
-from fastdlight.search.results import CompileResult
-from fastdlight.search.database import TuningDatabase
 from fastdlight.measure.timing import Timing
 from fastdlight.measure.verify import Verdict
+from fastdlight.policies.default import DefaultPolicy
+from fastdlight.policies.roller import blocks_per_sm
+from fastdlight.search import autotune as at
+from fastdlight.search.autotune import AutotuneError, Pruned, Resources, autotune, over_limits, read_tile
+from fastdlight.search.database import TuningDatabase
+from fastdlight.search.results import CompileResult
+from fastdlight.search.runner import TIE_FRACTION
 
 A100 = CUDA("nvidia/nvidia-a100")  # 48 KB static shared memory per block, 163 KB opt-in
 N = 256
@@ -196,10 +200,6 @@ def test_failures_are_data_with_their_stage(monkeypatch):
 
 # -- ranking -----------------------------------------------------------------------------------
 def test_survivors_are_ranked_by_the_roller_cost_model_and_only_the_top_k_built(builds):
-    from fastdlight.analysis.func_info import analyze
-    from fastdlight.policies.default import DefaultPolicy
-    from fastdlight.policies.roller import blocks_per_sm
-
     t = tuner({"bm": [32, 64, 128], "bn": [32, 64, 128], "bk": [16]}, topk=2)
     result = t.tune(measure=False)
     screening = result.screening
@@ -363,8 +363,7 @@ def test_gpu_a_small_space_is_timed_verified_and_stored(tmp_path):
     result = t.tune()
     assert result.source == "tuned" and result.verified is True and result.stored
     timed = [tr for tr in result.trials if tr.latency_ms is not None]
-    from fastdlight.search.runner import TIE_FRACTION  # a tie of the fastest goes to the estimate
-
+    # a tie of the fastest goes to the estimate
     fastest = min(tr.latency_ms for tr in timed if tr.verified)
     assert len(timed) >= 2 and fastest <= result.latency_ms <= fastest * (1 + TIE_FRACTION)
     again = autotune(space=space, key="gemm_256_gpu", reference=gemm, database=tmp_path)(gemm_schedule)

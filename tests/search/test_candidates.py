@@ -5,13 +5,16 @@ import warnings
 
 import pytest
 import standins
+from tvm.script import tirx as T
 
 from fastdlight import ops
-from fastdlight.arch import CUDA
+from fastdlight.arch import CUDA, auto_arch
 from fastdlight.config import Config
+from fastdlight.measure.workload import param_buffers, static_shape
 from fastdlight.search import candidates
+from fastdlight.search.database import TuningDatabase
 from fastdlight.search.options import TuneOptions
-from fastdlight.search.runner import TuningError
+from fastdlight.search.runner import TuningError, compile_cost_estimate, plan
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -51,8 +54,6 @@ def test_every_policy_failing_lists_each_reason(monkeypatch):
 
 
 def test_database_hit_without_gpu_replays_the_stored_config(tmp_path, monkeypatch):
-    from fastdlight.search.database import TuningDatabase
-
     op = ops.elementwise((256, 256), "float16", "add")
     cfg = Config("elementwise", (1, 128), (1, 1))
     db = TuningDatabase(tmp_path)
@@ -63,8 +64,6 @@ def test_database_hit_without_gpu_replays_the_stored_config(tmp_path, monkeypatc
 
 
 def test_symbolic_function_is_specialized_by_opt_shapes():
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def scale(a: T.handle, b: T.handle):
         n = T.int64()
@@ -79,7 +78,6 @@ def test_symbolic_function_is_specialized_by_opt_shapes():
         warnings.simplefilter("ignore")
         tuned = candidates.tune_function(scale, H100, 2, TuneOptions(measure=False, max_workers=2),
                                          opt_shapes={"n": 512})
-    from fastdlight.measure.workload import param_buffers, static_shape
 
     assert tuned.best.compiled
     assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(512, 256), (512, 256)]
@@ -97,8 +95,6 @@ def test_length_one_reductions_tune_normally(make):
 
 
 def test_beyond_int32_indexing_builds_with_int64_or_is_refused_before_building():
-    from tvm.script import tirx as T
-
     op = ops.matmul(65536, 65536, 16, "float32")  # 2^32 outputs: ops index them with int64
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -118,8 +114,6 @@ def test_beyond_int32_indexing_builds_with_int64_or_is_refused_before_building()
 
 @pytest.mark.gpu
 def test_gpu_length_one_reduction_is_verified():
-    from fastdlight.arch import auto_arch
-
     op = ops.matmul(256, 256, 1, "float16", "float32")
     tuned = candidates.tune_function(op.func, auto_arch(), 4, TuneOptions(ref=op.reference, budget_ms=20))
     assert tuned.best.verified is True
@@ -155,8 +149,6 @@ def test_tensorizing_builds_go_first_then_the_costliest(tmp_path):
     """Beside wgmma, the mma.sync and sm_90 stock candidates tensorize: the slowest builds, so
     they are submitted first, then the rest by compile-cost estimate, so the last builds to
     start are short ones."""
-    from fastdlight.search.runner import compile_cost_estimate, plan
-
     arch = H100  # sm_90a
     func = ops.matmul(1024, 1024, 1024, "float16", "float16", "NT", acc_dtype="float32").func
     sets = list(candidates.candidate_sets(func, arch, 8, candidates.stock_configs(func, arch)))

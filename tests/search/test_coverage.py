@@ -6,7 +6,8 @@ import warnings
 import pytest
 from tvm.script import tirx as T
 
-from fastdlight.arch import CUDA
+from fastdlight.arch import CUDA, auto_arch
+from fastdlight.measure.workload import param_buffers, static_shape
 from fastdlight.search.candidates import tune_function
 from fastdlight.search.options import TuneOptions
 
@@ -34,8 +35,6 @@ def composite_dim(p_x: T.handle, w: T.Buffer((T.int64(64), T.int64(512)), "float
 
 
 def test_a_dimension_that_is_an_expression_is_specialized():
-    from fastdlight.measure.workload import param_buffers, static_shape
-
     tuned = compiles(composite_dim, {"n": 256})
     assert [static_shape(b) for b in param_buffers(tuned.best._func)] == [(64, 256), (64, 512), (1024,)]
 
@@ -158,8 +157,6 @@ def test_a_batched_decode_gemv_uses_the_gemv_template():
 
 @pytest.mark.gpu
 def test_gpu_coverage_workloads_are_verified():
-    from fastdlight.arch import auto_arch
-
     for func, shapes in ((two_store_norm, {"n": 64}), (gemv_2x2, None), (int4_dequant_matmul, None),
                          (gemv_broadcast, None), (composite_dim, {"n": 256}), (batched_decode_gemv, None)):
         tuned = tune_function(func, auto_arch(), 4, TuneOptions(budget_ms=20), opt_shapes=shapes)

@@ -8,12 +8,20 @@ import textwrap
 import warnings
 
 import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
+from fastdlight.compiler import build_task
 from fastdlight.config import Config
-from fastdlight.search import database
+from fastdlight.schedules import apply_config, dispatch
+from fastdlight.schedules.wgmma.template import WgmmaMatmulTemplate
+from fastdlight.search import candidates, database
 from fastdlight.search.database import TuningDatabase
+from fastdlight.search.options import TuneOptions
 
 H100, A100 = CUDA("nvidia/nvidia-h100"), CUDA("nvidia/nvidia-a100")
 CFG = Config("elementwise", (1, 128), (1, 1))
@@ -112,11 +120,6 @@ def test_an_unusable_directory_is_one_clear_error(tmp_path):
 def test_a_wgmma_record_replays_as_the_same_kernel_and_its_kernel_text_is_in_the_fingerprint(tmp_path, monkeypatch):
     """TIRx kernels have no schedule trace: the record holds the config, from which the kernel
     can be regenerated; editing the kernel text (not a Python module) retires the record."""
-    import tvm_ffi
-
-    from fastdlight.schedules import apply_config, dispatch
-    from fastdlight.schedules.wgmma.template import WgmmaMatmulTemplate
-
     gemm = ops.matmul(512, 512, 512, "float16", "float16", "NN", acc_dtype="float32").func
     config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
                     use_async_copy=True, rasterization=1)
@@ -141,13 +144,6 @@ def test_a_wgmma_record_replays_as_the_same_kernel_and_its_kernel_text_is_in_the
 def test_metaschedule_reads_the_records_and_applies_the_same_schedules(tmp_path):
     """TVM's own JSONDatabase opens the view written beside our records, and
     MetaScheduleApplyDatabase schedules the function exactly as our template does."""
-    import tvm
-    import tvm_ffi
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-
-    from fastdlight.schedules import apply_config
-
     func = ops.softmax(256, 1024).func
     config = Config("general_reduction", (1,), (1,), rstep=(256,), reduce_thread=(128,))
     TuningDatabase(tmp_path).commit(func, H100, config, 0.02, True)
@@ -174,13 +170,6 @@ def test_a_kernel_without_a_trace_stays_out_of_the_view(tmp_path):
 def test_a_stored_wgmma_kernel_is_replayed_without_parsing_the_template_again(tmp_path, monkeypatch):
     """A wgmma winner's kernel is stored with its record, compressed; a hit hands it back and
     the template is not applied again."""
-    import tvm_ffi
-
-    from fastdlight.schedules import apply_config
-    from fastdlight.compiler import build_task
-    from fastdlight.search import candidates
-    from fastdlight.search.options import TuneOptions
-
     gemm = ops.matmul(512, 512, 512, "float16", "float16", "NN", acc_dtype="float32").func
     config = Config("matmul_wgmma", block=(128, 256), warp=(64, 256), rstep=(64,), pipeline_stages=4,
                     use_async_copy=True, rasterization=1)

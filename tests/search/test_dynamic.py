@@ -1,5 +1,6 @@
 """Symbolic dimensions: a kernel per tuned value, compiled symbolic, behind one dispatcher."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -8,9 +9,14 @@ import tvm
 from tvm.script import tirx as T
 
 from fastdlight import ops
-from fastdlight.arch import CUDA
-from fastdlight.compiler.compile import compile_mod_to_cubin
-from fastdlight.search.dynamic import check_values, default_points, plan_values, tune_dispatch
+from fastdlight.analysis.prepare import specialize
+from fastdlight.arch import CUDA, auto_arch
+from fastdlight.compiler.compile import build, compile_mod_to_cubin, cuda_source, pre_lower
+from fastdlight.config import Config
+from fastdlight.relax import ApplyFastTuning
+from fastdlight.schedules.dispatch import dispatch_config
+from fastdlight.schedules.symbolic import DISPATCHER, Branch, dispatch_func, generalize
+from fastdlight.search.dynamic import check_dispatch, check_values, default_points, plan_values, tune_dispatch
 from fastdlight.search.options import TuneOptions
 
 H100 = CUDA("nvidia/nvidia-h100")
@@ -63,8 +69,6 @@ def test_check_values_cover_each_range_and_above():
 
 
 def test_list_to_tune_points_at_the_dispatcher():
-    from fastdlight.analysis.prepare import specialize
-
     with pytest.raises(ValueError, match="tune_dispatch"):
         specialize(scale_rows, {"n": [1, 2]})
 
@@ -108,9 +112,6 @@ def test_decode_matmul_kernels_are_symbolic_and_compile():
 
 
 def test_apply_fast_tuning_dispatches_symbolic_functions():
-    from fastdlight.relax import ApplyFastTuning
-    from fastdlight.schedules.symbolic import DISPATCHER
-
     tuning = ApplyFastTuning(topk=2, target=H100, opt_shapes={"n": [1, 64]}, measure=False, parallel_build=False)
     mod = tuning(tvm.IRModule({"scale_rows": scale_rows}))
     assert DISPATCHER in mod["scale_rows"].attrs and "tirx.is_scheduled" in mod["scale_rows"].attrs
@@ -119,12 +120,6 @@ def test_apply_fast_tuning_dispatches_symbolic_functions():
 
 
 def test_a_wgmma_kernel_with_symbolic_m_shares_a_dispatcher_with_s_tir_kernels():
-    from fastdlight.config import Config
-    from fastdlight.analysis.prepare import specialize
-    from fastdlight.schedules.dispatch import dispatch_config
-    from fastdlight.schedules.symbolic import Branch, dispatch_func, generalize
-    from fastdlight.compiler.compile import pre_lower
-
     func = decode_matmul(512, 512)
     static = specialize(func, {"m": 256})
     config = Config("matmul_wgmma", (128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=3, rasterization=4)
@@ -146,14 +141,6 @@ def test_a_wgmma_kernel_with_symbolic_m_shares_a_dispatcher_with_s_tir_kernels()
 
 
 def test_a_cluster_winner_gives_its_single_cta_tile_for_a_symbolic_m():
-    import dataclasses
-
-    from fastdlight.config import Config
-    from fastdlight.analysis.prepare import specialize
-    from fastdlight.schedules.dispatch import dispatch_config
-    from fastdlight.schedules.symbolic import generalize
-    from fastdlight.compiler.compile import build, cuda_source
-
     func = decode_matmul(512, 512)
     static = specialize(func, {"m": 256})
     single = Config("matmul_wgmma", (128, 128), warp=(64, 128), rstep=(64,), pipeline_stages=3, rasterization=4)
@@ -168,9 +155,6 @@ def test_a_cluster_winner_gives_its_single_cta_tile_for_a_symbolic_m():
 
 @pytest.mark.gpu
 def test_decode_matmul_dispatches_correctly_on_gpu():
-    from fastdlight.arch import auto_arch
-    from fastdlight.search.dynamic import check_dispatch
-
     arch, func = auto_arch(), decode_matmul(1024, 1024)
     opts = TuneOptions(budget_ms=20, screen_ms=5)
     d = tune_dispatch(func, arch, 4, opts, {"m": [1, 16, 128, 2048]})

@@ -13,10 +13,12 @@ import time
 import warnings
 
 import pytest
+from tvm import rpc
 
 import fastdlight
-from fastdlight import ops
+from fastdlight import ops, rpc_server
 from fastdlight.arch import has_gpu
+from fastdlight.cli import main
 from fastdlight.compiler.build_task import runtime_has_cuda
 from fastdlight.search import remote
 from fastdlight.search.options import TuneOptions
@@ -77,8 +79,6 @@ def test_the_candidates_travel_to_the_server_and_a_server_without_a_gpu_says_so(
 
 def test_the_server_answers_what_it_received(server):
     """The remote call itself: uploads, then the request naming them."""
-    from tvm import rpc
-
     proc, port = server
     conn = rpc.connect("127.0.0.1", port)
     conn.upload(__file__, target="one.so")
@@ -90,12 +90,9 @@ def test_the_server_answers_what_it_received(server):
 def test_the_server_measures_in_its_own_long_lived_process(server):
     """Requests go to one measuring process the server started (one TVM import and CUDA context
     for all of them), not to the child that serves the connection."""
-    import subprocess
-
     proc, port = server
     children = subprocess.run(["ps", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
     assert "fastdlight.rpc_server --measure-loop" in children
-    from tvm import rpc
 
     conn = rpc.connect("127.0.0.1", port)
     for _ in range(2):  # the same process answers again
@@ -164,8 +161,6 @@ def test_through_a_tracker(tmp_path):
 
 
 def test_the_command_line_tunes_through_the_server(server, capsys):
-    from fastdlight.cli import main
-
     proc, port = server
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -197,8 +192,6 @@ def test_the_server_process_never_initializes_cuda_itself(monkeypatch):
     """Each connection is served by a child forked from the server: CUDA initialized in the
     server first is unusable there (a measurement then never came back, H200). Its GPU line is
     asked of a process of its own."""
-    from fastdlight import rpc_server
-
     def touched():
         raise AssertionError("has_gpu() ran in the server's own process")
 

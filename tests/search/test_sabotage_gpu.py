@@ -4,7 +4,12 @@ candidate wins, and nothing wrong reaches the database (GPU)."""
 import pytest
 import standins
 
+from fastdlight.arch import auto_arch
 from fastdlight.config import Config
+from fastdlight.search import candidates
+from fastdlight.search.database import TuningDatabase
+from fastdlight.search.options import TuneOptions
+from fastdlight.search.runner import TuningError, apply_and_build
 
 pytestmark = pytest.mark.gpu
 
@@ -15,16 +20,12 @@ def sabotage_configs(threads):
 
 @pytest.fixture(scope="module")
 def arch():
-    from fastdlight.arch import auto_arch
-
     return auto_arch()
 
 
 @pytest.mark.parametrize("variant_threads", [64, 128, 256, 512],
                          ids=["sign_flip", "broken_index", "dropped_edge_tile", "nan"])
 def test_each_wrong_kernel_is_rejected_and_the_next_correct_one_wins(arch, variant_threads):
-    from fastdlight.search.runner import apply_and_build
-
     func = standins.sabotage_matmul("correct", *standins.MATMUL_SHAPE)
     configs = sabotage_configs((2, variant_threads))
     results, best = apply_and_build(func, configs, arch, template=standins.sabotage_template, budget_ms=20)
@@ -36,10 +37,6 @@ def test_each_wrong_kernel_is_rejected_and_the_next_correct_one_wins(arch, varia
 
 
 def test_all_wrong_fastest_kernels_are_rejected_and_never_stored(arch, tmp_path, monkeypatch):
-    from fastdlight.search import candidates
-    from fastdlight.search.database import TuningDatabase
-    from fastdlight.search.options import TuneOptions
-
     func = standins.sabotage_matmul("correct", *standins.MATMUL_SHAPE)
     configs = sabotage_configs((1, 2, 64, 128, 256, 512))
     monkeypatch.setattr(candidates, "candidate_sets",
@@ -57,11 +54,6 @@ def test_all_wrong_fastest_kernels_are_rejected_and_never_stored(arch, tmp_path,
 
 
 def test_no_correct_candidate_means_no_winner_and_nothing_stored(arch, tmp_path, monkeypatch):
-    from fastdlight.search import candidates
-    from fastdlight.search.database import TuningDatabase
-    from fastdlight.search.options import TuneOptions
-    from fastdlight.search.runner import TuningError
-
     func = standins.sabotage_matmul("correct", *standins.MATMUL_SHAPE)
     configs = sabotage_configs((64, 128, 256, 512))
     monkeypatch.setattr(candidates, "candidate_sets",

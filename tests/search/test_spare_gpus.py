@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from fastdlight import ops
 from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.measure.gpu_turns import GpuTurns
@@ -103,8 +104,6 @@ def test_first_free_waits_for_whichever_turn_is_released():
 
 
 def test_large_functions_stay_on_their_home_gpu():
-    from fastdlight import ops
-
     small = ops.elementwise((64, 64), "float16", "add").func
     assert spare_devices(small, (0, 1, 2), 1) == (0, 2) and spare_devices(small, (1,), 1) == ()
     side = int((SPREAD_MAX_BYTES // 2) ** 0.5) + 64  # two fp16 inputs and the output: over the bound

@@ -7,17 +7,17 @@ import sys
 
 import pytest
 import tvm
+from tvm.script import tirx as T
 
 from fastdlight import ops
 from fastdlight.arch import CUDA
 from fastdlight.config import Config, StockSchedule, config_from_dict
-from fastdlight.schedules import apply_config
-from fastdlight.schedules import default_schedule
+from fastdlight.measure.timing import Timing
+from fastdlight.schedules import apply_config, default_schedule
 from fastdlight.schedules.stock import rule_target
 from fastdlight.search import candidates
-from fastdlight.search.results import CompileResult
-from fastdlight.measure.timing import Timing
 from fastdlight.search.options import TuneOptions
+from fastdlight.search.results import CompileResult
 
 H100 = CUDA("nvidia/nvidia-h100")
 
@@ -109,8 +109,6 @@ def test_stock_joins_the_first_set_ranked_last_or_comes_last_alone():
 
 
 def test_a_function_no_policy_covers_is_measured_on_stock_alone():
-    from tvm.script import tirx as T
-
     @T.prim_func(s_tir=True)
     def dynamic(a: T.handle, b: T.handle):
         n = T.int64()
@@ -162,9 +160,6 @@ def test_a_tensor_core_matmul_gets_both_stock_configs_without_importing_intrinsi
     A build worker sets TVM's CUDA ones aside to register as they are named, without the other
     targets' (the package's ``__init__``); fastdlight's own bf16/int8 ones are registered only
     for their dtype."""
-    import subprocess
-    import sys
-
     code = """
 import sys
 from fastdlight import ops

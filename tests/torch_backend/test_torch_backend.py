@@ -10,10 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from fastdlight.torch_backend import EagerFallbackWarning, backend  # noqa: E402 - after the torch check
+from torch._dynamo.backends.registry import lookup_backend  # noqa: E402 - after the torch check
+
+from fastdlight.arch import CUDA  # noqa: E402
+from fastdlight.torch_backend import EagerFallbackWarning, backend  # noqa: E402
 from fastdlight.torch_backend.dynamo import CompiledGraph  # noqa: E402
 from fastdlight.torch_backend.graph import host_fp32  # noqa: E402
-from fastdlight.torch_backend.runtime import Program  # noqa: E402
+from fastdlight.torch_backend.runtime import GraphReplay, LentOutputs, Program, Settings, tuning_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -262,8 +265,6 @@ def test_bad_options_are_refused(options, match):
 
 
 def test_cuda_graph_replay_is_an_option_and_never_on_the_cpu():
-    from fastdlight.torch_backend.runtime import Settings
-
     assert Settings.of({}).cuda_graph and not Settings.of({"cuda_graph": False}).cuda_graph
     compiled, _ = _through_backend(_model(MLP), torch.randn(4, 32))
     assert compiled.static.device.type == "cpu" and compiled.static.replay is None
@@ -281,7 +282,6 @@ def test_torch_resolves_the_name_through_the_entry_point():
     found = [ep for ep in importlib.metadata.entry_points(group="torch_dynamo_backends") if ep.name == "fastdlight"]
     if not found:
         pytest.skip("fastdlight is not installed (pip install -e .): no entry point to read")
-    from torch._dynamo.backends.registry import lookup_backend
 
     assert found[0].load() is backend
     assert lookup_backend("fastdlight") is backend
@@ -337,8 +337,6 @@ def test_a_program_called_while_torch_captures_a_graph_adds_its_own_graph_to_it(
     """Under the caller's own capture the program's graph goes into the caller's as a node (its
     kernels run there would allocate under capture); before it has a graph of its own, it runs
     its kernels and captures none then."""
-    from fastdlight.torch_backend.runtime import GraphReplay
-
     calls = []
     replay = GraphReplay(lambda *args: calls.append(args) or ("out",), torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -371,8 +369,6 @@ def test_a_program_called_while_torch_captures_a_graph_adds_its_own_graph_to_it(
 def test_lent_outputs_cost_no_copy_and_a_held_one_keeps_its_values():
     """A CUDA graph writes the same output memory every replay: outputs are handed out without a
     copy, and one still held when the next replay comes gets storage of its own first."""
-    from fastdlight.torch_backend.runtime import LentOutputs
-
     buffer, lent = torch.arange(6.0).reshape(2, 3), LentOutputs()
     (first,) = lent.lend([buffer])
     assert first.data_ptr() == buffer.data_ptr()
@@ -387,9 +383,6 @@ def test_lent_outputs_cost_no_copy_and_a_held_one_keeps_its_values():
 
 
 def test_a_graph_on_another_gpu_is_tuned_on_that_gpu():
-    from fastdlight.arch import CUDA
-    from fastdlight.torch_backend.runtime import Settings, tuning_for
-
     h100 = CUDA("nvidia/nvidia-h100")
     assert tuning_for(h100, 1, Settings.of({"database": False})).options.devices == (1,)
     assert tuning_for(h100, 1, Settings.of({"database": False, "devices": (0, 1)})).options.devices == (0, 1)
