@@ -35,15 +35,16 @@ which the tuner does not ask for.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
-from fastdlight.analysis.weight_only import (MMA_MAX_ROWS, MMA_MAX_SMEM, MMA_STEP_K, WeightOnlyShape, match_weight_only,
-                                             mma_gemv_fits, mma_gemv_smem)
-from fastdlight.config import Config
-from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
-from fastdlight.schedules.gemv_dequant import AND_OR
+from fastdlight.analysis.weight_only import (MMA_MAX_ROWS, MMA_MAX_SMEM, MMA_STEP_K, WeightOnlyShape, mma_gemv_fits,
+                                             mma_gemv_smem)
+from fastdlight.schedules.gemv_dequant import WeightOnlyGemvTemplate, weight_only_kernel
+from fastdlight.schedules.gemv_dequant_device import AND_OR
 
 _STEP = AND_OR + r"""
 __forceinline__ __device__ void fdl_mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
@@ -100,58 +101,184 @@ def _stage(src, dst, sums):
     return cuda_func_call("fdl_w4_mma_stage", src, dst, sums, source_code=_STAGE)
 
 
+@dataclass(frozen=True)
+class MmaLayout:
+    """What a kernel's shape and tiling fix when it is built (Python values): its loops' and
+    buffers' sizes, and the steps of K each warp takes."""
+
+    shape: WeightOnlyShape
+    tiles: int  # 16-row tiles of a CTA
+    warps: int  # warps of a CTA, each a run of steps of K
+    M: int
+    N: int
+    K: int
+    NS: int  # 128-wide steps of K
+    G: int  # weights a group (one scale)
+    NG: int  # groups along K
+    rows: int
+    threads: int
+    ctas: int
+    words: int  # packed words (and staged X words) of a row
+    items: int  # staged X words
+    stage_turns: int  # of those, the most a thread stages
+    per_warp: int  # steps of K a warp takes (the last fewer)
+    U: int  # steps whose weights are loaded together: a round
+    rounds: int
+    s_elems: int  # the CTA's group scales
+    s_turns: int  # of those, the most a thread stages
+    partials: int  # a warp's sums: the CTA's rows by the mma's columns
+    out_turns: int  # of the CTA's outputs, the most a thread adds up and stores
+
+    @classmethod
+    def of(cls, shape: WeightOnlyShape, tiles: int, warps: int, prefetch: int) -> MmaLayout:
+        K, G = shape.k, shape.group_size
+        NS, NG = K // MMA_STEP_K, K // G
+        rows, threads = 16 * tiles, 32 * warps
+        items = shape.m * (K // 8)
+        per_warp = -(-NS // warps)
+        U = max(1, min(prefetch, per_warp))
+        return cls(shape=shape, M=shape.m, N=shape.n, K=K, G=G, NS=NS, NG=NG, tiles=tiles, warps=warps, rows=rows,
+                   threads=threads, ctas=-(-shape.n // rows), words=K // 8, items=items,
+                   stage_turns=-(-items // threads), per_warp=per_warp, U=U, rounds=-(-per_warp // U),
+                   s_elems=rows * NG, s_turns=-(-(rows * NG) // threads), partials=rows * MMA_MAX_ROWS,
+                   out_turns=-(-(rows * shape.m) // threads))
+
+    def step_of(self, w, rd, u):
+        """Warp ``w``'s ``u``-th step of round ``rd``."""
+        return w * self.per_warp + rd * self.U + u
+
+    def in_range(self, w, rd, u):
+        """Whether warp ``w`` has a ``u``-th step in round ``rd`` (one of its run, and of K)."""
+        return tirx.all(rd * self.U + u < self.per_warp, self.step_of(w, rd, u) < self.NS)
+
+
+def _staging_macros(L: MmaLayout):
+    """``load_round``: the weights of a round's steps into registers; ``stage``: the CTA's group
+    scales, and X with each step's sums of the activations at the low and the high nibbles, into
+    shared memory, then the CTA's barrier."""
+    N, K, NG, tiles, threads = L.N, L.K, L.NG, L.tiles, L.threads
+
+    @T.macro
+    def load_round(Qv, dst, rd, bid, warp, g, t):  # the weights of round rd's steps
+        for u in T.unroll(L.U):
+            for ti in T.unroll(tiles):
+                for h in T.unroll(2):
+                    row = T.meta_var(bid * L.rows + ti * 16 + g + 8 * h)
+                    if L.in_range(warp, rd, u) and row < N:
+                        dst[(u * tiles + ti) * 2 + h] = Qv[row * (K // 32) + L.step_of(warp, rd, u) * 4 + t]
+
+    @T.macro
+    def stage(Xv, Xs, Sf, ss, sums, lh, bid, tid):
+        for it in T.unroll(L.s_turns):
+            e = T.meta_var(it * threads + tid)
+            if e < L.s_elems and bid * L.rows + e // NG < N:
+                ss[e] = Sf[bid * L.rows * NG + e]
+        for it in T.serial(L.stage_turns):
+            e = T.meta_var(it * threads + tid)
+            lh[0] = T.float32(0)
+            lh[1] = T.float32(0)
+            if e < L.items:
+                _stage(T.address_of(Xv[e]), T.address_of(Xs[e]), T.address_of(lh[0]))
+            # a step's 16 words are 16 consecutive lanes (K / 8 is a multiple of 16)
+            for o in T.unroll(4):
+                for j in T.unroll(2):
+                    lh[j] = lh[j] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), lh[j], 8 >> o, 32, 32)
+            if e < L.items and e % 16 == 0:
+                sums[(e // 16) * 2] = lh[0]
+                sums[(e // 16) * 2 + 1] = lh[1]
+        T.cuda.cta_sync()
+
+    return load_round, stage
+
+
+def _mma_macro(L: MmaLayout, load_round):
+    """The macro that runs a warp's rounds of steps: each round's mma steps while the next
+    round's weights load, each step's sums less the pairs' offsets added up times its scales."""
+    M, NS, tiles, U = L.M, L.NS, L.tiles, L.U
+
+    @T.macro
+    def fold(acc, c, ss, sums, s, g, t):
+        # sum x (q - 8) = the accumulator less 1032 L + 72 H, times the group scale
+        for ti in T.unroll(tiles):
+            for j in T.unroll(4):
+                m = T.meta_var(T.min(2 * t + j % 2, M - 1))
+                jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
+                acc[ti * 4 + j] = acc[ti * 4 + j] + T.Cast("float32", ss[jr * L.NG + s * MMA_STEP_K // L.G]) * (
+                    c[ti * 4 + j] - T.float32(1032) * sums[(m * NS + s) * 2]
+                    - T.float32(72) * sums[(m * NS + s) * 2 + 1])
+
+    @T.macro
+    def rounds(Qv, Xs, ss, sums, qv, qn, c, acc, bid, warp, g, t):
+        for a in T.unroll(tiles * 4):
+            acc[a] = T.float32(0)
+        for rd in T.serial(L.rounds):
+            if rd + 1 < L.rounds:
+                load_round(Qv, qn, rd + 1, bid, warp, g, t)
+            for u in T.unroll(U):
+                if L.in_range(warp, rd, u):
+                    s = T.meta_var(L.step_of(warp, rd, u))
+                    for a in T.unroll(tiles * 4):
+                        c[a] = T.float32(0)
+                    for ti in T.unroll(tiles):
+                        _step(T.address_of(qv[(u * tiles + ti) * 2]),
+                              T.address_of(Xs[T.min(g, M - 1) * L.words + s * 16 + t * 4]),
+                              T.Cast("int32", g < M), T.address_of(c[ti * 4]))
+                    fold(acc, c, ss, sums, s, g, t)
+            for a in T.unroll(U * tiles * 2):
+                qv[a] = qn[a]
+
+    return rounds
+
+
+def _store_macro(L: MmaLayout):
+    """The macro that adds up the warps' sums of each output in shared memory and stores it."""
+    M, N, rows = L.M, L.N, L.rows
+
+    @T.macro
+    def store(Yf, red, acc, tot, bid, tid, warp, g, t):
+        for ti in T.unroll(L.tiles):
+            for j in T.unroll(4):
+                jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
+                red[(warp * rows + jr) * MMA_MAX_ROWS + 2 * t + j % 2] = acc[ti * 4 + j]
+        T.cuda.cta_sync()
+        for it in T.unroll(L.out_turns):
+            e = T.meta_var(it * L.threads + tid)  # (row of the CTA, activation row)
+            row = T.meta_var(bid * rows + e // M)
+            if e < rows * M and row < N:
+                tot[0] = red[(e // M) * MMA_MAX_ROWS + e % M]
+                for w in T.serial(1, L.warps):
+                    tot[0] = tot[0] + red[(w * rows + e // M) * MMA_MAX_ROWS + e % M]
+                Yf[(e % M) * N + row] = T.Cast("float16", tot[0])
+
+    return store
+
+
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps: int,
                  prefetch: int = 2) -> tirx.PrimFunc:
     """The kernel for ``func``: CTAs of ``tiles`` 16-row tiles, their ``warps`` warps splitting K
     (each a run of 128-wide steps, ``prefetch`` steps' weights loaded ahead)."""
-    M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
-    NS, NG = K // MMA_STEP_K, K // G
-    rows, threads = 16 * tiles, 32 * warps
-    ctas = -(-N // rows)
-    words = K // 8  # packed words (and staged X words) of a row
-    items = M * words
-    stage_turns = -(-items // threads)
-    per_warp = -(-NS // warps)  # steps of K a warp takes (the last fewer)
-    U = max(1, min(prefetch, per_warp))
-    rounds = -(-per_warp // U)
-    s_elems = rows * NG
-    s_turns = -(-s_elems // threads)
-    partials = rows * MMA_MAX_ROWS
-    out_turns = -(-(rows * M) // threads)
-    (x_shape, x_dtype), (q_shape, _), (s_shape, s_dtype) = shape.param_shapes()[:3]
-    y_shape = shape.lead + (N,)
-
-    def step_of(w, rd, u):  # the warp's u-th step of round rd
-        return w * per_warp + rd * U + u
-
-    def in_range(w, rd, u):
-        return tirx.all(rd * U + u < per_warp, step_of(w, rd, u) < NS)
+    L = MmaLayout.of(shape, tiles, warps, prefetch)
+    M, N, K, U, s_dtype = L.M, L.N, L.K, L.U, shape.dtype
+    load_round, stage = _staging_macros(L)
+    store = _store_macro(L)
+    rounds = _mma_macro(L, load_round)
 
     @T.macro
-    def load_round(Qv, dst, rd, bid, warp, g, t):  # the weights of round rd's steps
-        for u in T.unroll(U):
-            for ti in T.unroll(tiles):
-                for h in T.unroll(2):
-                    row = T.meta_var(bid * rows + ti * 16 + g + 8 * h)
-                    if in_range(warp, rd, u) and row < N:
-                        dst[(u * tiles + ti) * 2 + h] = Qv[row * (K // 32) + step_of(warp, rd, u) * 4 + t]
-
-    @T.macro
-    def body(X, Q, S, Y):
+    def body(X, Q, S, Z, Y):
         T.device_entry()
-        bid = T.cta_id([ctas])
-        tid = T.thread_id([threads])
+        bid = T.cta_id([L.ctas])
+        tid = T.thread_id([L.threads])
         pool = T.SMEMPool()
-        xs = pool.alloc((items * 4,), "uint32", align=16)  # the staged X words (uint4 each)
-        sums = pool.alloc((M * NS * 2,), "float32", align=16)  # (L, H) of each row of X and step
-        ss = pool.alloc((s_elems,), s_dtype, align=16)  # the CTA's group scales
-        red = pool.alloc((warps * partials,), "float32", align=16)  # the warps' partial sums
+        xs = pool.alloc((L.items * 4,), "uint32", align=16)  # the staged X words (uint4 each)
+        sums = pool.alloc((M * L.NS * 2,), "float32", align=16)  # (L, H) of each row of X and step
+        ss = pool.alloc((L.s_elems,), s_dtype, align=16)  # the CTA's group scales
+        red = pool.alloc((warps * L.partials,), "float32", align=16)  # the warps' partial sums
         pool.commit()
         Xv = T.decl_buffer((M * K // 8,), "uint32x4", data=X.data)
         # a 16-byte view of X: the pool's data pointer, at X's offset in it
-        Xs = T.decl_buffer((items,), "uint32x4", data=xs.data, elem_offset=xs.elem_offset // 4)
+        Xs = T.decl_buffer((L.items,), "uint32x4", data=xs.data, elem_offset=xs.elem_offset // 4)
         Qv = T.decl_buffer((N * K // 32,), "uint32x4", data=Q.data)
-        Sf = T.decl_buffer((N * NG,), s_dtype, data=S.data)
+        Sf = T.decl_buffer((N * L.NG,), s_dtype, data=S.data)
         Yf = T.decl_buffer((M * N,), "float16", data=Y.data)
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)
@@ -164,82 +291,21 @@ def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, tiles: int, warps:
         c = T.alloc_buffer((tiles * 4,), "float32", scope="local")
         acc = T.alloc_buffer((tiles * 4,), "float32", scope="local")
         lh = T.alloc_buffer((2,), "float32", scope="local")
-
         # the first round's weights, in flight while X and the scales are staged
         load_round(Qv, qv, 0, bid, warp, g, t)
-        for it in T.unroll(s_turns):
-            e = T.meta_var(it * threads + tid)
-            if e < s_elems and bid * rows + e // NG < N:
-                ss[e] = Sf[bid * rows * NG + e]
-        for it in T.serial(stage_turns):
-            e = T.meta_var(it * threads + tid)
-            lh[0] = T.float32(0)
-            lh[1] = T.float32(0)
-            if e < items:
-                _stage(T.address_of(Xv[e]), T.address_of(Xs[e]), T.address_of(lh[0]))
-            # a step's 16 words are 16 consecutive lanes (K / 8 is a multiple of 16)
-            for o in T.unroll(4):
-                for j in T.unroll(2):
-                    lh[j] = lh[j] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), lh[j], 8 >> o, 32, 32)
-            if e < items and e % 16 == 0:
-                sums[(e // 16) * 2] = lh[0]
-                sums[(e // 16) * 2 + 1] = lh[1]
-        T.cuda.cta_sync()
-        for a in T.unroll(tiles * 4):
-            acc[a] = T.float32(0)
-        for rd in T.serial(rounds):
-            if rd + 1 < rounds:
-                load_round(Qv, qn, rd + 1, bid, warp, g, t)
-            for u in T.unroll(U):
-                if in_range(warp, rd, u):
-                    s = T.meta_var(step_of(warp, rd, u))
-                    for a in T.unroll(tiles * 4):
-                        c[a] = T.float32(0)
-                    for ti in T.unroll(tiles):
-                        _step(T.address_of(qv[(u * tiles + ti) * 2]),
-                              T.address_of(Xs[T.min(g, M - 1) * words + s * 16 + t * 4]),
-                              T.Cast("int32", g < M), T.address_of(c[ti * 4]))
-                    # sum x (q - 8) = the accumulator less 1032 L + 72 H, times the group scale
-                    for ti in T.unroll(tiles):
-                        for j in T.unroll(4):
-                            m = T.meta_var(T.min(2 * t + j % 2, M - 1))
-                            jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
-                            acc[ti * 4 + j] = acc[ti * 4 + j] + T.Cast("float32", ss[jr * NG + s * MMA_STEP_K // G]) * (
-                                c[ti * 4 + j] - T.float32(1032) * sums[(m * NS + s) * 2]
-                                - T.float32(72) * sums[(m * NS + s) * 2 + 1])
-            for a in T.unroll(U * tiles * 2):
-                qv[a] = qn[a]
-        for ti in T.unroll(tiles):
-            for j in T.unroll(4):
-                jr = T.meta_var(ti * 16 + g + 8 * (j // 2))
-                red[(warp * rows + jr) * MMA_MAX_ROWS + 2 * t + j % 2] = acc[ti * 4 + j]
-        T.cuda.cta_sync()
-        for it in T.unroll(out_turns):
-            e = T.meta_var(it * threads + tid)  # (row of the CTA, activation row)
-            row = T.meta_var(bid * rows + e // M)
-            if e < rows * M and row < N:
-                tot[0] = red[(e // M) * MMA_MAX_ROWS + e % M]
-                for w in T.serial(1, warps):
-                    tot[0] = tot[0] + red[(w * rows + e // M) * MMA_MAX_ROWS + e % M]
-                Yf[(e % M) * N + row] = T.Cast("float16", tot[0])
+        stage(Xv, Xs, Sf, ss, sums, lh, bid, tid)
+        rounds(Qv, Xs, ss, sums, qv, qn, c, acc, bid, warp, g, t)
+        store(Yf, red, acc, tot, bid, tid, warp, g, t)
 
-    @T.prim_func
-    def kernel(X: T.Buffer(x_shape, x_dtype), Q: T.Buffer(q_shape, "uint32"), S: T.Buffer(s_shape, s_dtype),
-               Y: T.Buffer(y_shape, "float16")):
-        body(X, Q, S, Y)
-
-    return as_tirx_kernel(kernel, func)
+    return weight_only_kernel(func, shape, body)
 
 
-class DequantGemvMmaTemplate(ScheduleTemplate):
+class DequantGemvMmaTemplate(WeightOnlyGemvTemplate):
     kinds = ("gemv_dequant_mma",)
     name = "gemv_dequant_mma"
+    inner = "warp"
 
-    def apply_config(self, func: tirx.PrimFunc, config: Config):
-        shape = match_weight_only(func)
-        if shape is None or config.kind != "gemv_dequant_mma" or len(config.block) != 1 or len(config.warp) != 1:
-            return None
-        rows, warps = config.block[0], config.warp[0]
+    def build(self, func, shape, config, rows, warps):
         if not mma_gemv_fits(shape) or rows % 16 or not 1 <= warps <= 16:
             return None
         if mma_gemv_smem(shape, rows, warps) > MMA_MAX_SMEM:
