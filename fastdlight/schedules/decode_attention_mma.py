@@ -33,7 +33,6 @@ caches (with or without the appended token), head dims 64 and 128, fp16 and bf16
 from __future__ import annotations
 
 import functools
-import math
 
 from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
@@ -50,9 +49,9 @@ from fastdlight.analysis.decode_attention import (
 )
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.decode_attention_parts import LOG2E, chunk_smem, step_buffers
 from fastdlight.schedules.decode_combine import cta_place, write_chunk
 
-LOG2E = 1.0 / math.log(2.0)
 #: keys a warp takes a step (the N of ``S``'s two m16n8 tiles, the K of ``P·V``)
 KEYS = 16
 
@@ -147,16 +146,23 @@ def _tile_call(shape: DecodeAttentionShape, k, v, q, acc, ml, scale, left):
 def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps: int) -> tirx.PrimFunc:
     """The kernel for ``func`` (the chunk step of ``shape`` over ``seq_kv`` cached keys): CTAs
     of ``warps`` warps, each streaming its tiles of :data:`KEYS` keys."""
-    B, G, RT, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
-    blocks, R = row_blocks(RT), block_rows(RT)
-    threads, appended, dtype = warps * 32, shape.appended, shape.dtype
-    NK, NV, MT = D // 32, D // 64, D // 16
-    scale = tirx.const(shape.scale * LOG2E, "float32")
-    params = list(func.params)
-    elems = functools.reduce(lambda a, b: a * b, params[1].shape)
+    body = _step_body(func, shape, seq_kv, warps)
+    b = step_buffers(func, shape)
 
-    def cache_length():
-        return tirx.const(seq_kv, "int64") if isinstance(seq_kv, int) else tirx.Cast("int64", seq_kv)
+    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
+    def kernel():
+        body(b.q, b.k, b.v, b.kn, b.vn, b.o, b.m, b.l, b.tickets, b.y)
+
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    return func.with_body(kernel.body).with_attrs(attrs)
+
+
+def _tile_stream(shape: DecodeAttentionShape, warps: int):
+    """The macro that streams a warp's tiles through ``S = Q·Kᵀ``, the online softmax and
+    ``Oᵀ = Vᵀ·Pᵀ``, two register sets deep."""
+    D, dtype = shape.head_dim, shape.dtype
+    NK, NV = D // 32, D // 64
+    scale = tirx.const(shape.scale * LOG2E, "float32")
 
     @T.macro
     def load16(dst, at, cache, new, bg, key, end, dim, n_cache):
@@ -195,6 +201,68 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
                                   T.address_of(vr[buf * 4 * NV * VECTOR]), T.address_of(qr[0]),
                                   T.address_of(acc[0]), T.address_of(ml[0]), scale, end - t0))
 
+    @T.macro
+    def stream(kr, vr, qr, acc, ml, Kf, Vf, Knf, Vnf, bg, start, end, chunk, warp, g, c, n_cache):
+        """The warp's tiles of the chunk, the next one's loads issued before one is used."""
+        steps = T.meta_var((chunk + KEYS * warps - 1) // (KEYS * warps))
+        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, n_cache)
+        for pair in T.serial((steps + 1) // 2):
+            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, n_cache)
+            consume(kr, vr, 0, pair * 2, qr, acc, ml, start, end, warp)
+            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, n_cache)
+            consume(kr, vr, 1, pair * 2 + 1, qr, acc, ml, start, end, warp)
+
+    return stream
+
+
+def _row_macros(shape: DecodeAttentionShape):
+    """A warp's rows: ``init_rows`` (row g's query values, the A fragment of ``S``; an empty max,
+    sum and output) and ``leave`` (each row's sum over its lanes, and the warp's rows' max, sum
+    and values left in shared memory)."""
+    RT, D, dtype = shape.rows, shape.head_dim, shape.dtype
+    R, NK, MT = block_rows(RT), D // 32, D // 16
+
+    @T.macro
+    def init_rows(qr, acc, ml, Qf, bg, r0, g, c):
+        for i in T.unroll(NK):
+            for e in T.vectorized(VECTOR):
+                # row g's dims 32 i + 8 c .. (zeros for the rows the block does not have)
+                qr[i * VECTOR + e] = T.if_then_else(
+                    tirx.all(g < R, r0 + g < RT), Qf[(bg * RT + T.min(r0 + g, RT - 1)) * D + 32 * i + 8 * c + e],
+                    T.Cast(dtype, T.float32(0)))
+        for a in T.unroll(MT * 4):
+            acc[a] = T.float32(0)
+        ml[0] = T.float32(EMPTY_MAX)
+        ml[1] = T.float32(0)
+
+    @T.macro
+    def leave(ml, acc, m_s, l_s, o_s, warp, g, c):
+        # row g's sum over its four lanes; each warp leaves its rows' partial results
+        for o in T.unroll(2):
+            ml[1] = ml[1] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), ml[1], 1 << o, 32, 32)
+        if c == 0 and g < R:
+            m_s[warp * R + g] = ml[0]
+            l_s[warp * R + g] = ml[1]
+        for mt in T.unroll(MT):
+            for hh in T.unroll(2):
+                for e in T.unroll(2):
+                    i = T.meta_var(mt + hh * MT)  # the lane's value i: dim 64 (i / 8) + 8 g + i % 8
+                    if 2 * c + e < R:
+                        o_s[(warp * R + 2 * c + e) * D + 64 * (i // 8) + 8 * g + i % 8] = acc[mt * 4 + hh * 2 + e]
+
+    return init_rows, leave
+
+
+def _step_body(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps: int):
+    """The kernel's body: each warp streams its tiles two register sets deep, then the warps'
+    partial results are merged and written."""
+    B, G, RT, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
+    blocks, R = row_blocks(RT), block_rows(RT)
+    threads, appended, dtype = warps * 32, shape.appended, shape.dtype
+    NK, NV, MT = D // 32, D // 64, D // 16
+    elems = functools.reduce(lambda a, b: a * b, func.params[1].shape)
+    n_cache = tirx.const(seq_kv, "int64") if isinstance(seq_kv, int) else tirx.Cast("int64", seq_kv)
+    stream, (init_rows, leave) = _tile_stream(shape, warps), _row_macros(shape)
     write = write_chunk(shape, warps, threads)
 
     @T.macro
@@ -205,11 +273,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         bid = T.cta_id([B * G * S * blocks])
         tid = T.thread_id([threads])
-        pool = T.SMEMPool()
-        m_s = pool.alloc((warps * R,), "float32", align=16)
-        l_s = pool.alloc((warps * R,), "float32", align=16)
-        o_s = pool.alloc((warps * R * D,), "float32", align=16)
-        last = pool.alloc((1,), "int32", align=16)
+        pool, m_s, l_s, o_s, last = chunk_smem(warps, R, D)
         pool.commit()
         Kf = T.decl_buffer((elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((elems,), dtype, data=Vc.data)
@@ -225,7 +289,7 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
         st = T.alloc_buffer((4,), "float32", scope="local")
         nk = T.alloc_buffer((1,), "int64", scope="local")
         part, bg, r0, out0 = T.meta_var(cta_place(shape, bid))
-        nk[0] = cache_length()
+        nk[0] = n_cache
         lane = T.meta_var(tid % 32)
         warp = T.meta_var(tid // 32)
         g = T.meta_var(lane // 4)
@@ -234,48 +298,12 @@ def build_kernel(func: tirx.PrimFunc, shape: DecodeAttentionShape, seq_kv, warps
         chunk = T.meta_var(T.Cast("int32", (count + T.int64(S - 1)) // T.int64(S)))
         start = T.meta_var(part * chunk)
         end = T.meta_var(T.min(start + chunk, T.Cast("int32", count)))
-        for i in T.unroll(NK):
-            for e in T.vectorized(VECTOR):
-                # row g's dims 32 i + 8 c .. (zeros for the rows the block does not have)
-                qr[i * VECTOR + e] = T.if_then_else(
-                    tirx.all(g < R, r0 + g < RT), Qf[(bg * RT + T.min(r0 + g, RT - 1)) * D + 32 * i + 8 * c + e],
-                    T.Cast(dtype, T.float32(0)))
-        for a in T.unroll(MT * 4):
-            acc[a] = T.float32(0)
-        ml[0] = T.float32(EMPTY_MAX)
-        ml[1] = T.float32(0)
-        steps = T.meta_var((chunk + KEYS * warps - 1) // (KEYS * warps))
-        fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, nk[0])
-        for pair in T.serial((steps + 1) // 2):
-            fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, nk[0])
-            consume(kr, vr, 0, pair * 2, qr, acc, ml, start, end, warp)
-            fetch(kr, vr, 0, pair * 2 + 2, Kf, Vf, Knf, Vnf, bg, start, end, warp, g, c, nk[0])
-            consume(kr, vr, 1, pair * 2 + 1, qr, acc, ml, start, end, warp)
-        # row g's sum over its four lanes; each warp leaves its rows' partial results
-        for o in T.unroll(2):
-            ml[1] = ml[1] + T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), ml[1], 1 << o, 32, 32)
-        if c == 0 and g < R:
-            m_s[warp * R + g] = ml[0]
-            l_s[warp * R + g] = ml[1]
-        for mt in T.unroll(MT):
-            for hh in T.unroll(2):
-                for e in T.unroll(2):
-                    i = T.meta_var(mt + hh * MT)  # the lane's value i: dim 64 (i / 8) + 8 g + i % 8
-                    if 2 * c + e < R:
-                        o_s[(warp * R + 2 * c + e) * D + 64 * (i // 8) + 8 * g + i % 8] = acc[mt * 4 + hh * 2 + e]
+        init_rows(qr, acc, ml, Qf, bg, r0, g, c)
+        stream(kr, vr, qr, acc, ml, Kf, Vf, Knf, Vnf, bg, start, end, chunk, warp, g, c, nk[0])
+        leave(ml, acc, m_s, l_s, o_s, warp, g, c)
         write(m_s, l_s, o_s, O, M, L, Tickets, Y, bg, r0, out0, tid, merged, last, st)
 
-    outputs = 4 if shape.merged else 3
-    q, k, v, (o, m, l) = (*params[:3], params[len(params) - outputs:][:3])
-    kn, vn = params[3:5] if appended else (k, v)
-    tickets, y = (params[-5], params[-1]) if shape.merged else (q, q)
-
-    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
-    def kernel():
-        body(q, k, v, kn, vn, o, m, l, tickets, y)
-
-    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
-    return func.with_body(kernel.body).with_attrs(attrs)
+    return body
 
 
 class DecodeAttentionMmaTemplate(ScheduleTemplate):

@@ -42,8 +42,7 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
     none), then the warps' results meet in shared memory. Same parameters, same result."""
     B, G, R, D, S = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits
     V, threads, dtype = -(-D // 32), warps * 32, shape.dtype
-    whole = V * 32 == D  # every lane's values inside the row (else the last lanes' are guarded)
-    rounds = -(-S // warps)
+    fold, merge = _fold_chunks(shape, warps), _merge_warps(shape, warps)
     o_in, m_in, l_in, out = func.params
 
     @T.macro
@@ -65,8 +64,27 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
         ov = T.alloc_buffer((V,), "float32", scope="local")
         warp = T.meta_var(tid // 32)
         lane = T.meta_var(tid % 32)
-        bg = T.meta_var(row // R)
-        r = T.meta_var(row % R)
+        fold(Of, Mf, Lf, st, acc, ov, row // R, row % R, warp, lane)
+        merge(m_s, l_s, o_s, Yf, st, acc, row, warp, lane, tid)
+
+    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
+    def kernel():
+        body(o_in, m_in, l_in, out)
+
+    attrs = {"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True}
+    return func.with_body(kernel.body).with_attrs(attrs)
+
+
+def _fold_chunks(shape: DecodeAttentionShape, warps: int):
+    """The merge kernel's macro folding a warp's chunks of row ``r`` of K/V head ``bg`` into its
+    running max, sum and weighted row (``st``, ``acc``)."""
+    R, D, S = shape.rows, shape.head_dim, shape.splits
+    V = -(-D // 32)
+    whole = V * 32 == D  # every lane's values inside the row (else the last lanes' are guarded)
+    rounds = -(-S // warps)
+
+    @T.macro
+    def fold(Of, Mf, Lf, st, acc, ov, bg, r, warp, lane):
         st[0] = T.float32(EMPTY_MAX)
         st[1] = T.float32(0)
         for v in T.unroll(V):
@@ -88,6 +106,18 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
                 for v in T.unroll(V):
                     acc[v] = acc[v] * st[2] + ov[v] * st[3]
                 st[0] = top
+
+    return fold
+
+
+def _merge_warps(shape: DecodeAttentionShape, warps: int):
+    """The merge kernel's macro that meets the warps' results in shared memory and writes the row."""
+    D, dtype = shape.head_dim, shape.dtype
+    V, threads = -(-D // 32), warps * 32
+    whole = V * 32 == D
+
+    @T.macro
+    def merge(m_s, l_s, o_s, Yf, st, acc, row, warp, lane, tid):
         if lane == 0:
             m_s[warp] = st[0]
             l_s[warp] = st[1]
@@ -110,33 +140,37 @@ def build_combine(func: tirx.PrimFunc, shape: DecodeAttentionShape, warps: int) 
                     st[2] = st[2] + T.exp(m_s[w] - st[0]) * o_s[w * D + e]
                 Yf[row * D + e] = T.Cast(dtype, st[2] / st[1])
 
-    @T.prim_func(check_well_formed=False)  # (its buffers are the function's parameters)
-    def kernel():
-        body(o_in, m_in, l_in, out)
-
-    return func.with_body(kernel.body).with_attrs({"tirx.kernel": True, "tirx.is_scheduled": True, "tirx.noalias": True})
+    return merge
 
 
 def merge_tails(shape: DecodeAttentionShape, threads: int):
     """The chunk step's ending for a merged ``shape`` (a CTA of ``threads`` threads), as two
     macros: ``tail`` after the CTA's chunk is written (the last CTA of each (batch, K/V head)
-    merges its chunks: ``merge_last``; a no-op for an unmerged shape or one chunk) and
+    merges its chunks: :func:`_merge_last`; a no-op for an unmerged shape or one chunk) and
     ``finish`` on each output element (one chunk: the element, final)."""
+    S = shape.splits
+    tail = _merge_last(shape, threads) if shape.merged and S > 1 else _no_merge
+    finish = _write_out(shape) if shape.merged and S == 1 else _no_write
+    return tail, finish
+
+
+def _merge_last(shape: DecodeAttentionShape, threads: int):
+    """(A merged shape.) Once the CTA's writes are done, one thread releases them and takes a
+    ticket for the (batch, K/V head); the CTA that takes the last merges every chunk of it and
+    leaves the counter at zero. Each of its threads folds output elements by itself: a
+    batch of chunks' maxima, sums and values loaded at once, then weighted, so that the
+    merge after the ticket is one L2 round trip a batch (staging the maxima and sums in
+    shared memory first, then loading the values, took a fence and two)."""
     B, G, R, D, S, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits, shape.dtype
     # the chunks a merging thread folds per batch: each chunk's max, sum and value in flight
     # together (three registers a chunk), so a batch waits out one L2 round trip
     batches = -(-S // MERGE_BATCH)
     per_batch = -(-S // batches)
     tickets = S * row_blocks(R)  # (every row block of every chunk takes one)
+    fold = _fold_batches(shape, batches, per_batch)
 
     @T.macro
     def merge_last(Of, Mf, Lf, Tickets, Y, bg, tid, last, st):
-        """(A merged shape.) Once the CTA's writes are done, one thread releases them and takes a
-        ticket for the (batch, K/V head); the CTA that takes the last merges every chunk of it and
-        leaves the counter at zero. Each of its threads folds output elements by itself: a
-        batch of chunks' maxima, sums and values loaded at once, then weighted, so that the
-        merge after the ticket is one L2 round trip a batch (staging the maxima and sums in
-        shared memory first, then loading the values, took a fence and two)."""
         Tf = T.decl_buffer((B * G,), "int32", data=Tickets.data)
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
         mx = T.alloc_buffer((per_batch,), "float32", scope="local")
@@ -158,48 +192,66 @@ def merge_tails(shape: DecodeAttentionShape, threads: int):
                     st[0] = T.min_value("float32")  # running max, sum, weighted sum
                     st[1] = T.float32(0)
                     st[2] = T.float32(0)
-                    for b in T.unroll(batches):
-                        for p in T.unroll(per_batch):
-                            if b * per_batch + p < S:
-                                at = T.meta_var((bg * S + b * per_batch + p) * R + idx // D)
-                                mx[p] = Mf[at]
-                                sm[p] = Lf[at]
-                                ov[p] = Of[(bg * S + b * per_batch + p) * R * D + idx]
-                        st[3] = st[0]
-                        for p in T.unroll(per_batch):
-                            if b * per_batch + p < S:
-                                st[3] = T.max(st[3], mx[p])
-                        st[0] = T.exp(st[0] - st[3])  # (the batches before: rescaled)
-                        st[1] = st[1] * st[0]
-                        st[2] = st[2] * st[0]
-                        for p in T.unroll(per_batch):
-                            if b * per_batch + p < S:
-                                mx[p] = T.exp(mx[p] - st[3])
-                                st[1] = st[1] + mx[p] * sm[p]
-                                st[2] = st[2] + mx[p] * ov[p]
-                        st[0] = st[3]
+                    fold(Of, Mf, Lf, mx, sm, ov, st, bg, idx)
                     Yf[bg * R * D + idx] = T.Cast(dtype, st[2] / st[1])
             if tid == 0:
                 Tf[bg] = 0
 
+    return merge_last
+
+
+def _fold_batches(shape: DecodeAttentionShape, batches: int, per_batch: int):
+    """The macro that folds every chunk's output element ``idx`` of K/V head ``bg`` into the
+    running max, sum and weighted sum ``st``, ``per_batch`` chunks loaded at once."""
+    R, D, S = shape.rows, shape.head_dim, shape.splits
+
     @T.macro
-    def no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, st):
-        T.evaluate(0)
+    def fold(Of, Mf, Lf, mx, sm, ov, st, bg, idx):
+        for b in T.unroll(batches):
+            for p in T.unroll(per_batch):
+                if b * per_batch + p < S:
+                    at = T.meta_var((bg * S + b * per_batch + p) * R + idx // D)
+                    mx[p] = Mf[at]
+                    sm[p] = Lf[at]
+                    ov[p] = Of[(bg * S + b * per_batch + p) * R * D + idx]
+            st[3] = st[0]
+            for p in T.unroll(per_batch):
+                if b * per_batch + p < S:
+                    st[3] = T.max(st[3], mx[p])
+            st[0] = T.exp(st[0] - st[3])  # (the batches before: rescaled)
+            st[1] = st[1] * st[0]
+            st[2] = st[2] * st[0]
+            for p in T.unroll(per_batch):
+                if b * per_batch + p < S:
+                    mx[p] = T.exp(mx[p] - st[3])
+                    st[1] = st[1] + mx[p] * sm[p]
+                    st[2] = st[2] + mx[p] * ov[p]
+            st[0] = st[3]
+
+    return fold
+
+
+@T.macro
+def _no_merge(Of, Mf, Lf, Tickets, Y, bg, tid, last, st):
+    T.evaluate(0)
+
+
+def _write_out(shape: DecodeAttentionShape):
+    """(A merged shape of one chunk.) The macro writing element ``idx`` of the CTA's rows (from
+    output row ``row0``), final: its chunk holds every key, so there is nothing to wait for or merge."""
+    B, G, R, D, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.dtype
 
     @T.macro
     def write_out(Y, row0, idx, merged):
-        """(A merged shape of one chunk.) Element ``idx`` of the CTA's rows (from output row
-        ``row0``), final: its chunk holds every key, so there is nothing to wait for or merge."""
         Yf = T.decl_buffer((B * G * R * D,), dtype, data=Y.data)
         Yf[row0 * D + idx] = T.Cast(dtype, merged[1] / merged[2])
 
-    @T.macro
-    def no_write(Y, row0, idx, merged):
-        T.evaluate(0)
+    return write_out
 
-    tail = merge_last if shape.merged and S > 1 else no_merge
-    finish = write_out if shape.merged and S == 1 else no_write
-    return tail, finish
+
+@T.macro
+def _no_write(Y, row0, idx, merged):
+    T.evaluate(0)
 
 
 def cta_place(shape: DecodeAttentionShape, bid):
