@@ -57,6 +57,7 @@ from fastdlight.arch import CUDA
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate, as_tirx_kernel
 from fastdlight.schedules.gemv_dequant_device import cluster_load, dot
+from fastdlight.schedules.stream_load import stream_load16
 
 #: weight rows (of 512 bytes a warp) whose loads a warp has in flight
 IN_FLIGHT_ROWS = 8
@@ -182,7 +183,7 @@ def _dot_macros(L: Layout, dot_step):
     M, N, R, rows = L.M, L.N, L.R, L.rows
 
     def weights(pre, qpre, Qv, si, r, j, c):  # a lane step's four words: prefetched, or loaded now
-        return qpre[si * R + r] if pre else Qv[j * L.C + c]
+        return qpre[si * R + r] if pre else stream_load16(Qv, j * L.C + c)
 
     @T.macro
     def prefetch(Qv, qpre, bid, rank, tid):
@@ -191,7 +192,7 @@ def _dot_macros(L: Layout, dot_step):
                 j = T.meta_var(L.row_block(0, bid) * rows + (tid // 32) * R + r)
                 cl = T.meta_var(si * 32 + tid % 32)
                 if j < N and L.in_k(rank, cl):
-                    qpre[si * R + r] = Qv[j * L.C + L.chunk(rank, cl)]
+                    qpre[si * R + r] = stream_load16(Qv, j * L.C + L.chunk(rank, cl))
 
     @T.macro
     def group(Qv, qpre, Xw, xs, ss, S, Z, acc, block, rank, so, tid, pre):
