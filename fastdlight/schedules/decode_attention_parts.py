@@ -22,7 +22,6 @@ from fastdlight.analysis.decode_attention import (
     key_lanes,
     row_blocks,
 )
-from fastdlight.schedules.stream_load import stream_copy16, streams
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -140,14 +139,10 @@ def key_loads(lay: ChunkLayout):
             dst[at + e] = src[src_at + e]
 
     @T.macro
-    def copy_streamed(dst, at, src, src_at):  # a register set's 16 bytes, read past L1
-        T.evaluate(stream_copy16(dst.ptr_to([at]), src.ptr_to([src_at])))
-
-    @T.macro
     def copy_async(dst, at, src, src_at):  # .cg: cached in L2 only, as a stream should be
         T.ptx["cp.async.cg.shared.global"](dst.ptr_to([at]), src.ptr_to([src_at]), 16)
 
-    copy16 = copy_async if lay.staged else copy_streamed if streams() else copy_registers
+    copy16 = copy_async if lay.staged else copy_registers
 
     @T.macro
     def zero16(dst, at):

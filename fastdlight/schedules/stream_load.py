@@ -1,12 +1,15 @@
-"""16-byte loads of what a kernel streams once: a decode GEMV's weights, a decode step's cached
-keys and values, read by one CTA and by nothing else on its SM.
+"""16-byte loads of what a kernel streams once: a decode GEMV's weights, read by one CTA and by
+nothing else on its SM.
 
 They are issued as ``ld.global.nc.L1::no_allocate``: the lines skip L1, where a stream only
-evicts what the SM's CTAs share (staged activations, scales, the query). A bare read of the
-same bytes (``bench_read_floor --loads``, H200, 2026-12-02) was 1-3% faster in every shape
-with the hint: 67 MB 16.01 against 16.20 us, 23 MB 6.42 against 6.59; an ``L2::256B``
-prefetch size made every shape 3-5% slower and ``L2::128B`` changed nothing, so neither is
-used. ``FASTDLIGHT_STREAM_LOADS=0``: plain loads, for an A/B.
+evicts what the SM's CTAs share (the staged activations, the scales). H200, 2026-12-02: a bare
+read of the same bytes (``bench_read_floor --loads``) was 1-3% faster in every shape with the
+hint (23 MB 6.42 against 6.59 us), an ``L2::256B`` prefetch size 3-5% slower, ``L2::128B`` the
+same; the 4-bit decode GEMV 1x11008x4096 ran 0.0076 against 0.0081 ms (``check_w4a16_decode``,
+its best config in two runs each way), and 0.0082 with ``ld.global.cg`` (L2 only, no ``.nc``),
+whose loads nvcc held in more registers. The split-KV decode step's staged form already copies
+by ``cp.async.cg`` (L2 only); its register-set form moved within the runs' spread with the hint
+and keeps plain loads. ``FASTDLIGHT_STREAM_LOADS=0``: plain loads, for an A/B.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ import os
 
 from tvm.backend.cuda.op import cuda_func_call
 
-#: how streamed operands are read: ``no_allocate`` (the default), ``cg`` (``ld.global.cg``: cached
-#: in L2 only) or ``0`` (plain loads), from ``FASTDLIGHT_STREAM_LOADS``
-STREAM_LOADS = os.environ.get("FASTDLIGHT_STREAM_LOADS", "no_allocate").strip().lower()
+#: ``FASTDLIGHT_STREAM_LOADS=0``: streamed operands are read with plain loads
+STREAM_LOADS = os.environ.get("FASTDLIGHT_STREAM_LOADS", "1").strip() != "0"
 
 _STREAM_LOAD16 = r"""
 __forceinline__ __device__ uint4 fdl_stream_load16(const void* p) {
@@ -30,36 +32,10 @@ __forceinline__ __device__ uint4 fdl_stream_load16(const void* p) {
 }
 """
 
-_CG_LOAD16 = r"""
-__forceinline__ __device__ uint4 fdl_cg_load16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-"""
-
-
-_COPY16 = r"""
-__forceinline__ __device__ void fdl_stream_copy16(void* dst, const void* src) {
-  *reinterpret_cast<uint4*>(dst) = LOAD(src);
-}
-"""
-
-
-def streams() -> bool:
-    """Whether streamed operands get hinted loads (``FASTDLIGHT_STREAM_LOADS`` not ``0``)."""
-    return STREAM_LOADS in ("no_allocate", "cg")
-
-
-def stream_copy16(dst, src):
-    """Copy 16 bytes from global ``src`` to ``dst`` (pointers; a register array's after unrolling),
-    the load read past L1: a call to evaluate. Only where :func:`streams`."""
-    load, source = ("fdl_cg_load16", _CG_LOAD16) if STREAM_LOADS == "cg" else ("fdl_stream_load16", _STREAM_LOAD16)
-    return cuda_func_call("fdl_stream_copy16", dst, src, source_code=source + _COPY16.replace("LOAD", load))
-
 
 def stream_load16(buffer, index):
     """``buffer[index]`` of a ``uint32x4`` buffer in global memory, read past L1."""
-    if STREAM_LOADS == "no_allocate":
-        return cuda_func_call("fdl_stream_load16", buffer.ptr_to([index]), source_code=_STREAM_LOAD16,
-                              return_type="uint32x4")
-    if STREAM_LOADS == "cg":
-        return cuda_func_call("fdl_cg_load16", buffer.ptr_to([index]), source_code=_CG_LOAD16,
-                              return_type="uint32x4")
-    return buffer[index]
+    if not STREAM_LOADS:
+        return buffer[index]
+    return cuda_func_call("fdl_stream_load16", buffer.ptr_to([index]), source_code=_STREAM_LOAD16,
+                          return_type="uint32x4")
