@@ -1,5 +1,5 @@
-"""16-byte loads of what a kernel streams once: a decode GEMV's weights, read by one CTA and by
-nothing else on its SM.
+"""16-byte loads of what a kernel streams once: a decode GEMV's 4-bit weights, read by one CTA
+and by nothing else on its SM.
 
 They are issued as ``ld.global.nc.L1::no_allocate``: the lines skip L1, where a stream only
 evicts what the SM's CTAs share (the staged activations, the scales). H200, 2026-12-02: a bare
@@ -7,7 +7,8 @@ read of the same bytes (``bench_read_floor --loads``) was 1-3% faster in every s
 hint (23 MB 6.42 against 6.59 us), an ``L2::256B`` prefetch size 3-5% slower, ``L2::128B`` the
 same; the 4-bit decode GEMV 1x11008x4096 ran 0.0076 against 0.0081 ms (``check_w4a16_decode``,
 its best config in two runs each way), and 0.0082 with ``ld.global.cg`` (L2 only, no ``.nc``),
-whose loads nvcc held in more registers. The split-KV decode step's staged form already copies
+whose loads nvcc held in more registers. 8-bit weights keep plain loads: tuned with the hint,
+1x4096x11008 ran 0.0146 against 0.0132 ms. The split-KV decode step's staged form already copies
 by ``cp.async.cg`` (L2 only); its register-set form moved within the runs' spread with the hint
 and keeps plain loads. ``FASTDLIGHT_STREAM_LOADS=0``: plain loads, for an A/B.
 """
