@@ -146,11 +146,28 @@ class _Builder:
         self.chunk = max(1, 16 // in_bytes)  # elements per 16-byte vector of the inputs
 
     def build(self) -> s_tir.Schedule:
+        sch = self.sch
+        tx, ko, steps, inners = self._tile()
+        c_local = self._accumulate_in_registers(tx)
+        self._vectorize_store(c_local)
+        pipelined, staged, use_async = self._stage_inputs(ko, steps[-1])
+        for loop in (*steps, *inners):
+            sch.unroll(loop)
+        sch.annotate(tx, "pragma_auto_unroll_max_step", UNROLL_MAX_STEP)
+        sch.annotate(tx, "pragma_unroll_explicit", 1)
+        sch.decompose_reduction(self.main, ko)
+        if pipelined:
+            self._annotate_pipeline(ko, staged, use_async)
+        self._hoist_predicate(inners)
+        return sch
+
+    def _tile(self):
+        """Tile spatial axes [grid, chunk, thread, inner] and reduction axes [outer, rstep], bind
+        the fused grid, chunk and thread loops. Returns the thread loop, the fused reduction
+        outer loop ``ko`` and the rstep and micro-tile loops."""
         sch, cfg = self.sch, self.config
         loops = sch.get_loops(self.main)
         s_loops, r_loops = loops[: len(self.spatial)], loops[len(self.spatial) :]
-
-        # 1. Tile spatial axes [grid, chunk, thread, inner] and reduction axes [outer, rstep].
         grids, chunks, threads, inners = [], [], [], []
         for loop, b, t, axis in zip(s_loops, cfg.block, cfg.thread, self.spatial):
             n_chunk = self._num_chunks(t)
@@ -176,9 +193,12 @@ class _Builder:
             sch.bind(vt, "vthread.x")
         tx = sch.fuse(*threads)
         sch.bind(tx, "threadIdx.x")
-        ko = sch.fuse(*outers)
+        return tx, sch.fuse(*outers), steps, inners
 
-        # 2. Accumulate in registers; write back (and run the epilogue) per thread.
+    def _accumulate_in_registers(self, tx):
+        """Accumulate in registers; write back (and run the epilogue) per thread. Returns the
+        write-back block."""
+        sch = self.sch
         c_local = sch.cache_write(self.main, 0, "local")
         sch.reverse_compute_at(c_local, tx, preserve_unit_loops=True)
         _inline_consumers(sch, c_local)
@@ -197,9 +217,13 @@ class _Builder:
         params = {str(p.name) for p in sch.mod["main"].params}
         if consumers and str(sch.get(c_local).writes[0].source.name) not in params:
             sch.set_scope(c_local, 0, "local")
-        self._vectorize_store(c_local)
+        return c_local
 
-        # 3. Inputs: global -> shared at ko, shared -> register fragments at the innermost ki.
+    def _stage_inputs(self, ko, ki) -> tuple[bool, bool, bool]:
+        """Inputs: global -> shared at ``ko``, shared -> register fragments at the innermost
+        ``ki``. Returns whether the k loop is pipelined, staged through registers, and uses
+        cp.async."""
+        sch, cfg = self.sch, self.config
         pipelined = cfg.pipeline_stages > 1 and int(sch.get(ko).extent) > 1
         use_async = pipelined and cfg.use_async_copy
         # Without cp.async, double buffering stages the next tile through registers: global
@@ -212,19 +236,10 @@ class _Builder:
             # kernel's opt-in limit at launch)
             for block, _, _ in fills:
                 sch.set_scope(block, 0, "shared.dyn")
-        frag_lanes = [self._fetch_to_registers(idx, steps[-1], fill) for idx, fill in enumerate(fills)]
+        frag_lanes = [self._fetch_to_registers(idx, ki, fill) for idx, fill in enumerate(fills)]
         for fill, lanes in zip(fills, frag_lanes):
             self._cooperative_copy(fill, ko, lanes, use_async, staged)
-
-        for loop in (*steps, *inners):
-            sch.unroll(loop)
-        sch.annotate(tx, "pragma_auto_unroll_max_step", UNROLL_MAX_STEP)
-        sch.annotate(tx, "pragma_unroll_explicit", 1)
-        sch.decompose_reduction(self.main, ko)
-        if pipelined:
-            self._annotate_pipeline(ko, staged, use_async)
-        self._hoist_predicate(inners)
-        return sch
+        return pipelined, staged, use_async
 
     def _hoist_predicate(self, inners) -> None:
         """Test the bound of a predicated split once per k step, not on every multiply-add.
