@@ -64,6 +64,21 @@ def test_a_chunked_kernel_reads_each_ctas_chunk_of_each_region_or_a_groups_in_tu
     assert "in turns" in brf.chunked_label(128, 4, 34, 2, 17) and "turns" not in brf.chunked_label(128, 4, 17, 2)
 
 
+def test_each_cache_hinted_load_assembles_into_the_read_kernel():
+    pytest.importorskip("tvm")
+    # TVM (and fastdlight's compiler, which imports it) is optional here: the other tests run without it
+    import tvm
+
+    from fastdlight.compiler.compile import compile_mod_to_cubin
+
+    target = tvm.target.Target("nvidia/nvidia-h100")
+    for load, instruction in brf.LOADS.items():
+        kernel = brf.read_kernel(1 << 20, 128, 4, 17, streams=2, load=load)
+        source, cubin = compile_mod_to_cubin(tvm.IRModule({"read_floor": kernel}), target)
+        assert cubin.binary and (instruction in source if instruction else "__ldg(p)" in source), load
+        assert source.count("fdl_load16(") == 2  # its definition and the unrolled loop's one load
+
+
 def test_an_unknown_size_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, SCRIPT, "--only", "w4a16"], capture_output=True, text=True, timeout=120,
                           check=False)
