@@ -59,15 +59,14 @@ CHUNKED = {
 
 #: the 16-byte load a read kernel issues: ``__ldg`` (``ld.global.nc``), or with cache hints:
 #: ``L2::256B``/``L2::128B`` ask L2 to fetch that much around the line from HBM (fewer, larger
-#: DRAM requests for a stream), ``L1::no_allocate`` keeps the stream out of L1, ``L2::evict_first``
-#: marks its lines the first to go from L2, ``ld.global.cg`` caches in L2 only
+#: DRAM requests for a stream), ``L1::no_allocate`` keeps the stream out of L1, ``ld.global.cg``
+#: caches in L2 only (an L2 eviction priority such as ``L2::evict_first`` takes 256-bit loads)
 LOADS = {
     "ldg": "",
     "l2_128": "ld.global.nc.L2::128B.v4.u32",
     "l2_256": "ld.global.nc.L2::256B.v4.u32",
     "na": "ld.global.nc.L1::no_allocate.v4.u32",
     "na_l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.u32",
-    "na_evict_first": "ld.global.nc.L1::no_allocate.L2::evict_first.v4.u32",
     "cg": "ld.global.cg.v4.u32",
 }
 
