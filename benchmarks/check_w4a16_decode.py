@@ -2,7 +2,7 @@
 against its split-K and global-activation forms, at fixed configs (no tuning), beside our fp16
 GEMV of the same layer.
 
-    python benchmarks/check_w4a16_decode.py [--only NAME ...] [--rounds 5] [--round-ms 30] [--list]
+    python benchmarks/check_w4a16_decode.py [--only NAME ...] [--rounds 5] [--round-ms 30] [--fixed-only] [--list]
 
 For each case (``ops.matmul_int4(1, N, K)``, group 128, fp16): the configs of ``CONFIGS`` and
 the policy's variants (``dequant_gemv_variants``) are built, timed and verified against the
@@ -29,26 +29,29 @@ from bench_setup import KernelTimer, cases_to_run, rounds_parser, run_cases, tab
 NAME = "check_w4a16_decode"
 GROUP = 128
 CASES = {"1x11008x4096": (1, 11008, 4096), "1x4096x11008": (1, 4096, 11008)}
-#: (rows a CTA, rows a warp, split-K CTAs, activations read from global memory): the best-known
+#: (rows a CTA, rows a warp, split-K CTAs, activations read from global memory[, lane steps of a
+#: row in flight together]): the best-known
 #: config first (run W, 2026-12-01), then hand-picked ones (among them CTAs of 16 and 32 warps,
 #: which stage the activations half and a quarter as often); the policy's variants follow
 CONFIGS = {
     "1x11008x4096": [(32, 4, 1, False), (16, 2, 1, False), (8, 1, 1, False), (16, 1, 1, False), (32, 2, 1, False),
-                     (64, 4, 1, False), (32, 1, 1, False), (64, 2, 1, False), (32, 4, 2, False)],
+                     (64, 4, 1, False), (32, 1, 1, False), (64, 2, 1, False), (32, 4, 2, False),
+                     (16, 4, 1, False), (16, 4, 1, False, 4), (32, 4, 1, False, 4)],
     "1x4096x11008": [(16, 1, 1, False), (16, 2, 1, False), (8, 1, 1, False), (32, 2, 1, False), (32, 1, 1, False),
-                     (64, 2, 1, False), (16, 2, 4, False)],
+                     (64, 2, 1, False), (16, 2, 4, False),
+                     (16, 1, 1, False, 11), (8, 1, 1, False, 11), (32, 1, 1, False, 11), (16, 2, 1, False, 6)],
 }
 FP16_TOPK = 8
 #: H200 HBM3e, for the fraction of peak
 PEAK_GBS = 4800.0
 
 
-def config_of(rows: int, per_warp: int, split: int, x_global: bool):
+def config_of(rows: int, per_warp: int, split: int, x_global: bool, in_flight: int = 1):
     from fastdlight.config import Config
     from fastdlight.analysis.weight_only import X_GLOBAL_WIDTH
 
     return Config("gemv_dequant", block=(rows,), thread=(per_warp,), rstep=(256,), reduce_thread=(32,), split_k=split,
-                  vectorize={"X": X_GLOBAL_WIDTH} if x_global else {})
+                  vectorize={"X": X_GLOBAL_WIDTH} if x_global else {}, pipeline_stages=in_flight)
 
 
 def label_of(config) -> str:
@@ -62,16 +65,18 @@ def label_of(config) -> str:
         parts.append("X from global")
     if config.persistent:
         parts.append("persistent")
+    if config.pipeline_stages > 1:
+        parts.append(f"{config.pipeline_stages} steps in flight")
     return ", ".join(parts)
 
 
-def case_configs(name: str, op, arch) -> list:
+def case_configs(name: str, op, arch, variants: bool = True) -> list:
     from fastdlight.analysis.weight_only import match_weight_only
     from fastdlight.policies.gemv_dequant import dequant_gemv_configs
 
     fixed = [config_of(*c) for c in CONFIGS[name]]
     policy = [c for c in dequant_gemv_configs(match_weight_only(op.func), arch, 8, variants=True)
-              if c.split_k > 1 or c.vectorize or c.kind == "gemv_dequant_mma"]
+              if c.split_k > 1 or c.vectorize or c.kind == "gemv_dequant_mma"] if variants else []
     out = []
     for c in fixed + policy:
         if c not in out:
@@ -79,7 +84,7 @@ def case_configs(name: str, op, arch) -> list:
     return out
 
 
-def run_case(name: str, arch, rounds: int, round_ms: float, log) -> list[dict]:
+def run_case(name: str, arch, rounds: int, round_ms: float, log, variants: bool = True) -> list[dict]:
     import tvm
 
     import fastdlight
@@ -89,7 +94,7 @@ def run_case(name: str, arch, rounds: int, round_ms: float, log) -> list[dict]:
 
     m, n, k = CASES[name]
     op = ops.matmul_int4(m, n, k, GROUP)
-    configs = case_configs(name, op, arch)
+    configs = case_configs(name, op, arch, variants)
     t0 = time.perf_counter()
     rows, results = [], {}
     try:
@@ -161,6 +166,7 @@ def markdown(rows: list[dict], device: str) -> str:
 
 def main(argv=None) -> int:
     ap = rounds_parser(__doc__.splitlines()[0], round_ms=30.0)
+    ap.add_argument("--fixed-only", action="store_true", help="the configs of CONFIGS only, not the policy's variants")
     args = ap.parse_args(argv)
     listing = "\n".join("\n  ".join([name, *(label_of(config_of(*c)) for c in configs)])
                         for name, configs in CONFIGS.items())
@@ -173,7 +179,8 @@ def main(argv=None) -> int:
 
     arch = CUDA.from_device(tvm.cuda(0))
     return run_cases(NAME, names, arch, lambda name: run_case(name, arch, args.rounds, args.round_ms,
-                                                               lambda msg: print(msg, flush=True)), markdown)
+                                                               lambda msg: print(msg, flush=True),
+                                                               not args.fixed_only), markdown)
 
 
 if __name__ == "__main__":
