@@ -403,9 +403,9 @@ def layout_fits(shape: DecodeAttentionShape, tile: int, dims_per_lane: int, warp
 def staged_fits(shape: DecodeAttentionShape, tile: int, warps: int, stages: int) -> bool:
     """Whether a ring of ``stages`` tiles (K and V of ``tile`` keys each) fits in shared memory
     beside the warps' partial results, within what every CTA gets without opting in: ``stages`` >= 3
-    (two stages are what the register sets already give). The CTA's query rows wait beside the ring."""
+    (two stages are what the register sets already give)."""
+    ring = stages * tile * lane_width(shape.head_dim) * 2 * 2
     rows = block_rows(shape.rows)
-    ring = (stages * tile * 2 + rows) * lane_width(shape.head_dim) * 2
     return stages >= 3 and ring + warps * rows * shape.head_dim * 4 + 2 * warps * rows * 4 + 16 <= MAX_SHARED_BYTES
 
 

@@ -115,8 +115,8 @@ def _step_body(lay: ChunkLayout):
     """The kernel's body: a CTA's chunk streamed through its slots' online softmaxes, merged, written."""
     shape, warps, threads, R, U, E = lay.shape, lay.warps, lay.threads, lay.rows, lay.loads, lay.per_lane
     B, G, RT, D, S, dtype = shape.batch, shape.kv_heads, shape.rows, shape.head_dim, shape.splits, shape.dtype
-    init_rows, scale_q, consume = online_softmax(lay)
-    stream, merge_slots, write = chunk_stream(lay, scale_q, consume), _slot_merge(lay), write_chunk(shape, warps, threads)
+    init_rows, consume = online_softmax(lay)
+    stream, merge_slots, write = chunk_stream(lay, consume), _slot_merge(lay), write_chunk(shape, warps, threads)
     page_sets = 2 * U if shape.page_size and not lay.staged else 1  # (the register sets' page entries)
 
     @T.macro
@@ -127,7 +127,7 @@ def _step_body(lay: ChunkLayout):
         pool, m_s, l_s, o_s, last = chunk_smem(warps, R, D)
         # (128-byte aligned: H200, B1 H32 L4096, 17 chunks, a ring of 4 tiles of 16 keys: 0.0200 ms,
         # against 0.0256 with the ring 48 bytes past a 128-byte boundary, 0.0230 at 64)
-        ring = pool.alloc((lay.ring_elems if lay.staged else VECTOR,), dtype, align=128)
+        ring = pool.alloc((lay.stages * U * 2 * E * threads if lay.staged else VECTOR,), dtype, align=128)
         pool.commit()
         Kf = T.decl_buffer((lay.pool_elems,), dtype, data=Kc.data)
         Vf = T.decl_buffer((lay.pool_elems,), dtype, data=Vc.data)
@@ -135,7 +135,6 @@ def _step_body(lay: ChunkLayout):
         Qf = T.decl_buffer((B * G * RT * D,), dtype, data=Q.data)
         Knf = T.decl_buffer((B * G * D,), dtype, data=Kn.data)
         Vnf = T.decl_buffer((B * G * D,), dtype, data=Vn.data)
-        qh = T.alloc_buffer((R * E,), dtype, scope="local")
         qr = T.alloc_buffer((R * E,), "float32", scope="local")
         kr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
         vr = T.alloc_buffer((2 * U * E,), dtype, scope="local")
@@ -160,8 +159,8 @@ def _step_body(lay: ChunkLayout):
         chunk = T.meta_var(T.Cast("int32", (lay.key_count(nk[0]) + T.int64(S - 1)) // T.int64(S)))
         start = T.meta_var(part * chunk)
         end = T.meta_var(T.min(start + chunk, T.Cast("int32", lay.key_count(nk[0]))))
-        init_rows(ring if lay.staged else qh, mr, lr, acc, Qf, bg, r0, e0, tid)
-        stream(kr, vr, pg, ring, qr, qh, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+        init_rows(qr, mr, lr, acc, Qf, bg, r0, e0)
+        stream(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
                nk[0], tid)
         merge_slots(mr, lr, acc, other, m_s, l_s, o_s, lane, warp, e0)
         write(m_s, l_s, o_s, O, M, L, Tickets, Y, bg, r0, out0, tid, merged, last, st)

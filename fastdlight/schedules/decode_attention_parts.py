@@ -94,22 +94,15 @@ class ChunkLayout:
     def key_count(self, n_cache):
         return n_cache + T.int64(1) if self.shape.appended else n_cache
 
-    def q_at(self, bg, r0, r, e0):
-        """Where row ``r0 + r``'s query values ``e0 ..`` of K/V head ``bg`` are."""
-        return (bg * self.shape.rows + r0 + r) * self.shape.head_dim + e0
-
-    def q_read(self, r0, r, e0):
-        """Whether a lane holds query values of row ``r0 + r`` (not past D or past the rows)."""
-        short = self.blocks * self.rows > self.shape.rows
-        tests = [*([e0 < self.shape.head_dim] if self.active < self.lanes else []),
-                 *([r0 + r < self.shape.rows] if short else [])]
-        return tirx.all(*tests) if tests else tirx.const(True, "bool")
-
     def q_value(self, Qf, bg, r0, r, e0, e):
-        """Row ``r0 + r``'s query value ``e0 + e`` of K/V head ``bg``, as stored (zero where not
-        read)."""
-        return tirx.if_then_else(self.q_read(r0, r, e0), Qf[self.q_at(bg, r0, r, e0) + e],
-                                 tirx.const(0.0, self.shape.dtype))
+        """Row ``r0 + r``'s query value ``e0 + e`` of K/V head ``bg``, scaled (zero past D or
+        past the rows: not read)."""
+        RT, D = self.shape.rows, self.shape.head_dim
+        q_scale = tirx.const(self.shape.scale * LOG2E, "float32")
+        value = T.Cast("float32", Qf[(bg * RT + r0 + r) * D + e0 + e]) * q_scale
+        short = self.blocks * self.rows > RT
+        tests = [*([e0 < D] if self.active < self.lanes else []), *([r0 + r < RT] if short else [])]
+        return tirx.if_then_else(tirx.all(*tests), value, tirx.const(0.0, "float32")) if tests else value
 
     def holds(self, cond, e0):
         """``cond``, for a lane that holds values: lanes of a key past D load and hold zeros."""
@@ -128,23 +121,6 @@ class ChunkLayout:
         slot ``key % page`` of that page."""
         G, page = self.shape.kv_heads, self.shape.page_size
         return (entry * G + bg % G) * page + T.Cast("int64", key % page)
-
-    @property
-    def ring_elems(self) -> int:
-        """The ring's tiles (staged), then the CTA's query rows, copied in by the first slot's
-        lanes with the first tile. Q's conversion waits for its load, and ptxas schedules the
-        conversion of a register load next to the load (H200 SASS: every K and V copy of the
-        chunk was issued after Q's round trip); read from shared memory after the first tile's
-        wait, it cannot move ahead of the copies."""
-        return self.stages * self.loads * 2 * self.per_lane * self.threads + self.q_elems
-
-    @property
-    def q_elems(self) -> int:
-        return self.rows * self.lanes * self.per_lane if self.staged else 0
-
-    def q_slot(self, r, e0):
-        """Where row ``r``'s query values ``e0 ..`` wait in the ring (staged)."""
-        return self.ring_elems - self.q_elems + r * self.lanes * self.per_lane + e0
 
     def ring_base(self, st, u, kv, tid):
         """Where thread ``tid``'s values of load ``u`` (K: ``kv`` 0, V: 1) of ring stage ``st`` start."""
@@ -202,28 +178,16 @@ def key_loads(lay: ChunkLayout):
 
 def online_softmax(lay: ChunkLayout):
     """Each slot's online softmax, in the exp2 domain with the scale folded into Q: ``init_rows``
-    (the lane's query values loaded as stored into ``qh``; an empty max, sum and output),
-    ``scale_q`` (those values as fp32, scaled, into ``qr``: what the stream calls once its first
-    tiles' loads are issued, so that they do not wait out Q's round trip) and ``consume`` (a tile
-    in a register set taken in)."""
+    (the lane's query values, scaled; an empty max, sum and output) and ``consume`` (a tile in a
+    register set taken in)."""
     R, U, E = lay.rows, lay.loads, lay.per_lane
     reduce_steps = lay.lanes.bit_length() - 1
-    q_scale = tirx.const(lay.shape.scale * LOG2E, "float32")
 
     @T.macro
-    def init_rows(q_src, mr, lr, acc, Qf, bg, r0, e0, tid):
+    def init_rows(qr, mr, lr, acc, Qf, bg, r0, e0):
         for r in T.unroll(R):
-            if lay.staged and tid < lay.lanes:
-                for v in T.unroll(E // VECTOR):
-                    at = T.meta_var(lay.q_slot(r, e0) + v * VECTOR)
-                    if lay.q_read(r0, r, e0):
-                        T.ptx["cp.async.cg.shared.global"](q_src.ptr_to([at]), Qf.ptr_to([lay.q_at(bg, r0, r, e0) + v * VECTOR]), 16)
-                    else:
-                        for e in T.vectorized(VECTOR):
-                            q_src[at + e] = T.Cast(lay.shape.dtype, T.float32(0))
-            elif not lay.staged:
-                for e in T.unroll(E):
-                    q_src[r * E + e] = lay.q_value(Qf, bg, r0, r, e0, e)
+            for e in T.unroll(E):
+                qr[r * E + e] = lay.q_value(Qf, bg, r0, r, e0, e)
             mr[r] = T.float32(EMPTY_MAX)
             lr[r] = T.float32(0)
             for e in T.unroll(E):
@@ -258,31 +222,22 @@ def online_softmax(lay: ChunkLayout):
                 for e in T.unroll(E):
                     acc[r * E + e] = acc[r * E + e] + sc[u * R + r] * T.Cast("float32", vr[(buf * U + u) * E + e])
 
-    @T.macro
-    def scale_q(qr, q_src, e0):
-        for r in T.unroll(R):
-            for e in T.unroll(E):
-                at = T.meta_var(lay.q_slot(r, e0) + e if lay.staged else r * E + e)
-                qr[r * E + e] = T.Cast("float32", q_src[at]) * q_scale
-
-    return init_rows, scale_q, consume
+    return init_rows, consume
 
 
-def chunk_stream(lay: ChunkLayout, scale_q, consume):
+def chunk_stream(lay: ChunkLayout, consume):
     """The macro that streams a CTA's chunk into ``consume``, a tile at a time: through two
     register sets, their page entries read a tile ahead where paged, or through a ring of
-    ``stages`` tiles in shared memory. Each calls ``scale_q`` once its first tiles' loads are
-    issued: Q's conversion waits for Q's load (H200 SASS, before: every K and V load of the
-    chunk came after Q's round trip)."""
+    ``stages`` tiles in shared memory."""
     copy16, zero16, load = key_loads(lay)
     if lay.staged:
-        return _staged_stream(lay, load, scale_q, consume)
+        return _staged_stream(lay, load, consume)
     if lay.shape.page_size:
-        return _paged_stream(lay, copy16, zero16, scale_q, consume)
-    return _register_stream(lay, load, scale_q, consume)
+        return _paged_stream(lay, copy16, zero16, consume)
+    return _register_stream(lay, load, consume)
 
 
-def _register_stream(lay: ChunkLayout, load, scale_q, consume):
+def _register_stream(lay: ChunkLayout, load, consume):
     """Two register sets, a tile's loads issued before the tile before it is used."""
     U, E, tile = lay.loads, lay.per_lane, lay.tile
 
@@ -295,11 +250,10 @@ def _register_stream(lay: ChunkLayout, load, scale_q, consume):
             load(vr, (buf * U + u) * E, Vf, Vnf, Tf, bg, key, end, e0, n_cache)
 
     @T.macro
-    def stream_registers(kr, vr, pg, ring, qr, qh, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
-                         slot, e0, n_cache, tid):
+    def stream_registers(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot,
+                         e0, n_cache, tid):
         """Two register sets: tile t + 1's loads are issued before tile t is used."""
         fetch(kr, vr, 0, 0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
-        scale_q(qr, qh, e0)
         for pair in T.serial((chunk + 2 * tile - 1) // (2 * tile)):
             fetch(kr, vr, 1, pair * 2 + 1, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache)
             consume(kr, vr, 0, pair * 2, qr, sc, mr, lr, acc, top, start, end, slot)
@@ -309,7 +263,7 @@ def _register_stream(lay: ChunkLayout, load, scale_q, consume):
     return stream_registers
 
 
-def _paged_stream(lay: ChunkLayout, copy16, zero16, scale_q, consume):
+def _paged_stream(lay: ChunkLayout, copy16, zero16, consume):
     """(Paged.) Two register sets, and two of page entries read a tile ahead of the loads."""
     U, E, V8, D, tile = lay.loads, lay.per_lane, lay.groups, lay.shape.head_dim, lay.tile
 
@@ -341,14 +295,13 @@ def _paged_stream(lay: ChunkLayout, copy16, zero16, scale_q, consume):
                     zero16(vr, (buf * U + u) * E + v * VECTOR)
 
     @T.macro
-    def stream_pages_ahead(kr, vr, pg, ring, qr, qh, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end,
-                           chunk, slot, e0, n_cache, tid):
+    def stream_pages_ahead(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
+                           slot, e0, n_cache, tid):
         """As the register sets' stream, each tile's page entries read a tile earlier (page set
         t % 2 for tile t)."""
         fetch_pages(pg, 0, 0, Tf, bg, start, end, slot)
         fetch_pages(pg, 1, 1, Tf, bg, start, end, slot)
         fetch_paged(kr, vr, pg, 0, 0, Kf, Vf, bg, start, end, slot, e0)
-        scale_q(qr, qh, e0)
         for pair in T.serial((chunk + 2 * tile - 1) // (2 * tile)):
             fetch_paged(kr, vr, pg, 1, pair * 2 + 1, Kf, Vf, bg, start, end, slot, e0)
             fetch_pages(pg, 0, pair * 2 + 2, Tf, bg, start, end, slot)
@@ -360,7 +313,7 @@ def _paged_stream(lay: ChunkLayout, copy16, zero16, scale_q, consume):
     return stream_pages_ahead
 
 
-def _staged_stream(lay: ChunkLayout, load, scale_q, consume):
+def _staged_stream(lay: ChunkLayout, load, consume):
     """A ring of ``stages`` tiles in shared memory, copied by ``cp.async``."""
     U, E, V8, tile, stages, v_stride = lay.loads, lay.per_lane, lay.groups, lay.tile, lay.stages, lay.v_stride
 
@@ -385,15 +338,12 @@ def _staged_stream(lay: ChunkLayout, load, scale_q, consume):
                     vr[u * E + v * VECTOR + e] = ring[lay.ring_base(st, u, 1, tid) + v * v_stride + e]
 
     @T.macro
-    def stream_staged(kr, vr, pg, ring, qr, qh, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk,
-                      slot, e0, n_cache, tid):
+    def stream_staged(kr, vr, pg, ring, qr, sc, mr, lr, acc, top, Kf, Vf, Knf, Vnf, Tf, bg, start, end, chunk, slot, e0,
+                      n_cache, tid):
         """A ring of ``stages`` tiles in shared memory, ``stages - 1`` in flight while one is
         used: a tile is moved to registers before the copy that reuses its stage is issued."""
         for s0 in T.unroll(stages - 1):
             fetch_staged(ring, s0, s0, Kf, Vf, Knf, Vnf, Tf, bg, start, end, slot, e0, n_cache, tid)
-        T.ptx["cp.async.wait_group"](stages - 2)  # Q came in the first tile's group, by the first slot
-        T.cuda.cta_sync()
-        scale_q(qr, ring, e0)
         for step in T.serial((chunk + tile - 1) // tile):
             T.ptx["cp.async.wait_group"](stages - 2)
             unstage(kr, vr, ring, step % stages, tid)

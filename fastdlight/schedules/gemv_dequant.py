@@ -102,7 +102,7 @@ class Layout:
 
     @classmethod
     def of(cls, shape: WeightOnlyShape, warps: int, rows_per_warp: int, ctas_launched: int | None = None,
-           split: int = 1, x_global: bool = False, in_flight: int | None = None) -> Layout:
+           split: int = 1, x_global: bool = False) -> Layout:
         assert split >= 1 and (split == 1 or ctas_launched is None), "split-K CTAs are not persistent"
         assert not x_global or x_global_fits(shape)
         M, N, K, G = shape.m, shape.n, shape.k, shape.group_size
@@ -113,9 +113,9 @@ class Layout:
         blocks = -(-N // rows)
         ctas = min(blocks, ctas_launched or blocks) * split
         turns = -(-blocks // (ctas // split))
-        # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp,
-        # within the registers a thread has, unless ``in_flight`` says how many steps)
-        unroll = min(steps, in_flight or max(1, IN_FLIGHT_ROWS // rows_per_warp))
+        # steps unrolled together: their loads are in flight at once (8 rows' 512 bytes a warp),
+        # within the registers a thread has
+        unroll = min(steps, max(1, IN_FLIGHT_ROWS // rows_per_warp))
         x_words = 0 if x_global else M * Cs * 4
         partials = rows * M
         staged = x_words > 0 and split == 1 and turns == 1
@@ -308,17 +308,15 @@ def _store_macro(L: Layout):
 
 
 def build_kernel(func: tirx.PrimFunc, shape: WeightOnlyShape, warps: int, rows_per_warp: int,
-                 ctas_launched: int | None = None, split: int = 1, x_global: bool = False,
-                 in_flight: int | None = None) -> tirx.PrimFunc:
+                 ctas_launched: int | None = None, split: int = 1, x_global: bool = False) -> tirx.PrimFunc:
     """The TIRx kernel for ``func`` (a weight-only matmul of ``shape``): ``warps`` warps a CTA, each
     owning ``rows_per_warp`` weight rows; ``ctas_launched`` (persistent): that many CTAs walk
     the row blocks, staging X once each. ``split`` > 1: a thread-block cluster of that many CTAs
     shares a row block, each CTA a slice of K (and stages only its slice of X); their partial
     sums meet in distributed shared memory, each CTA adding up and storing a share of the rows.
     ``x_global`` (4-bit weights, fp16): nothing is staged, each step reads its activations from
-    global memory (L1) and pairs them with byte permutes. ``in_flight``: the lane steps of a row
-    whose loads a thread issues together (default: 8 rows' worth). Same parameters, same result."""
-    L = Layout.of(shape, warps, rows_per_warp, ctas_launched, split, x_global, in_flight)
+    global memory (L1) and pairs them with byte permutes. Same parameters, same result."""
+    L = Layout.of(shape, warps, rows_per_warp, ctas_launched, split, x_global)
     M, N, K, R, NG, s_dtype = L.M, L.N, L.K, L.R, L.NG, shape.dtype
     prefetch, block_sums = _dot_macros(L, dot(shape, x_global))
     read_scales, stage = _staging_macros(L)
@@ -424,5 +422,4 @@ class DequantGemvTemplate(WeightOnlyGemvTemplate):
             target = tvm.target.Target.current(allow_none=True)
             arch = CUDA(target) if target is not None else None
             launched = resident_ctas(shape, warps, arch) * (arch.sm_count if arch is not None else 132)
-        in_flight = config.pipeline_stages if config.pipeline_stages > 1 else None
-        return build_kernel(func, shape, warps, per_warp, launched, split, x_global, in_flight)
+        return build_kernel(func, shape, warps, per_warp, launched, split, x_global)
