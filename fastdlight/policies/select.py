@@ -83,50 +83,76 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     (nothing is timed, so stock could not win anyway): stock is a set of its own after the
     policies', built only when all of theirs fail (always so for a fused attention).
     ``match``: :func:`match_tensor_core` of ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
+    sets, template_only = _template_sets(func, arch, topk)
+    # stock Dlight's schedule of a fused attention is its fallback, three orders of magnitude
+    # behind the template (B1 H32 T8192: about a second a launch, its probe and first timing
+    # 5 s of a 14 s tune, H200): measured only where every config of the template fails
+    stock_last = stock_last or any(s.policy == "AttentionPolicy" for s in sets)
+    sets += _tensor_core_sets(func, arch, topk, match, any(s.policy == "DequantGemvPolicy" for s in sets))
+    # a fused attention has its template, or stock Dlight: the seven-block naive form as general
+    # reductions runs three orders of magnitude slower and takes minutes to tune; a 4- or 8-bit
+    # decode GEMV has its template and stock Dlight (CUDA-core tiles lost to both)
+    if not template_only:
+        sets += _default_set(func, arch, topk, memory_bound_topk, bool(sets or stock or recorded), not sets)
+    yield from _with_measured_beside(func, sets, stock, stock_last, recorded)
+
+
+def _template_sets(func, arch: CUDA, topk: int) -> tuple[list[CandidateSet], bool]:
+    """The sets of the templates an op family has to itself (fused and decode attention, the
+    dequantizing GEMV), and whether they are all the policies ``func`` gets (the CUDA-core
+    default policy left out)."""
     sets = []
     attention = match_attention(func)
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
     if fused:
         sets.append(CandidateSet("AttentionPolicy", func, fused))
-        # stock Dlight's schedule of a fused attention is its fallback, three orders of magnitude
-        # behind the template (B1 H32 T8192: about a second a launch, its probe and first timing
-        # 5 s of a 14 s tune, H200): measured only where every config of the template fails
-        stock_last = True
     chunked, merged = match_decode_split(func), match_decode_combine(func)
     split = tuple(decode_attention_configs(chunked, arch, topk)) if chunked is not None else ()
     split += tuple(decode_combine_configs(merged, topk)) if merged is not None else ()
     if split:
-        fused += split
         sets.append(CandidateSet("DecodeAttentionPolicy", func, split))
     packed = match_weight_only(func)
     dequant = tuple(dequant_gemv_configs(packed, arch, topk)) if packed is not None else ()
     if dequant:
         sets.append(CandidateSet("DequantGemvPolicy", func, dequant))
+    return sets, bool(fused or split or dequant)
+
+
+def _tensor_core_sets(func, arch: CUDA, topk: int, match: TensorCoreMatch | None,
+                      decode: bool) -> list[CandidateSet]:
+    """The tensor-core policy's set, and for packed weights with prefill rows (not ``decode``:
+    the dequantizing GEMV's) on sm_90a the dequantizing wgmma template's tiles, measured beside
+    it (ranked first)."""
+    packed = match_weight_only(func)
     match = match if match is not None else match_tensor_core(func, arch)
-    # packed weights, prefill rows, sm_90a: the dequantizing wgmma template's tiles, measured
-    # beside the tensor-core policy's (ranked first)
-    hopper = tuple(dequant_wgmma_configs(packed, arch, topk)) if packed is not None and not dequant else ()
+    hopper = tuple(dequant_wgmma_configs(packed, arch, topk)) if packed is not None and not decode else ()
     configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk)) if match.eligible else ()
     if hopper and configs and match_weight_only(match.func) is not None:
-        sets.append(ranked_last(CandidateSet("TensorCorePolicy", match.func, hopper), configs))
-    else:
-        if hopper:
-            sets.append(CandidateSet("TensorCorePolicy", func, hopper))
-        if configs:
-            sets.append(CandidateSet("TensorCorePolicy", match.func, configs))
+        return [ranked_last(CandidateSet("TensorCorePolicy", match.func, hopper), configs)]
+    sets = [CandidateSet("TensorCorePolicy", func, hopper)] if hopper else []
+    return sets + ([CandidateSet("TensorCorePolicy", match.func, configs)] if configs else [])
+
+
+def _default_set(func, arch: CUDA, topk: int, memory_bound_topk: int | None, covered: bool,
+                 alone: bool) -> list[CandidateSet]:
+    """The CUDA-core default policy's set; none where it does not take ``func`` and something
+    else is measured (``covered``; a warning where stock Dlight is all, ``alone``)."""
     try:
-        # a fused attention has its template, or stock Dlight: the seven-block naive form as
-        # general reductions runs three orders of magnitude slower and takes minutes to tune;
-        # a 4- or 8-bit decode GEMV has its template and stock Dlight (CUDA-core tiles lost to both)
-        if not (fused or dequant):
-            sets.append(CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk)))
+        return [CandidateSet("DefaultPolicy", func, default_configs(func, arch, topk, memory_bound_topk))]
     except ValueError as e:
-        if not (sets or stock or recorded):
+        if not covered:
             raise
-        uncovered = str(e)
-        if not sets:
-            warnings.warn(f"fastdlight: no fastdlight template covers this function ({uncovered}); "
-                          "measuring stock Dlight only", stacklevel=3)
+        if alone:
+            warnings.warn(f"fastdlight: no fastdlight template covers this function ({e}); "
+                          "measuring stock Dlight only", stacklevel=4)
+        return []
+
+
+def _with_measured_beside(func, sets: list[CandidateSet], stock: tuple[Config, ...], stock_last: bool,
+                          recorded: tuple[Config, ...]) -> list[CandidateSet]:
+    """``sets`` with MetaSchedule's records and stock Dlight's configs ranked after the first
+    set's (or sets of their own: none before them, or stock last)."""
+    sets = list(sets)
     if recorded:
         if sets:
             sets[0] = ranked_last(sets[0], recorded)
@@ -137,7 +163,7 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
             sets[0] = ranked_last(sets[0], stock)
         else:
             sets.append(CandidateSet("stock Dlight", func, stock))
-    yield from sets
+    return sets
 
 
 def ranked_last(cand: CandidateSet, extra: tuple[Config, ...]) -> CandidateSet:
