@@ -135,60 +135,87 @@ class Config:
 
     # -- checks and (de)serialization ---------------------------------------------------
     def validate(self) -> None:
+        """Raise ValueError unless the fields fit the kind. The checks run in a fixed order, so
+        a config wrong in two ways always names the same fault."""
         if self.kind in ("dlight", "ms_record"):
             raise ValueError(f"a {self.kind!r} schedule is a {_RECORD_TYPES[self.kind].__name__}, not a tile Config")
         if self.kind not in TILE_KINDS:
             raise ValueError(f"unknown config kind {self.kind!r}; expected one of {TILE_KINDS}")
         if self.kind == "prebuilt":
-            if len(self.block) != 1 or self.block[0] < 0 or self.thread or self.rstep or self.reduce_thread \
-                    or self.warp or self.vectorize:
-                raise ValueError("a prebuilt config is block=(candidate number,) only: the caller scheduled it")
+            self._validate_prebuilt()
             return
         if not self.block or any(b <= 0 for b in self.block):
             raise ValueError(f"block tile must be positive, got {self.block}")
+        # the attention, decode and dequantizing-mma kinds fix every knob in their own check
         if self.kind in ("attention_wgmma", "attention_mma"):
-            if self.kind == "attention_mma":
-                rows = self.warp[0] if self.warp else 16
-                if len(self.block) != 2 or self.warp not in ((), (16,), (32,)) or self.block[0] % rows \
-                        or self.thread or self.rstep:
-                    raise ValueError("an mma.sync attention config is block=(query rows, keys a step) and optionally "
-                                     "warp=(16 or 32 query rows a warp, dividing the block's,) only")
-            elif len(self.block) != 2 or self.block[0] % 64 or self.thread or self.warp or self.rstep:
-                raise ValueError("an attention config is block=(query rows, a multiple of 64; keys a step) only")
-            if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
-                raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
-            return
-        if self.kind == "gemv_dequant_mma":
-            if len(self.block) != 1 or self.block[0] % 16 or len(self.warp) != 1 or self.warp[0] <= 0 \
-                    or self.thread or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
-                raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,) and "
-                                 "pipeline_stages (steps of K loaded ahead) only")
-            return
-        if self.kind == "decode_attention_mma":
-            if self.block != (16,) or len(self.warp) != 1 or self.warp[0] <= 0 or self.thread or self.rstep \
-                    or self.split_k != 1 or self.cluster != 1 or self.persistent or self.pipeline_stages != 1:
-                raise ValueError("a decode_attention_mma config is block=(16,), warp=(warps,) only")
-            return
-        if self.kind in ("decode_attention", "decode_combine"):
-            if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \
-                    or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
-                raise ValueError("a decode attention or combine config is block=(...,), thread=(values a lane,), "
-                                 "warp=(warps,) only")
-            return
-        if self.kind in TENSOR_CORE_KINDS:
-            if len(self.block) != 2 or len(self.warp) != 2:
-                raise ValueError("tensor-core configs need block=(I, J) and warp=(I, J)")
-            for b, w in zip(self.block, self.warp):
-                if w <= 0 or b % w:
-                    raise ValueError(f"warp tile {self.warp} must divide block tile {self.block}")
-            if len(self.rstep) != 1:
-                raise ValueError("tensor-core configs need exactly one rstep (K)")
+            self._validate_attention()
+        elif self.kind == "gemv_dequant_mma":
+            self._validate_gemv_dequant_mma()
+        elif self.kind == "decode_attention_mma":
+            self._validate_decode_attention_mma()
+        elif self.kind in ("decode_attention", "decode_combine"):
+            self._validate_decode()
         else:
-            if len(self.thread) != len(self.block):
-                raise ValueError(f"thread tile {self.thread} must have the rank of block {self.block}")
-            for b, t in zip(self.block, self.thread):
-                if t <= 0 or b % t:
-                    raise ValueError(f"thread tile {self.thread} must divide block tile {self.block}")
+            if self.kind in TENSOR_CORE_KINDS:
+                self._validate_warp_tiles()
+            else:
+                self._validate_thread_tiles()
+            self._validate_knobs()
+
+    def _validate_prebuilt(self) -> None:
+        if len(self.block) != 1 or self.block[0] < 0 or self.thread or self.rstep or self.reduce_thread \
+                or self.warp or self.vectorize:
+            raise ValueError("a prebuilt config is block=(candidate number,) only: the caller scheduled it")
+
+    def _validate_attention(self) -> None:
+        if self.kind == "attention_mma":
+            rows = self.warp[0] if self.warp else 16
+            if len(self.block) != 2 or self.warp not in ((), (16,), (32,)) or self.block[0] % rows \
+                    or self.thread or self.rstep:
+                raise ValueError("an mma.sync attention config is block=(query rows, keys a step) and optionally "
+                                 "warp=(16 or 32 query rows a warp, dividing the block's,) only")
+        elif len(self.block) != 2 or self.block[0] % 64 or self.thread or self.warp or self.rstep:
+            raise ValueError("an attention config is block=(query rows, a multiple of 64; keys a step) only")
+        if self.pipeline_stages < 1 or self.cluster != 1 or self.split_k != 1:
+            raise ValueError("an attention config has pipeline_stages >= 1, no cluster and no split-K")
+
+    def _validate_gemv_dequant_mma(self) -> None:
+        if len(self.block) != 1 or self.block[0] % 16 or len(self.warp) != 1 or self.warp[0] <= 0 \
+                or self.thread or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
+            raise ValueError("a gemv_dequant_mma config is block=(rows, a multiple of 16,), warp=(warps,) and "
+                             "pipeline_stages (steps of K loaded ahead) only")
+
+    def _validate_decode_attention_mma(self) -> None:
+        if self.block != (16,) or len(self.warp) != 1 or self.warp[0] <= 0 or self.thread or self.rstep \
+                or self.split_k != 1 or self.cluster != 1 or self.persistent or self.pipeline_stages != 1:
+            raise ValueError("a decode_attention_mma config is block=(16,), warp=(warps,) only")
+
+    def _validate_decode(self) -> None:
+        """decode_attention and decode_combine: one axis, its lane and warp counts."""
+        if len(self.block) != 1 or len(self.thread) != 1 or len(self.warp) != 1 or min(self.thread + self.warp) <= 0 \
+                or self.rstep or self.split_k != 1 or self.cluster != 1 or self.persistent:
+            raise ValueError("a decode attention or combine config is block=(...,), thread=(values a lane,), "
+                             "warp=(warps,) only")
+
+    def _validate_warp_tiles(self) -> None:
+        """The tensor-core kinds: warp tiles over the (I, J) matmul view, one K step."""
+        if len(self.block) != 2 or len(self.warp) != 2:
+            raise ValueError("tensor-core configs need block=(I, J) and warp=(I, J)")
+        for b, w in zip(self.block, self.warp):
+            if w <= 0 or b % w:
+                raise ValueError(f"warp tile {self.warp} must divide block tile {self.block}")
+        if len(self.rstep) != 1:
+            raise ValueError("tensor-core configs need exactly one rstep (K)")
+
+    def _validate_thread_tiles(self) -> None:
+        if len(self.thread) != len(self.block):
+            raise ValueError(f"thread tile {self.thread} must have the rank of block {self.block}")
+        for b, t in zip(self.block, self.thread):
+            if t <= 0 or b % t:
+                raise ValueError(f"thread tile {self.thread} must divide block tile {self.block}")
+
+    def _validate_knobs(self) -> None:
+        """Reduction steps, pipelining, clusters, split-K and vector widths of the tiled kinds."""
         if self.reduce_thread and len(self.reduce_thread) != len(self.rstep):
             raise ValueError("reduce_thread needs one entry per reduction axis (rstep)")
         if any(r <= 0 for r in self.rstep + self.reduce_thread):

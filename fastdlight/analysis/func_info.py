@@ -371,58 +371,24 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
     check_index_range(func)
     name = func_name(func)
     sch = s_tir.Schedule(func)
-    try:
-        blocks, anchor = output_block(sch)
-    except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
-    spatial, reduce = block_axes(anchor)
-    if not spatial:
-        raise ValueError(f"{name}: output block {anchor.name} has no spatial axis (full reduction to a scalar)")
+    blocks, anchor, spatial, reduce = _output_axes(sch, name)
     normalized = sch.mod["main"]
-    block_names = tuple(b.name for b in blocks)
     reduction_blocks = tuple(b.name for b in blocks if reduces(b))
     iter_kinds = anchor.dom_kind()
-
     block = _output_block_inlined(normalized, blocks, anchor.name)
-    iter_vars = [iv.var for iv in block.iter_vars]
-    stores = []
-    tvm_ffi.structural_walk(block.body, (tirx.BufferStore, stores.append), order="pre")
-    if not stores:
-        raise ValueError(f"{name}: output block {anchor.name} stores nothing")
-    # a block storing several buffers (TVM's layer/group norm: sum and sum of squares in one
-    # pass) is analyzed through its first store; it is a general reduction
-    store = stores[0]
-    param_names = {str(p.name) for p in func.params}
-    out_name = str(store.buffer.name)
-    out_names = {str(st.buffer.name) for st in stores}
-
-    reads = _reads(block, out_names, param_names, iter_vars)
-    write = _make_access(_tensor(store.buffer), out_name in param_names, [store], iter_vars)
-
-    written = {str(w.source.name) for b in blocks for w in sch.get(b.block_rv).writes}
-    params = [p for p in func.params if param_shape(p) is not None]
-    inputs = tuple(_tensor(p) for p in params if str(p.name) not in written)
-    outputs = tuple(_tensor(p) for p in params if str(p.name) in written)
-
-    si = [i for i, k in enumerate(iter_kinds) if k == "S"]
-    ri = [i for i, k in enumerate(iter_kinds) if k == "R"]
-    extents = [0] * len(iter_kinds)
-    for i, a in [*zip(si, spatial), *zip(ri, reduce)]:
-        extents[i] = a.extent
-    weight = None
+    reads, write, num_stores = _accesses(block, func.params, f"{name}: output block {anchor.name}")
+    inputs, outputs = _inputs_and_outputs(func, sch, blocks)
+    si, ri, extents = _iter_layout(iter_kinds, spatial, reduce)
     if not reduction_blocks:
-        kind = "elementwise"
-    elif len(reduction_blocks) > 1 or len(stores) > 1:
-        kind = "general_reduction"
+        kind, weight = "elementwise", None
+    elif len(reduction_blocks) > 1 or num_stores > 1:
+        kind, weight = "general_reduction", None
     else:
         kind, weight = _classify((si, ri, reads, extents), block)
-    dominant = None
-    if reads:
-        dominant = max(reads, key=lambda a: (a.is_param, math.prod(a.region(extents)))).name
     return FuncInfo(
         func=func,
         normalized=normalized,
-        blocks=block_names,
+        blocks=tuple(b.name for b in blocks),
         reduction_blocks=reduction_blocks,
         output_block=anchor.name,
         iter_kinds=iter_kinds,
@@ -434,8 +400,66 @@ def _analyze(func: tirx.PrimFunc, opt_shapes: dict | None) -> FuncInfo:
         write=write,
         kind=kind,
         gemv_weight=weight,
-        dominant_read=dominant,
+        dominant_read=_dominant_read(reads, extents),
     )
+
+
+def _output_axes(sch: s_tir.Schedule, name: str) -> tuple[list[SBlockInfo], SBlockInfo, list[Axis], list[Axis]]:
+    """The normalized blocks, the output block, and its spatial and reduction axes; errors name
+    the function ``name``."""
+    try:
+        blocks, anchor = output_block(sch)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    spatial, reduce = block_axes(anchor)
+    if not spatial:
+        raise ValueError(f"{name}: output block {anchor.name} has no spatial axis (full reduction to a scalar)")
+    return blocks, anchor, spatial, reduce
+
+
+def _accesses(block, params, where: str) -> tuple[tuple[Access, ...], Access, int]:
+    """The loads of the output ``block`` (one access per buffer), its store, and how many
+    stores it has; ``where`` names the block in errors."""
+    iter_vars = [iv.var for iv in block.iter_vars]
+    stores = []
+    tvm_ffi.structural_walk(block.body, (tirx.BufferStore, stores.append), order="pre")
+    if not stores:
+        raise ValueError(f"{where} stores nothing")
+    # a block storing several buffers (TVM's layer/group norm: sum and sum of squares in one
+    # pass) is analyzed through its first store; it is a general reduction
+    store = stores[0]
+    param_names = {str(p.name) for p in params}
+    out_names = {str(st.buffer.name) for st in stores}
+    reads = _reads(block, out_names, param_names, iter_vars)
+    write = _make_access(_tensor(store.buffer), str(store.buffer.name) in param_names, [store], iter_vars)
+    return reads, write, len(stores)
+
+
+def _inputs_and_outputs(func: tirx.PrimFunc, sch: s_tir.Schedule, blocks) -> tuple[tuple[TensorInfo, ...], ...]:
+    """(buffer parameters only read, buffer parameters some block writes)."""
+    written = {str(w.source.name) for b in blocks for w in sch.get(b.block_rv).writes}
+    params = [p for p in func.params if param_shape(p) is not None]
+    inputs = tuple(_tensor(p) for p in params if str(p.name) not in written)
+    outputs = tuple(_tensor(p) for p in params if str(p.name) in written)
+    return inputs, outputs
+
+
+def _iter_layout(iter_kinds: str, spatial, reduce) -> tuple[list[int], list[int], list[int]]:
+    """(spatial iters, reduction iters, extent of every iter), in the output block's iter order."""
+    si = [i for i, k in enumerate(iter_kinds) if k == "S"]
+    ri = [i for i, k in enumerate(iter_kinds) if k == "R"]
+    extents = [0] * len(iter_kinds)
+    for i, a in [*zip(si, spatial), *zip(ri, reduce)]:
+        extents[i] = a.extent
+    return si, ri, extents
+
+
+def _dominant_read(reads, extents) -> str | None:
+    """The read the whole block touches most of, parameters before intermediates."""
+    if not reads:
+        return None
+    return max(reads, key=lambda a: (a.is_param, math.prod(a.region(extents)))).name
+
 
 def _output_block_inlined(normalized: tirx.PrimFunc, blocks, anchor: str):
     """The output block with the injective producers before it (a convolution's padding,

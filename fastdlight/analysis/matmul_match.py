@@ -71,27 +71,19 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
     if not isinstance(func, tirx.PrimFunc):
         return None, "not a PrimFunc"
     sch = s_tir.Schedule(func)
-    blocks = normalize_prim_func(sch)
-    if not blocks:
-        return None, "cannot be normalized"
-    reductions = [b for b in blocks if b.is_reduction()]
-    if len(reductions) != 1:
-        return None, f"{len(reductions)} reduction blocks (need exactly 1)"
-    red = reductions[0]
-    if not all(b.is_injective() for b in blocks if b is not red):
-        return None, "non-injective blocks besides the matmul"
+    found = _the_reduction(sch)
+    if isinstance(found, str):
+        return None, found
+    blocks, red = found
     block = sch.get(red.block_rv)
     product = _product(block)
     if isinstance(product, str):
         return None, product
     store, load_a, load_b = product
     iter_vars = list(block.iter_vars)
+    if reason := _unsupported_iters(iter_vars):
+        return None, reason
     block_vars = [iv.var for iv in iter_vars]
-    for iv in iter_vars:
-        if iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
-            return None, "unsupported iterator type"
-        if not isinstance(iv.dom.extent, tirx.IntImm):
-            return None, "symbolic extent (specialize the shape first)"
     a_vars, b_vars, c_vars = (_access_vars(x, block_vars) for x in (load_a, load_b, store))
     if a_vars is None or b_vars is None or c_vars is None:
         # an implicit GEMM (convolution: A read at h + r, w + s): Dlight's iterator traits
@@ -99,21 +91,11 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
     roles = _roles(iter_vars, a_vars, b_vars, c_vars)
     if isinstance(roles, str):
         return None, roles
+    k_inner = _k_inner(roles, a_vars, b_vars, c_vars)
+    if isinstance(k_inner, str):
+        return None, k_inner
+    a_k_inner, b_k_inner = k_inner
     (ii,), (ij,), (ik,) = roles["I"], roles["J"], roles["K"]
-    vi, vj, vk = ii.var, ij.var, ik.var
-    batch_vars = [x.var for x in roles["S"]]
-
-    def innermost_two(vars_):
-        return [v for v in vars_ if not has_node(v, batch_vars)][-2:]
-
-    a2, b2, c2 = innermost_two(a_vars), innermost_two(b_vars), innermost_two(c_vars)
-    # the matrix axes must be the two innermost (batch axes outside: row-major batches)
-    if not (len(a2) == len(b2) == len(c2) == 2) or any(
-        has_node(v, batch_vars) for v in (a_vars[-2:] + b_vars[-2:] + c_vars[-2:])
-    ):
-        return None, "matrix axes are not the two innermost dimensions"
-    if not (c2[0].same_as(vi) and c2[1].same_as(vj)):
-        return None, "output is not stored [.., M, N]"
     out_buf = func.params[-1] if func.params else store.buffer
     in_a, in_b = str(load_a.source.dtype), str(load_b.source.dtype)
     match = MatmulMatch(
@@ -125,12 +107,58 @@ def match_matmul(func: tirx.PrimFunc) -> tuple[MatmulMatch | None, str]:
         m=int(ii.dom.extent),
         n=int(ij.dom.extent),
         k=int(ik.dom.extent),
-        a_k_inner=a2[-1].same_as(vk),
-        b_k_inner=b2[-1].same_as(vk),
+        a_k_inner=a_k_inner,
+        b_k_inner=b_k_inner,
         num_epilogue=len(blocks) - 1 - blocks.index(red),
         pair_columns=_pair_columns(sch, [b for b in blocks if b is not red], store.buffer),
     )
     return match, ""
+
+
+def _the_reduction(sch: s_tir.Schedule):
+    """``(normalized blocks, the reduction block)`` of a function with exactly one reduction
+    block and injective blocks around it; or why the function is not one."""
+    blocks = normalize_prim_func(sch)
+    if not blocks:
+        return "cannot be normalized"
+    reductions = [b for b in blocks if b.is_reduction()]
+    if len(reductions) != 1:
+        return f"{len(reductions)} reduction blocks (need exactly 1)"
+    red = reductions[0]
+    if not all(b.is_injective() for b in blocks if b is not red):
+        return "non-injective blocks besides the matmul"
+    return blocks, red
+
+
+def _unsupported_iters(iter_vars) -> str:
+    """Why the block's iterators are not all spatial or reduction ones of static extent ("" when
+    they are)."""
+    for iv in iter_vars:
+        if iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
+            return "unsupported iterator type"
+        if not isinstance(iv.dom.extent, tirx.IntImm):
+            return "symbolic extent (specialize the shape first)"
+    return ""
+
+
+def _k_inner(roles, a_vars, b_vars, c_vars) -> tuple[bool, bool] | str:
+    """Whether A and B hold K innermost, where each access's two innermost axes are its matrix
+    axes and the output is stored ``[.., M, N]``; else why not."""
+    vi, vj, vk = (roles[r][0].var for r in "IJK")
+    batch_vars = [x.var for x in roles["S"]]
+
+    def innermost_two(vars_):
+        return [v for v in vars_ if not has_node(v, batch_vars)][-2:]
+
+    a2, b2, c2 = innermost_two(a_vars), innermost_two(b_vars), innermost_two(c_vars)
+    # the matrix axes must be the two innermost (batch axes outside: row-major batches)
+    if not (len(a2) == len(b2) == len(c2) == 2) or any(
+        has_node(v, batch_vars) for v in (a_vars[-2:] + b_vars[-2:] + c_vars[-2:])
+    ):
+        return "matrix axes are not the two innermost dimensions"
+    if not (c2[0].same_as(vi) and c2[1].same_as(vj)):
+        return "output is not stored [.., M, N]"
+    return a2[-1].same_as(vk), b2[-1].same_as(vk)
 
 
 def _product(block):

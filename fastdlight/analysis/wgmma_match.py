@@ -18,7 +18,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 
-from fastdlight.analysis.matmul_match import has_node, load_of, match_matmul
+from fastdlight.analysis.matmul_match import MatmulMatch, has_node, load_of, match_matmul
 from fastdlight.analysis.dtypes import FP8_DTYPES, NBYTES
 from fastdlight.analysis.wgmma_conv import ConvGeometry, gemm_shape, match_conv
 from fastdlight.analysis.wgmma_view import OperandView, view_operand
@@ -138,17 +138,30 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     if base is None:
         found, view_reason = _match_views(func)
         return found, view_reason or ("" if found is not None else reason)
+    block, reason = _inlined_matmul_block(func, base)
+    if block is None:
+        return None, reason
+    if sum(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars) == 3:
+        return _match_conv(func, base, block, {str(p.name): p for p in func.params})
+    return _match_plain(func, base, block)
+
+
+def _inlined_matmul_block(func, base: MatmulMatch):
+    """``(block, "")``: the matmul block of ``func`` with its elementwise producers inlined, so
+    that it loads the tensors the template reads; else ``(None, reason)``."""
     sch = s_tir.Schedule(func)
     try:
         block_rv = sch.get_sblock(base.block)
         auto_inline_producers(sch, block_rv)
     except Exception as e:  # noqa: BLE001
         return None, f"cannot inline the matmul's producers: {type(e).__name__}"
-    block = sch.get(block_rv)
+    return sch.get(block_rv), ""
+
+
+def _match_plain(func, base: MatmulMatch, block) -> tuple[WgmmaMatch | None, str]:
+    """A matmul whose operands are parameters indexed by plain variables, ``[batch?, rows, K]``
+    or ``[batch?, K, rows]``; views of larger tensors where an index is more than a variable."""
     value = block.body.value
-    params = {str(p.name): p for p in func.params}
-    if sum(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars) == 3:
-        return _match_conv(func, base, block, params)
     load_x, load_y = load_of(value.b.a), load_of(value.b.b)
     if load_x is None or load_y is None:
         return None, "matmul operands are not loads"
@@ -174,25 +187,41 @@ def match_wgmma(func: tirx.PrimFunc) -> tuple[WgmmaMatch | None, str]:
     b_k, b_ok = _layout(y_vars, j_var, k_var, batch_var)
     if not (a_ok and b_ok):
         return None, "operand axes are not [batch?, rows, K] or [batch?, K, rows]"
-    pair = base.pair_columns
-    if pair and pair != SWIZZLE_BYTES // NBYTES[str(out.dtype)]:
-        return None, f"columns paired {pair} apart: the epilogue pairs whole 128-byte chunks"
-    if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n // 2 if pair else base.n]:
-        return None, "output is not [batch?, M, N]"
+    if reason := _paired_output_refusal(base, out):
+        return None, reason
     match = WgmmaMatch(
         block=base.block, in_dtype=in_dtype, out_dtype=str(out.dtype), batch=base.batch,
         m=base.m, n=base.n, k=base.k, a_name=str(load_x.source.name), b_name=str(load_y.source.name),
         d_name=str(out.name), a_k_major=a_k, b_k_major=b_k,
         a_batched=batch_var is not None and has_node(batch_var, x_vars),
-        b_batched=batch_var is not None and has_node(batch_var, y_vars), pair=pair,
+        b_batched=batch_var is not None and has_node(batch_var, y_vars), pair=base.pair_columns,
     )  # fmt: skip
-    if in_dtype in FP8_DTYPES and not (a_k and b_k):
-        return None, f"{in_dtype}: wgmma reads 8-bit operands K-major only (A as [M, K], B as [N, K])"
-    inner = {"A": match.k if a_k else match.m, "B": match.k if b_k else match.n}
+    if reason := _operand_rows_refusal(match):
+        return None, reason
+    return _stores_whole_tiles(match)
+
+
+def _paired_output_refusal(base: MatmulMatch, out) -> str:
+    """Why the output ``out`` is not the matmul's ``[batch?, M, N]`` (N / 2 where the epilogue
+    pairs columns, whole 128-byte chunks apart); "" when it is."""
+    pair = base.pair_columns
+    if pair and pair != SWIZZLE_BYTES // NBYTES[str(out.dtype)]:
+        return f"columns paired {pair} apart: the epilogue pairs whole 128-byte chunks"
+    if _nonunit(out.shape) != ([base.batch] if base.batch > 1 else []) + [base.m, base.n // 2 if pair else base.n]:
+        return "output is not [batch?, M, N]"
+    return ""
+
+
+def _operand_rows_refusal(match: WgmmaMatch) -> str:
+    """Why wgmma and TMA cannot read the plain operands of ``match`` ("" when they can): 8-bit
+    ones MN-major, or rows that are no multiple of 16 bytes."""
+    if match.in_dtype in FP8_DTYPES and not (match.a_k_major and match.b_k_major):
+        return f"{match.in_dtype}: wgmma reads 8-bit operands K-major only (A as [M, K], B as [N, K])"
+    inner = {"A": match.k if match.a_k_major else match.m, "B": match.k if match.b_k_major else match.n}
     for name, extent in inner.items():
         if extent * match.in_bytes % TMA_STRIDE_BYTES:
-            return None, f"{name}'s rows are {extent * match.in_bytes} bytes: TMA needs multiples of 16"
-    return _stores_whole_tiles(match)
+            return f"{name}'s rows are {extent * match.in_bytes} bytes: TMA needs multiples of 16"
+    return ""
 
 
 def _match_conv(func, base, block, params) -> tuple[WgmmaMatch | None, str]:
