@@ -6,9 +6,10 @@ Layout: the rows of the config's spatial axes are tiled ``[grid, threads (thread
 (``block`` rows per block, ``thread`` rows per thread); ``reduce_thread`` threads
 (``threadIdx.x``) split each row. Every reduction is ``compute_at`` the block loop with the same
 row split and combined across ``threadIdx.x`` by TVM's allreduce; its per-row result goes to
-the threads of that row (shared memory when a block has one row, see step 2 for why). When the block's rows of the input fit in shared memory
-(``smem_limit``), they are fetched once with 128-bit cooperative loads and every block of the
-chain reads them from there, so the input crosses DRAM once. The last (elementwise) block
+the threads of that row (shared memory when a block has one row, see ``_reductions_at_block``
+for why). When the block's rows of the input fit in shared memory (``smem_limit``), they are
+fetched once with 128-bit cooperative loads and every block of the chain reads them from there,
+so the input crosses DRAM once. The last (elementwise) block
 stores vectors (up to 128 bit, fewer lanes when it computes in float32).
 """
 
@@ -59,72 +60,16 @@ class GeneralReductionTemplate(ScheduleTemplate):
         rt = min(math.prod(config.reduce_thread or (1,)), MAX_THREADS)
         if threads_y * rt > MAX_THREADS:
             return None
-        reductions = [b for b in blocks if b.is_reduction()]
-        inline_injective(sch, blocks, keep=reductions)
+        inline_injective(sch, blocks, keep=[b for b in blocks if b.is_reduction()])
         _row_loops_of_one_row(sch, blocks, spatial)
         chain = _chain(sch, blocks, spatial, reduce)
         if chain is None:
             return None
         reductions, last = chain
-        n_s = len(spatial)
         r_extent = math.prod(a.extent for a in reduce)
-
-        # 1. Tile the last block: rows -> [grid, threadIdx.y, serial], the row -> [serial, threadIdx.x, vec].
-        last_rv = last.block_rv
-        loops = sch.get_loops(last_rv)
-        row_loops, col_loops = loops[:n_s], loops[n_s:]
-        last_stmt = sch.get(last_rv)
-        last_buffers = buffers_indexed_innermost_by(last_stmt, last_stmt.iter_vars[-1].var)
-        last_buffers = last_buffers or [w.source for w in last_stmt.writes]
-        per_thread_cols = math.prod(config.rstep or (rt * 8,)) // max(rt, 1)
-        vec = vector_width(config, last_buffers, max(per_thread_cols, 1), r_extent, last_stmt)
-        grids, ser, thr, units = tile_spatial_axes(sch, row_loops, spatial, config, interleave=False)
-        col = sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]
-        co, tx, lane = sch.split(col, [None, rt, vec], preserve_unit_iters=True)
-        sch.reorder(*grids, *thr, *ser, *units, co, tx, lane)
-        bx = sch.fuse(*grids) if n_s > 1 else grids[0]
-        ty = sch.fuse(*thr) if n_s > 1 else thr[0]
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        if not last.is_reduction() and vec > 1:
-            sch.vectorize(lane)
-        unroll(sch, co, max_step=MAX_UNROLLED_ROW_STEPS)
-
-        # 2. Every other reduction runs for the block's rows with the same (threadIdx.y, serial)
-        #    row split as the last block, each row combined across threadIdx.x. With several rows
-        #    per block its per-row result is "local": TVM's allreduce then hands the result to
-        #    every thread of the row (read back from its shared scratch after a barrier), exactly
-        #    the threads that consume it. A "shared" result is written by threadIdx.x == 0 only,
-        #    and TVM 0.27's barrier insertion misses that write→read hazard when both index by
-        #    threadIdx.y (wrong results on an H200 with 2 rows × 4 warps). With one row per block
-        #    the index is constant, TVM does insert the barrier, and "shared" is ~10% faster
-        #    (measured 3044 vs 2685 GB/s, softmax 4096² fp16 on H200): the "local" result is
-        #    re-read from volatile shared scratch at every use.
-        result_scope = "shared" if math.prod(config.block) == 1 else "local"
-        for info in reversed(reductions):
-            if info.block_rv.same_as(last_rv):
-                continue
-            blk = info.block_rv
-            for i in range(len(sch.get(blk).writes)):  # a norm's block keeps sum and sum of squares
-                sch.set_scope(blk, i, result_scope)
-            sch.compute_at(blk, bx, preserve_unit_loops=True)
-            loops = sch.get_loops(blk)[1:]
-            b_rows, b_cols = loops[:n_s], loops[n_s:]
-            thr, ser = [], []
-            for i, loop in enumerate(b_rows):
-                t, s_ = sch.split(loop, [config.block[i] // config.thread[i], config.thread[i]], preserve_unit_iters=True)
-                thr.append(t)
-                ser.append(s_)
-            r = sch.fuse(*b_cols) if len(b_cols) > 1 else b_cols[0]
-            ro, rtx = sch.split(r, [None, rt], preserve_unit_iters=True)
-            sch.reorder(*thr, *ser, rtx, ro)
-            sch.bind(sch.fuse(*thr) if n_s > 1 else thr[0], "threadIdx.y")
-            sch.bind(rtx, "threadIdx.x")
-            unroll(sch, ro)
-
-        # 3. Cache the block's rows of the big input(s) in shared memory when they fit.
-        self._cache_rows(sch, [i.block_rv for i in reductions] + [last_rv], bx, config, threads_y, rt, r_extent)
+        bx = _tile_last_block(sch, last, spatial, config, rt, r_extent)
+        _reductions_at_block(sch, reductions, last.block_rv, bx, config, len(spatial), rt)
+        self._cache_rows(sch, [i.block_rv for i in reductions] + [last.block_rv], bx, config, threads_y, rt, r_extent)
         return sch
 
     def _cache_rows(self, sch, readers, bx, config: Config, threads_y: int, rt: int, r_extent: int) -> None:
@@ -160,6 +105,81 @@ class GeneralReductionTemplate(ScheduleTemplate):
             bits = dtype_bits(buf.dtype)
             vec = largest_pow2_divisor(r_extent, max(1, 128 // bits))
             cooperative_fetch(sch, cache, [threads_y, rt], vec)
+
+
+def _tile_last_block(sch, last, spatial, config: Config, rt: int, r_extent: int):
+    """Tile the chain's last block: its rows -> [grid (blockIdx.x), threadIdx.y, serial], the row
+    -> [serial, threadIdx.x, vector lane]. Returns the block loop, where the rest goes."""
+    n_s = len(spatial)
+    loops = sch.get_loops(last.block_rv)
+    row_loops, col_loops = loops[:n_s], loops[n_s:]
+    vec = _last_block_vector(sch, last, config, rt, r_extent)
+    grids, ser, thr, units = tile_spatial_axes(sch, row_loops, spatial, config, interleave=False)
+    col = sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]
+    co, tx, lane = sch.split(col, [None, rt, vec], preserve_unit_iters=True)
+    sch.reorder(*grids, *thr, *ser, *units, co, tx, lane)
+    bx = sch.fuse(*grids) if n_s > 1 else grids[0]
+    ty = sch.fuse(*thr) if n_s > 1 else thr[0]
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if not last.is_reduction() and vec > 1:
+        sch.vectorize(lane)
+    unroll(sch, co, max_step=MAX_UNROLLED_ROW_STEPS)
+    return bx
+
+
+def _last_block_vector(sch, last, config: Config, rt: int, r_extent: int) -> int:
+    """Vector lanes of the last block along the row: what ``vector_width`` allows for the buffers
+    its innermost iterator indexes innermost (its outputs when none), given the row's columns per
+    thread."""
+    stmt = sch.get(last.block_rv)
+    buffers = buffers_indexed_innermost_by(stmt, stmt.iter_vars[-1].var)
+    buffers = buffers or [w.source for w in stmt.writes]
+    per_thread_cols = math.prod(config.rstep or (rt * 8,)) // max(rt, 1)
+    return vector_width(config, buffers, max(per_thread_cols, 1), r_extent, stmt)
+
+
+def _reductions_at_block(sch, reductions, last_rv, bx, config: Config, n_s: int, rt: int) -> None:
+    """Every reduction but the last block runs at the block loop ``bx`` for the block's rows,
+    with the same (threadIdx.y, serial) row split as the last block, each row combined across
+    threadIdx.x.
+
+    Where its per-row result lives: with several rows per block, "local": TVM's allreduce then
+    hands the result to every thread of the row (read back from its shared scratch after a
+    barrier), exactly the threads that consume it. A "shared" result is written by
+    threadIdx.x == 0 only, and TVM 0.27's barrier insertion misses that write→read hazard when
+    both index by threadIdx.y (wrong results on an H200 with 2 rows × 4 warps). With one row per
+    block the index is constant, TVM does insert the barrier, and "shared" is ~10% faster
+    (measured 3044 vs 2685 GB/s, softmax 4096² fp16 on H200): the "local" result is re-read from
+    volatile shared scratch at every use."""
+    result_scope = "shared" if math.prod(config.block) == 1 else "local"
+    for info in reversed(reductions):
+        if info.block_rv.same_as(last_rv):
+            continue
+        blk = info.block_rv
+        for i in range(len(sch.get(blk).writes)):  # a norm's block keeps sum and sum of squares
+            sch.set_scope(blk, i, result_scope)
+        sch.compute_at(blk, bx, preserve_unit_loops=True)
+        _split_rows_and_row(sch, blk, config, n_s, rt)
+
+
+def _split_rows_and_row(sch, blk, config: Config, n_s: int, rt: int) -> None:
+    """Inside the block loop: ``blk``'s rows -> [threadIdx.y, serial] (``thread`` rows a thread),
+    its row -> [threadIdx.x, serial] (``rt`` threads, each a strided part, unrolled)."""
+    loops = sch.get_loops(blk)[1:]
+    b_rows, b_cols = loops[:n_s], loops[n_s:]
+    thr, ser = [], []
+    for i, loop in enumerate(b_rows):
+        t, s_ = sch.split(loop, [config.block[i] // config.thread[i], config.thread[i]], preserve_unit_iters=True)
+        thr.append(t)
+        ser.append(s_)
+    r = sch.fuse(*b_cols) if len(b_cols) > 1 else b_cols[0]
+    ro, rtx = sch.split(r, [None, rt], preserve_unit_iters=True)
+    sch.reorder(*thr, *ser, rtx, ro)
+    sch.bind(sch.fuse(*thr) if n_s > 1 else thr[0], "threadIdx.y")
+    sch.bind(rtx, "threadIdx.x")
+    unroll(sch, ro)
 
 
 def _numel(buf) -> int:

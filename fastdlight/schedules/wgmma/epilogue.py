@@ -277,19 +277,7 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     root = root_block(sch)
     if root is None:
         raise ValueError("the function is not in block form")
-    progress = True
-    while progress:
-        progress = False
-        for block in sch.get_child_blocks(root):
-            stmt = sch.get(block)
-            if stmt.name_hint == match.block or str(stmt.writes[0].source.name) in params:
-                continue
-            try:
-                sch.compute_inline(block)
-                progress = True
-                break
-            except Exception:  # noqa: BLE001 - not inlinable: the match below rejects the function
-                continue
+    _inline_intermediates(sch, root, match.block, params)
     acc_buf = sch.get(mm).writes[0].source
     tail = [sch.get(b) for b in sch.get_child_blocks(root)]
     tail = [b for b in tail if b.name_hint != match.block]
@@ -302,14 +290,7 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     if len(tail) != 1:
         raise ValueError(f"{len(tail)} blocks remain after inlining the epilogue")
     store = tail[0].body
-    names = []
-    for idx in store.indices:
-        if isinstance(idx, tirx.Var):
-            names.append(str(idx.name))
-        elif isinstance(idx, tirx.IntImm) and idx.value == 0:
-            names.append(None)
-        else:
-            raise ValueError("the output is not indexed by plain variables")
+    names = _output_index_names(store)
     text = store.value.script()
     acc_name = str(acc_buf.name)
     if match.pair:
@@ -329,6 +310,39 @@ def extract_epilogue(func: tirx.PrimFunc, match: WgmmaMatch) -> Epilogue:
     reads = list({r.text: r for r in reads}.values())
     pairable = tuple(_pairable(r, params[r.buffer], tuple(names), match) for r in reads)
     return Epilogue(text, tuple(names), tuple(reads), pairable)
+
+
+def _inline_intermediates(sch: s_tir.Schedule, root, matmul: str, params: dict) -> None:
+    """Inline every block but the matmul (named ``matmul``) and those writing a parameter, until
+    TVM can inline none of the rest; one it cannot stays, and ``extract_epilogue`` then rejects
+    the function. Starts over after each inlining: it changes the list of child blocks."""
+    progress = True
+    while progress:
+        progress = False
+        for block in sch.get_child_blocks(root):
+            stmt = sch.get(block)
+            if stmt.name_hint == matmul or str(stmt.writes[0].source.name) in params:
+                continue
+            try:
+                sch.compute_inline(block)
+                progress = True
+                break
+            except Exception:  # noqa: BLE001 - not inlinable: extract_epilogue rejects the function
+                continue
+
+
+def _output_index_names(store: tirx.BufferStore) -> list[str | None]:
+    """The name of each index variable of the output store, None for a constant 0 index (a
+    unit dimension); ValueError for any other index expression."""
+    names = []
+    for idx in store.indices:
+        if isinstance(idx, tirx.Var):
+            names.append(str(idx.name))
+        elif isinstance(idx, tirx.IntImm) and idx.value == 0:
+            names.append(None)
+        else:
+            raise ValueError("the output is not indexed by plain variables")
+    return names
 
 
 def _paired(text: str, store, acc_buf, g: int, acc: str) -> str:
