@@ -250,11 +250,6 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     reference the example checks against (default: the function widened to float64, run on
     the CPU). ``name``: the C name (default: the function's). ``out_dir`` must not exist, be
     empty, or ``force=True``. Raises :class:`ExportError` (one line) for what cannot be exported."""
-    import tvm
-
-    from fastdlight import __version__
-    from fastdlight.compiler import build_task
-
     out_dir = os.fspath(out_dir)
     if name is not None and not re.fullmatch(r"[A-Za-z_]\w*", name):
         raise ExportError(f"bad name {name!r}: use a C identifier")
@@ -262,6 +257,21 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     func, config, template, latency_ms, arch = _resolve(func_or_result, target, topk, options, opt_shapes,
                                                         database, overrides, config)
     name = name or re.sub(r"\W", "_", _default_name(func))
+    source, plan = _lowered_plan(func, config, template, arch)
+    sections, checks, reference = _example_data(name, func, plan, seed, ref)
+    files, build_command = _export_files(name, func, arch, config, latency_ms, source, plan, sections, checks,
+                                         reference)
+    _write_atomically(out_dir, files, force)
+    path = os.path.abspath(out_dir)
+    return ExportResult(path, name, *(os.path.join(path, f) for f in files if not f.endswith(".json")),
+                        os.path.join(path, f"{name}.json"), build_command, plan.launches, config, latency_ms, reference)
+
+
+def _lowered_plan(func, config, template, arch) -> tuple[str, LaunchPlan]:
+    """(CUDA source, launch plan) of ``func`` scheduled by ``config`` and lowered for ``arch``,
+    the plan checked against the source."""
+    from fastdlight.compiler import build_task
+
     try:
         with arch.target:
             mod = build_task.as_module(build_task.apply_template(func, config, template))
@@ -271,13 +281,30 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
     source, lowered = lower(mod, arch.target)
     plan = launch_plan(lowered, func)
     check_against_source(plan, source)
+    return source, plan
 
+
+def _example_data(name: str, func, plan: LaunchPlan, seed: int, ref) -> tuple[list[bytes], list[OutputCheck], str]:
+    """The example's data: ``NAME_data.bin``'s sections (inputs, expected outputs, allowed
+    errors; each padded to 8 bytes), the example's output checks and what the expected values
+    are from (a warning when the data is large)."""
     inputs = make_inputs(func, seed)
     expected = reference_outputs(func, inputs, ref)
     sections, checks = data_sections(plan, inputs, expected)
     sections = [s + b"\0" * (-len(s) % 8) for s in sections]  # every section starts 8-byte aligned
     _warn_if_large(name, len(DATA_MAGIC) + sum(map(len, sections)))
-    reference = expected.reference
+    return sections, checks, expected.reference
+
+
+def _export_files(name: str, func, arch, config, latency_ms: float | None, source: str, plan: LaunchPlan,
+                  sections: list[bytes], checks: list[OutputCheck], reference: str) -> tuple[dict[str, bytes], str]:
+    """The exported files' contents by file name (the header, the example, its data, the
+    Makefile, the README and the manifest, in :class:`ExportResult`'s order) and the example's
+    build command."""
+    import tvm
+
+    from fastdlight import __version__
+
     sm = str(arch.target.attrs.get("arch", ""))
     timed = f"{latency_ms:.4f} ms (tuner, median)" if latency_ms is not None else "not timed"
     note = f"config {config!r}, target {arch.name} ({sm}), tuned latency: {timed}; fastdlight {__version__}, TVM {tvm.__version__}"
@@ -303,10 +330,7 @@ def export(func_or_result, out_dir, *, name: str | None = None, target=None, top
         "README.md": readme.encode(),
         f"{name}.json": (json.dumps(manifest, indent=1) + "\n").encode(),
     }
-    _write_atomically(out_dir, files, force)
-    path = os.path.abspath(out_dir)
-    return ExportResult(path, name, *(os.path.join(path, f) for f in files if not f.endswith(".json")),
-                        os.path.join(path, f"{name}.json"), build_command, plan.launches, config, latency_ms, reference)
+    return files, build_command
 
 
 #: example data above this size is written with a warning (softmax 4096x4096 wrote 160 MiB unannounced)

@@ -61,6 +61,72 @@ def gated_product(x: te.Tensor, w: te.Tensor, acc_dtype: str, gate_dtype: str, u
     return te.compute((*lead, n), product, name="gated")
 
 
+@mutator
+class _GatedProjections(PyExprMutator):
+    """:func:`gated_projections`' rewrite: ``multiply(silu(gate), up)`` of two projections of
+    one ``x`` as one :func:`gated_product`."""
+
+    def __init__(self, mod=None, has_wgmma: bool = True):
+        super().__init__(mod)
+        self.has_wgmma = has_wgmma  # False: left alone (no template but wgmma's takes the pairs)
+
+    def silu_of(self, expr):
+        value = bound_value(self, expr)
+        if (silu := call_to(value, "relax.nn.silu")) is not None:
+            return silu.args[0]
+        mul = call_to(value, "relax.multiply")
+        if mul is None:
+            return None
+        for t, s in (mul.args, mul.args[::-1]):
+            sig = call_to(bound_value(self, s), "relax.sigmoid")
+            if sig is not None and sig.args[0].same_as(t):
+                return t
+        return None
+
+    def projection(self, expr):
+        """``(matmul call, dtype after its cast)`` of ``[astype](matmul(x, W))``, else None."""
+        value = bound_value(self, expr)
+        cast = call_to(value, "relax.astype")
+        mm = call_to(bound_value(self, cast.args[0]) if cast is not None else value, "relax.matmul")
+        return None if mm is None else (mm, str((mm if cast is None else cast).ty.dtype))
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not self.has_wgmma or getattr(call.op, "name", "") != "relax.multiply":
+            return call
+        for a, b in (call.args, call.args[::-1]):
+            t = self.silu_of(a)
+            gate, up = (None, None) if t is None else (self.projection(t), self.projection(b))
+            if gate is None or up is None:
+                continue
+            rewritten = self.rewrite(gate, up)
+            if rewritten is not None:
+                return rewritten
+        return call
+
+    def rewrite(self, gate, up):
+        (g_mm, g_dtype), (u_mm, u_dtype) = gate, up
+        x = g_mm.args[0]
+        if not x.same_as(u_mm.args[0]) or str(g_mm.ty.dtype) != str(u_mm.ty.dtype):
+            return None
+        wg, wu = constant_value(self, g_mm.args[1]), constant_value(self, u_mm.args[1])
+        in_dtype = str(x.ty.dtype)
+        if wg is None or wu is None or wg.ndim != 2 or wg.shape != wu.shape or in_dtype not in ("float16", "bfloat16"):
+            return None
+        kdim, n = wg.shape
+        sx = static_shape(x)
+        if sx is not None and math.prod(sx[:-1]) <= DECODE_ROWS:
+            # decode: two GEMVs (the weights read once each, at the bandwidth limit); the
+            # pair's one GEMM has no GEMV template, and on CUDA cores it ran a LLaMA MLP
+            # step (1 token, 4096 -> 2x11008 -> 4096) at 0.42 ms against torch's 0.08 (H200)
+            return None
+        if n % PAIR_COLUMNS or kdim * 2 % 16 or str(wg.dtype) != in_dtype or str(wu.dtype) != in_dtype:
+            return None
+        weight = relax.const(interleave(np.ascontiguousarray(wg.T), np.ascontiguousarray(wu.T)), in_dtype)
+        return self.builder_.call_te(gated_product, x, weight, str(g_mm.ty.dtype), g_dtype, u_dtype,
+                                     primfunc_name_hint="gated_silu")
+
+
 def gated_projections(target=None) -> tvm.transform.Pass:
     """``multiply(silu(t_g), t_u)`` with ``t = [astype](matmul(x, W))``, both ``W`` bound
     constants ``[K, N]`` read by the same ``x``, as one :func:`gated_product` over their
@@ -68,63 +134,5 @@ def gated_projections(target=None) -> tvm.transform.Pass:
     ``t * sigmoid(t)``. Not applied where ``target`` has no wgmma: no other template takes the
     pairs."""
     has_wgmma = target is None or CUDA(target).has_wgmma
-
-    @mutator
-    class Rewriter(PyExprMutator):
-        def silu_of(self, expr):
-            value = bound_value(self, expr)
-            if (silu := call_to(value, "relax.nn.silu")) is not None:
-                return silu.args[0]
-            mul = call_to(value, "relax.multiply")
-            if mul is None:
-                return None
-            for t, s in (mul.args, mul.args[::-1]):
-                sig = call_to(bound_value(self, s), "relax.sigmoid")
-                if sig is not None and sig.args[0].same_as(t):
-                    return t
-            return None
-
-        def projection(self, expr):
-            """``(matmul call, dtype after its cast)`` of ``[astype](matmul(x, W))``, else None."""
-            value = bound_value(self, expr)
-            cast = call_to(value, "relax.astype")
-            mm = call_to(bound_value(self, cast.args[0]) if cast is not None else value, "relax.matmul")
-            return None if mm is None else (mm, str((mm if cast is None else cast).ty.dtype))
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not has_wgmma or getattr(call.op, "name", "") != "relax.multiply":
-                return call
-            for a, b in (call.args, call.args[::-1]):
-                t = self.silu_of(a)
-                gate, up = (None, None) if t is None else (self.projection(t), self.projection(b))
-                if gate is None or up is None:
-                    continue
-                rewritten = self.rewrite(gate, up)
-                if rewritten is not None:
-                    return rewritten
-            return call
-
-        def rewrite(self, gate, up):
-            (g_mm, g_dtype), (u_mm, u_dtype) = gate, up
-            x = g_mm.args[0]
-            if not x.same_as(u_mm.args[0]) or str(g_mm.ty.dtype) != str(u_mm.ty.dtype):
-                return None
-            wg, wu = constant_value(self, g_mm.args[1]), constant_value(self, u_mm.args[1])
-            in_dtype = str(x.ty.dtype)
-            if wg is None or wu is None or wg.ndim != 2 or wg.shape != wu.shape or in_dtype not in ("float16", "bfloat16"):
-                return None
-            kdim, n = wg.shape
-            sx = static_shape(x)
-            if sx is not None and math.prod(sx[:-1]) <= DECODE_ROWS:
-                # decode: two GEMVs (the weights read once each, at the bandwidth limit); the
-                # pair's one GEMM has no GEMV template, and on CUDA cores it ran a LLaMA MLP
-                # step (1 token, 4096 -> 2x11008 -> 4096) at 0.42 ms against torch's 0.08 (H200)
-                return None
-            if n % PAIR_COLUMNS or kdim * 2 % 16 or str(wg.dtype) != in_dtype or str(wu.dtype) != in_dtype:
-                return None
-            weight = relax.const(interleave(np.ascontiguousarray(wg.T), np.ascontiguousarray(wu.T)), in_dtype)
-            return self.builder_.call_te(gated_product, x, weight, str(g_mm.ty.dtype), g_dtype, u_dtype,
-                                         primfunc_name_hint="gated_silu")
-
-    return mutator_pass("fastdlight.GatedProjections", Rewriter, relax.transform.DeadCodeElimination())
+    return mutator_pass("fastdlight.GatedProjections", lambda mod: _GatedProjections(mod, has_wgmma),
+                        relax.transform.DeadCodeElimination())

@@ -168,23 +168,8 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
                                             recorded=recorded, match=match,
                                             memory_bound_topk=opts.memory_bound_topk)):
         cut = seeded(full, seeds) if seeds and i == 0 else full
-        tuned = None
-        for cand in (cut, full) if cut is not full else (full,):  # a failed cut: the full set gets its chance
-            if failed is not None:
-                why = _brief(errors[-1])[:300]
-                warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}",
-                              stacklevel=2)
-            if on_set is not None:
-                on_set(cand)
-            try:
-                results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
-            except TuningError as e:
-                errors.append(f"{cand.policy}{' (seeded)' if cand is not full else ''}: {e}")
-                failed = cand.policy
-                continue
-            failed = None
-            tuned = Tuned(best.config, "tuned", cand.policy, tuple(results), best)
-            break
+        tuned = _tune_cut_then_full(cut, full, failed, errors, arch, opts, on_set)
+        failed = None if tuned is not None else full.policy
         if tuned is None:
             continue
         held = tuned if held is None else faster_of(held, tuned)
@@ -195,13 +180,42 @@ def tune_function(func, arch: CUDA, topk: int, opts: TuneOptions, *, opt_shapes:
     if errors:
         held = dataclasses.replace(held, fallbacks=tuple(errors))
     if db is not None and held.best.verified:
-        # the winner's kernel is stored with its config: a replay loads it instead of scheduling
-        # again (MobileNetV3's 70 functions: 7.5 s of scheduling, 0.8 s of loading, on two CPU
-        # cores; a tensor-core schedule also imports TVM's tensor intrinsics first)
-        if held.kernel is None:
-            held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))
+        held = _with_kernel(held, func, arch)
         db.commit(func, arch, held.config, held.best.latency_ms, True, reference=held.best.verdict.reference,
                   kernel=held.kernel)
+    return held
+
+
+def _tune_cut_then_full(cut: CandidateSet, full: CandidateSet, failed: str | None, errors: list[str], arch: CUDA,
+                        opts: TuneOptions, on_set: Callable[[CandidateSet], None] | None) -> Tuned | None:
+    """The winner of ``cut`` (``full`` cut to a sibling's seeds, or ``full`` itself) or, when
+    every config of the cut fails, of ``full``; None when that fails too. Each failure's reason
+    is appended to ``errors``, and each attempt after a failure says so in a warning (``failed``:
+    the policy whose set failed just before this call, else None)."""
+    for cand in (cut, full) if cut is not full else (full,):  # a failed cut: the full set gets its chance
+        if failed is not None:
+            why = _brief(errors[-1])[:300]
+            warnings.warn(f"fastdlight: every {failed} candidate failed ({why}); trying {cand.policy}",
+                          stacklevel=3)  # at tune_function's caller
+        if on_set is not None:
+            on_set(cand)
+        try:
+            results, best = apply_and_build(cand.func, cand.configs, arch, options=opts)
+        except TuningError as e:
+            errors.append(f"{cand.policy}{' (seeded)' if cand is not full else ''}: {e}")
+            failed = cand.policy
+            continue
+        return Tuned(best.config, "tuned", cand.policy, tuple(results), best)
+    return None
+
+
+def _with_kernel(held: Tuned, func, arch: CUDA) -> Tuned:
+    """``held`` with its scheduled kernel (scheduled here when the tuning did not keep it), to be
+    stored with its config: a replay loads the kernel instead of scheduling again (MobileNetV3's
+    70 functions: 7.5 s of scheduling, 0.8 s of loading, on two CPU cores; a tensor-core schedule
+    also imports TVM's tensor intrinsics first)."""
+    if held.kernel is None:
+        held = dataclasses.replace(held, kernel=scheduled_function(func, held.config, arch))
     return held
 
 
