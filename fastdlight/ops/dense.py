@@ -107,7 +107,7 @@ def matmul_symbolic_rows(n, k, dtype="float16") -> tirx.PrimFunc:
     acc = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * W[j, r].astype("float32"), axis=r),
                      name="acc")
     C = te.compute((m, n), lambda i, j: acc[i, j].astype(dtype), name="C")
-    return te.createprim_func([A, W, C]).with_attr("global_symbol", "matmul_symbolic_rows")
+    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "matmul_symbolic_rows")
 
 
 def matmul_bias_relu(m, n, k, dtype="float16") -> Op:
