@@ -1,0 +1,373 @@
+// Decode attention's stream at batch 1 (32 heads, 4096 keys, head dim 128, fp16: 64 MiB of K and
+// V), on raw CUDA: what reading it costs in each load form, and what merging a head's chunks costs.
+// A probe of the hardware for the split-KV chunk step (fastdlight/schedules/decode_attention.py);
+// nothing in the package uses it.
+//
+//   nvcc -O3 -arch=sm_90a -std=c++17 benchmarks/decode_stream_probe.cu -o decode_stream_probe
+//   ./decode_stream_probe read     # the load forms, each CTA a chunk of K and of V (16 chunks a head)
+//   ./decode_stream_probe merge    # 16, 8 and 4 chunks a head: no merge, a ticket, a cluster
+//
+// Every kernel reads three copies of the cache in turn (192 MiB, past the L2), XORs what it loads
+// and stores only if the XOR hits a value it never does. Each time is the median of 21 replays of a
+// CUDA graph of 40 launches, divided by 40. The merge's partial results are stand-ins (the XOR of a
+// thread's loads), so its arithmetic is the real merge's on made-up values.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+namespace cg = cooperative_groups;
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+
+constexpr int HEADS = 32, KEYS = 4096, DB = 256, D = 128;  // DB: bytes a key (128 fp16 values)
+constexpr int CHUNKS = 16, CHUNK_KEYS = KEYS / CHUNKS;     // the read forms' split
+constexpr size_t HALF = (size_t)HEADS * KEYS * DB;         // the bytes of K (V follows)
+
+__device__ __forceinline__ uint32_t x4(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- the read forms: ldg into two register sets, a cp.async ring, cp.async.bulk tiles with mbarriers,
+// ---- a cp.async ring that reads the chunk's K and then its V, and a grid-stride read of all of it
+template <int TILE>
+__global__ void __launch_bounds__(128) ldg_read(const uint4* __restrict__ buf, uint32_t* out) {
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  uint32_t acc = 0;
+  constexpr int PER = TILE * DB / 16 / 128;  // 16-byte loads a thread a tile, of K (and of V)
+  uint4 a[2][PER], b[2][PER];
+  #pragma unroll
+  for (int i = 0; i < PER; i++) { a[0][i] = __ldg((const uint4*)(k) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v) + i * 128 + threadIdx.x); }
+  for (int t = 0; t < CHUNK_KEYS / TILE; t += 2) {
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) { a[1][i] = __ldg((const uint4*)(k + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); b[1][i] = __ldg((const uint4*)(v + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); }
+    #pragma unroll
+    for (int i = 0; i < PER; i++) acc ^= x4(a[0][i]) ^ x4(b[0][i]);
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 2 < CHUNK_KEYS / TILE) { a[0][i] = __ldg((const uint4*)(k + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); }
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) acc ^= x4(a[1][i]) ^ x4(b[1][i]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ uint4 ring[];
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  constexpr int PER = TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE;
+  uint32_t acc = 0;
+  auto issue = [&](int t) {
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < PER; i++) {
+      if (t < NT) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(k + t * TILE * DB) + i * 128 + threadIdx.x));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(v + t * TILE * DB) + i * 128 + threadIdx.x));
+      }
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int t = 0; t < STAGES - 1; t++) issue(t);
+  for (int t = 0; t < NT; t++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
+    issue(t + STAGES - 1);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+// one thread issues each tile's K and V as two bulk copies; the CTA waits on the stage's mbarrier;
+// a stage is refilled after a CTA barrier (every thread has read it)
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) bulk_read(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ uint4 ring[];
+  __shared__ __align__(8) uint64_t full[STAGES];
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  constexpr int PER = TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE, BYTES = TILE * DB;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int t) {
+    if (threadIdx.x == 0 && t < NT) {
+      int st = t % STAGES;
+      mbar_expect(&full[st], 2 * BYTES);
+      bulk(&ring[st * 2 * PER * 128], k + t * BYTES, BYTES, &full[st]);
+      bulk(&ring[(st * 2 + 1) * PER * 128], v + t * BYTES, BYTES, &full[st]);
+    }
+  };
+  for (int t = 0; t < STAGES; t++) issue(t);
+  uint32_t acc = 0;
+  for (int t = 0; t < NT; t++) {
+    int st = t % STAGES;
+    mbar_wait(&full[st], (t / STAGES) & 1);
+    #pragma unroll
+    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
+    __syncthreads();
+    issue(t + STAGES);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) cpasync_seq(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ uint4 ring[];
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  constexpr int PER = 2 * TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE;  // a tile of 2 TILE keys' bytes of one of K, V
+  uint32_t acc = 0;
+  auto src = [&](int t) { return t < NT / 2 ? k + t * 2 * TILE * DB : v + (t - NT / 2) * 2 * TILE * DB; };
+  auto issue = [&](int t) {
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < PER; i++)
+      if (t < NT) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)src(t) + i * 128 + threadIdx.x));
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int t = 0; t < STAGES - 1; t++) issue(t);
+  for (int t = 0; t < NT; t++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < PER; i++) acc ^= x4(ring[(st * PER + i) * 128 + threadIdx.x]);
+    issue(t + STAGES - 1);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf, uint32_t* out, long long n) {
+  uint32_t acc = 0;
+  for (long long i = (long long)blockIdx.x * 256 * 4 + threadIdx.x; i < n; i += (long long)gridDim.x * 256 * 4) {
+    uint4 a[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) a[u] = i + u * 256 < n ? __ldg(buf + i + u * 256) : make_uint4(0, 0, 0, 0);
+    #pragma unroll
+    for (int u = 0; u < 4; u++) acc ^= x4(a[u]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+
+// ---- the merge: a CTA per (head, chunk) streams its chunk (a cp.async ring of 32-key tiles, 3
+// ---- stages) into a stand-in partial result (max, sum, 128 values); then (none) each writes it only;
+// ---- (ticket) each writes it and takes a ticket with atom.acq_rel.gpu, the head's last CTA loads all
+// ---- and merges; (cluster) the head's C CTAs are a thread-block cluster: partials in shared memory,
+// ---- a cluster barrier, rank 0 reads them over distributed shared memory and merges, a second barrier
+constexpr int TILE = 32, STAGES = 3, PER = TILE * DB / 16 / 128;
+
+template <int C>
+__device__ __forceinline__ float stream_chunk(const uint4* buf, uint4* ring) {
+  constexpr int CHUNK_KEYS = KEYS / C, NT = CHUNK_KEYS / TILE;
+  int head = blockIdx.x / C, chunk = blockIdx.x % C;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  uint32_t acc = 0;
+  auto issue = [&](int t) {
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t < NT) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(k + t * TILE * DB) + i * 128 + threadIdx.x));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(v + t * TILE * DB) + i * 128 + threadIdx.x));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int t = 0; t < STAGES - 1; t++) issue(t);
+  for (int t = 0; t < NT; t++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+    int st = t % STAGES;
+    #pragma unroll
+    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
+    issue(t + STAGES - 1);
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  return (float)(acc & 0xFFFF) * 1e-6f;  // the thread's stand-in value
+}
+
+// partial: [0] max, [1] sum, [2 + i] value i; the CTA's threads each own value threadIdx.x
+template <int C>
+__global__ void __launch_bounds__(128) step_none(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
+  extern __shared__ uint4 ring[];
+  float x = stream_chunk<C>(buf, ring);
+  float* p = part + (size_t)blockIdx.x * (D + 2);
+  p[2 + threadIdx.x] = x;
+  if (threadIdx.x == 0) { p[0] = x; p[1] = 1.0f + x; }
+}
+
+template <int C>
+__global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
+  extern __shared__ uint4 ring[];
+  __shared__ int last;
+  float x = stream_chunk<C>(buf, ring);
+  int head = blockIdx.x / C;
+  float* p = part + (size_t)blockIdx.x * (D + 2);
+  p[2 + threadIdx.x] = x;
+  if (threadIdx.x == 0) { p[0] = x; p[1] = 1.0f + x; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(tickets + head) : "memory");
+    last = old == C - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  const float* hp = part + (size_t)head * C * (D + 2);
+  float m[C], l[C], o[C];
+  #pragma unroll
+  for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
+  float mx = m[0];
+  #pragma unroll
+  for (int c = 1; c < C; c++) mx = fmaxf(mx, m[c]);
+  float s = 0.f, acc = 0.f;
+  #pragma unroll
+  for (int c = 0; c < C; c++) { float w = exp2f(m[c] - mx); s += w * l[c]; acc += w * o[c]; }
+  out[head * D + threadIdx.x] = acc / s;
+  if (threadIdx.x == 0) tickets[head] = 0;
+}
+
+template <int C>
+__global__ void __launch_bounds__(128) step_cluster(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
+  extern __shared__ uint4 ring[];
+  __shared__ float mine[D + 2];
+  cg::cluster_group cluster = cg::this_cluster();
+  float x = stream_chunk<C>(buf, ring);
+  mine[2 + threadIdx.x] = x;
+  if (threadIdx.x == 0) { mine[0] = x; mine[1] = 1.0f + x; }
+  cluster.sync();
+  if (cluster.block_rank() == 0) {
+    float m[C], l[C], o[C];
+    #pragma unroll
+    for (int c = 0; c < C; c++) {
+      const float* r = cluster.map_shared_rank(mine, c);
+      m[c] = r[0]; l[c] = r[1]; o[c] = r[2 + threadIdx.x];
+    }
+    float mx = m[0];
+    #pragma unroll
+    for (int c = 1; c < C; c++) mx = fmaxf(mx, m[c]);
+    float s = 0.f, acc = 0.f;
+    #pragma unroll
+    for (int c = 0; c < C; c++) { float w = exp2f(m[c] - mx); s += w * l[c]; acc += w * o[c]; }
+    out[(blockIdx.x / C) * D + threadIdx.x] = acc / s;
+  }
+  cluster.sync();  // no CTA leaves while rank 0 may still read its partial
+}
+
+
+using ReadKernel = void (*)(const uint4*, uint32_t*);
+using StepKernel = void (*)(const uint4*, float*, float*, int*);
+
+// the median time of one launch (us): ``launch(stream, copy)`` 40 times in a CUDA graph
+template <typename F>
+float time_graph(F launch, int copies) {
+  cudaStream_t s; CK(cudaStreamCreate(&s));
+  const int reps = 40;
+  cudaGraph_t g; cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < reps; i++) launch(s, i % copies);
+  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> us;
+  for (int r = 0; r < 21; r++) {
+    CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
+    float ms; CK(cudaEventElapsedTime(&ms, a, b)); us.push_back(ms * 1000.f / reps);
+  }
+  std::sort(us.begin(), us.end());
+  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
+  return us[us.size() / 2];
+}
+
+void report(const char* name, float us) { printf("%-44s %8.2f us  %6.3f TB/s\n", name, us, 2.0 * HALF / 1e6 / us); }
+
+void read_form(const char* name, ReadKernel f, int threads, int grid, int smem, const std::vector<uint4*>& bufs, uint32_t* out) {
+  if (smem) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  report(name, time_graph([&](cudaStream_t s, int c) { f<<<grid, threads, smem, s>>>(bufs[c], out); }, (int)bufs.size()));
+}
+
+void read_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
+  const int grid = HEADS * CHUNKS;
+  read_form("ldg, two register sets, tiles of 16 keys", ldg_read<16>, 128, grid, 0, bufs, out);
+  read_form("ldg, two register sets, tiles of 32 keys", ldg_read<32>, 128, grid, 0, bufs, out);
+  read_form("cp.async ring, 16 keys x 4 stages", cpasync_read<16, 4>, 128, grid, 4 * 2 * 16 * DB, bufs, out);
+  read_form("cp.async ring, 32 keys x 3 stages", cpasync_read<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
+  read_form("cp.async.bulk, 16 keys x 4 stages", bulk_read<16, 4>, 128, grid, 4 * 2 * 16 * DB, bufs, out);
+  read_form("cp.async.bulk, 32 keys x 3 stages", bulk_read<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
+  read_form("cp.async ring, K then V, 32 keys x 3 stages", cpasync_seq<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
+  for (int ctas : {132 * 4, 132 * 8}) {
+    char name[64]; snprintf(name, sizeof name, "grid-stride ldg, %d CTAs of 256", ctas);
+    report(name, time_graph([&](cudaStream_t s, int c) { grid_stride<<<ctas, 256, 0, s>>>(bufs[c], out, (long long)(2 * HALF / 16)); }, (int)bufs.size()));
+  }
+}
+
+template <int C>
+void merge_forms(const std::vector<uint4*>& bufs, float* part, float* out, int* tickets) {
+  const int smem = STAGES * 2 * TILE * DB;
+  StepKernel ks[3] = {step_none<C>, step_ticket<C>, step_cluster<C>};
+  for (StepKernel k : ks) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(step_cluster<C>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchAttribute attr[1]; attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C; attr[0].val.clusterDim.y = 1; attr[0].val.clusterDim.z = 1;
+  auto config = [&](cudaStream_t s, bool cluster) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(HEADS * C); cfg.blockDim = dim3(128); cfg.dynamicSmemBytes = smem; cfg.stream = s;
+    cfg.attrs = attr; cfg.numAttrs = cluster ? 1 : 0;
+    return cfg;
+  };
+  cudaLaunchConfig_t probe = config(nullptr, true);
+  int resident = 0; CK(cudaOccupancyMaxActiveClusters(&resident, (void*)step_cluster<C>, &probe));
+  printf("%d chunks a head: %d clusters of %d CTAs resident at once (the grid has %d)\n", C, resident, C, HEADS);
+  const char* names[3] = {"no merge", "a ticket, the last CTA merges", "a cluster, merged over DSMEM"};
+  for (int i = 0; i < 3; i++) {
+    char name[80]; snprintf(name, sizeof name, "  %2d chunks, %s", C, names[i]);
+    report(name, time_graph([&](cudaStream_t s, int c) {
+      cudaLaunchConfig_t cfg = config(s, i == 2);
+      CK(cudaLaunchKernelEx(&cfg, ks[i], (const uint4*)bufs[c], part, out, tickets));
+    }, (int)bufs.size()));
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "read";
+  if (strcmp(mode, "read") && strcmp(mode, "merge")) { printf("usage: %s read|merge\n", argv[0]); return 2; }
+  std::vector<uint4*> bufs(3);
+  for (auto& p : bufs) { CK(cudaMalloc(&p, 2 * HALF)); CK(cudaMemset(p, 1, 2 * HALF)); }
+  uint32_t* sink; CK(cudaMalloc(&sink, 8192 * 4));
+  float *part, *out; int* tickets;
+  CK(cudaMalloc(&part, HEADS * 16 * (D + 2) * 4)); CK(cudaMalloc(&out, HEADS * D * 4));
+  CK(cudaMalloc(&tickets, HEADS * 4)); CK(cudaMemset(tickets, 0, HEADS * 4));
+  if (!strcmp(mode, "read")) {
+    read_forms(bufs, sink);
+  } else {
+    merge_forms<16>(bufs, part, out, tickets);
+    merge_forms<8>(bufs, part, out, tickets);
+    merge_forms<4>(bufs, part, out, tickets);
+  }
+  CK(cudaDeviceSynchronize());
+  return 0;
+}
