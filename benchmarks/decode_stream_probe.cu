@@ -25,6 +25,7 @@ namespace cg = cooperative_groups;
 constexpr int HEADS = 32, KEYS = 4096, DB = 256, D = 128;  // DB: bytes a key (128 fp16 values)
 constexpr int CHUNKS = 16, CHUNK_KEYS = KEYS / CHUNKS;     // the read forms' split
 constexpr size_t HALF = (size_t)HEADS * KEYS * DB;         // the bytes of K (V follows)
+constexpr int MERGE_TILE = 32, MERGE_STAGES = 3;           // the merge probe's ring
 
 __device__ __forceinline__ uint32_t x4(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -54,13 +55,14 @@ __global__ void __launch_bounds__(128) ldg_read(const uint4* __restrict__ buf, u
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-template <int TILE, int STAGES>
-__global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ buf, uint32_t* out) {
-  extern __shared__ uint4 ring[];
-  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
-  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+// a CTA's chunk (of C a head) of K and V through a ring of STAGES tiles of TILE keys, copied by
+// cp.async (each thread the 16-byte pieces it reads back): the XOR of what it read
+template <int TILE, int STAGES, int C>
+__device__ __forceinline__ uint32_t ring_read(const uint4* buf, uint4* ring) {
+  constexpr int CHUNK = KEYS / C, PER = TILE * DB / 16 / 128, NT = CHUNK / TILE;
+  int head = blockIdx.x / C, chunk = blockIdx.x % C;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK) * DB;
   const char* v = k + HALF;
-  constexpr int PER = TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE;
   uint32_t acc = 0;
   auto issue = [&](int t) {
     int st = t % STAGES;
@@ -81,6 +83,14 @@ __global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ bu
     for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
     issue(t + STAGES - 1);
   }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  return acc;
+}
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ uint4 ring[];
+  uint32_t acc = ring_read<TILE, STAGES, CHUNKS>(buf, ring);
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
@@ -180,34 +190,10 @@ __global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf
 // ---- (ticket) each writes it and takes a ticket with atom.acq_rel.gpu, the head's last CTA loads all
 // ---- and merges; (cluster) the head's C CTAs are a thread-block cluster: partials in shared memory,
 // ---- a cluster barrier, rank 0 reads them over distributed shared memory and merges, a second barrier
-constexpr int TILE = 32, STAGES = 3, PER = TILE * DB / 16 / 128;
-
 template <int C>
 __device__ __forceinline__ float stream_chunk(const uint4* buf, uint4* ring) {
-  constexpr int CHUNK_KEYS = KEYS / C, NT = CHUNK_KEYS / TILE;
-  int head = blockIdx.x / C, chunk = blockIdx.x % C;
-  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
-  const char* v = k + HALF;
-  uint32_t acc = 0;
-  auto issue = [&](int t) {
-    int st = t % STAGES;
-    #pragma unroll
-    for (int i = 0; i < PER; i++) if (t < NT) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(k + t * TILE * DB) + i * 128 + threadIdx.x));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(v + t * TILE * DB) + i * 128 + threadIdx.x));
-    }
-    asm volatile("cp.async.commit_group;");
-  };
-  for (int t = 0; t < STAGES - 1; t++) issue(t);
-  for (int t = 0; t < NT; t++) {
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
-    int st = t % STAGES;
-    #pragma unroll
-    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
-    issue(t + STAGES - 1);
-  }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  return (float)(acc & 0xFFFF) * 1e-6f;  // the thread's stand-in value
+  // the thread's stand-in value
+  return (float)(ring_read<MERGE_TILE, MERGE_STAGES, C>(buf, ring) & 0xFFFF) * 1e-6f;
 }
 
 // partial: [0] max, [1] sum, [2 + i] value i; the CTA's threads each own value threadIdx.x
@@ -327,7 +313,7 @@ void read_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
 
 template <int C>
 void merge_forms(const std::vector<uint4*>& bufs, float* part, float* out, int* tickets) {
-  const int smem = STAGES * 2 * TILE * DB;
+  const int smem = MERGE_STAGES * 2 * MERGE_TILE * DB;
   StepKernel ks[3] = {step_none<C>, step_ticket<C>, step_cluster<C>};
   for (StepKernel k : ks) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(step_cluster<C>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
