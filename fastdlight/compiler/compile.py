@@ -59,7 +59,7 @@ class CompileError(RuntimeError):
     """nvcc/ptxas rejected a kernel; the message carries the compiler's log."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cubin:
     binary: bytes
     registers: int  # per thread, max over kernels

@@ -36,14 +36,14 @@ _HEADER = struct.Struct("<Q")
 INIT_TIMEOUT = 600.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Task:
     key: Any
     fn: Callable  # module-level function (pickled by reference)
     args: tuple = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
     key: Any
     ok: bool

@@ -13,7 +13,7 @@ from tvm import te, tirx
 from fastdlight.analysis.dtypes import OP_DTYPES as DTYPES
 
 
-@dataclass
+@dataclass(frozen=True)
 class Op:
     name: str
     func: tirx.PrimFunc

@@ -39,7 +39,7 @@ _FALLBACKS: list[ScheduleTemplate] = []
 IMPORT_ERRORS: dict[str, str] = {}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduleResult:
     schedule: s_tir.Schedule
     template: str  # name of the template that produced it
