@@ -83,12 +83,14 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     (nothing is timed, so stock could not win anyway): stock is a set of its own after the
     policies', built only when all of theirs fail (always so for a fused attention).
     ``match``: :func:`match_tensor_core` of ``func``, when the caller has it already. ``memory_bound_topk``: see :func:`default_configs`."""
-    sets, template_only = _template_sets(func, arch, topk)
+    packed = match_weight_only(func)
+    sets, fused, decode = _template_sets(func, arch, topk, packed)
+    template_only = bool(sets)
     # stock Dlight's schedule of a fused attention is its fallback, three orders of magnitude
     # behind the template (B1 H32 T8192: about a second a launch, its probe and first timing
     # 5 s of a 14 s tune, H200): measured only where every config of the template fails
-    stock_last = stock_last or any(s.policy == "AttentionPolicy" for s in sets)
-    sets += _tensor_core_sets(func, arch, topk, match, any(s.policy == "DequantGemvPolicy" for s in sets))
+    stock_last = stock_last or fused
+    sets += _tensor_core_sets(func, arch, topk, match, None if decode else packed)
     # a fused attention has its template, or stock Dlight: the seven-block naive form as general
     # reductions runs three orders of magnitude slower and takes minutes to tune; a 4- or 8-bit
     # decode GEMV has its template and stock Dlight (CUDA-core tiles lost to both)
@@ -97,10 +99,11 @@ def candidate_sets(func, arch: CUDA, topk: int, stock: tuple[Config, ...] = (),
     yield from _with_measured_beside(func, sets, stock, stock_last, recorded)
 
 
-def _template_sets(func, arch: CUDA, topk: int) -> tuple[list[CandidateSet], bool]:
+def _template_sets(func, arch: CUDA, topk: int, packed) -> tuple[list[CandidateSet], bool, bool]:
     """The sets of the templates an op family has to itself (fused and decode attention, the
-    dequantizing GEMV), and whether they are all the policies ``func`` gets (the CUDA-core
-    default policy left out)."""
+    dequantizing GEMV of ``packed``, :func:`match_weight_only` of ``func``): where there are
+    any, they are all the policies ``func`` gets but the tensor-core ones. With them, whether a
+    fused attention and whether a dequantizing GEMV took ``func``."""
     sets = []
     attention = match_attention(func)
     fused = tuple(attention_configs(attention, arch, topk)) if attention is not None else ()
@@ -111,21 +114,19 @@ def _template_sets(func, arch: CUDA, topk: int) -> tuple[list[CandidateSet], boo
     split += tuple(decode_combine_configs(merged, topk)) if merged is not None else ()
     if split:
         sets.append(CandidateSet("DecodeAttentionPolicy", func, split))
-    packed = match_weight_only(func)
     dequant = tuple(dequant_gemv_configs(packed, arch, topk)) if packed is not None else ()
     if dequant:
         sets.append(CandidateSet("DequantGemvPolicy", func, dequant))
-    return sets, bool(fused or split or dequant)
+    return sets, bool(fused), bool(dequant)
 
 
 def _tensor_core_sets(func, arch: CUDA, topk: int, match: TensorCoreMatch | None,
-                      decode: bool) -> list[CandidateSet]:
-    """The tensor-core policy's set, and for packed weights with prefill rows (not ``decode``:
-    the dequantizing GEMV's) on sm_90a the dequantizing wgmma template's tiles, measured beside
-    it (ranked first)."""
-    packed = match_weight_only(func)
+                      prefill_packed) -> list[CandidateSet]:
+    """The tensor-core policy's set, and for packed weights with prefill rows (``prefill_packed``:
+    :func:`match_weight_only` of ``func`` where the dequantizing GEMV did not take it) on sm_90a
+    the dequantizing wgmma template's tiles, measured beside it (ranked first)."""
     match = match if match is not None else match_tensor_core(func, arch)
-    hopper = tuple(dequant_wgmma_configs(packed, arch, topk)) if packed is not None and not decode else ()
+    hopper = tuple(dequant_wgmma_configs(prefill_packed, arch, topk)) if prefill_packed is not None else ()
     configs = tuple(TensorCorePolicy(match.func, arch, match.tags).emit_config(topk)) if match.eligible else ()
     if hopper and configs and match_weight_only(match.func) is not None:
         return [ranked_last(CandidateSet("TensorCorePolicy", match.func, hopper), configs)]
