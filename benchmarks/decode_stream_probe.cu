@@ -55,24 +55,25 @@ __global__ void __launch_bounds__(128) ldg_read(const uint4* __restrict__ buf, u
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-// a CTA's chunk (of C a head) of K and V through a ring of STAGES tiles of TILE keys, copied by
-// cp.async (each thread the 16-byte pieces it reads back): the XOR of what it read
-template <int TILE, int STAGES, int C>
+// a CTA's chunk (of C a head) of K and V through a ring of STAGES tiles, copied by cp.async (each
+// thread the 16-byte pieces it reads back): the XOR of what it read. A tile is TILE keys of K and
+// of V; or, K_THEN_V, 2 TILE keys of one of them, the chunk's K first and then its V
+template <int TILE, int STAGES, int C, bool K_THEN_V = false>
 __device__ __forceinline__ uint32_t ring_read(const uint4* buf, uint4* ring) {
-  constexpr int CHUNK = KEYS / C, PER = TILE * DB / 16 / 128, NT = CHUNK / TILE;
+  constexpr int CHUNK = KEYS / C, PER = TILE * DB / 16 / 128, NT = CHUNK / TILE;  // PER: pieces of K a tile
   int head = blockIdx.x / C, chunk = blockIdx.x % C;
   const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK) * DB;
   const char* v = k + HALF;
+  auto piece = [&](int t, int j) {  // tile t's piece j of a thread (of 2 PER)
+    if (K_THEN_V) return (const uint4*)((t < NT / 2 ? k : v) + (t % (NT / 2)) * 2 * TILE * DB) + j * 128 + threadIdx.x;
+    return (const uint4*)((j < PER ? k : v) + t * TILE * DB) + (j % PER) * 128 + threadIdx.x;
+  };
   uint32_t acc = 0;
   auto issue = [&](int t) {
     int st = t % STAGES;
     #pragma unroll
-    for (int i = 0; i < PER; i++) {
-      if (t < NT) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(k + t * TILE * DB) + i * 128 + threadIdx.x));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + PER + i) * 128 + threadIdx.x])), "l"((const uint4*)(v + t * TILE * DB) + i * 128 + threadIdx.x));
-      }
-    }
+    for (int j = 0; j < 2 * PER; j++)
+      if (t < NT) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + j) * 128 + threadIdx.x])), "l"(piece(t, j)));
     asm volatile("cp.async.commit_group;");
   };
   for (int t = 0; t < STAGES - 1; t++) issue(t);
@@ -80,7 +81,7 @@ __device__ __forceinline__ uint32_t ring_read(const uint4* buf, uint4* ring) {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
     int st = t % STAGES;
     #pragma unroll
-    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
+    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
     issue(t + STAGES - 1);
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -148,27 +149,7 @@ __global__ void __launch_bounds__(128) bulk_read(const uint4* __restrict__ buf, 
 template <int TILE, int STAGES>
 __global__ void __launch_bounds__(128) cpasync_seq(const uint4* __restrict__ buf, uint32_t* out) {
   extern __shared__ uint4 ring[];
-  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
-  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
-  const char* v = k + HALF;
-  constexpr int PER = 2 * TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE;  // a tile of 2 TILE keys' bytes of one of K, V
-  uint32_t acc = 0;
-  auto src = [&](int t) { return t < NT / 2 ? k + t * 2 * TILE * DB : v + (t - NT / 2) * 2 * TILE * DB; };
-  auto issue = [&](int t) {
-    int st = t % STAGES;
-    #pragma unroll
-    for (int i = 0; i < PER; i++)
-      if (t < NT) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * PER + i) * 128 + threadIdx.x])), "l"((const uint4*)src(t) + i * 128 + threadIdx.x));
-    asm volatile("cp.async.commit_group;");
-  };
-  for (int t = 0; t < STAGES - 1; t++) issue(t);
-  for (int t = 0; t < NT; t++) {
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
-    int st = t % STAGES;
-    #pragma unroll
-    for (int i = 0; i < PER; i++) acc ^= x4(ring[(st * PER + i) * 128 + threadIdx.x]);
-    issue(t + STAGES - 1);
-  }
+  uint32_t acc = ring_read<TILE, STAGES, CHUNKS, true>(buf, ring);
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
@@ -196,14 +177,29 @@ __device__ __forceinline__ float stream_chunk(const uint4* buf, uint4* ring) {
   return (float)(ring_read<MERGE_TILE, MERGE_STAGES, C>(buf, ring) & 0xFFFF) * 1e-6f;
 }
 
-// partial: [0] max, [1] sum, [2 + i] value i; the CTA's threads each own value threadIdx.x
+// a CTA's stand-in partial result: [0] max, [1] sum, [2 + i] value i (thread i's)
+__device__ __forceinline__ void write_partial(float* p, float x) {
+  p[2 + threadIdx.x] = x;
+  if (threadIdx.x == 0) { p[0] = x; p[1] = 1.0f + x; }
+}
+
+// thread i's output value from C chunks' maxima (exp2 domain), sums and values i
+template <int C>
+__device__ __forceinline__ float merged(const float* m, const float* l, const float* o) {
+  float mx = m[0];
+  #pragma unroll
+  for (int c = 1; c < C; c++) mx = fmaxf(mx, m[c]);
+  float s = 0.f, acc = 0.f;
+  #pragma unroll
+  for (int c = 0; c < C; c++) { float w = exp2f(m[c] - mx); s += w * l[c]; acc += w * o[c]; }
+  return acc / s;
+}
+
 template <int C>
 __global__ void __launch_bounds__(128) step_none(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
   extern __shared__ uint4 ring[];
   float x = stream_chunk<C>(buf, ring);
-  float* p = part + (size_t)blockIdx.x * (D + 2);
-  p[2 + threadIdx.x] = x;
-  if (threadIdx.x == 0) { p[0] = x; p[1] = 1.0f + x; }
+  write_partial(part + (size_t)blockIdx.x * (D + 2), x);
 }
 
 template <int C>
@@ -212,9 +208,7 @@ __global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf
   __shared__ int last;
   float x = stream_chunk<C>(buf, ring);
   int head = blockIdx.x / C;
-  float* p = part + (size_t)blockIdx.x * (D + 2);
-  p[2 + threadIdx.x] = x;
-  if (threadIdx.x == 0) { p[0] = x; p[1] = 1.0f + x; }
+  write_partial(part + (size_t)blockIdx.x * (D + 2), x);
   __syncthreads();
   if (threadIdx.x == 0) {
     int old;
@@ -227,13 +221,7 @@ __global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf
   float m[C], l[C], o[C];
   #pragma unroll
   for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
-  float mx = m[0];
-  #pragma unroll
-  for (int c = 1; c < C; c++) mx = fmaxf(mx, m[c]);
-  float s = 0.f, acc = 0.f;
-  #pragma unroll
-  for (int c = 0; c < C; c++) { float w = exp2f(m[c] - mx); s += w * l[c]; acc += w * o[c]; }
-  out[head * D + threadIdx.x] = acc / s;
+  out[head * D + threadIdx.x] = merged<C>(m, l, o);
   if (threadIdx.x == 0) tickets[head] = 0;
 }
 
@@ -243,8 +231,7 @@ __global__ void __launch_bounds__(128) step_cluster(const uint4* __restrict__ bu
   __shared__ float mine[D + 2];
   cg::cluster_group cluster = cg::this_cluster();
   float x = stream_chunk<C>(buf, ring);
-  mine[2 + threadIdx.x] = x;
-  if (threadIdx.x == 0) { mine[0] = x; mine[1] = 1.0f + x; }
+  write_partial(mine, x);
   cluster.sync();
   if (cluster.block_rank() == 0) {
     float m[C], l[C], o[C];
@@ -253,13 +240,7 @@ __global__ void __launch_bounds__(128) step_cluster(const uint4* __restrict__ bu
       const float* r = cluster.map_shared_rank(mine, c);
       m[c] = r[0]; l[c] = r[1]; o[c] = r[2 + threadIdx.x];
     }
-    float mx = m[0];
-    #pragma unroll
-    for (int c = 1; c < C; c++) mx = fmaxf(mx, m[c]);
-    float s = 0.f, acc = 0.f;
-    #pragma unroll
-    for (int c = 0; c < C; c++) { float w = exp2f(m[c] - mx); s += w * l[c]; acc += w * o[c]; }
-    out[(blockIdx.x / C) * D + threadIdx.x] = acc / s;
+    out[(blockIdx.x / C) * D + threadIdx.x] = merged<C>(m, l, o);
   }
   cluster.sync();  // no CTA leaves while rank 0 may still read its partial
 }
