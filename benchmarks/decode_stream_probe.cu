@@ -5,7 +5,7 @@
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 benchmarks/decode_stream_probe.cu -o decode_stream_probe
 //   ./decode_stream_probe read     # the load forms, each CTA a chunk of K and of V (16 chunks a head)
-//   ./decode_stream_probe merge    # 16, 8 and 4 chunks a head: no merge, a ticket, a cluster
+//   ./decode_stream_probe merge    # 16, 8 and 4 chunks a head: no merge, a ticket, the last to start, a cluster
 //
 // Every kernel reads three copies of the cache in turn (192 MiB, past the L2), XORs what it loads
 // and stores only if the XOR hits a value it never does. Each time is the median of 21 replays of a
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf
 // ---- the merge: a CTA per (head, chunk) streams its chunk (a cp.async ring of 32-key tiles, 3
 // ---- stages) into a stand-in partial result (max, sum, 128 values); then (none) each writes it only;
 // ---- (ticket) each writes it and takes a ticket with atom.acq_rel.gpu, the head's last CTA loads all
-// ---- and merges; (cluster) the head's C CTAs are a thread-block cluster: partials in shared memory,
+// ---- and merges; (ordered) the head's CTA that starts last waits for the others' counts and merges;
+// ---- (cluster) the head's C CTAs are a thread-block cluster: partials in shared memory,
 // ---- a cluster barrier, rank 0 reads them over distributed shared memory and merges, a second barrier
 template <int C>
 __device__ __forceinline__ float stream_chunk(const uint4* buf, uint4* ring) {
@@ -214,6 +215,38 @@ __global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf
     int old;
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(tickets + head) : "memory");
     last = old == C - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  const float* hp = part + (size_t)head * C * (D + 2);
+  float m[C], l[C], o[C];
+  #pragma unroll
+  for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
+  out[head * D + threadIdx.x] = merged<C>(m, l, o);
+  if (threadIdx.x == 0) tickets[head] = 0;
+}
+
+// the head's CTA that starts last merges: each CTA takes its place in the order of starts first (the
+// counter's high half; the answer is used only at the end), writes its partial and, but for the last
+// to start, counts it done with a release and no answer (the low half) and leaves; the last waits
+// for the others' counts (they started before it, so they finish) and merges
+template <int C>
+__global__ void __launch_bounds__(128) step_ordered(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
+  extern __shared__ uint4 ring[];
+  __shared__ int last;
+  int head = blockIdx.x / C, order = 0;
+  if (threadIdx.x == 0) asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 65536;" : "=r"(order) : "l"(tickets + head) : "memory");
+  float x = stream_chunk<C>(buf, ring);
+  write_partial(part + (size_t)blockIdx.x * (D + 2), x);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = (order >> 16) == C - 1;
+    if (last) {
+      int seen;
+      do { asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(tickets + head) : "memory"); } while ((seen & 0xFFFF) != C - 1);
+    } else {
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(tickets + head) : "memory");
+    }
   }
   __syncthreads();
   if (!last) return;
@@ -295,7 +328,7 @@ void read_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
 template <int C>
 void merge_forms(const std::vector<uint4*>& bufs, float* part, float* out, int* tickets) {
   const int smem = MERGE_STAGES * 2 * MERGE_TILE * DB;
-  StepKernel ks[3] = {step_none<C>, step_ticket<C>, step_cluster<C>};
+  StepKernel ks[4] = {step_none<C>, step_ticket<C>, step_ordered<C>, step_cluster<C>};
   for (StepKernel k : ks) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(step_cluster<C>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute attr[1]; attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -309,11 +342,12 @@ void merge_forms(const std::vector<uint4*>& bufs, float* part, float* out, int* 
   cudaLaunchConfig_t probe = config(nullptr, true);
   int resident = 0; CK(cudaOccupancyMaxActiveClusters(&resident, (void*)step_cluster<C>, &probe));
   printf("%d chunks a head: %d clusters of %d CTAs resident at once (the grid has %d)\n", C, resident, C, HEADS);
-  const char* names[3] = {"no merge", "a ticket, the last CTA merges", "a cluster, merged over DSMEM"};
-  for (int i = 0; i < 3; i++) {
+  const char* names[4] = {"no merge", "a ticket, the last CTA merges", "the CTA that starts last merges",
+                          "a cluster, merged over DSMEM"};
+  for (int i = 0; i < 4; i++) {
     char name[80]; snprintf(name, sizeof name, "  %2d chunks, %s", C, names[i]);
     report(name, time_graph([&](cudaStream_t s, int c) {
-      cudaLaunchConfig_t cfg = config(s, i == 2);
+      cudaLaunchConfig_t cfg = config(s, i == 3);
       CK(cudaLaunchKernelEx(&cfg, ks[i], (const uint4*)bufs[c], part, out, tickets));
     }, (int)bufs.size()));
   }
