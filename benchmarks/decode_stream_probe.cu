@@ -196,6 +196,18 @@ __device__ __forceinline__ float merged(const float* m, const float* l, const fl
   return acc / s;
 }
 
+// the merging CTA's part: every partial of the head loaded in one round trip, merged, written; the
+// head's counter left at zero
+template <int C>
+__device__ __forceinline__ void merge_head(const float* part, float* out, int* tickets, int head) {
+  const float* hp = part + (size_t)head * C * (D + 2);
+  float m[C], l[C], o[C];
+  #pragma unroll
+  for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
+  out[head * D + threadIdx.x] = merged<C>(m, l, o);
+  if (threadIdx.x == 0) tickets[head] = 0;
+}
+
 template <int C>
 __global__ void __launch_bounds__(128) step_none(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
   extern __shared__ uint4 ring[];
@@ -218,12 +230,7 @@ __global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf
   }
   __syncthreads();
   if (!last) return;
-  const float* hp = part + (size_t)head * C * (D + 2);
-  float m[C], l[C], o[C];
-  #pragma unroll
-  for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
-  out[head * D + threadIdx.x] = merged<C>(m, l, o);
-  if (threadIdx.x == 0) tickets[head] = 0;
+  merge_head<C>(part, out, tickets, head);
 }
 
 // the head's CTA that starts last merges: each CTA takes its place in the order of starts first (the
@@ -250,12 +257,7 @@ __global__ void __launch_bounds__(128) step_ordered(const uint4* __restrict__ bu
   }
   __syncthreads();
   if (!last) return;
-  const float* hp = part + (size_t)head * C * (D + 2);
-  float m[C], l[C], o[C];
-  #pragma unroll
-  for (int c = 0; c < C; c++) { m[c] = hp[c * (D + 2)]; l[c] = hp[c * (D + 2) + 1]; o[c] = hp[c * (D + 2) + 2 + threadIdx.x]; }
-  out[head * D + threadIdx.x] = merged<C>(m, l, o);
-  if (threadIdx.x == 0) tickets[head] = 0;
+  merge_head<C>(part, out, tickets, head);
 }
 
 template <int C>
