@@ -57,12 +57,19 @@ _NOISE = ("Traceback", "File ", "While executing", "Original traceback", "Use tl
 
 def one_line(e: BaseException) -> str:
     """``Type: message``, one line: a TVM error's last line (after its traceback), else the
-    message's first line that is not a traceback or a pointer to logs."""
+    message's first line that is not a traceback or a pointer to logs; a first line that ends
+    with a colon keeps the two indented lines after it (a tuner's reason and its first example)."""
     text = str(e)
     lines = [line.strip() for line in text.splitlines()
              if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
-    line = (lines[-1] if text.lstrip().startswith("Traceback") else lines[0]) if lines else ""
-    return f"{type(e).__name__}: {line}"[:240]
+    if text.lstrip().startswith("Traceback"):
+        return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:240]
+    line = lines[0] if lines else ""
+    if line.endswith(":"):
+        raw = text.splitlines()
+        at = next(i for i, t in enumerate(raw) if t.strip() == line)
+        line = " ".join([line, *(t.strip() for t in raw[at + 1:at + 3] if t[:1].isspace() and t.strip())])
+    return f"{type(e).__name__}: {line}"[:400]
 
 
 def unknown_names(names, known, what: str) -> str | None:

@@ -39,3 +39,12 @@ def test_each_case_keeps_the_rows_and_a_failed_cases_one_line_error(capsys):
     rows, errors = bench_setup.each_case(["a", "bad", "two"], one)
     assert rows == ["a", "two", "two"] and list(errors) == ["bad"]
     assert errors["bad"] == "RuntimeError: ValueError: odd shape" and "[bad] failed" in capsys.readouterr().out
+
+
+def test_a_tuners_failure_keeps_its_reason_on_the_line():
+    """A message ending its first line with a colon (the tuner's "none verified:") keeps the
+    reason and its first example: without them a results file says only that something failed."""
+    error = RuntimeError("no candidate could be used (3 tried, none verified):\n  3 × wrong result\n"
+                         "      #0 Config[x]: 12 of 64 elements out of bound\n      #1 Config[y]: ...")
+    assert bench_setup.one_line(error) == ("RuntimeError: no candidate could be used (3 tried, none verified): "
+                                           "3 × wrong result #0 Config[x]: 12 of 64 elements out of bound")
