@@ -19,6 +19,7 @@ from fastdlight.arch import CUDA
 from fastdlight.analysis.dtypes import NBYTES
 from fastdlight.config import Config
 from fastdlight.analysis.matmul_match import MatmulMatch, match_matmul, split_axis  # noqa: F401 - part of this module's API
+from fastdlight.policies.wgmma import WgmmaPolicy, wgmma_eligible
 
 #: (in dtype, accumulator dtype) pairs with ldmatrix + mma.sync intrinsics: TVM 0.27's, and bf16
 #: with an fp32 accumulator, which the template registers (``matmul_tensorcore.bf16_intrinsic``)
@@ -101,8 +102,6 @@ def _wgmma_only_tags(func, arch: CUDA, reason: str) -> tuple[dict | None, str]:
     """Tags of a matmul only the wgmma template takes: operands read through views of larger
     tensors (TMA boxes; see :mod:`.wgmma_view`), which the other templates' match refuses
     with ``reason``."""
-    from fastdlight.policies.wgmma import wgmma_eligible
-
     wm, _why = wgmma_eligible(func, arch)
     if wm is None:
         return None, reason
@@ -133,8 +132,6 @@ def _mma_sync_refusal(match: MatmulMatch, arch: CUDA) -> str:
 
 
 def _wgmma_takes(func, arch: CUDA) -> bool:
-    from fastdlight.policies.wgmma import wgmma_eligible  # wgmma builds on this module's matmul match
-
     return wgmma_eligible(func, arch)[0] is not None
 
 
@@ -371,8 +368,6 @@ class TensorCorePolicy:
         mma.sync configs are measured beside them; their estimates are in the same seconds."""
         if "wgmma" not in self.instructions:
             return self.mma_sync_configs(topk)
-        from fastdlight.policies.wgmma import WgmmaPolicy
-
         n_mma = min(MMA_SYNC_BESIDE_WGMMA, topk // 2) if "mma.sync" in self.instructions else 0
         wgmma = WgmmaPolicy(self.func, self.arch).emit_config(max(1, topk - n_mma))
         return sorted(wgmma + self.mma_sync_configs(n_mma), key=lambda c: c.cost)

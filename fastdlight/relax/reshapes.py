@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir import IRModule
 from tvm.relax.dpl import CallPattern, ExprPattern, OrPattern, is_op, rewrite_call, wildcard
 
-from fastdlight.relax.rewrites import call_to, static_shape
+from fastdlight.relax.rewrites import call_to, mutator_pass, static_shape
 
 #: elementwise ops a reshape moves below (``op(reshape(x)) == reshape(op(x))``)
 UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
@@ -250,8 +250,6 @@ def output_reshape_views() -> tvm.transform.Pass:
     (a view of a parameter would alias the caller's input)."""
     from tvm.relax.analysis import has_reshape_pattern
     from tvm.relax.expr_functor import PyExprMutator, mutator
-
-    from fastdlight.relax.rewrites import mutator_pass
 
     @mutator
     class Rewriter(PyExprMutator):

@@ -12,6 +12,7 @@ from tvm import s_tir, tirx
 
 from fastdlight.config import Config
 from fastdlight.schedules.base import ScheduleTemplate
+from fastdlight.schedules.matmul_tensorcore import register_intrinsics
 
 
 def trace_text(trace) -> str:
@@ -27,8 +28,6 @@ class MetaScheduleRecordTemplate(ScheduleTemplate):
         if config.kind != "ms_record":
             return None
         if "tensorize" in config.trace:  # the record may use our mma intrinsics besides TVM's
-            from fastdlight.schedules.matmul_tensorcore import register_intrinsics
-
             register_intrinsics()
         sch = s_tir.Schedule(func)
         try:

@@ -58,6 +58,7 @@ from tvm import s_tir, tirx
 
 from fastdlight.arch import CUDA, auto_arch
 from fastdlight.config import Config
+from fastdlight.measure.workload import param_buffers
 from fastdlight.search.autotune_screen import (  # noqa: F401 - re-exported
     GRID_DIM_LIMITS,
     PRUNE_STAGES,
@@ -214,8 +215,6 @@ def _as_primfunc(out, who: str) -> tirx.PrimFunc | None:
 
 
 def _signature(func) -> list[tuple]:
-    from fastdlight.measure.workload import param_buffers
-
     return [(tuple(str(d) for d in b.shape), str(b.dtype)) for b in param_buffers(func)]
 
 

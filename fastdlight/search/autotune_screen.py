@@ -19,6 +19,8 @@ from fastdlight.arch import CUDA
 from fastdlight.search.autotune_space import Params, fmt_params
 from fastdlight.compiler.compile import PASS_CONFIG, tir_pipeline
 from fastdlight.compiler.workers import one_line
+from fastdlight.policies.default import DefaultPolicy
+from fastdlight.policies.roller import blocks_per_sm
 
 #: CUDA's per-dimension limits (the same on every GPU since compute capability 3.0)
 THREAD_DIM_LIMITS = {"threadIdx.x": 1024, "threadIdx.y": 1024, "threadIdx.z": 64}
@@ -193,8 +195,6 @@ class Ranker:
             self.why = "unranked: no reference= PrimFunc to analyze"
             return
         try:
-            from fastdlight.policies.default import DefaultPolicy
-
             policy = DefaultPolicy(reference, arch)
         except Exception as e:  # noqa: BLE001 - analysis refuses what it does not understand
             self.why = f"unranked: the analysis does not cover the reference ({one_line(e)})"
@@ -203,8 +203,6 @@ class Ranker:
         self.why = f"Roller cost model of DefaultPolicy ({self.info.kind})"
 
     def cost(self, func, res: Resources) -> tuple[float | None, Tile | None]:
-        from fastdlight.policies.roller import blocks_per_sm
-
         if self.planner is None or res.kernels != 1:
             return None, None
         tile = read_tile(func, self.info)

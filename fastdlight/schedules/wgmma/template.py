@@ -45,6 +45,7 @@ import tvm
 from tvm import tirx
 
 from fastdlight.arch import CUDA
+from fastdlight.analysis.prepare import scalar_dtype, shape_var_names
 from fastdlight.config import Config
 from fastdlight.policies.wgmma import (
     SM90_SMEM_OPTIN,
@@ -102,8 +103,6 @@ def symbolic_kernel(symbolic: tirx.PrimFunc, static: tirx.PrimFunc, config: Conf
     the edge tiles; the grid is one CTA per SM). None unless the output's rows are ``symbolic``'s
     only symbolic dimension. A cluster config gives its single-CTA tile: clusters over a
     symbolic number of tile rows are not tested on a GPU."""
-    from fastdlight.analysis.prepare import scalar_dtype, shape_var_names
-
     symbolic, static = distinct_param_names(symbolic), distinct_param_names(static)
     match, _reason = match_wgmma(static)
     if match is None or not match.tma_store or not config_fits(match, config):
