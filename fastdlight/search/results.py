@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdlight.compiler.artifacts import BuildArtifact, BuildPhases
-from fastdlight.compiler import build_task
 from fastdlight.config import Config
 from fastdlight.measure.timing import Timing
 
@@ -131,6 +130,10 @@ class CompileResult:
     @property
     def schedule(self):
         """The ``s_tir.Schedule`` of this candidate (re-applied in this process)."""
+        # (deferred: the build task loads the compiler and 60-odd modules more; a result is read
+        # and written without them)
+        from fastdlight.compiler import build_task
+
         return build_task.apply_template(self._func, self.config, self._template) if self._func is not None else None
 
     def to_dict(self) -> dict:
