@@ -60,15 +60,14 @@ def one_line(e: BaseException) -> str:
     message's first line that is not a traceback or a pointer to logs; a first line that ends
     with a colon keeps the two indented lines after it (a tuner's reason and its first example)."""
     text = str(e)
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
+    raw = text.splitlines()
+    kept = [i for i, line in enumerate(raw)
+            if line.strip() and not line[:1].isspace() and not line.strip().startswith(_NOISE)]
     if text.lstrip().startswith("Traceback"):
-        return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:240]
-    line = lines[0] if lines else ""
+        return f"{type(e).__name__}: {raw[kept[-1]].strip() if kept else ''}"[:240]
+    line = raw[kept[0]].strip() if kept else ""
     if line.endswith(":"):
-        raw = text.splitlines()
-        at = next(i for i, t in enumerate(raw) if t.strip() == line)
-        line = " ".join([line, *(t.strip() for t in raw[at + 1:at + 3] if t[:1].isspace() and t.strip())])
+        line = " ".join([line, *(t.strip() for t in raw[kept[0] + 1:kept[0] + 3] if t[:1].isspace() and t.strip())])
     return f"{type(e).__name__}: {line}"[:400]
 
 
