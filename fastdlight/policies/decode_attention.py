@@ -104,14 +104,17 @@ def mma_configs(shape: DecodeAttentionShape) -> list[Config]:
 
 
 def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[Config]:
-    """``configs`` with their tiles staged in shared memory, the deepest ring that fits (up to
-    :data:`MAX_STAGES`): more of a CTA's loads in flight than its registers hold. Measured
-    beside the register-pipelined ones (the cost does not model the ring)."""
+    """``configs`` with their tiles staged in shared memory: the deepest ring that fits (up to
+    :data:`MAX_STAGES`), more of a CTA's loads in flight than its registers hold, and a ring of
+    three where that is shallower. Deeper is not always faster: at B1 H32 L4096 (16 chunks,
+    16-key tiles; H200, 2026-12-02) a ring of 3 ran 0.3 us ahead of one of 4, and 5 and 6 were
+    slower still. Measured beside the register-pipelined ones (the cost does not model the ring)."""
     out = []
     for c in configs:
-        stages = next((s for s in range(MAX_STAGES, 2, -1) if staged_fits(shape, c.block[0], c.warp[0], s)), 0)
-        if stages:
-            out.append(dataclasses.replace(c, pipeline_stages=stages))
+        deepest = next((s for s in range(MAX_STAGES, 2, -1) if staged_fits(shape, c.block[0], c.warp[0], s)), 0)
+        for stages in sorted({deepest, 3} if deepest > 3 else {deepest}, reverse=True):
+            if stages:
+                out.append(dataclasses.replace(c, pipeline_stages=stages))
     return out
 
 

@@ -190,10 +190,13 @@ def test_staged_variants_of_the_best_layouts_that_fit():
     configs = decode_attention_configs(match_decode_split(func), H100)
     plain = [c for c in configs if c.pipeline_stages == 1]
     staged = [c for c in configs if c.pipeline_stages > 1]
-    assert 1 <= len(staged) <= STAGED_LAYOUTS
+    assert 1 <= len(staged) <= 2 * STAGED_LAYOUTS
     for c in staged:
         assert c.pipeline_stages <= MAX_STAGES and staged_fits(shape, c.block[0], c.warp[0], c.pipeline_stages)
         assert dataclasses.replace(c, pipeline_stages=1) in plain[:STAGED_LAYOUTS]  # one of the best, staged
+    # the deepest ring that fits and a ring of three beside it, once each
+    rings = [(c.block[0], c.thread[0], c.warp[0], c.pipeline_stages) for c in staged]
+    assert len(set(rings)) == len(rings) and {r[3] for r in rings} == {3, MAX_STAGES}
     assert not [c for c in decode_attention_configs(match_decode_split(func), CUDA("nvidia/nvidia-t4"))
                 if c.pipeline_stages > 1]  # no cp.async before sm_80
     assert not staged_fits(shape, 16, 4, 2)  # two stages are the register sets' pipeline
