@@ -254,11 +254,10 @@ __global__ void __launch_bounds__(128) step_ticket(const uint4* __restrict__ buf
   merge_head<C>(part, out, tickets + head, head);
 }
 
-// the ticket's parts one at a time, to time each: (0) the partial written (step_none's form), (1)
-// and a CTA barrier,
-// (2) and a relaxed add to the head's counter, (3) the add an acq_rel one (the ticket), (4) and the
-// last CTA's loads of the partials, (5) the whole merge (step_ticket's form); STATIC_PAD: (1) with
-// 16 bytes of static shared memory ahead of the ring
+// the ticket's parts one at a time, to time each, with stamps: (0) the partial written (step_none's
+// form), (1) and a CTA barrier, (2) and a relaxed add to the head's counter, (3) the add an acq_rel
+// one (the ticket), (4) and the last CTA's loads of the partials, (5) the whole merge (step_ticket's
+// form); STATIC_PAD: with 16 bytes of static shared memory ahead of the ring
 template <int C, int PARTS, bool STATIC_PAD = false>
 __global__ void __launch_bounds__(128) step_parts(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
   extern __shared__ __align__(128) uint4 ring[];
@@ -349,8 +348,9 @@ __device__ __forceinline__ void merge_flagged(const unsigned long long* ws, floa
   out[head * D + t] = merged<C>(ml, ml + C, of);
 }
 
-// the ticket without a fence (four CTAs an SM, as the others): each CTA writes its flagged partial and adds to the head's counter
-// (relaxed, not waiting for its stores); the last merges. tickets[PHASE(head)]: the head's phase
+// the ticket without a fence: each CTA writes its flagged partial and adds to the head's counter
+// (relaxed, not waiting for its stores); the last merges. tickets[PHASE(head)]: the head's phase.
+// (Four CTAs an SM, as the others: the merge's words would otherwise take more registers.)
 template <int C>
 __global__ void __launch_bounds__(128, 4) step_flagged(const uint4* __restrict__ buf, float* part, float* out, int* tickets) {
   extern __shared__ __align__(128) uint4 ring[];

@@ -112,9 +112,8 @@ def staged_variants(shape: DecodeAttentionShape, configs: list[Config]) -> list[
     out = []
     for c in configs:
         deepest = next((s for s in range(MAX_STAGES, 2, -1) if staged_fits(shape, c.block[0], c.warp[0], s)), 0)
-        for stages in sorted({deepest, 3} if deepest > 3 else {deepest}, reverse=True):
-            if stages:
-                out.append(dataclasses.replace(c, pipeline_stages=stages))
+        rings = (deepest, 3) if deepest > 3 else (deepest,) if deepest else ()
+        out += [dataclasses.replace(c, pipeline_stages=stages) for stages in rings]
     return out
 
 
