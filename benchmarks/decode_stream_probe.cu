@@ -1,13 +1,15 @@
 // Decode attention's stream at batch 1 (32 heads, 4096 keys, head dim 128, fp16: 64 MiB of K and
 // V), on raw CUDA: what reading it costs in each load form, and what merging a head's chunks costs.
 // A probe of the hardware for the split-KV chunk step (fastdlight/schedules/decode_attention.py);
-// nothing in the package uses it.
+// nothing in the package uses it. The read forms are in decode_stream_probe_reads.cuh.
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 benchmarks/decode_stream_probe.cu -o decode_stream_probe
 //   ./decode_stream_probe read     # the load forms, each CTA a chunk of K and of V (16 chunks a head)
 //   ./decode_stream_probe merge    # 16, 8 and 4 chunks a head: no merge, a ticket, a cluster, flagged partials
 //                                  # with a relaxed ticket; each output checked against the ticket's
 //   ./decode_stream_probe timeline # 16 chunks: the ticket's parts one at a time, each CTA's %globaltimer stamps
+//   ./decode_stream_probe balance  # the cache in equal runs of keys, 4 and 8 CTAs an SM, against the 16 chunks a
+//                                  # head; when CTAs end, by how many CTAs their SM held
 //
 // Every kernel reads three copies of the cache in turn (192 MiB, past the L2), XORs what it loads
 // and stores only if the XOR hits a value it never does. Each time is the median of 21 replays of a
@@ -38,31 +40,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)
 // stream 2.4 us (H200); declared aligned, the static part is padded (``timeline``'s STATIC_PAD form)
 template <typename T>
 __device__ __forceinline__ T* past(uint4* ring, int bytes) { return reinterpret_cast<T*>(reinterpret_cast<char*>(ring) + bytes); }
-
-// ---- the read forms: ldg into two register sets, a cp.async ring, cp.async.bulk tiles with mbarriers,
-// ---- a cp.async ring that reads the chunk's K and then its V, and a grid-stride read of all of it
-template <int TILE>
-__global__ void __launch_bounds__(128) ldg_read(const uint4* __restrict__ buf, uint32_t* out) {
-  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
-  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
-  const char* v = k + HALF;
-  uint32_t acc = 0;
-  constexpr int PER = TILE * DB / 16 / 128;  // 16-byte loads a thread a tile, of K (and of V)
-  uint4 a[2][PER], b[2][PER];
-  #pragma unroll
-  for (int i = 0; i < PER; i++) { a[0][i] = __ldg((const uint4*)(k) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v) + i * 128 + threadIdx.x); }
-  for (int t = 0; t < CHUNK_KEYS / TILE; t += 2) {
-    #pragma unroll
-    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) { a[1][i] = __ldg((const uint4*)(k + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); b[1][i] = __ldg((const uint4*)(v + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); }
-    #pragma unroll
-    for (int i = 0; i < PER; i++) acc ^= x4(a[0][i]) ^ x4(b[0][i]);
-    #pragma unroll
-    for (int i = 0; i < PER; i++) if (t + 2 < CHUNK_KEYS / TILE) { a[0][i] = __ldg((const uint4*)(k + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); }
-    #pragma unroll
-    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) acc ^= x4(a[1][i]) ^ x4(b[1][i]);
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
 
 // a CTA's chunk (of C a head) of K and V through a ring of STAGES tiles, copied by cp.async (each
 // thread the 16-byte pieces it reads back): the XOR of what it read. A tile is TILE keys of K and
@@ -97,83 +74,33 @@ __device__ __forceinline__ uint32_t ring_read(const uint4* buf, uint4* ring) {
   return acc;
 }
 
-template <int TILE, int STAGES>
-__global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ buf, uint32_t* out) {
-  extern __shared__ __align__(128) uint4 ring[];
-  uint32_t acc = ring_read<TILE, STAGES, CHUNKS>(buf, ring);
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
+using ReadKernel = void (*)(const uint4*, uint32_t*);
+using StepKernel = void (*)(const uint4*, float*, float*, int*);
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-// one thread issues each tile's K and V as two bulk copies; the CTA waits on the stage's mbarrier;
-// a stage is refilled after a CTA barrier (every thread has read it)
-template <int TILE, int STAGES>
-__global__ void __launch_bounds__(128) bulk_read(const uint4* __restrict__ buf, uint32_t* out) {
-  extern __shared__ __align__(128) uint4 ring[];
-  uint64_t* full = past<uint64_t>(ring, STAGES * 2 * TILE * DB);
-  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
-  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
-  const char* v = k + HALF;
-  constexpr int PER = TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE, BYTES = TILE * DB;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+// the median time of one launch (us): ``launch(stream, copy)`` 40 times in a CUDA graph
+template <typename F>
+float time_graph(F launch, int copies) {
+  cudaStream_t s; CK(cudaStreamCreate(&s));
+  const int reps = 40;
+  cudaGraph_t g; cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < reps; i++) launch(s, i % copies);
+  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> us;
+  for (int r = 0; r < 21; r++) {
+    CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
+    float ms; CK(cudaEventElapsedTime(&ms, a, b)); us.push_back(ms * 1000.f / reps);
   }
-  __syncthreads();
-  auto issue = [&](int t) {
-    if (threadIdx.x == 0 && t < NT) {
-      int st = t % STAGES;
-      mbar_expect(&full[st], 2 * BYTES);
-      bulk(&ring[st * 2 * PER * 128], k + t * BYTES, BYTES, &full[st]);
-      bulk(&ring[(st * 2 + 1) * PER * 128], v + t * BYTES, BYTES, &full[st]);
-    }
-  };
-  for (int t = 0; t < STAGES; t++) issue(t);
-  uint32_t acc = 0;
-  for (int t = 0; t < NT; t++) {
-    int st = t % STAGES;
-    mbar_wait(&full[st], (t / STAGES) & 1);
-    #pragma unroll
-    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
-    __syncthreads();
-    issue(t + STAGES);
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+  std::sort(us.begin(), us.end());
+  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
+  return us[us.size() / 2];
 }
 
+void report(const char* name, float us) { printf("%-44s %8.2f us  %6.3f TB/s\n", name, us, 2.0 * HALF / 1e6 / us); }
 
-template <int TILE, int STAGES>
-__global__ void __launch_bounds__(128) cpasync_seq(const uint4* __restrict__ buf, uint32_t* out) {
-  extern __shared__ __align__(128) uint4 ring[];
-  uint32_t acc = ring_read<TILE, STAGES, CHUNKS, true>(buf, ring);
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
-
-__global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf, uint32_t* out, long long n) {
-  uint32_t acc = 0;
-  for (long long i = (long long)blockIdx.x * 256 * 4 + threadIdx.x; i < n; i += (long long)gridDim.x * 256 * 4) {
-    uint4 a[4];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) a[u] = i + u * 256 < n ? __ldg(buf + i + u * 256) : make_uint4(0, 0, 0, 0);
-    #pragma unroll
-    for (int u = 0; u < 4; u++) acc ^= x4(a[u]);
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
-
+#include "decode_stream_probe_reads.cuh"
 
 // ---- the timeline: thread 0 of each CTA stamps %globaltimer (ns, one clock for the GPU) and
 // ---- clock64 (its SM's cycles) at the points of a merge form; ``timeline`` reads them back
@@ -392,52 +319,6 @@ __global__ void __launch_bounds__(128) step_cluster(const uint4* __restrict__ bu
 }
 
 
-using ReadKernel = void (*)(const uint4*, uint32_t*);
-using StepKernel = void (*)(const uint4*, float*, float*, int*);
-
-// the median time of one launch (us): ``launch(stream, copy)`` 40 times in a CUDA graph
-template <typename F>
-float time_graph(F launch, int copies) {
-  cudaStream_t s; CK(cudaStreamCreate(&s));
-  const int reps = 40;
-  cudaGraph_t g; cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < reps; i++) launch(s, i % copies);
-  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int r = 0; r < 21; r++) {
-    CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); us.push_back(ms * 1000.f / reps);
-  }
-  std::sort(us.begin(), us.end());
-  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
-  return us[us.size() / 2];
-}
-
-void report(const char* name, float us) { printf("%-44s %8.2f us  %6.3f TB/s\n", name, us, 2.0 * HALF / 1e6 / us); }
-
-void read_form(const char* name, ReadKernel f, int threads, int grid, int smem, const std::vector<uint4*>& bufs, uint32_t* out) {
-  if (smem) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  report(name, time_graph([&](cudaStream_t s, int c) { f<<<grid, threads, smem, s>>>(bufs[c], out); }, (int)bufs.size()));
-}
-
-void read_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
-  const int grid = HEADS * CHUNKS;
-  read_form("ldg, two register sets, tiles of 16 keys", ldg_read<16>, 128, grid, 0, bufs, out);
-  read_form("ldg, two register sets, tiles of 32 keys", ldg_read<32>, 128, grid, 0, bufs, out);
-  read_form("cp.async ring, 16 keys x 4 stages", cpasync_read<16, 4>, 128, grid, 4 * 2 * 16 * DB, bufs, out);
-  read_form("cp.async ring, 32 keys x 3 stages", cpasync_read<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
-  read_form("cp.async.bulk, 16 keys x 4 stages", bulk_read<16, 4>, 128, grid, 4 * 2 * 16 * DB + 64, bufs, out);
-  read_form("cp.async.bulk, 32 keys x 3 stages", bulk_read<32, 3>, 128, grid, 3 * 2 * 32 * DB + 64, bufs, out);
-  read_form("cp.async ring, K then V, 32 keys x 3 stages", cpasync_seq<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
-  for (int ctas : {132 * 4, 132 * 8}) {
-    char name[64]; snprintf(name, sizeof name, "grid-stride ldg, %d CTAs of 256", ctas);
-    report(name, time_graph([&](cudaStream_t s, int c) { grid_stride<<<ctas, 256, 0, s>>>(bufs[c], out, (long long)(2 * HALF / 16)); }, (int)bufs.size()));
-  }
-}
-
 template <int C>
 void merge_forms(const std::vector<uint4*>& bufs, float* part, float* out, int* tickets) {
   const int smem = MERGE_SMEM;
@@ -511,7 +392,10 @@ void timeline(const char* name, StepKernel k, bool merges, const std::vector<uin
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "read";
-  if (strcmp(mode, "read") && strcmp(mode, "merge") && strcmp(mode, "timeline")) { printf("usage: %s read|merge|timeline\n", argv[0]); return 2; }
+  if (strcmp(mode, "read") && strcmp(mode, "merge") && strcmp(mode, "timeline") && strcmp(mode, "balance")) {
+    printf("usage: %s read|merge|timeline|balance\n", argv[0]);
+    return 2;
+  }
   std::vector<uint4*> bufs(3);
   for (auto& p : bufs) { CK(cudaMalloc(&p, 2 * HALF)); CK(cudaMemset(p, 1, 2 * HALF)); }
   uint32_t* sink; CK(cudaMalloc(&sink, 8192 * 4));
@@ -520,6 +404,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&tickets, 2 * HEADS * 4)); CK(cudaMemset(tickets, 0, 2 * HEADS * 4));
   if (!strcmp(mode, "read")) {
     read_forms(bufs, sink);
+  } else if (!strcmp(mode, "balance")) {
+    balance_forms(bufs, sink);
   } else if (!strcmp(mode, "timeline")) {
     for (int r = 0; r < 2; r++) {
       timeline("16 chunks, no merge", step_parts<16, 0>, false, bufs, part, out, tickets);

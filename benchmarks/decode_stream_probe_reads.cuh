@@ -1,0 +1,209 @@
+// The probe's read forms (included by decode_stream_probe.cu after its helpers, ring_read and
+// time_graph): each CTA a chunk of K and of V in a load form, or the cache in equal runs of keys.
+
+// ---- the read forms: ldg into two register sets, a cp.async ring, cp.async.bulk tiles with mbarriers,
+// ---- a cp.async ring that reads the chunk's K and then its V, and a grid-stride read of all of it
+template <int TILE>
+__global__ void __launch_bounds__(128) ldg_read(const uint4* __restrict__ buf, uint32_t* out) {
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  uint32_t acc = 0;
+  constexpr int PER = TILE * DB / 16 / 128;  // 16-byte loads a thread a tile, of K (and of V)
+  uint4 a[2][PER], b[2][PER];
+  #pragma unroll
+  for (int i = 0; i < PER; i++) { a[0][i] = __ldg((const uint4*)(k) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v) + i * 128 + threadIdx.x); }
+  for (int t = 0; t < CHUNK_KEYS / TILE; t += 2) {
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) { a[1][i] = __ldg((const uint4*)(k + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); b[1][i] = __ldg((const uint4*)(v + (t + 1) * TILE * DB) + i * 128 + threadIdx.x); }
+    #pragma unroll
+    for (int i = 0; i < PER; i++) acc ^= x4(a[0][i]) ^ x4(b[0][i]);
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 2 < CHUNK_KEYS / TILE) { a[0][i] = __ldg((const uint4*)(k + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); b[0][i] = __ldg((const uint4*)(v + (t + 2) * TILE * DB) + i * 128 + threadIdx.x); }
+    #pragma unroll
+    for (int i = 0; i < PER; i++) if (t + 1 < CHUNK_KEYS / TILE) acc ^= x4(a[1][i]) ^ x4(b[1][i]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) cpasync_read(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ __align__(128) uint4 ring[];
+  uint32_t acc = ring_read<TILE, STAGES, CHUNKS>(buf, ring);
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+// one thread issues each tile's K and V as two bulk copies; the CTA waits on the stage's mbarrier;
+// a stage is refilled after a CTA barrier (every thread has read it)
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) bulk_read(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ __align__(128) uint4 ring[];
+  uint64_t* full = past<uint64_t>(ring, STAGES * 2 * TILE * DB);
+  int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + ((size_t)head * KEYS + chunk * CHUNK_KEYS) * DB;
+  const char* v = k + HALF;
+  constexpr int PER = TILE * DB / 16 / 128, NT = CHUNK_KEYS / TILE, BYTES = TILE * DB;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int t) {
+    if (threadIdx.x == 0 && t < NT) {
+      int st = t % STAGES;
+      mbar_expect(&full[st], 2 * BYTES);
+      bulk(&ring[st * 2 * PER * 128], k + t * BYTES, BYTES, &full[st]);
+      bulk(&ring[(st * 2 + 1) * PER * 128], v + t * BYTES, BYTES, &full[st]);
+    }
+  };
+  for (int t = 0; t < STAGES; t++) issue(t);
+  uint32_t acc = 0;
+  for (int t = 0; t < NT; t++) {
+    int st = t % STAGES;
+    mbar_wait(&full[st], (t / STAGES) & 1);
+    #pragma unroll
+    for (int i = 0; i < 2 * PER; i++) acc ^= x4(ring[(st * 2 * PER + i) * 128 + threadIdx.x]);
+    __syncthreads();
+    issue(t + STAGES);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) cpasync_seq(const uint4* __restrict__ buf, uint32_t* out) {
+  extern __shared__ __align__(128) uint4 ring[];
+  uint32_t acc = ring_read<TILE, STAGES, CHUNKS, true>(buf, ring);
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf, uint32_t* out, long long n) {
+  uint32_t acc = 0;
+  for (long long i = (long long)blockIdx.x * 256 * 4 + threadIdx.x; i < n; i += (long long)gridDim.x * 256 * 4) {
+    uint4 a[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) a[u] = i + u * 256 < n ? __ldg(buf + i + u * 256) : make_uint4(0, 0, 0, 0);
+    #pragma unroll
+    for (int u = 0; u < 4; u++) acc ^= x4(a[u]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+
+// ---- balance: the cache cut into equal runs of keys, one a CTA, head boundaries ignored (a read
+// ---- only), so that every SM streams the same bytes when the CTAs are a multiple of the SMs; each
+// ---- CTA's thread 0 may record its SM and when it started and ended
+struct CtaSpan { unsigned long long start, end; unsigned sm, pad; };
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) flat_read(const uint4* __restrict__ buf, uint32_t* out, CtaSpan* spans) {
+  extern __shared__ __align__(128) uint4 ring[];
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  const long long total = (long long)HEADS * KEYS;
+  const long long k0 = total * blockIdx.x / gridDim.x, k1 = total * (blockIdx.x + 1) / gridDim.x;
+  constexpr int PER = TILE * DB / 16 / 128;
+  const int nt = (int)((k1 - k0 + TILE - 1) / TILE);
+  const char* k = (const char*)buf + k0 * DB;
+  const char* v = k + HALF;
+  auto issue = [&](int t) {
+    int st = t % STAGES;
+    #pragma unroll
+    for (int j = 0; j < 2 * PER; j++) {
+      int piece = (j % PER) * 128 + threadIdx.x, key = t * TILE + piece * 16 / DB;
+      if (t < nt && k0 + key < k1)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + j) * 128 + threadIdx.x])),
+                     "l"((j < PER ? k : v) + (size_t)t * TILE * DB + piece * 16));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  uint32_t acc = 0;
+  for (int t = 0; t < STAGES - 1; t++) issue(t);
+  for (int t = 0; t < nt; t++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+    int st = t % STAGES;
+    #pragma unroll
+    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
+    issue(t + STAGES - 1);
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+  if (spans && threadIdx.x == 0) {
+    unsigned long long t1; unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    spans[blockIdx.x] = {t0, t1, sm, 0};
+  }
+}
+
+void read_form(const char* name, ReadKernel f, int threads, int grid, int smem, const std::vector<uint4*>& bufs, uint32_t* out) {
+  if (smem) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  report(name, time_graph([&](cudaStream_t s, int c) { f<<<grid, threads, smem, s>>>(bufs[c], out); }, (int)bufs.size()));
+}
+
+void read_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
+  const int grid = HEADS * CHUNKS;
+  read_form("ldg, two register sets, tiles of 16 keys", ldg_read<16>, 128, grid, 0, bufs, out);
+  read_form("ldg, two register sets, tiles of 32 keys", ldg_read<32>, 128, grid, 0, bufs, out);
+  read_form("cp.async ring, 16 keys x 4 stages", cpasync_read<16, 4>, 128, grid, 4 * 2 * 16 * DB, bufs, out);
+  read_form("cp.async ring, 32 keys x 3 stages", cpasync_read<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
+  read_form("cp.async.bulk, 16 keys x 4 stages", bulk_read<16, 4>, 128, grid, 4 * 2 * 16 * DB + 64, bufs, out);
+  read_form("cp.async.bulk, 32 keys x 3 stages", bulk_read<32, 3>, 128, grid, 3 * 2 * 32 * DB + 64, bufs, out);
+  read_form("cp.async ring, K then V, 32 keys x 3 stages", cpasync_seq<32, 3>, 128, grid, 3 * 2 * 32 * DB, bufs, out);
+  for (int ctas : {132 * 4, 132 * 8}) {
+    char name[64]; snprintf(name, sizeof name, "grid-stride ldg, %d CTAs of 256", ctas);
+    report(name, time_graph([&](cudaStream_t s, int c) { grid_stride<<<ctas, 256, 0, s>>>(bufs[c], out, (long long)(2 * HALF / 16)); }, (int)bufs.size()));
+  }
+}
+
+// the static chunks (16 a head, as the step's) and equal runs at 4 and 8 CTAs an SM, timed; then one
+// launch of each recorded: the CTAs' end times by how many CTAs their SM held
+void balance_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
+  int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int smem = 3 * 2 * 16 * DB;
+  CK(cudaFuncSetAttribute(flat_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(cpasync_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CtaSpan* spans; CK(cudaMalloc(&spans, 16 * sms * sizeof(CtaSpan)));
+  for (int r = 0; r < 2; r++) {
+    read_form("16 chunks a head (512 CTAs), 16 keys x 3", cpasync_read<16, 3>, 128, HEADS * CHUNKS, smem, bufs, out);
+    for (int ctas : {HEADS * CHUNKS, 4 * sms, 8 * sms}) {
+      char name[64]; snprintf(name, sizeof name, "equal runs, %d CTAs, 16 keys x 3", ctas);
+      report(name, time_graph([&](cudaStream_t s, int c) { flat_read<16, 3><<<ctas, 128, smem, s>>>(bufs[c], out, nullptr); },
+                              (int)bufs.size()));
+    }
+  }
+  for (int ctas : {HEADS * CHUNKS, 4 * sms}) {
+    for (int c = 0; c < 3; c++) flat_read<16, 3><<<ctas, 128, smem>>>(bufs[c], out, nullptr);  // (the last copy leaves L2 cold for the first)
+    flat_read<16, 3><<<ctas, 128, smem>>>(bufs[0], out, spans);
+    CK(cudaDeviceSynchronize());
+    std::vector<CtaSpan> h(ctas);
+    CK(cudaMemcpy(h.data(), spans, ctas * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+    unsigned long long first = ~0ull, last = 0;
+    std::vector<int> held(sms, 0);
+    for (auto& x : h) { first = std::min(first, x.start); last = std::max(last, x.end); held[x.sm]++; }
+    printf("equal runs, %d CTAs, one launch: %.2f us from the first start to the last end\n", ctas, (last - first) / 1e3);
+    for (int n = 1; n <= 8; n++) {
+      std::vector<double> ends;
+      for (auto& x : h) if (held[x.sm] == n) ends.push_back((x.end - first) / 1e3);
+      if (ends.empty()) continue;
+      std::sort(ends.begin(), ends.end());
+      double mean = 0; for (double e : ends) mean += e;
+      printf("  SMs holding %d CTAs: %3zu CTAs, ends at %.2f / %.2f / %.2f us (first, mean, last)\n", n, ends.size(),
+             ends.front(), mean / ends.size(), ends.back());
+    }
+  }
+  CK(cudaFree(spans));
+}
