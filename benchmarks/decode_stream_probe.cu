@@ -10,6 +10,9 @@
 //   ./decode_stream_probe timeline # 16 chunks: the ticket's parts one at a time, each CTA's %globaltimer stamps
 //   ./decode_stream_probe balance  # the cache in equal runs of keys, 4 and 8 CTAs an SM, against the 16 chunks a
 //                                  # head; when CTAs end, by how many CTAs their SM held
+//   ./decode_stream_probe steal    # a head's 16 CTAs taking its keys in granules from a counter, against
+//                                  # the static chunks with and without the same ending (each CTA
+//                                  # counted out); when the CTAs of one launch end
 //
 // Every kernel reads three copies of the cache in turn (192 MiB, past the L2), XORs what it loads
 // and stores only if the XOR hits a value it never does. Each time is the median of 21 replays of a
@@ -392,8 +395,8 @@ void timeline(const char* name, StepKernel k, bool merges, const std::vector<uin
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "read";
-  if (strcmp(mode, "read") && strcmp(mode, "merge") && strcmp(mode, "timeline") && strcmp(mode, "balance")) {
-    printf("usage: %s read|merge|timeline|balance\n", argv[0]);
+  if (strcmp(mode, "read") && strcmp(mode, "merge") && strcmp(mode, "timeline") && strcmp(mode, "balance") && strcmp(mode, "steal")) {
+    printf("usage: %s read|merge|timeline|balance|steal\n", argv[0]);
     return 2;
   }
   std::vector<uint4*> bufs(3);
@@ -406,6 +409,8 @@ int main(int argc, char** argv) {
     read_forms(bufs, sink);
   } else if (!strcmp(mode, "balance")) {
     balance_forms(bufs, sink);
+  } else if (!strcmp(mode, "steal")) {
+    steal_forms(bufs, sink, tickets);
   } else if (!strcmp(mode, "timeline")) {
     for (int r = 0; r < 2; r++) {
       timeline("16 chunks, no merge", step_parts<16, 0>, false, bufs, part, out, tickets);

@@ -1,5 +1,6 @@
 // The probe's read forms (included by decode_stream_probe.cu after its helpers, ring_read and
-// time_graph): each CTA a chunk of K and of V in a load form, or the cache in equal runs of keys.
+// time_graph): each CTA a chunk of K and of V in a load form, the cache in equal runs of keys, or a
+// head's keys taken by its CTAs in granules from a counter.
 
 // ---- the read forms: ldg into two register sets, a cp.async ring, cp.async.bulk tiles with mbarriers,
 // ---- a cp.async ring that reads the chunk's K and then its V, and a grid-stride read of all of it
@@ -205,5 +206,164 @@ void balance_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
              ends.front(), mean / ends.size(), ends.back());
     }
   }
+  CK(cudaFree(spans));
+}
+
+// ---- steal: the 16 CTAs of a head take its keys in granules of G tiles from a counter of the
+// ---- head's: the first granule by their chunk, the others by an atomic add, issued a granule ahead
+// ---- of its use so that the ring never waits for it. ctr[head] counts the granules taken past the
+// ---- first 16, ctr[HEADS + head] the CTAs done; the last CTA of a head sets both back to zero
+template <int TILE, int STAGES, int G>
+__global__ void __launch_bounds__(128) steal_read(const uint4* __restrict__ buf, uint32_t* out, int* ctr, CtaSpan* spans) {
+  extern __shared__ __align__(128) uint4 ring[];
+  int* gid = past<int>(ring, STAGES * 2 * TILE * DB);  // the granules of the last four, by granule % 4
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  constexpr int PER = TILE * DB / 16 / 128, NG = KEYS / (G * TILE);
+  static_assert(G >= STAGES - 1 && NG >= CHUNKS, "a granule's id is needed one granule ahead at most");
+  const int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
+  const char* k = (const char*)buf + (size_t)head * KEYS * DB;
+  const char* v = k + HALF;
+  int pending = 0;  // (thread 0) the granule after the next, while its atomic is in flight
+  if (threadIdx.x == 0) { gid[0] = chunk; pending = CHUNKS + atomicAdd(&ctr[head], 1); }
+  __syncthreads();
+  auto issue = [&](int t) {  // tile t of the CTA's: tile t % G of its granule t / G
+    int g = gid[(t / G) % 4], st = t % STAGES;
+    #pragma unroll
+    for (int j = 0; j < 2 * PER; j++)
+      if (g < NG)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(&ring[(st * 2 * PER + j) * 128 + threadIdx.x])),
+                     "l"((const uint4*)((j < PER ? k : v) + ((size_t)g * G + t % G) * TILE * DB) + (j % PER) * 128 + threadIdx.x));
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int t = 0; t < STAGES - 1; t++) issue(t);  // (granule 0's: G >= STAGES - 1)
+  uint32_t acc = 0;
+  int granules = 0;
+  for (int t = 0;; t++) {
+    if (t % G == 0) {  // granule t / G starts: the next one's id out, the one after it asked for
+      if (threadIdx.x == 0) {
+        gid[(t / G + 1) % 4] = pending;
+        if (pending < NG) pending = CHUNKS + atomicAdd(&ctr[head], 1);
+      }
+      __syncthreads();
+      if (gid[(t / G) % 4] >= NG) break;
+      granules++;
+    }
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+    int st = t % STAGES;
+    #pragma unroll
+    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
+    issue(t + STAGES - 1);
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+  if (threadIdx.x == 0) {
+    if (pending == -1) out[blockIdx.x] = 0;  // (its atomic done before the CTA counts itself out)
+    __threadfence();
+    if (atomicAdd(&ctr[HEADS + head], 1) == CHUNKS - 1) { ctr[head] = 0; ctr[HEADS + head] = 0; }
+    if (spans) {
+      unsigned long long t1; unsigned sm;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      spans[blockIdx.x] = {t0, t1, sm, (unsigned)granules};
+    }
+  }
+}
+
+// the static chunks with the stealing form's ending: each CTA fences its writes and counts itself
+// out on its head's counter, the last sets it back to zero (as a merge's ticket would)
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(128) chunk_done(const uint4* __restrict__ buf, uint32_t* out, int* ctr, CtaSpan* spans) {
+  extern __shared__ __align__(128) uint4 ring[];
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  uint32_t acc = ring_read<TILE, STAGES, CHUNKS>(buf, ring);
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int head = blockIdx.x / CHUNKS;
+    __threadfence();
+    if (atomicAdd(&ctr[HEADS + head], 1) == CHUNKS - 1) ctr[HEADS + head] = 0;
+    if (spans) {
+      unsigned long long t1; unsigned sm;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      spans[blockIdx.x] = {t0, t1, sm, 1};
+    }
+  }
+}
+
+// the spread of one recorded launch's CTA ends (first start to first / mean / last end)
+void span_summary(const char* name, const std::vector<CtaSpan>& h) {
+  unsigned long long first = ~0ull;
+  for (auto& x : h) first = std::min(first, x.start);
+  std::vector<double> ends, starts;
+  for (auto& x : h) { ends.push_back((x.end - first) / 1e3); starts.push_back((x.start - first) / 1e3); }
+  std::sort(ends.begin(), ends.end()); std::sort(starts.begin(), starts.end());
+  double mean = 0; for (double e : ends) mean += e;
+  printf("  %-40s starts up to %.2f us; ends %.2f / %.2f / %.2f us (first, mean, last)\n", name, starts.back(),
+         ends.front(), mean / ends.size(), ends.back());
+}
+
+// the static chunks against granules taken from a counter (G tiles of 16 keys), timed twice; then one
+// launch of each recorded, the stealing ones checked: every granule of every head read once, the
+// counters back at zero
+template <int G>
+void steal_form(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr, CtaSpan* spans, bool record) {
+  const int smem = 3 * 2 * 16 * DB + 64, grid = HEADS * CHUNKS;
+  CK(cudaFuncSetAttribute(steal_read<16, 3, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  char name[64]; snprintf(name, sizeof name, "granules of %d keys from a counter", G * 16);
+  if (!record) {
+    report(name, time_graph([&](cudaStream_t s, int c) { steal_read<16, 3, G><<<grid, 128, smem, s>>>(bufs[c], out, ctr, nullptr); },
+                            (int)bufs.size()));
+    return;
+  }
+  steal_read<16, 3, G><<<grid, 128, smem>>>(bufs[0], out, ctr, spans);
+  CK(cudaDeviceSynchronize());
+  std::vector<CtaSpan> h(grid);
+  CK(cudaMemcpy(h.data(), spans, grid * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+  std::vector<int> c(2 * HEADS);
+  CK(cudaMemcpy(c.data(), ctr, 2 * HEADS * sizeof(int), cudaMemcpyDeviceToHost));
+  bool ok = std::all_of(c.begin(), c.end(), [](int x) { return x == 0; });
+  int most = 0, least = 1 << 30;
+  for (int head = 0; head < HEADS; head++) {
+    int n = 0;
+    for (int i = 0; i < CHUNKS; i++) { int g = h[head * CHUNKS + i].pad; n += g; most = std::max(most, g); least = std::min(least, g); }
+    ok = ok && n == KEYS / (G * 16);
+  }
+  printf("%s: %s, %d-%d granules a CTA\n", name, ok ? "every granule once, counters zero" : "WRONG", least, most);
+  span_summary(name, h);
+}
+
+void steal_forms(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr) {
+  const int smem = 3 * 2 * 16 * DB;
+  CK(cudaFuncSetAttribute(cpasync_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(flat_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CtaSpan* spans; CK(cudaMalloc(&spans, HEADS * CHUNKS * sizeof(CtaSpan)));
+  CK(cudaFuncSetAttribute(chunk_done<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const char* done = "16 chunks a head, each counted out";
+  for (int r = 0; r < 3; r++) {
+    read_form("16 chunks a head (512 CTAs), 16 keys x 3", cpasync_read<16, 3>, 128, HEADS * CHUNKS, smem, bufs, out);
+    report(done, time_graph([&](cudaStream_t s, int c) { chunk_done<16, 3><<<HEADS * CHUNKS, 128, smem, s>>>(bufs[c], out, ctr, nullptr); },
+                            (int)bufs.size()));
+    steal_form<2>(bufs, out, ctr, spans, false);
+    steal_form<4>(bufs, out, ctr, spans, false);
+    steal_form<8>(bufs, out, ctr, spans, false);
+  }
+  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
+  flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[0], out, spans);
+  CK(cudaDeviceSynchronize());
+  std::vector<CtaSpan> h(HEADS * CHUNKS);
+  CK(cudaMemcpy(h.data(), spans, h.size() * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+  span_summary("equal runs (512 CTAs)", h);
+  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
+  chunk_done<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[0], out, ctr, spans);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h.data(), spans, h.size() * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+  span_summary(done, h);
+  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
+  steal_form<2>(bufs, out, ctr, spans, true);
+  steal_form<4>(bufs, out, ctr, spans, true);
+  steal_form<8>(bufs, out, ctr, spans, true);
   CK(cudaFree(spans));
 }

@@ -1,7 +1,7 @@
 """benchmarks/decode_stream_probe.cu (CPU): the probe compiles for Hopper with nvcc, each of its
-kernels (every load form, the equal runs of keys, every merge at 16, 8 and 4 chunks, the timeline's
-parts) into the cubin without spills, and none but the one that measures it puts static shared
-memory ahead of its ring."""
+kernels (every load form, the equal runs of keys, the granules taken from a counter, every merge
+at 16, 8 and 4 chunks, the timeline's parts) into the cubin without spills, and none but the one
+that measures it puts static shared memory ahead of its ring."""
 
 import pathlib
 import re
@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 PROBE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "decode_stream_probe.cu"
-KERNELS = ("ldg_read", "cpasync_read", "bulk_read", "cpasync_seq", "grid_stride", "flat_read", "step_none",
-           "step_ticket", "step_cluster", "step_flagged", "step_parts")
+KERNELS = ("ldg_read", "cpasync_read", "bulk_read", "cpasync_seq", "grid_stride", "flat_read", "steal_read",
+           "chunk_done", "step_none", "step_ticket", "step_cluster", "step_flagged", "step_parts")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
