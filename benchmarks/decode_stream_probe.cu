@@ -44,6 +44,17 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)
 template <typename T>
 __device__ __forceinline__ T* past(uint4* ring, int bytes) { return reinterpret_cast<T*>(reinterpret_cast<char*>(ring) + bytes); }
 
+// ring step t: tile t's stage XORed into ``acc`` once its copy is in, then tile t + STAGES - 1 issued
+// (``issue``) into the stage it frees
+template <int STAGES, int PER, typename Issue>
+__device__ __forceinline__ void ring_step(const uint4* ring, int t, uint32_t& acc, Issue issue) {
+  asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
+  int st = t % STAGES;
+  #pragma unroll
+  for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
+  issue(t + STAGES - 1);
+}
+
 // a CTA's chunk (of C a head) of K and V through a ring of STAGES tiles, copied by cp.async (each
 // thread the 16-byte pieces it reads back): the XOR of what it read. A tile is TILE keys of K and
 // of V; or, K_THEN_V, 2 TILE keys of one of them, the chunk's K first and then its V
@@ -67,11 +78,7 @@ __device__ __forceinline__ uint32_t ring_read(const uint4* buf, uint4* ring) {
   };
   for (int t = 0; t < STAGES - 1; t++) issue(t);
   for (int t = 0; t < NT; t++) {
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
-    int st = t % STAGES;
-    #pragma unroll
-    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
-    issue(t + STAGES - 1);
+    ring_step<STAGES, PER>(ring, t, acc, issue);
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   return acc;

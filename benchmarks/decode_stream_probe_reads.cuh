@@ -109,11 +109,22 @@ __global__ void __launch_bounds__(256) grid_stride(const uint4* __restrict__ buf
 // ---- only), so that every SM streams the same bytes when the CTAs are a multiple of the SMs; each
 // ---- CTA's thread 0 may record its SM and when it started and ended
 struct CtaSpan { unsigned long long start, end; unsigned sm, pad; };
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+  return t;
+}
+// (thread 0) the CTA's span, from ``t0``, its SM and ``pad`` recorded
+__device__ __forceinline__ void record_span(CtaSpan* spans, unsigned long long t0, unsigned pad) {
+  unsigned long long t1 = global_ns();
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  spans[blockIdx.x] = {t0, t1, sm, pad};
+}
 template <int TILE, int STAGES>
 __global__ void __launch_bounds__(128) flat_read(const uint4* __restrict__ buf, uint32_t* out, CtaSpan* spans) {
   extern __shared__ __align__(128) uint4 ring[];
-  unsigned long long t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  const unsigned long long t0 = global_ns();
   const long long total = (long long)HEADS * KEYS;
   const long long k0 = total * blockIdx.x / gridDim.x, k1 = total * (blockIdx.x + 1) / gridDim.x;
   constexpr int PER = TILE * DB / 16 / 128;
@@ -134,20 +145,11 @@ __global__ void __launch_bounds__(128) flat_read(const uint4* __restrict__ buf, 
   uint32_t acc = 0;
   for (int t = 0; t < STAGES - 1; t++) issue(t);
   for (int t = 0; t < nt; t++) {
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
-    int st = t % STAGES;
-    #pragma unroll
-    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
-    issue(t + STAGES - 1);
+    ring_step<STAGES, PER>(ring, t, acc, issue);
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
-  if (spans && threadIdx.x == 0) {
-    unsigned long long t1; unsigned sm;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    spans[blockIdx.x] = {t0, t1, sm, 0};
-  }
+  if (spans && threadIdx.x == 0) record_span(spans, t0, 0);
 }
 
 void read_form(const char* name, ReadKernel f, int threads, int grid, int smem, const std::vector<uint4*>& bufs, uint32_t* out) {
@@ -217,8 +219,7 @@ template <int TILE, int STAGES, int G>
 __global__ void __launch_bounds__(128) steal_read(const uint4* __restrict__ buf, uint32_t* out, int* ctr, CtaSpan* spans) {
   extern __shared__ __align__(128) uint4 ring[];
   int* gid = past<int>(ring, STAGES * 2 * TILE * DB);  // the granules of the last four, by granule % 4
-  unsigned long long t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  const unsigned long long t0 = global_ns();
   constexpr int PER = TILE * DB / 16 / 128, NG = KEYS / (G * TILE);
   static_assert(G >= STAGES - 1 && NG >= CHUNKS, "a granule's id is needed one granule ahead at most");
   const int head = blockIdx.x / CHUNKS, chunk = blockIdx.x % CHUNKS;
@@ -249,11 +250,7 @@ __global__ void __launch_bounds__(128) steal_read(const uint4* __restrict__ buf,
       if (gid[(t / G) % 4] >= NG) break;
       granules++;
     }
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
-    int st = t % STAGES;
-    #pragma unroll
-    for (int j = 0; j < 2 * PER; j++) acc ^= x4(ring[(st * 2 * PER + j) * 128 + threadIdx.x]);
-    issue(t + STAGES - 1);
+    ring_step<STAGES, PER>(ring, t, acc, issue);
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
@@ -261,12 +258,7 @@ __global__ void __launch_bounds__(128) steal_read(const uint4* __restrict__ buf,
     if (pending == -1) out[blockIdx.x] = 0;  // (its atomic done before the CTA counts itself out)
     __threadfence();
     if (atomicAdd(&ctr[HEADS + head], 1) == CHUNKS - 1) { ctr[head] = 0; ctr[HEADS + head] = 0; }
-    if (spans) {
-      unsigned long long t1; unsigned sm;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      spans[blockIdx.x] = {t0, t1, sm, (unsigned)granules};
-    }
+    if (spans) record_span(spans, t0, (unsigned)granules);
   }
 }
 
@@ -275,8 +267,7 @@ __global__ void __launch_bounds__(128) steal_read(const uint4* __restrict__ buf,
 template <int TILE, int STAGES>
 __global__ void __launch_bounds__(128) chunk_done(const uint4* __restrict__ buf, uint32_t* out, int* ctr, CtaSpan* spans) {
   extern __shared__ __align__(128) uint4 ring[];
-  unsigned long long t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0) :: "memory");
+  const unsigned long long t0 = global_ns();
   uint32_t acc = ring_read<TILE, STAGES, CHUNKS>(buf, ring);
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
   __syncthreads();
@@ -284,12 +275,7 @@ __global__ void __launch_bounds__(128) chunk_done(const uint4* __restrict__ buf,
     const int head = blockIdx.x / CHUNKS;
     __threadfence();
     if (atomicAdd(&ctr[HEADS + head], 1) == CHUNKS - 1) ctr[HEADS + head] = 0;
-    if (spans) {
-      unsigned long long t1; unsigned sm;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1) :: "memory");
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      spans[blockIdx.x] = {t0, t1, sm, 1};
-    }
+    if (spans) record_span(spans, t0, 1);
   }
 }
 
