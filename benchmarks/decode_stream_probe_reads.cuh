@@ -152,6 +152,18 @@ __global__ void __launch_bounds__(128) flat_read(const uint4* __restrict__ buf, 
   if (spans && threadIdx.x == 0) record_span(spans, t0, 0);
 }
 
+// one launch recorded: the cache's three copies read first (the last leaves L2 cold for the first),
+// then ``launch()`` (on copy 0, into ``spans``); the spans of its ``ctas`` CTAs
+template <typename F>
+std::vector<CtaSpan> recorded_launch(F launch, int ctas, CtaSpan* spans, const std::vector<uint4*>& bufs, uint32_t* out) {
+  for (int c = 0; c < 3; c++) flat_read<16, 3><<<ctas, 128, 3 * 2 * 16 * DB>>>(bufs[c], out, nullptr);
+  launch();
+  CK(cudaDeviceSynchronize());
+  std::vector<CtaSpan> h(ctas);
+  CK(cudaMemcpy(h.data(), spans, ctas * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 void read_form(const char* name, ReadKernel f, int threads, int grid, int smem, const std::vector<uint4*>& bufs, uint32_t* out) {
   if (smem) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   report(name, time_graph([&](cudaStream_t s, int c) { f<<<grid, threads, smem, s>>>(bufs[c], out); }, (int)bufs.size()));
@@ -189,11 +201,7 @@ void balance_forms(const std::vector<uint4*>& bufs, uint32_t* out) {
     }
   }
   for (int ctas : {HEADS * CHUNKS, 4 * sms}) {
-    for (int c = 0; c < 3; c++) flat_read<16, 3><<<ctas, 128, smem>>>(bufs[c], out, nullptr);  // (the last copy leaves L2 cold for the first)
-    flat_read<16, 3><<<ctas, 128, smem>>>(bufs[0], out, spans);
-    CK(cudaDeviceSynchronize());
-    std::vector<CtaSpan> h(ctas);
-    CK(cudaMemcpy(h.data(), spans, ctas * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+    auto h = recorded_launch([&] { flat_read<16, 3><<<ctas, 128, smem>>>(bufs[0], out, spans); }, ctas, spans, bufs, out);
     unsigned long long first = ~0ull, last = 0;
     std::vector<int> held(sms, 0);
     for (auto& x : h) { first = std::min(first, x.start); last = std::max(last, x.end); held[x.sm]++; }
@@ -291,9 +299,8 @@ void span_summary(const char* name, const std::vector<CtaSpan>& h) {
          ends.front(), mean / ends.size(), ends.back());
 }
 
-// the static chunks against granules taken from a counter (G tiles of 16 keys), timed twice; then one
-// launch of each recorded, the stealing ones checked: every granule of every head read once, the
-// counters back at zero
+// granules of G tiles of 16 keys taken from a counter: timed, or one launch recorded and checked
+// (every granule of every head read once, the counters back at zero)
 template <int G>
 void steal_form(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr, CtaSpan* spans, bool record) {
   const int smem = 3 * 2 * 16 * DB + 64, grid = HEADS * CHUNKS;
@@ -304,10 +311,7 @@ void steal_form(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr, CtaSpa
                             (int)bufs.size()));
     return;
   }
-  steal_read<16, 3, G><<<grid, 128, smem>>>(bufs[0], out, ctr, spans);
-  CK(cudaDeviceSynchronize());
-  std::vector<CtaSpan> h(grid);
-  CK(cudaMemcpy(h.data(), spans, grid * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
+  auto h = recorded_launch([&] { steal_read<16, 3, G><<<grid, 128, smem>>>(bufs[0], out, ctr, spans); }, grid, spans, bufs, out);
   std::vector<int> c(2 * HEADS);
   CK(cudaMemcpy(c.data(), ctr, 2 * HEADS * sizeof(int), cudaMemcpyDeviceToHost));
   bool ok = std::all_of(c.begin(), c.end(), [](int x) { return x == 0; });
@@ -321,33 +325,26 @@ void steal_form(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr, CtaSpa
   span_summary(name, h);
 }
 
+// the static chunks (with and without the stealing form's ending) against granules of 32, 64 and 128
+// keys, timed three times; then one launch of each recorded
 void steal_forms(const std::vector<uint4*>& bufs, uint32_t* out, int* ctr) {
-  const int smem = 3 * 2 * 16 * DB;
+  const int smem = 3 * 2 * 16 * DB, grid = HEADS * CHUNKS;
   CK(cudaFuncSetAttribute(cpasync_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(flat_read<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CtaSpan* spans; CK(cudaMalloc(&spans, HEADS * CHUNKS * sizeof(CtaSpan)));
   CK(cudaFuncSetAttribute(chunk_done<16, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CtaSpan* spans; CK(cudaMalloc(&spans, grid * sizeof(CtaSpan)));
   const char* done = "16 chunks a head, each counted out";
   for (int r = 0; r < 3; r++) {
-    read_form("16 chunks a head (512 CTAs), 16 keys x 3", cpasync_read<16, 3>, 128, HEADS * CHUNKS, smem, bufs, out);
-    report(done, time_graph([&](cudaStream_t s, int c) { chunk_done<16, 3><<<HEADS * CHUNKS, 128, smem, s>>>(bufs[c], out, ctr, nullptr); },
+    read_form("16 chunks a head (512 CTAs), 16 keys x 3", cpasync_read<16, 3>, 128, grid, smem, bufs, out);
+    report(done, time_graph([&](cudaStream_t s, int c) { chunk_done<16, 3><<<grid, 128, smem, s>>>(bufs[c], out, ctr, nullptr); },
                             (int)bufs.size()));
     steal_form<2>(bufs, out, ctr, spans, false);
     steal_form<4>(bufs, out, ctr, spans, false);
     steal_form<8>(bufs, out, ctr, spans, false);
   }
-  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
-  flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[0], out, spans);
-  CK(cudaDeviceSynchronize());
-  std::vector<CtaSpan> h(HEADS * CHUNKS);
-  CK(cudaMemcpy(h.data(), spans, h.size() * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
-  span_summary("equal runs (512 CTAs)", h);
-  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
-  chunk_done<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[0], out, ctr, spans);
-  CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(h.data(), spans, h.size() * sizeof(CtaSpan), cudaMemcpyDeviceToHost));
-  span_summary(done, h);
-  for (int c = 0; c < 3; c++) flat_read<16, 3><<<HEADS * CHUNKS, 128, smem>>>(bufs[c], out, nullptr);
+  span_summary("equal runs (512 CTAs)",
+               recorded_launch([&] { flat_read<16, 3><<<grid, 128, smem>>>(bufs[0], out, spans); }, grid, spans, bufs, out));
+  span_summary(done, recorded_launch([&] { chunk_done<16, 3><<<grid, 128, smem>>>(bufs[0], out, ctr, spans); }, grid, spans, bufs, out));
   steal_form<2>(bufs, out, ctr, spans, true);
   steal_form<4>(bufs, out, ctr, spans, true);
   steal_form<8>(bufs, out, ctr, spans, true);
